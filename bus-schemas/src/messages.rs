@@ -1,0 +1,510 @@
+//! The seven messages of DESIGN §2 (contract).
+//!
+//! Every message is a MessagePack map with named fields and carries `schema` (`"<kind>/<version>"`),
+//! `target {namespace, name}`, `episode`, `step` and `ts_ms` (Unix epoch milliseconds).
+//! Readers ignore fields they do not know, so adding an optional field is compatible; removing or
+//! changing a field bumps the schema version.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The Kubernetes object an event is about (a Deployment managed by AWARE).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub struct Target {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Target {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// `namespace/name`, the key used for sharding and logs.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The event kinds, i.e. the `<event>` token of a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    Obs,
+    Action,
+    Applied,
+    Episode,
+    Lifecycle,
+    Embedding,
+    Model,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 7] = [
+        EventKind::Obs,
+        EventKind::Action,
+        EventKind::Applied,
+        EventKind::Episode,
+        EventKind::Lifecycle,
+        EventKind::Embedding,
+        EventKind::Model,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Obs => "obs",
+            EventKind::Action => "action",
+            EventKind::Applied => "applied",
+            EventKind::Episode => "episode",
+            EventKind::Lifecycle => "lifecycle",
+            EventKind::Embedding => "embedding",
+            EventKind::Model => "model",
+        }
+    }
+
+    pub fn from_token(token: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == token)
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Implemented by every bus message: its kind and schema identifier.
+pub trait BusMessage: Serialize + for<'de> Deserialize<'de> + Clone + fmt::Debug {
+    const KIND: EventKind;
+    /// Schema version of this message type.
+    const VERSION: u32;
+    /// `"<kind>/<version>"`, the value of the `schema` field.
+    const SCHEMA: &'static str;
+    fn target(&self) -> &Target;
+    fn episode(&self) -> u64;
+    fn step(&self) -> u32;
+    fn ts_ms(&self) -> i64;
+}
+
+/// The `schema` field: serializes as the message's `"<kind>/<version>"` string and refuses any
+/// other value on decode.
+pub struct Schema<M>(PhantomData<fn() -> M>);
+
+impl<M> Schema<M> {
+    pub const fn new() -> Self {
+        Schema(PhantomData)
+    }
+}
+impl<M> Default for Schema<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+impl<M> Clone for Schema<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for Schema<M> {}
+impl<M> PartialEq for Schema<M> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl<M: BusMessage> fmt::Debug for Schema<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(M::SCHEMA)
+    }
+}
+impl<M: BusMessage> Serialize for Schema<M> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(M::SCHEMA)
+    }
+}
+impl<'de, M: BusMessage> Deserialize<'de> for Schema<M> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        if s == M::SCHEMA {
+            Ok(Schema::new())
+        } else {
+            Err(serde::de::Error::custom(format_args!(
+                "schema `{s}` where `{}` was expected",
+                M::SCHEMA
+            )))
+        }
+    }
+}
+impl<M: BusMessage> JsonSchema for Schema<M> {
+    fn schema_name() -> String {
+        format!("Schema_{}", M::KIND.as_str())
+    }
+    fn is_referenceable() -> bool {
+        false
+    }
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            const_value: Some(serde_json::Value::String(M::SCHEMA.to_string())),
+            metadata: Some(Box::new(schemars::schema::Metadata {
+                description: Some("Message kind and schema version.".to_string()),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+        .into()
+    }
+}
+
+/// Lifecycle stage of an agent (paper Algorithm 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Agent created, profile not yet applied.
+    Initialized,
+    /// Bootstrapping: the HPA/VPA fallback drives, the RL policy trains offline.
+    Offline,
+    /// The RL policy drives with exploration and keeps training.
+    Online,
+    /// The RL policy drives with frozen weights and no exploration.
+    Serving,
+}
+
+impl Stage {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Stage::Initialized => "initialized",
+            Stage::Offline => "offline",
+            Stage::Online => "online",
+            Stage::Serving => "serving",
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which policy produced an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionSource {
+    /// The rule-based HPA (replicas) + VPA (CPU/memory) fallback.
+    Fallback,
+    /// The RL base-learner.
+    Rl,
+}
+
+/// A concrete allocation for a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Resources {
+    pub replicas: u32,
+    /// CPU limit per replica, millicores.
+    pub cpu_millicores: u32,
+    /// Memory limit per replica, bytes.
+    pub memory_bytes: u64,
+}
+
+/// The raw measurements behind a state vector, in physical units.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RawMetrics {
+    pub replicas: u32,
+    pub ready_replicas: u32,
+    /// CPU limit per replica, cores.
+    pub cpu_limit_cores: f64,
+    /// Memory limit per replica, bytes.
+    pub memory_limit_bytes: f64,
+    /// CPU used, summed over replicas, cores.
+    pub cpu_usage_cores: f64,
+    /// Memory working set, summed over replicas, bytes.
+    pub memory_working_set_bytes: f64,
+    /// Utilizations of the allocated resources, in [0, 1].
+    pub cpu_util: f64,
+    pub memory_util: f64,
+    pub io_util: f64,
+    pub network_util: f64,
+    /// Offered load, requests per second.
+    pub request_rate_rps: f64,
+    /// Completed requests per second.
+    pub throughput_rps: f64,
+    pub latency_p50_ms: Option<f64>,
+    pub latency_p99_ms: Option<f64>,
+    /// Containers killed for exceeding their memory limit during the step.
+    pub oom_kills: u32,
+}
+
+/// `obs/1`: the state at step t and the reward of the action taken at t−1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Obs {
+    pub schema: Schema<Obs>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    /// Normalized state vector (order given by `state_names`' documentation in the collector).
+    pub state: Vec<f32>,
+    /// The measurements the state was computed from.
+    pub metrics: RawMetrics,
+    /// Reward of the previous action (`None` on the first step of an episode).
+    pub reward: Option<f64>,
+    /// The SLO (p99 latency or throughput) was violated during the step.
+    pub slo_violation: bool,
+    /// False when metrics were missing or stale: no action is taken on an incomplete step.
+    pub complete: bool,
+    /// Names of the metrics that were missing or stale.
+    pub missing: Vec<String>,
+}
+
+/// `action/1`: the recommendation for step t.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Action {
+    pub schema: Schema<Action>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    pub source: DecisionSource,
+    pub stage: Stage,
+    /// Raw policy output in [-1, 1] per dimension (replicas, CPU, memory); empty for the fallback.
+    pub raw: Vec<f32>,
+    /// The concrete allocation the raw action maps to.
+    pub desired: Resources,
+    /// Version of the RL weights that produced the action.
+    pub model_version: Option<u64>,
+    /// Exploration noise was added.
+    pub exploration: bool,
+    /// Why the fallback acted although the stage is RL-driven (NaN state, missing model, …).
+    pub fallback_reason: Option<String>,
+}
+
+/// Outcome of an action at the actuator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Applied to the sink (possibly clamped).
+    Applied,
+    /// Recorded only: the target is in recommend-only mode (`updateMode: Off`).
+    RecommendOnly,
+    /// Not applied; `reason` says why.
+    Rejected,
+}
+
+/// `applied/1`: what the actuator did with an action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Applied {
+    pub schema: Schema<Applied>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    pub outcome: Outcome,
+    pub source: DecisionSource,
+    /// The allocation the action asked for.
+    pub requested: Resources,
+    /// The allocation in force after this decision (after clamping; unchanged when rejected).
+    pub applied: Resources,
+    /// Dimensions that were clamped to bounds or guardrails (`replicas`, `cpu`, `memory`).
+    pub clamped: Vec<String>,
+    pub reason: Option<String>,
+    /// `simulator` or `kubernetes`.
+    pub sink: String,
+}
+
+/// `episode/1`: summary of a finished episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Episode {
+    pub schema: Schema<Episode>,
+    pub target: Target,
+    pub episode: u64,
+    /// Last step of the episode.
+    pub step: u32,
+    pub ts_ms: i64,
+    pub steps: u32,
+    pub total_reward: f64,
+    pub mean_reward: f64,
+    pub slo_violations: u32,
+    pub cpu_util_mean: f64,
+    pub memory_util_mean: f64,
+    pub rl_steps: u32,
+    pub fallback_steps: u32,
+    /// Stage the agent was in for most of the episode.
+    pub stage: Stage,
+    /// Off-policy estimate of the RL policy's episode reward on this episode's states, when the
+    /// trainer has one (drives OFFLINE → ONLINE).
+    pub policy_estimate: Option<f64>,
+}
+
+/// `lifecycle/1`: a change of lifecycle stage (Algorithm 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Lifecycle {
+    pub schema: Schema<Lifecycle>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    pub stage: Stage,
+    pub previous: Option<Stage>,
+    /// Human-readable reason of the transition.
+    pub reason: String,
+    /// Mean and standard deviation of the rewards in the window that decided.
+    pub reward_mean: Option<f64>,
+    pub reward_std: Option<f64>,
+    /// Number of episodes in that window.
+    pub window: u32,
+}
+
+/// `embedding/1`: the meta-learner's workload embedding for a target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Embedding {
+    pub schema: Schema<Embedding>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    pub model_version: u64,
+    pub embedding: Vec<f32>,
+    /// Number of episodes in the bundle the embedding was computed from.
+    pub episodes_used: u32,
+}
+
+/// Which network a `model` message announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    BaseLearner,
+    MetaLearner,
+}
+
+/// `model/1`: new weights are available in the model store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Model {
+    pub schema: Schema<Model>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    pub kind: ModelKind,
+    pub version: u64,
+    /// Location in the model store (`file://…` or `nats-object://bucket/key`).
+    pub uri: String,
+    /// Hex SHA-256 of the stored bytes.
+    pub sha256: String,
+    pub size_bytes: u64,
+    pub trained_steps: u64,
+}
+
+macro_rules! bus_message {
+    ($t:ty, $kind:expr, $schema:literal) => {
+        impl BusMessage for $t {
+            const KIND: EventKind = $kind;
+            const VERSION: u32 = 1;
+            const SCHEMA: &'static str = $schema;
+            fn target(&self) -> &Target {
+                &self.target
+            }
+            fn episode(&self) -> u64 {
+                self.episode
+            }
+            fn step(&self) -> u32 {
+                self.step
+            }
+            fn ts_ms(&self) -> i64 {
+                self.ts_ms
+            }
+        }
+    };
+}
+
+bus_message!(Obs, EventKind::Obs, "obs/1");
+bus_message!(Action, EventKind::Action, "action/1");
+bus_message!(Applied, EventKind::Applied, "applied/1");
+bus_message!(Episode, EventKind::Episode, "episode/1");
+bus_message!(Lifecycle, EventKind::Lifecycle, "lifecycle/1");
+bus_message!(Embedding, EventKind::Embedding, "embedding/1");
+bus_message!(Model, EventKind::Model, "model/1");
+
+/// Any bus message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Event {
+    Obs(Obs),
+    Action(Action),
+    Applied(Applied),
+    Episode(Episode),
+    Lifecycle(Lifecycle),
+    Embedding(Embedding),
+    Model(Model),
+}
+
+macro_rules! event_dispatch {
+    ($self:ident, $m:ident => $e:expr) => {
+        match $self {
+            Event::Obs($m) => $e,
+            Event::Action($m) => $e,
+            Event::Applied($m) => $e,
+            Event::Episode($m) => $e,
+            Event::Lifecycle($m) => $e,
+            Event::Embedding($m) => $e,
+            Event::Model($m) => $e,
+        }
+    };
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::Obs(_) => EventKind::Obs,
+            Event::Action(_) => EventKind::Action,
+            Event::Applied(_) => EventKind::Applied,
+            Event::Episode(_) => EventKind::Episode,
+            Event::Lifecycle(_) => EventKind::Lifecycle,
+            Event::Embedding(_) => EventKind::Embedding,
+            Event::Model(_) => EventKind::Model,
+        }
+    }
+    pub fn target(&self) -> &Target {
+        event_dispatch!(self, m => &m.target)
+    }
+    pub fn episode(&self) -> u64 {
+        event_dispatch!(self, m => m.episode)
+    }
+    pub fn step(&self) -> u32 {
+        event_dispatch!(self, m => m.step)
+    }
+    pub fn ts_ms(&self) -> i64 {
+        event_dispatch!(self, m => m.ts_ms)
+    }
+}
+
+macro_rules! event_from {
+    ($($v:ident),*) => {$(
+        impl From<$v> for Event {
+            fn from(m: $v) -> Self {
+                Event::$v(m)
+            }
+        }
+    )*};
+}
+event_from!(Obs, Action, Applied, Episode, Lifecycle, Embedding, Model);
+
+/// Current time as Unix epoch milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

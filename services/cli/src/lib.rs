@@ -1,0 +1,47 @@
+//! The `aware` command's library: the service registry, `watch`, the benchmarks.
+
+pub mod bench;
+pub mod watch;
+
+use aware_shared::launcher::ServiceEntry;
+
+/// Every service, in the order `aware run all` starts them.
+pub const SERVICES: [ServiceEntry; 6] = [
+    aware_lifecycle_monitor::ENTRY,
+    aware_meta_learner_trainer::ENTRY,
+    aware_trajectory_recorder::ENTRY,
+    aware_actuator::ENTRY,
+    aware_recommender::ENTRY,
+    aware_metrics_collector::ENTRY,
+];
+
+/// The services named on the command line (`all` or one service name).
+pub fn select_services(name: &str) -> Option<Vec<ServiceEntry>> {
+    if name == "all" {
+        return Some(SERVICES.to_vec());
+    }
+    SERVICES.iter().find(|e| e.name == name).map(|e| vec![*e])
+}
+
+/// Names accepted by `aware run`.
+pub fn service_names() -> Vec<&'static str> {
+    std::iter::once("all")
+        .chain(SERVICES.iter().map(|e| e.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_all_or_one() {
+        assert_eq!(select_services("all").unwrap().len(), 6);
+        assert_eq!(
+            select_services("recommender").unwrap()[0].name,
+            "recommender"
+        );
+        assert!(select_services("nope").is_none());
+        assert_eq!(service_names().len(), 7);
+    }
+}

@@ -1,0 +1,187 @@
+//! `aware`: run the services, watch the bus, run benchmarks.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use aware_cli::bench;
+use aware_shared::cli::ConfigArgs;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "aware",
+    version,
+    about = "AWARE: reinforcement-learning workload autoscaler"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one service, or `all` of them in this process.
+    Run {
+        /// `all` or a service name (lifecycle-monitor, meta-learner-trainer, trajectory-recorder,
+        /// actuator, recommender, metrics-collector).
+        service: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Print bus events as JSON lines.
+    Watch {
+        /// Subject filter (NATS wildcards `*` and `>`).
+        #[arg(default_value = aware_bus_schemas::subject::ALL)]
+        subject: String,
+        /// Stop after this many events.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Run a benchmark; writes JSON into --out.
+    Bench {
+        #[command(subcommand)]
+        bench: BenchCommand,
+    },
+    /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
+    Schemas {
+        /// Write `schemas/` and `fixtures/` under this directory (the bus-schemas crate).
+        #[arg(long, value_name = "DIR")]
+        write: Option<PathBuf>,
+    },
+    /// The end-to-end demo on a simulated cluster (arrives with the control loop).
+    Demo,
+    /// Print the CRD YAML (arrives with the Kubernetes issue).
+    Crd,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Bus throughput and latency, in-process and over NATS on loopback.
+    Bus {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Messages per throughput run.
+        #[arg(long, default_value_t = 500_000)]
+        messages: usize,
+        /// Throughput runs (median reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Rate of the latency run, messages/s.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Duration of the latency run, seconds.
+        #[arg(long, default_value_t = 3.0)]
+        latency_secs: f64,
+        /// Use this NATS server instead of starting `nats-server` on a free port.
+        #[arg(long)]
+        nats: Option<String>,
+        /// Only the in-process bus.
+        #[arg(long)]
+        skip_nats: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { service, config } => {
+            let Some(entries) = aware_cli::select_services(&service) else {
+                bail!(
+                    "unknown service `{service}`; expected one of: {}",
+                    aware_cli::service_names().join(", ")
+                );
+            };
+            aware_shared::launcher::main(&config, &entries)?;
+        }
+        Command::Watch {
+            subject,
+            limit,
+            config,
+        } => {
+            let cfg = aware_shared::config::load(&config.sources()?)?;
+            aware_shared::telemetry::init_tracing(cfg.log.format)?;
+            if cfg.bus.url == aware_shared::bus::EMBEDDED {
+                bail!("`aware watch` needs a NATS bus: pass --bus nats://HOST:4222 (or set AWARE_BUS__URL)");
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let bus = aware_shared::bus::Bus::connect(&cfg.bus, "aware-watch").await?;
+                let stop = tokio_util::sync::CancellationToken::new();
+                aware_shared::service::cancel_on_signal(stop.clone());
+                let mut out = std::io::stdout().lock();
+                aware_cli::watch::watch(&bus, &subject, &mut out, limit, stop).await?;
+                anyhow::Ok(())
+            })?;
+        }
+        Command::Bench { bench } => match bench {
+            BenchCommand::Bus {
+                out,
+                messages,
+                runs,
+                rate,
+                latency_secs,
+                nats,
+                skip_nats,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let opts = bench::bus::BusBenchOptions {
+                    messages,
+                    runs,
+                    rate,
+                    latency_secs,
+                    nats_url: nats,
+                    skip_nats,
+                };
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                let results = rt.block_on(bench::bus::run(&opts))?;
+                for r in &results {
+                    println!(
+                        "{:<14} {:>5} B  throughput median {:>10.0} msg/s (runs: {})  lost {}  | at {} msg/s: p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs  lost {}",
+                        r.transport,
+                        r.payload_bytes,
+                        r.throughput_median_msgs_per_s,
+                        r.throughput_runs_msgs_per_s
+                            .iter()
+                            .map(|x| format!("{x:.0}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        r.lost_in_throughput_runs,
+                        r.latency_rate_msgs_per_s,
+                        r.latency_p50_us,
+                        r.latency_p99_us,
+                        r.latency_max_us,
+                        r.lost_in_latency_run,
+                    );
+                }
+                let path = bench::write_json(&out, "bus.json", &serde_json::to_value(&results)?)?;
+                println!("wrote {path}");
+            }
+        },
+        Command::Schemas { write } => match write {
+            Some(dir) => {
+                let written = aware_bus_schemas::generated::write_all(&dir)
+                    .with_context(|| format!("writing generated files under {}", dir.display()))?;
+                for w in written {
+                    println!("wrote {w}");
+                }
+            }
+            None => {
+                for kind in aware_bus_schemas::EventKind::ALL {
+                    print!("{}", aware_bus_schemas::generated::json_schema(kind));
+                }
+            }
+        },
+        Command::Demo => {
+            bail!("`aware demo` arrives with the control loop (issue [control-loop]); run `aware run all` for the services")
+        }
+        Command::Crd => bail!("`aware crd` arrives with the Kubernetes issue ([kubernetes])"),
+    }
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! `aware-meta-learner-trainer`: the meta-learner-trainer service as its own process (for containers).
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "aware-meta-learner-trainer", version, about)]
+struct Args {
+    #[command(flatten)]
+    config: aware_shared::cli::ConfigArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    aware_shared::launcher::main(&args.config, &[aware_meta_learner_trainer::ENTRY])?;
+    Ok(())
+}

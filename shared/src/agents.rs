@@ -1,0 +1,159 @@
+//! Per-target actix actors: every managed target is one actor inside the service that owns it.
+//! Events are routed to the target's actor (created on first sight); what actors publish goes
+//! through one ordered [`Outbox`] per service.
+
+use std::collections::HashMap;
+
+use actix::{Actor, Addr, Context, Handler, Message};
+use aware_bus_schemas::{Event, Target};
+use tokio::sync::mpsc;
+
+use crate::service::ServiceContext;
+
+/// An event delivered to a target's actor.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Deliver(pub Event);
+
+/// Ordered publishing from actors (which cannot await) to the bus.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+impl Outbox {
+    /// Queues an event for publishing; returns false when the service is shutting down.
+    pub fn send(&self, ev: impl Into<Event>) -> bool {
+        self.tx.send(ev.into()).is_ok()
+    }
+}
+
+/// Starts the publisher task of a service. It publishes the outbox in order and ends when every
+/// [`Outbox`] clone is dropped or at shutdown (after draining what is queued), flushing the bus.
+pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let handle = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                ev = rx.recv() => match ev {
+                    // Failures are counted and logged by `publish_event`.
+                    Some(ev) => { let _ = ctx.publish_event(&ev).await; }
+                    None => break,
+                },
+                _ = ctx.shutdown.cancelled() => {
+                    while let Ok(ev) = rx.try_recv() {
+                        let _ = ctx.publish_event(&ev).await;
+                    }
+                    break;
+                }
+            }
+        }
+        if let Err(e) = ctx.bus.flush().await {
+            tracing::warn!(service = ctx.name, error = %e, "final flush failed");
+        }
+    });
+    (Outbox { tx }, handle)
+}
+
+/// The actors of one service, one per target.
+pub struct TargetActors<A>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver>,
+{
+    actors: HashMap<Target, Addr<A>>,
+    factory: Box<dyn FnMut(&Target) -> A>,
+    gauge: prometheus::IntGauge,
+}
+
+impl<A> TargetActors<A>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver>,
+{
+    pub fn new(ctx: &ServiceContext, factory: impl FnMut(&Target) -> A + 'static) -> Self {
+        TargetActors {
+            actors: HashMap::new(),
+            factory: Box::new(factory),
+            gauge: ctx.metrics.targets.clone(),
+        }
+    }
+
+    /// The actor of `target`, started on first use (must run inside an actix system).
+    pub fn get_or_start(&mut self, target: &Target) -> &Addr<A> {
+        if !self.actors.contains_key(target) {
+            let actor = (self.factory)(target);
+            self.actors.insert(target.clone(), actor.start());
+            self.gauge
+                .set(i64::try_from(self.actors.len()).unwrap_or(i64::MAX));
+            tracing::debug!(%target, "target actor started");
+        }
+        &self.actors[target]
+    }
+
+    /// Delivers an event to its target's actor.
+    pub fn route(&mut self, ev: Event) {
+        let target = ev.target().clone();
+        self.get_or_start(&target).do_send(Deliver(ev));
+    }
+
+    pub fn len(&self) -> usize {
+        self.actors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.actors.is_empty()
+    }
+}
+
+/// The intake loop of a service: routes every decoded event of `consumes` to its target's actor
+/// until shutdown. With `sharded`, events of targets outside this instance's shard are skipped.
+pub async fn run_actors<A>(
+    ctx: &ServiceContext,
+    consumes: &[aware_bus_schemas::EventKind],
+    sharded: bool,
+    actors: &mut TargetActors<A>,
+) -> Result<(), crate::service::ServiceError>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver>,
+{
+    let mut rx = ctx.subscribe_events(consumes).await?;
+    ctx.ready.set(true);
+    tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
+    loop {
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    if !sharded || ctx.config.shard.owns(ev.target()) {
+                        actors.route(ev);
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+    ctx.ready.set(false);
+    Ok(())
+}
+
+/// The intake loop of a service that so far only consumes: decodes and counts every event of
+/// `consumes` (malformed ones are counted as decode errors) until shutdown.
+pub async fn run_intake(
+    ctx: &ServiceContext,
+    consumes: &[aware_bus_schemas::EventKind],
+) -> Result<(), crate::service::ServiceError> {
+    let mut rx = ctx.subscribe_events(consumes).await?;
+    ctx.ready.set(true);
+    tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
+    loop {
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            ev = rx.recv() => match ev {
+                Some(ev) => tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received"),
+                None => break,
+            },
+        }
+    }
+    ctx.ready.set(false);
+    Ok(())
+}

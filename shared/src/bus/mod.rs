@@ -1,0 +1,123 @@
+//! The bus: one API, two implementations with identical subject semantics — NATS and an
+//! in-process bus for the embedded default. Both pass the same conformance suite
+//! (`tests/src/bus_conformance.rs`).
+
+mod inproc;
+mod nats;
+pub mod pattern;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use inproc::{InProcBus, InProcSubscription};
+pub use nats::{backoff, NatsBus};
+
+use crate::config::BusConfig;
+
+/// A message received from the bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub subject: Arc<str>,
+    pub payload: Bytes,
+}
+
+/// Bus errors; publish errors are always returned to the caller, never swallowed.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("invalid {what} `{subject}`: {reason}")]
+    InvalidSubject {
+        subject: String,
+        what: &'static str,
+        reason: &'static str,
+    },
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("publish to `{subject}` failed: {reason}")]
+    Publish { subject: String, reason: String },
+    #[error("subscribe to `{pattern}` failed: {reason}")]
+    Subscribe { pattern: String, reason: String },
+    #[error("JetStream stream `{stream}`: {reason}")]
+    JetStream { stream: String, reason: String },
+    #[error("in-process bus lock poisoned")]
+    Poisoned,
+}
+
+/// A bus handle; clones share the connection.
+#[derive(Clone)]
+pub enum Bus {
+    InProc(InProcBus),
+    Nats(NatsBus),
+}
+
+/// `bus.url` value selecting the embedded in-process bus.
+pub const EMBEDDED: &str = "embedded";
+
+impl Bus {
+    /// The embedded in-process bus.
+    pub fn in_process(capacity: usize) -> Self {
+        Bus::InProc(InProcBus::new(capacity))
+    }
+
+    /// Connects to the bus named by `cfg.url`: `embedded` or a `nats://` URL.
+    pub async fn connect(cfg: &BusConfig, client_name: &str) -> Result<Self, BusError> {
+        if cfg.url == EMBEDDED {
+            Ok(Bus::in_process(cfg.channel_capacity))
+        } else {
+            Ok(Bus::Nats(NatsBus::connect(cfg, client_name).await?))
+        }
+    }
+
+    pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
+        match self {
+            Bus::InProc(b) => b.publish(subject, payload).await,
+            Bus::Nats(b) => b.publish(subject, payload).await,
+        }
+    }
+
+    pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
+        match self {
+            Bus::InProc(b) => Ok(Subscription::InProc(b.subscribe(pattern)?)),
+            Bus::Nats(b) => Ok(Subscription::Nats(b.subscribe(pattern).await?)),
+        }
+    }
+
+    /// Waits until everything published so far has been handed to the transport.
+    pub async fn flush(&self) -> Result<(), BusError> {
+        match self {
+            Bus::InProc(_) => Ok(()),
+            Bus::Nats(b) => b.flush().await,
+        }
+    }
+
+    pub fn is_connected(&self) -> bool {
+        match self {
+            Bus::InProc(_) => true,
+            Bus::Nats(b) => b.is_connected(),
+        }
+    }
+
+    /// `embedded` or `nats`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Bus::InProc(_) => "embedded",
+            Bus::Nats(_) => "nats",
+        }
+    }
+}
+
+/// A subscription; dropping it unsubscribes.
+pub enum Subscription {
+    InProc(InProcSubscription),
+    Nats(async_nats::Subscriber),
+}
+
+impl Subscription {
+    /// The next message, or `None` when the bus is closed.
+    pub async fn next(&mut self) -> Option<Message> {
+        match self {
+            Subscription::InProc(s) => s.next().await,
+            Subscription::Nats(s) => nats::next(s).await,
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The NATS bus (async-nats): reconnect with exponential backoff, publish errors surfaced, and a
+//! JetStream stream capturing `aware.v1.>` so external tools can replay recent history.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::pattern::{validate_subject, Pattern};
+use super::{BusError, Message};
+use crate::config::{BusConfig, StorageKind};
+
+/// Exponential backoff used for the initial connection and for reconnects.
+pub fn backoff(attempt: usize, max: Duration) -> Duration {
+    let exp = u32::try_from(attempt.min(16)).unwrap_or(16);
+    Duration::from_millis(100u64.saturating_mul(1u64 << exp)).min(max)
+}
+
+/// A connection to a NATS server; clones share it.
+#[derive(Clone)]
+pub struct NatsBus {
+    client: async_nats::Client,
+    url: String,
+}
+
+impl NatsBus {
+    /// Connects, retrying with backoff until `bus.connect_timeout_ms` has elapsed, then makes sure
+    /// the JetStream stream exists when `bus.jetstream.enabled`.
+    pub async fn connect(cfg: &BusConfig, client_name: &str) -> Result<Self, BusError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
+        let max_delay = Duration::from_millis(cfg.reconnect_max_delay_ms);
+        let mut attempt = 0usize;
+        let client = loop {
+            let opts = async_nats::ConnectOptions::new()
+                .name(client_name)
+                .subscription_capacity(cfg.channel_capacity)
+                .connection_timeout(Duration::from_millis(
+                    cfg.connect_timeout_ms.clamp(100, 5_000),
+                ))
+                .max_reconnects(None)
+                .reconnect_delay_callback(move |n| backoff(n, max_delay))
+                .event_callback(|event| async move {
+                    match event {
+                        async_nats::Event::Connected => tracing::info!("nats connected"),
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("nats disconnected; reconnecting with backoff")
+                        }
+                        other => tracing::warn!(event = %other, "nats event"),
+                    }
+                });
+            match opts.connect(cfg.url.as_str()).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    let wait = backoff(attempt, max_delay);
+                    if tokio::time::Instant::now() + wait > deadline {
+                        return Err(BusError::Connect {
+                            url: cfg.url.clone(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    tracing::warn!(url = %cfg.url, attempt, error = %e, "nats connect failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+            }
+        };
+        let bus = NatsBus {
+            client,
+            url: cfg.url.clone(),
+        };
+        if cfg.jetstream.enabled {
+            bus.ensure_stream(cfg).await?;
+        }
+        Ok(bus)
+    }
+
+    /// Creates or updates the stream that captures every AWARE subject.
+    pub async fn ensure_stream(&self, cfg: &BusConfig) -> Result<(), BusError> {
+        let js = jetstream::new(self.client.clone());
+        let js_cfg = &cfg.jetstream;
+        let config = jetstream::stream::Config {
+            name: js_cfg.stream.clone(),
+            subjects: vec![aware_bus_schemas::subject::ALL.to_string()],
+            max_age: Duration::from_secs(js_cfg.max_age_secs),
+            max_bytes: js_cfg.max_bytes,
+            storage: match js_cfg.storage {
+                StorageKind::File => jetstream::stream::StorageType::File,
+                StorageKind::Memory => jetstream::stream::StorageType::Memory,
+            },
+            num_replicas: js_cfg.replicas,
+            description: Some("AWARE events (aware.v1.>) for replay by external tools".into()),
+            ..Default::default()
+        };
+        js.create_or_update_stream(config)
+            .await
+            .map_err(|e| BusError::JetStream {
+                stream: js_cfg.stream.clone(),
+                reason: format!(
+                    "{e} (is JetStream enabled on the server, e.g. `nats-server -js`? \
+                     set bus.jetstream.enabled=false to run without replay)"
+                ),
+            })?;
+        Ok(())
+    }
+
+    pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
+        validate_subject(subject)?;
+        self.client
+            .publish(subject.to_string(), payload)
+            .await
+            .map_err(|e| BusError::Publish {
+                subject: subject.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    pub async fn subscribe(&self, pattern: &str) -> Result<async_nats::Subscriber, BusError> {
+        Pattern::parse(pattern)?;
+        self.client
+            .subscribe(pattern.to_string())
+            .await
+            .map_err(|e| BusError::Subscribe {
+                pattern: pattern.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    pub async fn flush(&self) -> Result<(), BusError> {
+        self.client.flush().await.map_err(|e| BusError::Publish {
+            subject: "<flush>".to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The underlying client, for JetStream consumers and the object store.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+}
+
+pub(super) async fn next(sub: &mut async_nats::Subscriber) -> Option<Message> {
+    sub.next().await.map(|m| Message {
+        subject: std::sync::Arc::from(m.subject.as_str()),
+        payload: m.payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let max = Duration::from_secs(5);
+        assert_eq!(backoff(0, max), Duration::from_millis(100));
+        assert_eq!(backoff(1, max), Duration::from_millis(200));
+        assert_eq!(backoff(3, max), Duration::from_millis(800));
+        assert_eq!(backoff(10, max), max);
+        assert_eq!(backoff(usize::MAX, max), max);
+    }
+}

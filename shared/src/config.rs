@@ -1,0 +1,466 @@
+//! Configuration: defaults → file → `AWARE_…` environment (`__` for nesting) → flags, via the
+//! `config` crate. Invalid values fail start-up with an error naming the key.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use aware_bus_schemas::Target;
+use serde::{Deserialize, Serialize};
+
+/// Errors loading or validating configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("configuration key `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Everything a service (or `aware run all`) is configured with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AppConfig {
+    pub bus: BusConfig,
+    pub http: HttpConfig,
+    pub log: LogConfig,
+    pub shard: ShardConfig,
+    /// Targets managed from start-up (the Kubernetes controller registers more at run time).
+    pub targets: Vec<Target>,
+    pub lifecycle: LifecycleProfile,
+}
+
+impl Default for AppConfig {
+    fn default() -> Self {
+        AppConfig {
+            bus: BusConfig::default(),
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
+            shard: ShardConfig::default(),
+            targets: Vec::new(),
+            lifecycle: LifecycleProfile::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BusConfig {
+    /// `embedded` (in-process bus) or a NATS URL such as `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Buffer per subscription, messages.
+    pub channel_capacity: usize,
+    /// How long start-up keeps retrying the first connection.
+    pub connect_timeout_ms: u64,
+    /// Upper bound of the exponential reconnect backoff.
+    pub reconnect_max_delay_ms: u64,
+    pub jetstream: JetStreamConfig,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            url: crate::bus::EMBEDDED.to_string(),
+            channel_capacity: 65_536,
+            connect_timeout_ms: 10_000,
+            reconnect_max_delay_ms: 5_000,
+            jetstream: JetStreamConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    File,
+    Memory,
+}
+
+/// The JetStream stream that captures `aware.v1.>` on NATS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JetStreamConfig {
+    pub enabled: bool,
+    pub stream: String,
+    /// Retention by age, seconds.
+    pub max_age_secs: u64,
+    /// Retention by size, bytes (-1: unlimited).
+    pub max_bytes: i64,
+    pub storage: StorageKind,
+    pub replicas: usize,
+}
+
+impl Default for JetStreamConfig {
+    fn default() -> Self {
+        JetStreamConfig {
+            enabled: true,
+            stream: "AWARE".to_string(),
+            max_age_secs: 24 * 3600,
+            max_bytes: 1 << 30,
+            storage: StorageKind::File,
+            replicas: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpConfig {
+    /// Address of `/metrics`, `/healthz`, `/readyz` (port 0: any free port, logged at start).
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "0.0.0.0:9464".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LogConfig {
+    /// `text` or `json`; the level comes from `RUST_LOG` (default `info`).
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// This instance owns the targets whose stable hash modulo `count` equals `index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ShardConfig {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        ShardConfig { index: 0, count: 1 }
+    }
+}
+
+impl ShardConfig {
+    /// Parses `i/N` (the `--shard` flag).
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let (i, n) = s
+            .split_once('/')
+            .ok_or_else(|| invalid("shard", format!("`{s}` is not of the form i/N")))?;
+        let index = i
+            .trim()
+            .parse()
+            .map_err(|_| invalid("shard.index", format!("`{i}` is not a number")))?;
+        let count = n
+            .trim()
+            .parse()
+            .map_err(|_| invalid("shard.count", format!("`{n}` is not a number")))?;
+        let s = ShardConfig { index, count };
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.count == 0 {
+            return Err(invalid("shard.count", "must be at least 1"));
+        }
+        if self.index >= self.count {
+            return Err(invalid(
+                "shard.index",
+                format!("{} is not below shard.count {}", self.index, self.count),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this shard owns `target` (FNV-1a of `namespace/name`, stable across builds).
+    pub fn owns(&self, target: &Target) -> bool {
+        stable_hash(&target.key()) % u64::from(self.count.max(1)) == u64::from(self.index)
+    }
+}
+
+/// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher).
+pub fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The lifecycle profile of Algorithm 1. Rewards are per-step means of an episode
+/// (r_t ∈ [0, 2] with the reward of DESIGN §3), so thresholds do not depend on episode length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LifecycleProfile {
+    /// Start OFFLINE behind the HPA/VPA fallback (true) or go ONLINE at once.
+    pub bootstrap: bool,
+    /// OFFLINE → ONLINE when the mean estimated reward reaches this.
+    pub t_online: f64,
+    /// ONLINE → SERVING when mean ≥ t_serving and std ≤ t_var.
+    pub t_serving: f64,
+    pub t_var: f64,
+    /// Number of recent episodes the decision looks at.
+    pub window: usize,
+}
+
+impl Default for LifecycleProfile {
+    fn default() -> Self {
+        LifecycleProfile {
+            bootstrap: true,
+            t_online: 1.0,
+            t_serving: 1.3,
+            t_var: 0.15,
+            window: 10,
+        }
+    }
+}
+
+impl AppConfig {
+    /// Checks values the types alone cannot; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = &self.bus.url;
+        if url != crate::bus::EMBEDDED
+            && !["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|p| url.starts_with(p))
+        {
+            return Err(invalid(
+                "bus.url",
+                format!("`{url}` is neither `embedded` nor a nats://, tls://, ws:// or wss:// URL"),
+            ));
+        }
+        if self.bus.channel_capacity == 0 {
+            return Err(invalid("bus.channel_capacity", "must be at least 1"));
+        }
+        if self.bus.jetstream.stream.is_empty()
+            || !self
+                .bus
+                .jetstream
+                .stream
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                "bus.jetstream.stream",
+                "must be non-empty letters, digits, `-` or `_`",
+            ));
+        }
+        if self.bus.jetstream.replicas == 0 || self.bus.jetstream.replicas > 5 {
+            return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
+        }
+        self.http
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("http.listen", format!("`{}`: {e}", self.http.listen)))?;
+        self.shard.validate()?;
+        for (i, t) in self.targets.iter().enumerate() {
+            aware_bus_schemas::subject::validate_name("namespace", &t.namespace)
+                .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
+            aware_bus_schemas::subject::validate_name("name", &t.name)
+                .map_err(|e| invalid(&format!("targets[{i}].name"), e.to_string()))?;
+        }
+        let l = &self.lifecycle;
+        for (key, v) in [
+            ("lifecycle.t_online", l.t_online),
+            ("lifecycle.t_serving", l.t_serving),
+            ("lifecycle.t_var", l.t_var),
+        ] {
+            if !v.is_finite() {
+                return Err(invalid(key, "must be a finite number"));
+            }
+        }
+        if l.t_var < 0.0 {
+            return Err(invalid("lifecycle.t_var", "must not be negative"));
+        }
+        if l.window == 0 {
+            return Err(invalid("lifecycle.window", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Where configuration comes from. `env: None` reads the process environment; tests inject a map.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    pub file: Option<PathBuf>,
+    pub env: Option<HashMap<String, String>>,
+    /// Flag values as (`dotted.key`, value), applied last.
+    pub overrides: Vec<(String, String)>,
+}
+
+/// Loads defaults → file → `AWARE_…` environment → overrides, then validates.
+pub fn load(sources: &ConfigSources) -> Result<AppConfig, ConfigError> {
+    let defaults = config::Config::try_from(&AppConfig::default())?;
+    let mut builder = config::Config::builder().add_source(defaults);
+    if let Some(path) = &sources.file {
+        if !path.exists() {
+            return Err(invalid(
+                "--config",
+                format!("file {} does not exist", path.display()),
+            ));
+        }
+        builder = builder.add_source(config::File::from(path.as_path()).required(true));
+    }
+    let env = config::Environment::with_prefix("AWARE")
+        .prefix_separator("_")
+        .separator("__")
+        .try_parsing(true)
+        .source(sources.env.clone());
+    builder = builder.add_source(env);
+    for (k, v) in &sources.overrides {
+        builder = builder.set_override(k.as_str(), v.as_str())?;
+    }
+    let cfg: AppConfig = builder.build()?.try_deserialize()?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let cfg = load(&ConfigSources {
+            env: env(&[]),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(cfg, AppConfig::default());
+    }
+
+    #[test]
+    fn precedence_defaults_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("aware.toml");
+        std::fs::write(
+            &file,
+            r#"
+[bus]
+url = "nats://file:4222"
+channel_capacity = 10
+[http]
+listen = "127.0.0.1:1000"
+[lifecycle]
+window = 5
+[[targets]]
+namespace = "shop"
+name = "cart"
+"#,
+        )
+        .unwrap();
+        let cfg = load(&ConfigSources {
+            file: Some(file),
+            env: env(&[
+                ("AWARE_BUS__URL", "nats://env:4222"),
+                ("AWARE_HTTP__LISTEN", "127.0.0.1:2000"),
+                ("AWARE_BUS__JETSTREAM__MAX_AGE_SECS", "60"),
+            ]),
+            overrides: vec![("http.listen".into(), "127.0.0.1:3000".into())],
+        })
+        .unwrap();
+        assert_eq!(cfg.bus.url, "nats://env:4222", "env beats file");
+        assert_eq!(cfg.bus.channel_capacity, 10, "file beats defaults");
+        assert_eq!(cfg.http.listen, "127.0.0.1:3000", "flags beat env");
+        assert_eq!(cfg.bus.jetstream.max_age_secs, 60, "nested env key");
+        assert_eq!(cfg.lifecycle.window, 5);
+        assert_eq!(cfg.lifecycle.t_serving, 1.3, "untouched default kept");
+        assert_eq!(cfg.targets, vec![Target::new("shop", "cart")]);
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[("AWARE_BUS__CHANNEL_CAPACITY", "lots")],
+                "bus.channel_capacity",
+            ),
+            (
+                &[("AWARE_BUS__CHANNEL_CAPACITY", "0")],
+                "bus.channel_capacity",
+            ),
+            (&[("AWARE_BUS__URL", "http://x")], "bus.url"),
+            (&[("AWARE_HTTP__LISTEN", "nowhere")], "http.listen"),
+            (
+                &[("AWARE_SHARD__INDEX", "3"), ("AWARE_SHARD__COUNT", "3")],
+                "shard.index",
+            ),
+            (&[("AWARE_LIFECYCLE__WINDOW", "0")], "lifecycle.window"),
+            (&[("AWARE_LIFECYCLE__T_VAR", "-1")], "lifecycle.t_var"),
+            (
+                &[("AWARE_BUS__JETSTREAM__STORAGE", "tape")],
+                "bus.jetstream.storage",
+            ),
+        ];
+        for (vars, key) in cases {
+            let err = load(&ConfigSources {
+                env: env(vars),
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(key), "{vars:?}: `{err}` does not name {key}");
+        }
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let err = load(&ConfigSources {
+            file: Some("/nonexistent/aware.toml".into()),
+            env: env(&[]),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("does not exist"));
+    }
+
+    #[test]
+    fn shard_flag_parses_and_partitions() {
+        assert_eq!(
+            ShardConfig::parse("1/3").unwrap(),
+            ShardConfig { index: 1, count: 3 }
+        );
+        assert!(ShardConfig::parse("3/3").is_err());
+        assert!(ShardConfig::parse("x/3").is_err());
+        assert!(ShardConfig::parse("13").is_err());
+        let shards: Vec<_> = (0..3).map(|i| ShardConfig { index: i, count: 3 }).collect();
+        for n in 0..300 {
+            let t = Target::new("ns", format!("app-{n}"));
+            assert_eq!(shards.iter().filter(|s| s.owns(&t)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn stable_hash_is_fnv1a() {
+        assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stable_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

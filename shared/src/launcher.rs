@@ -1,0 +1,139 @@
+//! Starts one or more services in this process: one bus connection, one actix system, one HTTP
+//! endpoint for all of them, graceful shutdown on SIGINT/SIGTERM.
+
+use std::sync::Arc;
+
+use futures::future::LocalBoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::Bus;
+use crate::config::AppConfig;
+use crate::service::{ServiceContext, ServiceError};
+use crate::telemetry::{serve_http, HttpState};
+
+/// A service's entry point.
+pub type ServiceMain = fn(ServiceContext) -> LocalBoxFuture<'static, Result<(), ServiceError>>;
+
+/// A service that can be launched.
+#[derive(Clone, Copy)]
+pub struct ServiceEntry {
+    pub name: &'static str,
+    pub main: ServiceMain,
+}
+
+/// Handle on services started by [`start`].
+pub struct Running {
+    pub bus: Bus,
+    pub http_addr: std::net::SocketAddr,
+    pub contexts: Vec<ServiceContext>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), ServiceError>>>,
+}
+
+impl Running {
+    /// Waits for every service to end (after `shutdown` is cancelled); the first error wins.
+    pub async fn join(self) -> Result<(), ServiceError> {
+        let mut first = Ok(());
+        for (task, ctx) in self.tasks.into_iter().zip(&self.contexts) {
+            let res = match task.await {
+                Ok(r) => r,
+                Err(e) => Err(ServiceError::Other(format!("{} panicked: {e}", ctx.name))),
+            };
+            if let Err(e) = res {
+                tracing::error!(service = ctx.name, error = %e, "service failed");
+                ctx.shutdown.cancel();
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        if let Err(e) = self.bus.flush().await {
+            tracing::warn!(error = %e, "final bus flush failed");
+        }
+        first
+    }
+}
+
+/// Connects the bus, serves HTTP and spawns every service as a local task of the current actix
+/// system. Services stop when `shutdown` is cancelled.
+pub async fn start(
+    config: Arc<AppConfig>,
+    entries: &[ServiceEntry],
+    shutdown: CancellationToken,
+) -> Result<Running, ServiceError> {
+    let client_name = format!(
+        "aware-{}",
+        entries.iter().map(|e| e.name).collect::<Vec<_>>().join("+")
+    );
+    let bus = Bus::connect(&config.bus, &client_name).await?;
+    start_on(bus, config, entries, shutdown).await
+}
+
+/// As [`start`], on an existing bus (e.g. a shared in-process bus in tests).
+pub async fn start_on(
+    bus: Bus,
+    config: Arc<AppConfig>,
+    entries: &[ServiceEntry],
+    shutdown: CancellationToken,
+) -> Result<Running, ServiceError> {
+    let contexts = entries
+        .iter()
+        .map(|e| ServiceContext::new(e.name, bus.clone(), config.clone(), shutdown.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let state = HttpState {
+        metrics: contexts.iter().map(|c| c.metrics.clone()).collect(),
+        ready: contexts
+            .iter()
+            .map(|c| (c.name.to_string(), c.ready.clone()))
+            .collect(),
+        bus: Some(bus.clone()),
+    };
+    let http_addr = serve_http(&config.http.listen, state, shutdown.clone()).await?;
+    let tasks = entries
+        .iter()
+        .zip(&contexts)
+        .map(|(e, ctx)| {
+            tracing::info!(service = e.name, bus = bus.kind(), "starting");
+            actix_rt::spawn((e.main)(ctx.clone()))
+        })
+        .collect();
+    Ok(Running {
+        bus,
+        http_addr,
+        contexts,
+        tasks,
+    })
+}
+
+/// Runs `entries` until SIGINT/SIGTERM on a new actix system: the body of every service binary.
+pub fn run_blocking(config: AppConfig, entries: &[ServiceEntry]) -> Result<(), ServiceError> {
+    let system = actix_rt::System::new();
+    let res = system.block_on(async move {
+        let shutdown = CancellationToken::new();
+        crate::service::cancel_on_signal(shutdown.clone());
+        let running = start(Arc::new(config), entries, shutdown).await?;
+        // Tools and tests read this line to find the endpoints when `http.listen` uses port 0.
+        println!("aware: listening on http://{}", running.http_addr);
+        running.join().await
+    });
+    tracing::info!("stopped");
+    res
+}
+
+/// Errors of a service binary's start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+/// The whole `main` of a service binary: load configuration (flags last), start telemetry, run.
+pub fn main(args: &crate::cli::ConfigArgs, entries: &[ServiceEntry]) -> Result<(), LaunchError> {
+    let cfg = crate::config::load(&args.sources()?)?;
+    crate::telemetry::init_tracing(cfg.log.format)?;
+    run_blocking(cfg, entries)?;
+    Ok(())
+}

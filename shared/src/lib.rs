@@ -1,0 +1,11 @@
+//! Common code of the AWARE services: the bus (NATS and in-process), configuration, telemetry
+//! and the service runtime (per-target actix actors, health endpoints, graceful shutdown).
+
+pub mod agents;
+pub mod bus;
+pub mod cli;
+pub mod config;
+pub mod launcher;
+pub mod service;
+pub mod telemetry;
+pub mod testkit;

@@ -1,0 +1,180 @@
+//! The service runtime: context (bus, config, metrics, readiness, shutdown), typed publishing,
+//! decoded intake of bus events, and signal handling.
+
+use std::sync::Arc;
+
+use aware_bus_schemas::{self as schemas, subject, BusMessage, Event, EventKind};
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::{Bus, BusError};
+use crate::config::AppConfig;
+use crate::telemetry::{Readiness, ServiceMetrics, TelemetryError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Encode(#[from] schemas::EncodeError),
+    #[error(transparent)]
+    Subject(#[from] subject::SubjectError),
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Everything a running service needs; cheap to clone.
+#[derive(Clone)]
+pub struct ServiceContext {
+    pub name: &'static str,
+    pub bus: Bus,
+    pub config: Arc<AppConfig>,
+    pub metrics: ServiceMetrics,
+    pub ready: Readiness,
+    pub shutdown: CancellationToken,
+}
+
+impl ServiceContext {
+    pub fn new(
+        name: &'static str,
+        bus: Bus,
+        config: Arc<AppConfig>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, ServiceError> {
+        Ok(ServiceContext {
+            name,
+            bus,
+            config,
+            metrics: ServiceMetrics::new(name)?,
+            ready: Readiness::default(),
+            shutdown,
+        })
+    }
+
+    /// Encodes and publishes a message on its subject, counting it (or the failure).
+    pub async fn publish<M: BusMessage>(&self, msg: &M) -> Result<(), ServiceError> {
+        let kind = M::KIND.as_str();
+        let res = async {
+            let subject = subject::subject(M::KIND, msg.target())?;
+            let payload = schemas::encode(msg)?;
+            self.bus.publish(&subject, Bytes::from(payload)).await?;
+            Ok::<_, ServiceError>(())
+        }
+        .await;
+        match &res {
+            Ok(()) => self.metrics.messages_out.with_label_values(&[kind]).inc(),
+            Err(e) => {
+                self.metrics.publish_errors.with_label_values(&[kind]).inc();
+                tracing::error!(service = self.name, event = kind, target = %msg.target(), error = %e, "publish failed");
+            }
+        }
+        res
+    }
+
+    /// Publishes any event.
+    pub async fn publish_event(&self, ev: &Event) -> Result<(), ServiceError> {
+        match ev {
+            Event::Obs(m) => self.publish(m).await,
+            Event::Action(m) => self.publish(m).await,
+            Event::Applied(m) => self.publish(m).await,
+            Event::Episode(m) => self.publish(m).await,
+            Event::Lifecycle(m) => self.publish(m).await,
+            Event::Embedding(m) => self.publish(m).await,
+            Event::Model(m) => self.publish(m).await,
+        }
+    }
+
+    /// Subscribes to `kinds` for every target and yields decoded events. Malformed messages are
+    /// counted (`decode_errors_total`) and dropped with a warning; they never end the intake.
+    pub async fn subscribe_events(
+        &self,
+        kinds: &[EventKind],
+    ) -> Result<mpsc::Receiver<Event>, ServiceError> {
+        let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
+        for &kind in kinds {
+            let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
+            let tx = tx.clone();
+            let ctx = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    let msg = tokio::select! {
+                        _ = ctx.shutdown.cancelled() => break,
+                        m = sub.next() => match m { Some(m) => m, None => break },
+                    };
+                    let Some(ev) = ctx.decode(kind, &msg.subject, &msg.payload) else {
+                        continue;
+                    };
+                    if tx.send(ev).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Decodes one received message, counting it as received or as a decode error.
+    pub fn decode(&self, kind: EventKind, subj: &str, payload: &[u8]) -> Option<Event> {
+        let label = kind.as_str();
+        let fail = |reason: String| {
+            self.metrics.decode_errors.with_label_values(&[label]).inc();
+            tracing::warn!(service = self.name, subject = subj, bytes = payload.len(), %reason, "dropping malformed message");
+            None
+        };
+        let parsed = match subject::parse(subj) {
+            Ok(p) => p,
+            Err(e) => return fail(e.to_string()),
+        };
+        match schemas::decode_event(kind, payload) {
+            Ok(ev) if ev.target() == &parsed.target => {
+                self.metrics.messages_in.with_label_values(&[label]).inc();
+                Some(ev)
+            }
+            Ok(ev) => fail(format!(
+                "message for {} published on the subject of {}",
+                ev.target(),
+                parsed.target
+            )),
+            Err(e) => fail(e.to_string()),
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received, shutting down"),
+        _ = term => tracing::info!("SIGTERM received, shutting down"),
+    }
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        token.cancel();
+    });
+}

@@ -1,0 +1,247 @@
+//! Telemetry: `tracing` honouring `RUST_LOG`, one prometheus registry per service (its only place
+//! for metrics), and the `/metrics`, `/healthz`, `/readyz` HTTP endpoints.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use aware_bus_schemas::EventKind;
+use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LogFormat;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("tracing: {0}")]
+    Tracing(String),
+    #[error("metrics registry: {0}")]
+    Prometheus(#[from] prometheus::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Installs the global tracing subscriber (`RUST_LOG`, default `info`), logging to stderr.
+pub fn init_tracing(format: LogFormat) -> Result<(), TelemetryError> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let res = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    res.map_err(|e| TelemetryError::Tracing(e.to_string()))
+}
+
+/// The metrics of one service. Every metric of a service is registered here.
+#[derive(Clone)]
+pub struct ServiceMetrics {
+    registry: Registry,
+    service: &'static str,
+    /// Messages received, by event kind.
+    pub messages_in: IntCounterVec,
+    /// Messages published, by event kind.
+    pub messages_out: IntCounterVec,
+    /// Messages dropped because they could not be decoded, by event kind.
+    pub decode_errors: IntCounterVec,
+    /// Publishes that failed, by event kind.
+    pub publish_errors: IntCounterVec,
+    /// Targets with a live actor in this service.
+    pub targets: IntGauge,
+}
+
+impl ServiceMetrics {
+    pub fn new(service: &'static str) -> Result<Self, TelemetryError> {
+        let labels = std::iter::once(("service".to_string(), service.to_string())).collect();
+        let registry = Registry::new_custom(Some("aware".to_string()), Some(labels))?;
+        let counter = |name: &str, help: &str| -> Result<IntCounterVec, TelemetryError> {
+            let c = IntCounterVec::new(Opts::new(name, help), &["event"])?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let messages_in = counter("messages_in_total", "Bus messages received, by event kind")?;
+        let messages_out = counter(
+            "messages_out_total",
+            "Bus messages published, by event kind",
+        )?;
+        let decode_errors = counter(
+            "decode_errors_total",
+            "Malformed bus messages counted and dropped, by event kind",
+        )?;
+        let publish_errors = counter("publish_errors_total", "Failed publishes, by event kind")?;
+        let targets = IntGauge::new("targets", "Targets with a live actor in this service")?;
+        registry.register(Box::new(targets.clone()))?;
+        // Pre-create every label so a scrape shows zeros instead of missing series.
+        for kind in EventKind::ALL {
+            for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
+                c.with_label_values(&[kind.as_str()]);
+            }
+        }
+        Ok(ServiceMetrics {
+            registry,
+            service,
+            messages_in,
+            messages_out,
+            decode_errors,
+            publish_errors,
+            targets,
+        })
+    }
+
+    pub fn service(&self) -> &'static str {
+        self.service
+    }
+
+    /// The registry, for service-specific metrics registered by the service's own metrics module.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+/// Readiness of one service: set once it is subscribed and connected.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What the HTTP endpoints report on.
+#[derive(Clone)]
+pub struct HttpState {
+    pub metrics: Vec<ServiceMetrics>,
+    pub ready: Vec<(String, Readiness)>,
+    pub bus: Option<crate::bus::Bus>,
+}
+
+/// The Prometheus text exposition of every registry in `metrics`.
+pub fn render_metrics(metrics: &[ServiceMetrics]) -> String {
+    let mut families = Vec::new();
+    for m in metrics {
+        families.extend(m.registry.gather());
+    }
+    let mut buf = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+fn readiness_report(state: &HttpState) -> (bool, String) {
+    let mut ok = true;
+    let mut body = String::new();
+    if let Some(bus) = &state.bus {
+        let c = bus.is_connected();
+        ok &= c;
+        body.push_str(&format!(
+            "bus {}: {}\n",
+            bus.kind(),
+            if c { "connected" } else { "disconnected" }
+        ));
+    }
+    for (name, r) in &state.ready {
+        ok &= r.get();
+        body.push_str(&format!(
+            "{name}: {}\n",
+            if r.get() { "ready" } else { "starting" }
+        ));
+    }
+    (ok, body)
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen` until `shutdown`; returns the bound
+/// address (useful with port 0) once listening.
+pub async fn serve_http(
+    listen: &str,
+    state: HttpState,
+    shutdown: CancellationToken,
+) -> Result<SocketAddr, TelemetryError> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| TelemetryError::Bind {
+            addr: listen.to_string(),
+            source,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| TelemetryError::Bind {
+            addr: listen.to_string(),
+            source,
+        })?;
+    let metrics_state = state.clone();
+    let ready_state = state;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let s = metrics_state.clone();
+                async move {
+                    (
+                        [("content-type", "text/plain; version=0.0.4")],
+                        render_metrics(&s.metrics),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let s = ready_state.clone();
+                async move {
+                    let (ok, body) = readiness_report(&s);
+                    let code = if ok {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    (code, body)
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        let res = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "http server failed");
+        }
+    });
+    tracing::info!(%addr, "serving /metrics /healthz /readyz");
+    Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_per_event_counters() {
+        let m = ServiceMetrics::new("recommender").unwrap();
+        m.messages_in.with_label_values(&["obs"]).inc_by(3);
+        m.decode_errors.with_label_values(&["obs"]).inc();
+        let text = render_metrics(&[m]);
+        assert!(
+            text.contains("aware_messages_in_total{event=\"obs\",service=\"recommender\"} 3"),
+            "{text}"
+        );
+        assert!(text.contains("aware_decode_errors_total{event=\"obs\",service=\"recommender\"} 1"));
+        assert!(
+            text.contains("aware_messages_out_total{event=\"model\",service=\"recommender\"} 0")
+        );
+    }
+}
