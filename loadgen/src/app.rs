@@ -1,0 +1,531 @@
+//! Applications: chains of 1–3 segments, their SLO, objective weight, bounds and load; a
+//! reproducible generator; YAML/JSON (de)serialization so anyone can define their own apps.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::SimError;
+use crate::load::{LoadPattern, LoadSpec};
+use crate::segments::SegmentKind;
+
+/// One MiB in bytes.
+pub const MIB: u64 = 1024 * 1024;
+
+/// A concrete allocation of one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Allocation {
+    /// Number of replicas.
+    pub replicas: u32,
+    /// CPU limit per replica, millicores.
+    pub cpu_millicores: u32,
+    /// Memory limit per replica, bytes.
+    pub memory_bytes: u64,
+}
+
+/// Allocation bounds; defaults from the authors' artifact: 1–20 replicas, 128–2048 millicores,
+/// 256–3072 MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    /// Minimum replicas.
+    pub min_replicas: u32,
+    /// Maximum replicas.
+    pub max_replicas: u32,
+    /// Minimum CPU limit, millicores.
+    pub min_cpu_millicores: u32,
+    /// Maximum CPU limit, millicores.
+    pub max_cpu_millicores: u32,
+    /// Minimum memory limit, bytes.
+    pub min_memory_bytes: u64,
+    /// Maximum memory limit, bytes.
+    pub max_memory_bytes: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            min_replicas: 1,
+            max_replicas: 20,
+            min_cpu_millicores: 128,
+            max_cpu_millicores: 2048,
+            min_memory_bytes: 256 * MIB,
+            max_memory_bytes: 3072 * MIB,
+        }
+    }
+}
+
+impl Bounds {
+    /// Check min ≤ max and non-zero minimums.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.min_replicas == 0
+            || self.min_replicas > self.max_replicas
+            || self.min_cpu_millicores == 0
+            || self.min_cpu_millicores > self.max_cpu_millicores
+            || self.min_memory_bytes == 0
+            || self.min_memory_bytes > self.max_memory_bytes
+        {
+            return Err(SimError::Config(format!("invalid bounds {self:?}")));
+        }
+        Ok(())
+    }
+
+    /// Clamp an allocation into the bounds; returns the clamped allocation and whether any
+    /// field changed.
+    pub fn clamp(&self, a: Allocation) -> (Allocation, bool) {
+        let c = Allocation {
+            replicas: a.replicas.clamp(self.min_replicas, self.max_replicas),
+            cpu_millicores: a
+                .cpu_millicores
+                .clamp(self.min_cpu_millicores, self.max_cpu_millicores),
+            memory_bytes: a
+                .memory_bytes
+                .clamp(self.min_memory_bytes, self.max_memory_bytes),
+        };
+        (c, c != a)
+    }
+
+    /// The largest allocation.
+    pub fn max_allocation(&self) -> Allocation {
+        Allocation {
+            replicas: self.max_replicas,
+            cpu_millicores: self.max_cpu_millicores,
+            memory_bytes: self.max_memory_bytes,
+        }
+    }
+}
+
+/// Service-level objective. Both may be set; none means best-effort (SP = 1).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Slo {
+    /// p99 latency objective, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_p99_ms: Option<f64>,
+    /// Throughput objective, requests/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput_rps: Option<f64>,
+}
+
+/// How a vertical (CPU/memory limit) change is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerticalMode {
+    /// In-place resize (`pods/resize`): limits change immediately, no restart. Cutting memory
+    /// below the working set OOM-kills.
+    #[default]
+    InPlace,
+    /// Rolling restart (Deployment template patch, maxUnavailable 0): old pods keep serving with
+    /// the old limits until the new pods are ready after their cold start.
+    Restart,
+}
+
+/// One segment of an app with its payload parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SegmentSpec {
+    /// Which segment.
+    pub kind: SegmentKind,
+    /// Payload parameter (unit per [`crate::segments::PayloadFamily::unit`]).
+    pub payload: f64,
+}
+
+/// An application (one Kubernetes Deployment).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppSpec {
+    /// Name (the Deployment name).
+    pub name: String,
+    /// Namespace.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Chain of 1–3 segments executed per request.
+    pub segments: Vec<SegmentSpec>,
+    /// SLO.
+    #[serde(default)]
+    pub slo: Slo,
+    /// Reward weight α in [0, 1].
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Allocation bounds.
+    #[serde(default)]
+    pub bounds: Bounds,
+    /// Allocation at reset.
+    pub initial: Allocation,
+    /// How vertical changes apply.
+    #[serde(default)]
+    pub vertical: VerticalMode,
+    /// Request timeout, seconds (requests waiting longer fail; p99 is capped here).
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Load.
+    pub load: LoadSpec,
+}
+
+fn default_namespace() -> String {
+    "sim".into()
+}
+fn default_alpha() -> f64 {
+    0.5
+}
+fn default_timeout() -> f64 {
+    30.0
+}
+
+impl AppSpec {
+    /// Validate the spec.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let err = |m: String| Err(SimError::Config(format!("app {}: {m}", self.name)));
+        if self.name.is_empty() {
+            return Err(SimError::Config("app with empty name".into()));
+        }
+        if self.segments.is_empty() || self.segments.len() > 3 {
+            return err(format!("needs 1–3 segments, has {}", self.segments.len()));
+        }
+        if let Some(s) = self
+            .segments
+            .iter()
+            .find(|s| !(s.payload.is_finite() && s.payload >= 0.0))
+        {
+            return err(format!(
+                "segment {} has invalid payload {}",
+                s.kind.name(),
+                s.payload
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.alpha) {
+            return err(format!("alpha must be in [0,1], got {}", self.alpha));
+        }
+        if let Some(l) = self.slo.latency_p99_ms {
+            if !(l.is_finite() && l > 0.0) {
+                return err(format!("latency SLO must be > 0, got {l}"));
+            }
+        }
+        if let Some(t) = self.slo.throughput_rps {
+            if !(t.is_finite() && t > 0.0) {
+                return err(format!("throughput SLO must be > 0, got {t}"));
+            }
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return err(format!("timeout_s must be > 0, got {}", self.timeout_s));
+        }
+        self.bounds.validate()?;
+        Ok(())
+    }
+}
+
+/// A set of apps as stored in YAML/JSON files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppSet {
+    /// The apps.
+    pub apps: Vec<AppSpec>,
+}
+
+impl AppSet {
+    /// Parse YAML.
+    pub fn from_yaml(s: &str) -> Result<Self, SimError> {
+        let set: AppSet = serde_norway::from_str(s).map_err(|source| SimError::Yaml {
+            path: "<memory>".into(),
+            source,
+        })?;
+        set.validate()?;
+        Ok(set)
+    }
+    /// Parse JSON.
+    pub fn from_json(s: &str) -> Result<Self, SimError> {
+        let set: AppSet = serde_json::from_str(s).map_err(|source| SimError::Json {
+            path: "<memory>".into(),
+            source,
+        })?;
+        set.validate()?;
+        Ok(set)
+    }
+    /// Serialize to YAML.
+    pub fn to_yaml(&self) -> Result<String, SimError> {
+        serde_norway::to_string(self).map_err(|source| SimError::Yaml {
+            path: "<memory>".into(),
+            source,
+        })
+    }
+    /// Serialize to pretty JSON.
+    pub fn to_json(&self) -> Result<String, SimError> {
+        serde_json::to_string_pretty(self).map_err(|source| SimError::Json {
+            path: "<memory>".into(),
+            source,
+        })
+    }
+    /// Read a file; `.json` is JSON, anything else YAML.
+    pub fn read(path: &Path) -> Result<Self, SimError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SimError::io(path, e))?;
+        let name = path.display().to_string();
+        let set: AppSet = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|source| SimError::Json { path: name, source })?
+        } else {
+            serde_norway::from_str(&text).map_err(|source| SimError::Yaml { path: name, source })?
+        };
+        set.validate()?;
+        Ok(set)
+    }
+    /// Write a file; `.json` is JSON, anything else YAML.
+    pub fn write(&self, path: &Path) -> Result<(), SimError> {
+        let text = if path.extension().is_some_and(|e| e == "json") {
+            self.to_json()?
+        } else {
+            self.to_yaml()?
+        };
+        std::fs::write(path, text).map_err(|e| SimError::io(path, e))
+    }
+    /// Validate every app and name uniqueness.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let mut names = std::collections::HashSet::new();
+        for a in &self.apps {
+            a.validate()?;
+            if !names.insert((a.namespace.as_str(), a.name.as_str())) {
+                return Err(SimError::Config(format!(
+                    "duplicate app {}/{}",
+                    a.namespace, a.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Options of the app generator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratorOptions {
+    /// Fraction of apps with a latency SLO (the rest get a throughput SLO or none).
+    pub latency_slo_fraction: f64,
+    /// Target utilization of the mean load at the app's mid-size allocation.
+    pub load_fraction: f64,
+}
+
+impl Default for GeneratorOptions {
+    fn default() -> Self {
+        GeneratorOptions {
+            latency_slo_fraction: 0.8,
+            load_fraction: 0.5,
+        }
+    }
+}
+
+/// Generate `n` apps reproducibly from `seed`: chains of 1–3 segments sampled with replacement
+/// from the 16-segment pool, payloads from the paper's "before" sets, a latency SLO at ~3× the
+/// no-contention p99, α ∈ [0.3, 0.7], and a synthetic load (constant, diurnal, bursty or on/off)
+/// sized to about half the capacity of 10 replicas × 1 core.
+pub fn generate_apps(n: usize, seed: u64, opts: &GeneratorOptions) -> Vec<AppSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let len = rng.random_range(1..=3);
+            let segments: Vec<SegmentSpec> = (0..len)
+                .map(|_| {
+                    let kind = SegmentKind::ALL[rng.random_range(0..SegmentKind::ALL.len())];
+                    let before = kind.family().before();
+                    let payload = before[rng.random_range(0..before.len())];
+                    SegmentSpec { kind, payload }
+                })
+                .collect();
+            let cpu: f64 = segments
+                .iter()
+                .map(|s| s.kind.cost(s.payload).cpu_seconds)
+                .sum();
+            let wait: f64 = segments
+                .iter()
+                .map(|s| s.kind.cost(s.payload).wait_seconds)
+                .sum();
+            let base_ms = (cpu + wait) * 1000.0;
+            // capacity of 10 replicas × 1 core
+            let cap = 10.0 / cpu;
+            let mean = (cap * opts.load_fraction * rng.random_range(0.5..1.2)).max(1.0);
+            let pattern = match rng.random_range(0..4) {
+                0 => LoadPattern::Constant { rps: mean },
+                1 => LoadPattern::Diurnal {
+                    mean_rps: mean,
+                    amplitude: rng.random_range(0.3..0.8),
+                    period_s: 1500.0 * rng.random_range(1.0..4.0),
+                    phase_s: rng.random_range(0.0..1000.0),
+                },
+                2 => LoadPattern::Bursty {
+                    base_rps: mean * 0.7,
+                    burst_rps: mean * rng.random_range(1.8..3.0),
+                    burst_probability: rng.random_range(0.1..0.3),
+                    window_s: 60.0 * rng.random_range(1.0..5.0),
+                },
+                _ => LoadPattern::OnOff {
+                    on_rps: mean * 1.5,
+                    off_rps: mean * 0.3,
+                    on_s: 300.0 * rng.random_range(1.0..3.0),
+                    off_s: 300.0 * rng.random_range(1.0..3.0),
+                },
+            };
+            let pattern = round_pattern(pattern);
+            let slo = if rng.random_bool(opts.latency_slo_fraction.clamp(0.0, 1.0)) {
+                Slo {
+                    latency_p99_ms: Some((base_ms * 3.0).max(20.0).round()),
+                    throughput_rps: None,
+                }
+            } else if rng.random_bool(0.5) {
+                Slo {
+                    latency_p99_ms: None,
+                    throughput_rps: Some((mean * 0.5).round().max(1.0)),
+                }
+            } else {
+                Slo::default()
+            };
+            AppSpec {
+                name: format!("app-{i:04}"),
+                namespace: default_namespace(),
+                segments,
+                slo,
+                alpha: (rng.random_range(0.3..0.7f64) * 100.0).round() / 100.0,
+                bounds: Bounds::default(),
+                initial: Allocation {
+                    replicas: 2,
+                    cpu_millicores: 1000,
+                    memory_bytes: 1024 * MIB,
+                },
+                vertical: if rng.random_bool(0.5) {
+                    VerticalMode::InPlace
+                } else {
+                    VerticalMode::Restart
+                },
+                timeout_s: default_timeout(),
+                load: LoadSpec {
+                    pattern,
+                    poisson: true,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Round generated numbers to 3 decimals so YAML/JSON round-trips are exact and readable.
+fn round_pattern(p: LoadPattern) -> LoadPattern {
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    match p {
+        LoadPattern::Constant { rps } => LoadPattern::Constant { rps: r(rps) },
+        LoadPattern::Diurnal {
+            mean_rps,
+            amplitude,
+            period_s,
+            phase_s,
+        } => LoadPattern::Diurnal {
+            mean_rps: r(mean_rps),
+            amplitude: r(amplitude),
+            period_s: r(period_s),
+            phase_s: r(phase_s),
+        },
+        LoadPattern::Bursty {
+            base_rps,
+            burst_rps,
+            burst_probability,
+            window_s,
+        } => LoadPattern::Bursty {
+            base_rps: r(base_rps),
+            burst_rps: r(burst_rps),
+            burst_probability: r(burst_probability),
+            window_s: r(window_s),
+        },
+        LoadPattern::OnOff {
+            on_rps,
+            off_rps,
+            on_s,
+            off_s,
+        } => LoadPattern::OnOff {
+            on_rps: r(on_rps),
+            off_rps: r(off_rps),
+            on_s: r(on_s),
+            off_s: r(off_s),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generator_is_reproducible_and_valid() {
+        let a = generate_apps(50, 7, &GeneratorOptions::default());
+        let b = generate_apps(50, 7, &GeneratorOptions::default());
+        let c = generate_apps(50, 8, &GeneratorOptions::default());
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let set = AppSet { apps: a };
+        set.validate().unwrap();
+        assert!(set.apps.iter().all(|a| (1..=3).contains(&a.segments.len())));
+        // all 16 segments show up over 50 apps × ~2 segments (sampled with replacement)
+        let kinds: std::collections::HashSet<_> = set
+            .apps
+            .iter()
+            .flat_map(|a| a.segments.iter().map(|s| s.kind))
+            .collect();
+        assert!(kinds.len() >= 12, "{}", kinds.len());
+    }
+
+    #[test]
+    fn yaml_and_json_roundtrip() {
+        let set = AppSet {
+            apps: generate_apps(5, 1, &GeneratorOptions::default()),
+        };
+        let y = set.to_yaml().unwrap();
+        assert_eq!(AppSet::from_yaml(&y).unwrap(), set);
+        let j = set.to_json().unwrap();
+        assert_eq!(AppSet::from_json(&j).unwrap(), set);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("apps.yaml");
+        set.write(&p).unwrap();
+        assert_eq!(AppSet::read(&p).unwrap(), set);
+    }
+
+    #[test]
+    fn handwritten_yaml_with_defaults() {
+        let y = r#"
+apps:
+  - name: thumbnails
+    segments:
+      - { kind: image_resize, payload: 40 }
+      - { kind: object_store_write, payload: 256 }
+    slo: { latency_p99_ms: 200 }
+    initial: { replicas: 2, cpu_millicores: 500, memory_bytes: 536870912 }
+    load:
+      pattern: { kind: diurnal, mean_rps: 50, amplitude: 0.5, period_s: 3600 }
+"#;
+        let set = AppSet::from_yaml(y).unwrap();
+        let a = &set.apps[0];
+        assert_eq!(a.alpha, 0.5);
+        assert_eq!(a.bounds, Bounds::default());
+        assert!(a.load.poisson);
+        assert_eq!(a.namespace, "sim");
+    }
+
+    #[test]
+    fn invalid_specs_are_rejected_with_reason() {
+        let mut a = generate_apps(1, 1, &GeneratorOptions::default()).remove(0);
+        a.alpha = 1.5;
+        let e = a.validate().unwrap_err().to_string();
+        assert!(e.contains("alpha"), "{e}");
+        a.alpha = 0.5;
+        a.segments.clear();
+        assert!(a
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("1–3 segments"));
+    }
+
+    #[test]
+    fn bounds_clamp_reports() {
+        let b = Bounds::default();
+        let (c, clamped) = b.clamp(Allocation {
+            replicas: 50,
+            cpu_millicores: 10,
+            memory_bytes: 512 * MIB,
+        });
+        assert!(clamped);
+        assert_eq!(c.replicas, 20);
+        assert_eq!(c.cpu_millicores, 128);
+        let (_, clamped) = b.clamp(c);
+        assert!(!clamped);
+    }
+}

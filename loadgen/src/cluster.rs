@@ -1,0 +1,1069 @@
+//! The per-app cluster model: replicas with CPU and memory limits serving a chain of segments.
+//!
+//! One control step of Δt seconds is computed in closed form (no per-request events):
+//!
+//! 1. **Capacity.** Replica i contributes `f_i · c_i` cores, where `f_i` is the fraction of the
+//!    step it is ready (new and restarting replicas become ready after the app's cold start) and
+//!    `c_i` its CPU limit (time-averaged over a pending rolling restart). With per-request CPU
+//!    demand `D` core-seconds (segment sum × a per-step log-normal noise factor), the service
+//!    rate is `μ = Σ f_i c_i / D` requests/s.
+//! 2. **Fluid queue.** Arrivals `A` (from the load) join the backlog `B₀` carried over from the
+//!    previous step; `min(B₀ + A, μΔt)` are served, the rest is the new backlog `B₁`. Requests that
+//!    would wait longer than the app's timeout are dropped (failed).
+//! 3. **Latency.** Per replica, an M/M/m processor-sharing approximation (Sakasegawa) with
+//!    `m = c / parallelism` servers: service time `s = Σ D_seg / min(c, par_seg)`, waiting
+//!    `W = s·ρ^(√(2(m+1))−1) / (m(1−ρ))`, ρ capped at 0.98 (overload shows up as backlog), plus
+//!    off-CPU time (disk/network/sleep, inflated by I/O contention) and the backlog delay, which
+//!    for requests of this step ranges from `B₀/μ` to `B₁/μ`. p50 = s + w + 0.69·W + median
+//!    backlog delay; p99 = (s + w)(1 + 2.33·cv) + 4.6·W + 99th-percentile backlog delay; capped at
+//!    the timeout; if more than 1% of the step's requests failed p99 is the timeout.
+//! 4. **Memory.** Working set per ready replica = base + per-request × in-flight requests
+//!    (Little's law: throughput × mean latency / ready replicas) with 3% noise. A replica whose
+//!    working set exceeds its limit is OOM-killed: its in-flight requests fail and it restarts,
+//!    ready again after the cold start. A replica whose base alone exceeds its limit crash-loops.
+//! 5. **Utilization.** CPU = usage / Σ limits of all replicas (ready or not); memory = working set
+//!    / Σ limits; I/O and network = bytes moved / per-replica bandwidth. All in [0, 1].
+//!
+//! Noise comes from a ChaCha8 stream per target that is re-positioned at every step, so the
+//! noise of step t depends only on (seed, target, t), not on the actions taken: two allocations
+//! can be compared on identical randomness (common random numbers), which the oracle relies on.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+use serde::{Deserialize, Serialize};
+
+use crate::app::{Allocation, AppSpec, VerticalMode};
+use crate::error::SimError;
+use crate::load::{sample_arrivals, LoadModel};
+
+const RHO_MAX: f64 = 0.98;
+/// Memory held by a request waiting in a replica's accept queue, bytes.
+const QUEUED_REQUEST_BYTES: f64 = 64.0 * 1024.0;
+/// Seconds a replica keeps serving after its working set crosses the limit before the kill.
+const OOM_FILL_S: f64 = 1.0;
+const RUNTIME_BASE_BYTES: f64 = 48.0 * 1024.0 * 1024.0;
+const CONTAINER_START_S: f64 = 1.0;
+/// Words of the ChaCha stream reserved per step (draws beyond wrap into the next step's words,
+/// which is harmless but never happens with the current model).
+const WORDS_PER_STEP: u128 = 256;
+
+/// Per-replica bandwidths used for I/O and network utilization.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NodeShare {
+    /// Disk bandwidth per replica, bytes/s.
+    pub io_bytes_per_s: f64,
+    /// Network bandwidth per replica, bytes/s.
+    pub net_bytes_per_s: f64,
+}
+
+impl Default for NodeShare {
+    fn default() -> Self {
+        NodeShare {
+            io_bytes_per_s: 100.0e6,
+            net_bytes_per_s: 125.0e6,
+        }
+    }
+}
+
+/// Aggregated per-request costs of an app's segment chain.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AppModel {
+    /// CPU demand per request, core-seconds.
+    pub cpu_seconds: f64,
+    seg_cpu: [f64; 3],
+    seg_par: [f64; 3],
+    /// Effective parallelism of one request (D / Σ D_i/par_i).
+    pub parallelism: f64,
+    /// Off-CPU time per request at no contention, seconds.
+    pub wait_seconds: f64,
+    /// Base memory per replica, bytes.
+    pub mem_base_bytes: f64,
+    /// Memory per in-flight request, bytes.
+    pub mem_per_request_bytes: f64,
+    /// Disk bytes per request.
+    pub io_bytes: f64,
+    /// Network bytes per request (incl. 2 KiB request/response).
+    pub net_bytes: f64,
+    /// Time from (re)start to ready, seconds.
+    pub cold_start_seconds: f64,
+    /// Coefficient of variation of per-request latency.
+    pub cv: f64,
+}
+
+impl AppModel {
+    /// Aggregate the segments of an app.
+    pub fn from_app(app: &AppSpec) -> Self {
+        let mut m = AppModel {
+            cpu_seconds: 0.0,
+            seg_cpu: [0.0; 3],
+            seg_par: [1.0; 3],
+            parallelism: 1.0,
+            wait_seconds: 0.0,
+            mem_base_bytes: RUNTIME_BASE_BYTES,
+            mem_per_request_bytes: 0.0,
+            io_bytes: 0.0,
+            net_bytes: 2048.0,
+            cold_start_seconds: CONTAINER_START_S,
+            cv: 0.0,
+        };
+        let mut var = 0.0;
+        let mut cold: f64 = 0.0;
+        let mut par_den = 0.0;
+        for (i, s) in app.segments.iter().take(3).enumerate() {
+            let c = s.kind.cost(s.payload);
+            m.seg_cpu[i] = c.cpu_seconds;
+            m.seg_par[i] = c.parallelism;
+            m.cpu_seconds += c.cpu_seconds;
+            par_den += c.cpu_seconds / c.parallelism;
+            m.wait_seconds += c.wait_seconds;
+            m.mem_base_bytes += c.mem_base_bytes;
+            m.mem_per_request_bytes += c.mem_per_request_bytes;
+            m.io_bytes += c.io_bytes;
+            m.net_bytes += c.net_bytes;
+            cold = cold.max(c.cold_start_seconds);
+            var += (c.noise_cv * (c.cpu_seconds + c.wait_seconds)).powi(2);
+        }
+        m.parallelism = if par_den > 0.0 {
+            m.cpu_seconds / par_den
+        } else {
+            1.0
+        };
+        m.cold_start_seconds += cold;
+        let total = m.cpu_seconds + m.wait_seconds;
+        m.cv = if total > 0.0 { var.sqrt() / total } else { 0.0 };
+        m
+    }
+
+    /// CPU part of the service time of one request on a replica with `cores` cores.
+    #[inline]
+    pub fn cpu_service_time(&self, cores: f64) -> f64 {
+        let mut s = 0.0;
+        for i in 0..3 {
+            if self.seg_cpu[i] > 0.0 {
+                s += self.seg_cpu[i] / cores.min(self.seg_par[i]).max(1e-6);
+            }
+        }
+        s
+    }
+
+    /// Requests/s one replica with `cores` cores can serve.
+    pub fn replica_capacity_rps(&self, cores: f64) -> f64 {
+        cores / self.cpu_seconds.max(1e-12)
+    }
+}
+
+/// One replica (pod).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replica {
+    /// Pod ordinal (unique per target; a rolling restart creates a new ordinal).
+    pub id: u64,
+    /// Time at which it is (or was) ready.
+    pub ready_at: f64,
+    /// CPU limit, cores.
+    pub cpu: f64,
+    /// Memory limit, bytes.
+    pub mem: f64,
+    /// Pending rolling restart: (new cpu, new mem, time the new pod is ready).
+    pub pending: Option<(f64, f64, f64)>,
+    /// Cumulative CPU seconds used (for `container_cpu_usage_seconds_total`).
+    pub cpu_seconds_total: f64,
+    /// Last working set, bytes.
+    pub working_set: f64,
+    /// Container restarts (OOM kills).
+    pub restarts: u32,
+}
+
+/// Raw metrics of one target for one step (what a metrics collector would read).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RawMetrics {
+    /// Step index (the step these metrics describe).
+    pub step: u64,
+    /// Simulated time at the end of the step, seconds.
+    pub time_s: f64,
+    /// CPU limit per replica, cores (the current allocation).
+    pub cpu_limit_cores: f64,
+    /// Memory limit per replica, bytes.
+    pub memory_limit_bytes: f64,
+    /// CPU used, cores (all replicas).
+    pub cpu_usage_cores: f64,
+    /// Working set, bytes (all replicas).
+    pub memory_working_set_bytes: f64,
+    /// CPU usage / Σ CPU limits.
+    pub cpu_util: f64,
+    /// Working set / Σ memory limits.
+    pub memory_util: f64,
+    /// Disk bandwidth used / available.
+    pub io_util: f64,
+    /// Network bandwidth used / available.
+    pub network_util: f64,
+    /// Median latency, ms.
+    pub p50_ms: f64,
+    /// 99th-percentile latency, ms.
+    pub p99_ms: f64,
+    /// Successfully served requests/s.
+    pub throughput_rps: f64,
+    /// Arrivals/s offered by the load.
+    pub offered_rps: f64,
+    /// Replicas (desired).
+    pub replicas: u32,
+    /// Replicas ready at the end of the step.
+    pub ready_replicas: u32,
+    /// OOM kills in this step.
+    pub oom_kills: u32,
+    /// Requests failed (OOM, timeout) in this step.
+    pub failed_requests: f64,
+    /// Requests queued at the end of the step.
+    pub backlog: f64,
+    /// SLO preservation SP = min(SLO/measured, 1) (1 with no SLO).
+    pub slo_preservation: f64,
+    /// p99 > latency SLO, or throughput < min(throughput SLO, offered).
+    pub slo_violation: bool,
+}
+
+/// Cumulative counters for the Prometheus exposition.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Counters {
+    /// Histogram bucket upper bounds, seconds.
+    pub bucket_bounds: Vec<f64>,
+    /// Cumulative counts per bucket (same length as bounds), + the +Inf count in `count`.
+    pub buckets: Vec<f64>,
+    /// Number of requests observed.
+    pub count: f64,
+    /// Sum of latencies, seconds.
+    pub sum: f64,
+    /// Failed requests.
+    pub failed: f64,
+}
+
+/// Standard bucket bounds of the request-latency histogram, seconds.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+];
+
+/// The simulated Deployment of one app.
+#[derive(Debug, Clone)]
+pub struct TargetSim {
+    app: Arc<AppSpec>,
+    model: AppModel,
+    load: Arc<LoadModel>,
+    load_seed: u64,
+    load_multiplier: f64,
+    share: NodeShare,
+    rng: ChaCha8Rng,
+    load_rng: ChaCha8Rng,
+    dt: f64,
+    now: f64,
+    step: u64,
+    alloc: Allocation,
+    replicas: Vec<Replica>,
+    backlog: f64,
+    next_id: u64,
+    last: RawMetrics,
+    prev_offered: Option<f64>,
+    histogram: Option<Box<Counters>>,
+    scratch: Vec<ReplicaStep>,
+}
+
+impl TargetSim {
+    /// Build a target; `seed` and `index` select its noise streams. All replicas start ready.
+    pub fn new(
+        app: Arc<AppSpec>,
+        load: Arc<LoadModel>,
+        dt: f64,
+        seed: u64,
+        index: u64,
+        share: NodeShare,
+    ) -> Result<Self, SimError> {
+        app.validate()?;
+        if !(dt.is_finite() && dt > 0.0) {
+            return Err(SimError::Config(format!(
+                "step length must be > 0 s, got {dt}"
+            )));
+        }
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        key[8..16].copy_from_slice(&index.to_le_bytes());
+        let mut rng = ChaCha8Rng::from_seed(key);
+        rng.set_stream(0);
+        let mut load_rng = ChaCha8Rng::from_seed(key);
+        load_rng.set_stream(1);
+        let model = AppModel::from_app(&app);
+        let (alloc, _) = app.bounds.clamp(app.initial);
+        let mut t = TargetSim {
+            model,
+            load,
+            load_seed: seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            load_multiplier: 1.0,
+            share,
+            rng,
+            load_rng,
+            dt,
+            now: 0.0,
+            step: 0,
+            alloc,
+            replicas: Vec::with_capacity(alloc.replicas as usize),
+            backlog: 0.0,
+            next_id: 0,
+            last: RawMetrics::default(),
+            prev_offered: None,
+            histogram: None,
+            scratch: Vec::with_capacity(alloc.replicas as usize),
+            app,
+        };
+        for _ in 0..alloc.replicas {
+            let r = t.new_replica(f64::NEG_INFINITY, alloc);
+            t.replicas.push(r);
+        }
+        t.last = t.idle_metrics();
+        Ok(t)
+    }
+
+    fn new_replica(&mut self, ready_at: f64, a: Allocation) -> Replica {
+        self.next_id += 1;
+        Replica {
+            id: self.next_id,
+            ready_at,
+            cpu: a.cpu_millicores as f64 / 1000.0,
+            mem: a.memory_bytes as f64,
+            pending: None,
+            cpu_seconds_total: 0.0,
+            working_set: 0.0,
+            restarts: 0,
+        }
+    }
+
+    fn idle_metrics(&self) -> RawMetrics {
+        RawMetrics {
+            step: 0,
+            time_s: self.now,
+            cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
+            memory_limit_bytes: self.alloc.memory_bytes as f64,
+            replicas: self.alloc.replicas,
+            ready_replicas: self.alloc.replicas,
+            slo_preservation: 1.0,
+            ..RawMetrics::default()
+        }
+    }
+
+    /// Record the latency histogram (wall-clock mode; costs ~0.3 µs per step).
+    pub fn enable_histogram(&mut self) {
+        self.histogram = Some(Box::new(Counters {
+            bucket_bounds: LATENCY_BUCKETS.to_vec(),
+            buckets: vec![0.0; LATENCY_BUCKETS.len()],
+            ..Counters::default()
+        }));
+    }
+
+    /// The app.
+    pub fn app(&self) -> &AppSpec {
+        &self.app
+    }
+    /// The aggregated cost model.
+    pub fn model(&self) -> &AppModel {
+        &self.model
+    }
+    /// Current allocation.
+    pub fn allocation(&self) -> Allocation {
+        self.alloc
+    }
+    /// Replicas.
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+    /// Next step index.
+    pub fn step_index(&self) -> u64 {
+        self.step
+    }
+    /// Simulated time, seconds.
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+    /// Step length, seconds.
+    pub fn dt(&self) -> f64 {
+        self.dt
+    }
+    /// Metrics of the last step.
+    pub fn last_metrics(&self) -> &RawMetrics {
+        &self.last
+    }
+    /// Offered rate of the previous step (for the load-change state feature).
+    pub fn prev_offered(&self) -> Option<f64> {
+        self.prev_offered
+    }
+    /// Histogram counters, when enabled.
+    pub fn counters(&self) -> Option<&Counters> {
+        self.histogram.as_deref()
+    }
+    /// Current load multiplier (instability scenarios).
+    pub fn load_multiplier(&self) -> f64 {
+        self.load_multiplier
+    }
+    /// Set the load multiplier.
+    pub fn set_load_multiplier(&mut self, m: f64) {
+        self.load_multiplier = if m.is_finite() && m >= 0.0 { m } else { 1.0 };
+    }
+    /// Replace the app's segment payloads (instability scenarios); rebuilds the cost model.
+    pub fn set_app(&mut self, app: AppSpec) -> Result<(), SimError> {
+        app.validate()?;
+        self.model = AppModel::from_app(&app);
+        self.app = Arc::new(app);
+        Ok(())
+    }
+
+    /// Capacity of the app at its largest allocation, requests/s.
+    pub fn max_capacity_rps(&self) -> f64 {
+        let b = self.app.bounds;
+        b.max_replicas as f64
+            * self
+                .model
+                .replica_capacity_rps(b.max_cpu_millicores as f64 / 1000.0)
+    }
+
+    /// Apply a desired allocation at the start of the next step (already within bounds).
+    pub fn apply(&mut self, desired: Allocation) {
+        let t0 = self.now;
+        let cold = self.model.cold_start_seconds;
+        let vertical_changed = desired.cpu_millicores != self.alloc.cpu_millicores
+            || desired.memory_bytes != self.alloc.memory_bytes;
+        // horizontal
+        let want = desired.replicas as usize;
+        if want < self.replicas.len() {
+            // delete the least-ready pods first (Kubernetes prefers unready pods)
+            self.replicas
+                .sort_by(|a, b| a.ready_at.total_cmp(&b.ready_at).then(a.id.cmp(&b.id)));
+            self.replicas.truncate(want);
+        }
+        if vertical_changed {
+            let (c, m) = (
+                desired.cpu_millicores as f64 / 1000.0,
+                desired.memory_bytes as f64,
+            );
+            match self.app.vertical {
+                VerticalMode::InPlace => {
+                    for r in &mut self.replicas {
+                        r.cpu = c;
+                        r.mem = m;
+                        r.pending = None;
+                    }
+                }
+                VerticalMode::Restart => {
+                    for r in &mut self.replicas {
+                        if r.ready_at > t0 {
+                            // not serving yet: just restart it with the new spec
+                            r.cpu = c;
+                            r.mem = m;
+                            r.ready_at = t0 + cold;
+                            r.pending = None;
+                        } else {
+                            r.pending = Some((c, m, t0 + cold));
+                        }
+                    }
+                }
+            }
+        }
+        while self.replicas.len() < want {
+            let r = self.new_replica(t0 + cold, desired);
+            self.replicas.push(r);
+        }
+        self.alloc = desired;
+    }
+
+    /// Offered arrivals for the coming step: (arrivals, mean offered rps). Depends only on
+    /// (seed, target, step), never on actions.
+    pub fn arrivals_for_step(&mut self) -> (f64, f64) {
+        let rate = self.load.mean_rate(self.now, self.dt, self.load_seed) * self.load_multiplier;
+        self.load_rng
+            .set_word_pos(self.step as u128 * WORDS_PER_STEP);
+        let a = sample_arrivals(rate, self.dt, self.app.load.poisson, &mut self.load_rng);
+        (a, rate)
+    }
+
+    /// Advance one step with the current allocation and the load's arrivals.
+    pub fn advance(&mut self) -> RawMetrics {
+        let (arrivals, _) = self.arrivals_for_step();
+        self.advance_with(arrivals)
+    }
+
+    /// Advance one step with an explicit number of arrivals in the step.
+    pub fn advance_with(&mut self, arrivals: f64) -> RawMetrics {
+        let arrivals = if arrivals.is_finite() {
+            arrivals.max(0.0)
+        } else {
+            0.0
+        };
+        let dt = self.dt;
+        let t0 = self.now;
+        let t1 = t0 + dt;
+        let m = self.model;
+
+        self.rng.set_word_pos(self.step as u128 * WORDS_PER_STEP);
+        let z_demand: f64 = self.rng.sample(StandardNormal);
+        let z_mem: f64 = self.rng.sample(StandardNormal);
+        let sigma = 0.3 * m.cv + 0.02;
+        let eta = (sigma * z_demand - 0.5 * sigma * sigma).exp();
+        let demand = m.cpu_seconds * eta;
+        let mem_noise = (1.0 + 0.03 * z_mem).max(0.5);
+
+        // 1. capacity of every replica over the step
+        self.scratch.clear();
+        let mut alloc_cores = 0.0;
+        let mut alloc_mem = 0.0;
+        for r in &mut self.replicas {
+            if let Some((c, mm, at)) = r.pending {
+                if at <= t0 {
+                    // the rolling restart finished: the new pod replaced the old one
+                    self.next_id += 1;
+                    r.id = self.next_id;
+                    r.cpu = c;
+                    r.mem = mm;
+                    r.pending = None;
+                    r.cpu_seconds_total = 0.0;
+                    r.restarts = 0;
+                }
+            }
+            let start = r.ready_at.max(t0);
+            let f = ((t1 - start) / dt).clamp(0.0, 1.0);
+            let (c_avg, c_end, mem_end) = match r.pending {
+                Some((c, mm, at)) if at < t1 => {
+                    let w = (t1 - at) / dt;
+                    (r.cpu * (1.0 - w) + c * w, c, mm)
+                }
+                _ => (r.cpu, r.cpu, r.mem),
+            };
+            alloc_cores += c_avg;
+            alloc_mem += mem_end;
+            self.scratch.push(ReplicaStep {
+                f,
+                c_avg,
+                c_end,
+                mem: mem_end,
+                serving: r.ready_at < t1,
+                killed: false,
+            });
+        }
+
+        // 2.–3. queue and latency with every replica serving
+        let b0 = self.backlog;
+        let mut pass = self.serve(arrivals, b0, demand, eta);
+
+        // 4. memory: OOM kills are decided on the first pass; killed replicas stop serving
+        //    OOM_FILL_S after they start serving in this step and restart with the cold start
+        let ws_ready = (m.mem_base_bytes
+            + m.mem_per_request_bytes * pass.inflight_per_replica
+            + QUEUED_REQUEST_BYTES * pass.queued_per_replica)
+            * mem_noise;
+        let ws_starting = m.mem_base_bytes * 0.6 * mem_noise;
+        let base_now = m.mem_base_bytes * mem_noise;
+        let mut any_serving_killed = 0u32;
+        for s in &mut self.scratch {
+            if (s.serving && ws_ready > s.mem) || (!s.serving && base_now > s.mem) {
+                s.killed = true;
+                if s.serving {
+                    any_serving_killed += 1;
+                    s.f = s.f.min(OOM_FILL_S / dt);
+                }
+            }
+        }
+        let mut failed = 0.0;
+        if any_serving_killed > 0 {
+            let inflight = pass.inflight_per_replica;
+            pass = self.serve(arrivals, b0, demand, eta);
+            failed = inflight * any_serving_killed as f64;
+        }
+        let cold = m.cold_start_seconds;
+        let mut oom = 0u32;
+        let mut ws_total = 0.0;
+        let mut ready_end = 0u32;
+        let usage_cores = pass.served * demand / dt;
+        let cap_cores = pass.cap_cores;
+        for (r, s) in self.replicas.iter_mut().zip(self.scratch.iter()) {
+            if s.killed {
+                oom += 1;
+                r.restarts += 1;
+                r.ready_at = t1 + cold;
+                r.working_set = s.mem;
+            } else {
+                r.working_set = if s.serving { ws_ready } else { ws_starting }.min(s.mem);
+            }
+            ws_total += r.working_set;
+            if cap_cores > 0.0 {
+                r.cpu_seconds_total += usage_cores * dt * (s.f * s.c_avg) / cap_cores;
+            }
+            if r.ready_at <= t1 {
+                ready_end += 1;
+            }
+        }
+        let served = pass.served;
+        let failed = failed.min(served);
+        let good = served - failed;
+        let total = b0 + arrivals;
+        let fail_frac = (failed + pass.dropped) / total.max(1.0);
+        let timeout_ms = self.app.timeout_s * 1000.0;
+        let mut p50 = pass.p50_ms;
+        let mut p99 = pass.p99_ms;
+        if fail_frac > 0.01 {
+            p99 = timeout_ms;
+        }
+        if fail_frac > 0.5 {
+            p50 = timeout_ms;
+        }
+        p50 = p50.min(timeout_ms);
+        p99 = p99.min(timeout_ms).max(p50);
+
+        // 5. utilization
+        let n_alloc = self.replicas.len().max(1) as f64;
+        let cpu_util = if alloc_cores > 0.0 {
+            (usage_cores / alloc_cores).min(1.0)
+        } else {
+            0.0
+        };
+        let memory_util = if alloc_mem > 0.0 {
+            (ws_total / alloc_mem).min(1.0)
+        } else {
+            0.0
+        };
+        let offered_rps = arrivals / dt;
+        let throughput = good / dt;
+        let io_util = (served / dt * m.io_bytes / (self.share.io_bytes_per_s * n_alloc)).min(1.0);
+        let network_util =
+            (served / dt * m.net_bytes / (self.share.net_bytes_per_s * n_alloc)).min(1.0);
+
+        // SLO
+        let slo = self.app.slo;
+        let mut sp: f64 = 1.0;
+        let mut violation = false;
+        if let Some(l) = slo.latency_p99_ms {
+            sp = sp.min((l / p99.max(1e-9)).min(1.0));
+            violation |= p99 > l;
+        }
+        if let Some(tp) = slo.throughput_rps {
+            let target = tp.min(offered_rps);
+            if target > 0.0 {
+                sp = sp.min((throughput / target).min(1.0));
+                violation |= throughput < target * 0.99;
+            }
+        }
+
+        if let Some(h) = self.histogram.as_deref_mut() {
+            record_histogram(h, good, p50 / 1000.0, p99 / 1000.0);
+            h.failed += failed + pass.dropped;
+        }
+
+        self.backlog = pass.b1;
+        self.now = t1;
+        let metrics = RawMetrics {
+            step: self.step,
+            time_s: t1,
+            cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
+            memory_limit_bytes: self.alloc.memory_bytes as f64,
+            cpu_usage_cores: usage_cores,
+            memory_working_set_bytes: ws_total,
+            cpu_util,
+            memory_util,
+            io_util,
+            network_util,
+            p50_ms: p50,
+            p99_ms: p99,
+            throughput_rps: throughput,
+            offered_rps,
+            replicas: self.replicas.len() as u32,
+            ready_replicas: ready_end,
+            oom_kills: oom,
+            failed_requests: failed + pass.dropped,
+            backlog: pass.b1,
+            slo_preservation: sp,
+            slo_violation: violation,
+        };
+        self.prev_offered = (self.step > 0).then_some(self.last.offered_rps);
+        self.step += 1;
+        self.last = metrics;
+        metrics
+    }
+
+    /// Fluid queue and latency for the current per-replica capacities in `scratch`.
+    fn serve(&self, arrivals: f64, b0: f64, demand: f64, eta: f64) -> ServePass {
+        let m = &self.model;
+        let dt = self.dt;
+        let mut cap_cores = 0.0;
+        let mut end_cores = 0.0;
+        let mut n_eff = 0.0;
+        for s in &self.scratch {
+            cap_cores += s.f * s.c_avg;
+            n_eff += s.f;
+            if s.serving && !s.killed {
+                end_cores += s.c_end;
+            }
+        }
+        let mu = cap_cores / demand;
+        let mu_end = end_cores / demand;
+        let total = b0 + arrivals;
+        let served = total.min(mu * dt);
+        let mut b1 = total - served;
+        let dropped = (b1 - mu_end * self.app.timeout_s).max(0.0);
+        b1 -= dropped;
+
+        let offered_rps = arrivals / dt;
+        let n_alloc = self.scratch.len().max(1) as f64;
+        let io_rho = (offered_rps * m.io_bytes / (self.share.io_bytes_per_s * n_alloc)).min(0.9);
+        let net_rho = (offered_rps * m.net_bytes / (self.share.net_bytes_per_s * n_alloc)).min(0.9);
+        let wait = m.wait_seconds / (1.0 - io_rho.max(net_rho));
+        let timeout_ms = self.app.timeout_s * 1000.0;
+        if !(n_eff > 0.0 && mu > 0.0) {
+            return ServePass {
+                served,
+                b1,
+                dropped,
+                p50_ms: timeout_ms,
+                p99_ms: timeout_ms,
+                inflight_per_replica: 0.0,
+                queued_per_replica: 0.0,
+                cap_cores,
+            };
+        }
+        let c_avg = cap_cores / n_eff;
+        let s = m.cpu_service_time(c_avg) * eta;
+        let rho = (offered_rps / mu).min(RHO_MAX);
+        let servers = (c_avg / m.parallelism).max(1.0);
+        let k = (2.0 * (servers + 1.0)).sqrt() - 1.0;
+        let wq = s * rho.powf(k) / (servers * (1.0 - rho));
+        let (lo, hi) = (b0.min(b1) / mu, b0.max(b1) / mu);
+        let d50 = lo + 0.5 * (hi - lo);
+        let d99 = lo + 0.99 * (hi - lo);
+        let base = s + wait;
+        // in service: offered rate × time in service (Little's law), computed from the offered
+        // rate so that more CPU or replicas never raise it; queued: time-averaged backlog
+        ServePass {
+            served,
+            b1,
+            dropped,
+            p50_ms: (base + 0.69 * wq + d50) * 1000.0,
+            p99_ms: (base * (1.0 + 2.33 * m.cv) + 4.6 * wq + d99) * 1000.0,
+            inflight_per_replica: offered_rps * (base + wq) / n_eff,
+            queued_per_replica: 0.5 * (b0 + b1) / n_eff,
+            cap_cores,
+        }
+    }
+}
+
+/// Per-replica quantities of one step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ReplicaStep {
+    /// Fraction of the step the replica serves.
+    f: f64,
+    /// Time-averaged CPU limit.
+    c_avg: f64,
+    /// CPU limit at the end of the step.
+    c_end: f64,
+    /// Memory limit at the end of the step.
+    mem: f64,
+    /// Serving at some point in the step.
+    serving: bool,
+    /// OOM-killed in this step.
+    killed: bool,
+}
+
+/// Result of the fluid queue for one step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ServePass {
+    served: f64,
+    b1: f64,
+    dropped: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    inflight_per_replica: f64,
+    queued_per_replica: f64,
+    cap_cores: f64,
+}
+
+/// Add `n` requests with a log-normal latency fitted to (p50, p99) to the histogram.
+fn record_histogram(h: &mut Counters, n: f64, p50: f64, p99: f64) {
+    if n <= 0.0 {
+        return;
+    }
+    let mu = p50.max(1e-6).ln();
+    let sigma = ((p99.max(1e-6).ln() - mu) / 2.326).max(1e-6);
+    for (b, le) in h.buckets.iter_mut().zip(h.bucket_bounds.iter()) {
+        *b += n * normal_cdf((le.ln() - mu) / sigma);
+    }
+    h.count += n;
+    h.sum += n * (mu + 0.5 * sigma * sigma).exp();
+}
+
+/// Standard normal CDF (Abramowitz–Stegun 7.1.26, |error| < 1.5e-7).
+pub fn normal_cdf(x: f64) -> f64 {
+    let z = x / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * z.abs());
+    let y = 1.0
+        - (((((1.061_405_429 * t - 1.453_152_027) * t) + 1.421_413_741) * t - 0.284_496_736) * t
+            + 0.254_829_592)
+            * t
+            * (-z * z).exp();
+    let erf = if z >= 0.0 { y } else { -y };
+    0.5 * (1.0 + erf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{Bounds, SegmentSpec, Slo, MIB};
+    use crate::load::{LoadPattern, LoadSpec};
+    use crate::segments::SegmentKind;
+    use proptest::prelude::*;
+
+    pub(crate) fn app_with(
+        kinds: &[SegmentKind],
+        alloc: Allocation,
+        vertical: VerticalMode,
+    ) -> AppSpec {
+        AppSpec {
+            name: "t".into(),
+            namespace: "sim".into(),
+            segments: kinds
+                .iter()
+                .map(|k| SegmentSpec {
+                    kind: *k,
+                    payload: k.default_payload(),
+                })
+                .collect(),
+            slo: Slo {
+                latency_p99_ms: Some(200.0),
+                throughput_rps: None,
+            },
+            alpha: 0.5,
+            bounds: Bounds::default(),
+            initial: alloc,
+            vertical,
+            timeout_s: 30.0,
+            load: LoadSpec {
+                pattern: LoadPattern::Constant { rps: 0.0 },
+                poisson: false,
+            },
+        }
+    }
+
+    fn sim(kinds: &[SegmentKind], alloc: Allocation, seed: u64) -> TargetSim {
+        let app = app_with(kinds, alloc, VerticalMode::InPlace);
+        TargetSim::new(
+            Arc::new(app),
+            Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
+            10.0,
+            seed,
+            0,
+            NodeShare::default(),
+        )
+        .unwrap()
+    }
+
+    fn alloc(r: u32, cpu: u32, mem_mib: u64) -> Allocation {
+        Allocation {
+            replicas: r,
+            cpu_millicores: cpu,
+            memory_bytes: mem_mib * MIB,
+        }
+    }
+
+    fn kinds_strategy() -> impl Strategy<Value = Vec<SegmentKind>> {
+        prop::collection::vec(0usize..16, 1..=3)
+            .prop_map(|v| v.into_iter().map(|i| SegmentKind::ALL[i]).collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn p99_non_decreasing_in_load(
+            kinds in kinds_strategy(), r in 1u32..=20, cpu in 128u32..=2048,
+            mem in 256u64..=3072, l1 in 0.0f64..2000.0, dl in 0.0f64..2000.0, seed in 0u64..1000,
+        ) {
+            let a = alloc(r, cpu, mem);
+            let m1 = sim(&kinds, a, seed).advance_with(l1 * 10.0);
+            let m2 = sim(&kinds, a, seed).advance_with((l1 + dl) * 10.0);
+            prop_assert!(m2.p99_ms >= m1.p99_ms - 1e-9, "{} < {}", m2.p99_ms, m1.p99_ms);
+        }
+
+        #[test]
+        fn p99_non_increasing_in_cpu(
+            kinds in kinds_strategy(), r in 1u32..=20, c1 in 128u32..=2048, dc in 0u32..2000,
+            mem in 256u64..=3072, load in 0.0f64..2000.0, seed in 0u64..1000,
+        ) {
+            let c2 = (c1 + dc).min(2048);
+            let m1 = sim(&kinds, alloc(r, c1, mem), seed).advance_with(load * 10.0);
+            let m2 = sim(&kinds, alloc(r, c2, mem), seed).advance_with(load * 10.0);
+            prop_assert!(m2.p99_ms <= m1.p99_ms + 1e-9, "{} > {}", m2.p99_ms, m1.p99_ms);
+        }
+
+        #[test]
+        fn p99_non_increasing_in_replicas(
+            kinds in kinds_strategy(), r1 in 1u32..=20, dr in 0u32..20, cpu in 128u32..=2048,
+            mem in 256u64..=3072, load in 0.0f64..2000.0, seed in 0u64..1000,
+        ) {
+            let r2 = (r1 + dr).min(20);
+            let m1 = sim(&kinds, alloc(r1, cpu, mem), seed).advance_with(load * 10.0);
+            let m2 = sim(&kinds, alloc(r2, cpu, mem), seed).advance_with(load * 10.0);
+            prop_assert!(m2.p99_ms <= m1.p99_ms + 1e-9, "{} > {}", m2.p99_ms, m1.p99_ms);
+        }
+
+        #[test]
+        fn utilization_in_unit_interval_over_random_runs(
+            kinds in kinds_strategy(), seed in 0u64..1000,
+            steps in prop::collection::vec((1u32..=20, 128u32..=2048, 256u64..=3072, 0.0f64..3000.0), 1..12),
+            restart in any::<bool>(),
+        ) {
+            let mut app = app_with(&kinds, alloc(2, 1000, 1024), VerticalMode::InPlace);
+            if restart { app.vertical = VerticalMode::Restart; }
+            let mut t = TargetSim::new(Arc::new(app), Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })), 10.0, seed, 0, NodeShare::default()).unwrap();
+            for (r, c, m, l) in steps {
+                t.apply(alloc(r, c, m));
+                let x = t.advance_with(l * 10.0);
+                for u in [x.cpu_util, x.memory_util, x.io_util, x.network_util, x.slo_preservation] {
+                    prop_assert!((0.0..=1.0).contains(&u), "{:?}", x);
+                }
+                prop_assert!(x.throughput_rps >= 0.0 && x.backlog >= 0.0 && x.p99_ms >= x.p50_ms);
+                prop_assert!(x.ready_replicas <= x.replicas);
+            }
+        }
+    }
+
+    #[test]
+    fn memory_below_working_set_oom_kills() {
+        // matrix multiply: ~180 MiB base + ~1.2 MiB per request; 256 MiB limit under heavy load
+        let kinds = [SegmentKind::MatrixMultiply, SegmentKind::ImageCompress];
+        let mut t = sim(&kinds, alloc(2, 2000, 3072), 1);
+        let ok = t.advance_with(100.0 * 10.0);
+        assert_eq!(ok.oom_kills, 0, "{ok:?}");
+        t.apply(alloc(2, 2000, 256));
+        let m = t.advance_with(100.0 * 10.0);
+        assert!(m.oom_kills > 0, "{m:?}");
+        assert!(m.failed_requests > 0.0);
+        // killed replicas restart with the cold start: not ready at the end of the step
+        assert!(m.ready_replicas < 2);
+        assert!(m.slo_violation);
+        // restoring memory: the replicas come back after the cold start
+        t.apply(alloc(2, 2000, 3072));
+        let _ = t.advance_with(100.0 * 10.0);
+        let back = t.advance_with(100.0 * 10.0);
+        assert_eq!(back.oom_kills, 0);
+        assert_eq!(back.ready_replicas, 2);
+    }
+
+    #[test]
+    fn base_above_limit_crash_loops() {
+        let mut t = sim(&[SegmentKind::MatrixMultiply], alloc(1, 1000, 3072), 2);
+        t.apply(alloc(1, 1000, 200));
+        for _ in 0..3 {
+            let m = t.advance_with(10.0);
+            assert_eq!(m.oom_kills, 1);
+            assert_eq!(m.ready_replicas, 0);
+        }
+    }
+
+    #[test]
+    fn cold_start_delays_relief_after_scale_up() {
+        // matrix multiply cold start = 1 + 6 s; step 10 s
+        let kinds = [SegmentKind::MatrixMultiply];
+        let load = 400.0 * 10.0;
+        let mut t = sim(&kinds, alloc(1, 1000, 3072), 3);
+        let before = t.advance_with(load);
+        t.apply(alloc(10, 1000, 3072));
+        let first = t.advance_with(load);
+        let second = t.advance_with(load);
+        // an identically seeded sim whose 10 replicas are ready from the start
+        let mut warm = sim(&kinds, alloc(10, 1000, 3072), 3);
+        let _ = warm.advance_with(load);
+        let warm1 = warm.advance_with(load);
+        assert!(
+            first.ready_replicas == 10 && first.replicas == 10,
+            "{first:?}"
+        );
+        // the new replicas serve only for the last 3 s of the step: the backlog built up during
+        // the cold start keeps latency far above that of already-warm replicas
+        assert!(first.p99_ms > 10.0 * warm1.p99_ms, "{first:?} vs {warm1:?}");
+        assert!(before.backlog > 0.0);
+        assert!(second.p99_ms < first.p99_ms / 10.0, "{second:?}");
+        assert!((second.p99_ms - warm1.p99_ms).abs() < 0.5 * warm1.p99_ms);
+    }
+
+    #[test]
+    fn restart_mode_keeps_old_limits_until_new_pods_ready() {
+        let kinds = [SegmentKind::FloatOps];
+        let mk = |mode| {
+            let app = app_with(&kinds, alloc(2, 500, 1024), mode);
+            TargetSim::new(
+                Arc::new(app),
+                Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
+                4.0,
+                9,
+                0,
+                NodeShare::default(),
+            )
+            .unwrap()
+        };
+        let load = 40.0 * 4.0; // 0.1 s/request → needs 4 cores
+        let mut inplace = mk(VerticalMode::InPlace);
+        let mut restart = mk(VerticalMode::Restart);
+        for t in [&mut inplace, &mut restart] {
+            let _ = t.advance_with(load);
+            t.apply(alloc(2, 2000, 1024));
+        }
+        let a = inplace.advance_with(load);
+        let b = restart.advance_with(load);
+        assert!(b.throughput_rps < a.throughput_rps, "{a:?} {b:?}");
+        // after the cold start (1 + 1 s) both serve with the new limits
+        let _ = restart.advance_with(load);
+        let a2 = inplace.advance_with(load);
+        let b2 = restart.advance_with(load);
+        assert!(restart
+            .replicas()
+            .iter()
+            .all(|r| r.cpu == 2.0 && r.pending.is_none()));
+        assert!(
+            b2.throughput_rps >= a2.throughput_rps * 0.99,
+            "{a2:?} {b2:?}"
+        );
+        // the rolling restart created new pods
+        assert!(restart.replicas().iter().all(|r| r.id > 2));
+    }
+
+    #[test]
+    fn backlog_persists_across_steps() {
+        let kinds = [SegmentKind::FloatOps];
+        let mut t = sim(&kinds, alloc(1, 1000, 3072), 4);
+        // capacity ≈ 10 rps; offer 30 rps for one step, then nothing
+        let m1 = t.advance_with(300.0);
+        assert!(m1.backlog > 150.0, "{m1:?}");
+        let m2 = t.advance_with(0.0);
+        assert!(
+            m2.throughput_rps > 5.0,
+            "backlog must be served in the next step: {m2:?}"
+        );
+        assert!(m2.p99_ms > 1000.0);
+    }
+
+    #[test]
+    fn same_seed_same_noise_different_seed_differs() {
+        let kinds = [SegmentKind::ImageResize, SegmentKind::KeyValueRead];
+        let run = |seed| {
+            let mut t = sim(&kinds, alloc(3, 700, 1024), seed);
+            (0..20)
+                .map(|i| t.advance_with(100.0 + i as f64 * 50.0))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(5), run(5));
+        assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn histogram_counts_requests() {
+        let mut t = sim(&[SegmentKind::JsonToYaml], alloc(2, 1000, 1024), 1);
+        t.enable_histogram();
+        let m = t.advance_with(1000.0);
+        let h = t.counters().unwrap();
+        assert!((h.count - m.throughput_rps * 10.0).abs() < 1e-6);
+        assert!(h.buckets.windows(2).all(|w| w[0] <= w[1] + 1e-9));
+        assert!(h.buckets.last().copied().unwrap_or(0.0) <= h.count + 1e-9);
+        assert!((normal_cdf(0.0) - 0.5).abs() < 1e-7 && (normal_cdf(2.326) - 0.99).abs() < 1e-3);
+    }
+}

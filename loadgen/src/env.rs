@@ -1,0 +1,568 @@
+//! Gym-like environment: state (paper Table 1), action map and reward (DESIGN §3), lock-step
+//! virtual time.
+//!
+//! # State
+//! A fixed-order `f32` vector of [`STATE_DIM`] features, each O(1), named by [`STATE_NAMES`]:
+//!
+//! | # | name | definition |
+//! |---|---|---|
+//! | 0 | `cpu_limit` | CPU limit per replica / max CPU bound |
+//! | 1 | `memory_limit` | memory limit per replica / max memory bound |
+//! | 2 | `cpu_util` | CPU usage / Σ CPU limits, [0,1] |
+//! | 3 | `memory_util` | working set / Σ memory limits, [0,1] |
+//! | 4 | `io_util` | disk bandwidth used / available, [0,1] |
+//! | 5 | `network_util` | network bandwidth used / available, [0,1] |
+//! | 6 | `slo_preservation` | SP = min(SLO/measured, 1), 1 with no SLO |
+//! | 7 | `load_change` | (λ_t − λ_{t−1}) / max(λ_t, λ_{t−1}, 1), in [−1, 1] |
+//! | 8 | `replicas` | replicas / max replicas |
+//!
+//! # Action
+//! Three values in [−1, 1]: `[replicas, cpu, memory]`, mapped to bounded changes of the current
+//! allocation (see [`ActionMap`]):
+//!
+//! * replicas: `n' = n + round(a₀ · max_replica_delta)`
+//! * CPU: `c' = c + a₁ · cpu_delta_fraction · (max_cpu − min_cpu)`, rounded to a millicore
+//! * memory: `m' = m + a₂ · memory_delta_fraction · (max_mem − min_mem)`, rounded to a MiB
+//!
+//! then clamped to the bounds. NaN inputs mean "no change" for that dimension; values outside
+//! [−1, 1] are clamped. Every clamp is reported in [`ClampReport`]. Concrete allocations
+//! ([`TargetAction::Desired`]) are clamped to the bounds as well.
+//!
+//! # Reward
+//! `r_t = α·SP_t·|R| + (1−α)·(RU_cpu + RU_mem)` with |R| = 2 ([`reward`]), in [0, 2].
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::app::{Allocation, AppSpec, Bounds, MIB};
+use crate::cluster::{NodeShare, RawMetrics, TargetSim};
+use crate::error::SimError;
+use crate::load::LoadModel;
+use crate::scenario::Injection;
+
+/// Number of state features.
+pub const STATE_DIM: usize = 9;
+/// Names of the state features, in vector order.
+pub const STATE_NAMES: [&str; STATE_DIM] = [
+    "cpu_limit",
+    "memory_limit",
+    "cpu_util",
+    "memory_util",
+    "io_util",
+    "network_util",
+    "slo_preservation",
+    "load_change",
+    "replicas",
+];
+/// Number of action dimensions.
+pub const ACTION_DIM: usize = 3;
+
+/// Scale of the action map.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ActionMap {
+    /// Replicas added/removed at |a₀| = 1.
+    pub max_replica_delta: u32,
+    /// CPU change at |a₁| = 1, as a fraction of the CPU bound range.
+    pub cpu_delta_fraction: f64,
+    /// Memory change at |a₂| = 1, as a fraction of the memory bound range.
+    pub memory_delta_fraction: f64,
+}
+
+impl Default for ActionMap {
+    fn default() -> Self {
+        ActionMap {
+            max_replica_delta: 4,
+            cpu_delta_fraction: 0.25,
+            memory_delta_fraction: 0.25,
+        }
+    }
+}
+
+/// What a target is told to do at a step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum TargetAction {
+    /// Keep the current allocation.
+    Hold,
+    /// Raw policy output in [−1, 1]³: `[replicas, cpu, memory]`.
+    Raw([f32; ACTION_DIM]),
+    /// A concrete desired allocation (fallback HPA/VPA, actuator).
+    Desired(Allocation),
+}
+
+/// What was clamped while mapping an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClampReport {
+    /// Some raw component was NaN (treated as no change).
+    pub nan: bool,
+    /// Some raw component was outside [−1, 1] (clamped).
+    pub out_of_range: bool,
+    /// The resulting allocation was outside the bounds (clamped).
+    pub bounded: bool,
+}
+
+impl ClampReport {
+    /// Whether anything was clamped.
+    pub fn any(&self) -> bool {
+        self.nan || self.out_of_range || self.bounded
+    }
+}
+
+/// Map a raw action to a concrete allocation (see the module docs).
+pub fn map_action(
+    raw: [f32; ACTION_DIM],
+    current: Allocation,
+    bounds: &Bounds,
+    map: &ActionMap,
+) -> (Allocation, ClampReport) {
+    let mut rep = ClampReport::default();
+    let mut a = [0.0f64; ACTION_DIM];
+    for (dst, &v) in a.iter_mut().zip(raw.iter()) {
+        if v.is_nan() {
+            rep.nan = true;
+            *dst = 0.0;
+        } else if !(-1.0..=1.0).contains(&v) {
+            rep.out_of_range = true;
+            *dst = f64::from(v.clamp(-1.0, 1.0));
+        } else {
+            *dst = f64::from(v);
+        }
+    }
+    let replicas = current.replicas as f64 + (a[0] * map.max_replica_delta as f64).round();
+    let cpu_range = (bounds.max_cpu_millicores - bounds.min_cpu_millicores) as f64;
+    let cpu = current.cpu_millicores as f64 + (a[1] * map.cpu_delta_fraction * cpu_range).round();
+    let mem_range = (bounds.max_memory_bytes - bounds.min_memory_bytes) as f64;
+    let mem_mib =
+        (current.memory_bytes as f64 + a[2] * map.memory_delta_fraction * mem_range) / MIB as f64;
+    let unclamped = Allocation {
+        replicas: replicas.clamp(0.0, u32::MAX as f64) as u32,
+        cpu_millicores: cpu.clamp(0.0, u32::MAX as f64) as u32,
+        memory_bytes: (mem_mib.round().max(0.0) as u64) * MIB,
+    };
+    let (alloc, bounded) = bounds.clamp(unclamped);
+    // memory rounding to a MiB alone is not a bounds clamp
+    rep.bounded = bounded
+        && (unclamped.replicas != alloc.replicas
+            || unclamped.cpu_millicores != alloc.cpu_millicores
+            || unclamped.memory_bytes != alloc.memory_bytes);
+    (alloc, rep)
+}
+
+/// The paper's reward: `α·SP·|R| + (1−α)·(RU_cpu + RU_mem)`, |R| = 2.
+pub fn reward(alpha: f64, slo_preservation: f64, cpu_util: f64, memory_util: f64) -> f64 {
+    alpha * slo_preservation * 2.0 + (1.0 - alpha) * (cpu_util + memory_util)
+}
+
+/// Build the state vector from the metrics of a step.
+pub fn state_vector(
+    m: &RawMetrics,
+    prev_offered: Option<f64>,
+    bounds: &Bounds,
+) -> [f32; STATE_DIM] {
+    let load_change = match prev_offered {
+        Some(p) => {
+            let d = (m.offered_rps - p) / m.offered_rps.max(p).max(1.0);
+            d.clamp(-1.0, 1.0)
+        }
+        None => 0.0,
+    };
+    [
+        (m.cpu_limit_cores * 1000.0 / bounds.max_cpu_millicores as f64) as f32,
+        (m.memory_limit_bytes / bounds.max_memory_bytes as f64) as f32,
+        m.cpu_util as f32,
+        m.memory_util as f32,
+        m.io_util as f32,
+        m.network_util as f32,
+        m.slo_preservation as f32,
+        load_change as f32,
+        (m.replicas as f64 / bounds.max_replicas as f64) as f32,
+    ]
+}
+
+/// Identity of a target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TargetRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Deployment name.
+    pub name: String,
+}
+
+/// What the environment reports for one target after a step (or at reset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Target.
+    pub target: TargetRef,
+    /// Step these metrics describe (0-based; at reset: 0 with idle metrics).
+    pub step: u64,
+    /// State vector, see [`STATE_NAMES`].
+    pub state: [f32; STATE_DIM],
+    /// Raw metrics behind the state.
+    pub metrics: RawMetrics,
+    /// Reward of the action applied for this step.
+    pub reward: f64,
+    /// Allocation in force during the step.
+    pub allocation: Allocation,
+    /// What was clamped when mapping the action.
+    pub clamp: ClampReport,
+}
+
+/// Simulation configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Control step length, simulated seconds.
+    pub step_seconds: f64,
+    /// Seed of all noise.
+    pub seed: u64,
+    /// Action map.
+    pub action_map: ActionMap,
+    /// Per-replica disk/network bandwidth.
+    pub node_share: NodeShare,
+    /// Scheduled instability scenarios.
+    pub injections: Vec<Injection>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            step_seconds: 10.0,
+            seed: 0,
+            action_map: ActionMap::default(),
+            node_share: NodeShare::default(),
+            injections: Vec::new(),
+        }
+    }
+}
+
+/// The environment: one [`TargetSim`] per app, stepped together.
+#[derive(Debug, Clone)]
+pub struct SimEnv {
+    apps: Vec<Arc<AppSpec>>,
+    loads: Vec<Arc<LoadModel>>,
+    targets: Vec<TargetSim>,
+    refs: Vec<TargetRef>,
+    cfg: SimConfig,
+    step: u64,
+}
+
+impl SimEnv {
+    /// Build from apps (loads resolved, traces read) and a config; targets start at reset state
+    /// with `cfg.seed`.
+    pub fn new(apps: Vec<AppSpec>, cfg: SimConfig) -> Result<Self, SimError> {
+        let mut loads = Vec::with_capacity(apps.len());
+        let mut arcs = Vec::with_capacity(apps.len());
+        for app in apps {
+            app.validate()?;
+            let model = crate::cluster::AppModel::from_app(&app);
+            let b = app.bounds;
+            let cap = b.max_replicas as f64
+                * model.replica_capacity_rps(b.max_cpu_millicores as f64 / 1000.0);
+            loads.push(Arc::new(LoadModel::resolve(&app.load.pattern, cap)?));
+            arcs.push(Arc::new(app));
+        }
+        Self::with_loads(arcs, loads, cfg)
+    }
+
+    /// Build from apps with already resolved loads (e.g. a shared in-memory trace).
+    pub fn with_loads(
+        apps: Vec<Arc<AppSpec>>,
+        loads: Vec<Arc<LoadModel>>,
+        cfg: SimConfig,
+    ) -> Result<Self, SimError> {
+        if apps.len() != loads.len() {
+            return Err(SimError::Config(format!(
+                "{} apps but {} loads",
+                apps.len(),
+                loads.len()
+            )));
+        }
+        for inj in &cfg.injections {
+            if !apps.iter().any(|a| a.name == inj.target) {
+                return Err(SimError::UnknownTarget(inj.target.clone()));
+            }
+        }
+        let refs = apps
+            .iter()
+            .map(|a| TargetRef {
+                namespace: a.namespace.clone(),
+                name: a.name.clone(),
+            })
+            .collect();
+        let mut env = SimEnv {
+            apps,
+            loads,
+            targets: Vec::new(),
+            refs,
+            step: 0,
+            cfg,
+        };
+        env.reset(env.cfg.seed)?;
+        Ok(env)
+    }
+
+    /// Reset every target to its initial allocation with a new seed; returns the initial
+    /// observations (idle metrics, reward 0).
+    pub fn reset(&mut self, seed: u64) -> Result<Vec<Observation>, SimError> {
+        self.cfg.seed = seed;
+        self.step = 0;
+        self.targets = self
+            .apps
+            .iter()
+            .zip(self.loads.iter())
+            .enumerate()
+            .map(|(i, (a, l))| {
+                TargetSim::new(
+                    a.clone(),
+                    l.clone(),
+                    self.cfg.step_seconds,
+                    seed,
+                    i as u64,
+                    self.cfg.node_share,
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((0..self.targets.len()).map(|i| self.observe(i)).collect())
+    }
+
+    /// Number of targets.
+    pub fn len(&self) -> usize {
+        self.targets.len()
+    }
+    /// Whether there are no targets.
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+    /// Config.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+    /// Index of the next step.
+    pub fn step_index(&self) -> u64 {
+        self.step
+    }
+    /// Target references in index order.
+    pub fn target_refs(&self) -> &[TargetRef] {
+        &self.refs
+    }
+    /// Index of a target by name.
+    pub fn index_of(&self, name: &str) -> Result<usize, SimError> {
+        self.refs
+            .iter()
+            .position(|r| r.name == name || format!("{}/{}", r.namespace, r.name) == name)
+            .ok_or_else(|| SimError::UnknownTarget(name.into()))
+    }
+    /// A target.
+    pub fn target(&self, i: usize) -> Result<&TargetSim, SimError> {
+        self.targets
+            .get(i)
+            .ok_or_else(|| SimError::UnknownTarget(format!("#{i}")))
+    }
+    /// A target, mutably (e.g. to enable the histogram).
+    pub fn target_mut(&mut self, i: usize) -> Result<&mut TargetSim, SimError> {
+        self.targets
+            .get_mut(i)
+            .ok_or_else(|| SimError::UnknownTarget(format!("#{i}")))
+    }
+    /// All targets.
+    pub fn targets(&self) -> &[TargetSim] {
+        &self.targets
+    }
+
+    /// The latest observation of target `i` (reward recomputed from its last metrics).
+    pub fn observe(&self, i: usize) -> Observation {
+        let t = &self.targets[i.min(self.targets.len().saturating_sub(1))];
+        observation(&self.refs[i], t, ClampReport::default())
+    }
+
+    /// Resolve an action for target `i` to a concrete allocation.
+    pub fn resolve_action(
+        &self,
+        i: usize,
+        action: &TargetAction,
+    ) -> Result<(Allocation, ClampReport), SimError> {
+        let t = self.target(i)?;
+        Ok(resolve(t, action, &self.cfg.action_map))
+    }
+
+    /// Step every target with one action each (lock-step). Returns one observation per target.
+    pub fn step(&mut self, actions: &[TargetAction]) -> Result<Vec<Observation>, SimError> {
+        if actions.len() != self.targets.len() {
+            return Err(SimError::ActionCount {
+                expected: self.targets.len(),
+                got: actions.len(),
+            });
+        }
+        self.inject_due()?;
+        let map = self.cfg.action_map;
+        let mut out = Vec::with_capacity(self.targets.len());
+        for ((t, a), r) in self.targets.iter_mut().zip(actions).zip(&self.refs) {
+            out.push(step_target(t, r, a, &map));
+        }
+        self.step += 1;
+        Ok(out)
+    }
+
+    /// Step every target, writing only rewards into `rewards` (allocation-free hot path for
+    /// benchmarks and training loops that read state via [`SimEnv::observe`]).
+    pub fn step_rewards(
+        &mut self,
+        actions: &[TargetAction],
+        rewards: &mut Vec<f64>,
+    ) -> Result<(), SimError> {
+        if actions.len() != self.targets.len() {
+            return Err(SimError::ActionCount {
+                expected: self.targets.len(),
+                got: actions.len(),
+            });
+        }
+        self.inject_due()?;
+        let map = self.cfg.action_map;
+        rewards.clear();
+        for (t, a) in self.targets.iter_mut().zip(actions) {
+            let (alloc, _) = resolve(t, a, &map);
+            if alloc != t.allocation() {
+                t.apply(alloc);
+            }
+            let m = t.advance();
+            rewards.push(reward(
+                t.app().alpha,
+                m.slo_preservation,
+                m.cpu_util,
+                m.memory_util,
+            ));
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn inject_due(&mut self) -> Result<(), SimError> {
+        let step = self.step;
+        let seed = self.cfg.seed;
+        for inj in self.cfg.injections.iter().filter(|i| i.step == step) {
+            if let Some(i) = self.refs.iter().position(|r| r.name == inj.target) {
+                let s = seed ^ step.rotate_left(17) ^ i as u64;
+                inj.scenario.inject(&mut self.targets[i], s)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn resolve(t: &TargetSim, action: &TargetAction, map: &ActionMap) -> (Allocation, ClampReport) {
+    let bounds = t.app().bounds;
+    match action {
+        TargetAction::Hold => (t.allocation(), ClampReport::default()),
+        TargetAction::Raw(raw) => map_action(*raw, t.allocation(), &bounds, map),
+        TargetAction::Desired(d) => {
+            let (a, bounded) = bounds.clamp(*d);
+            (
+                a,
+                ClampReport {
+                    bounded,
+                    ..ClampReport::default()
+                },
+            )
+        }
+    }
+}
+
+/// Apply an action to a target and advance it one step.
+pub fn step_target(
+    t: &mut TargetSim,
+    r: &TargetRef,
+    action: &TargetAction,
+    map: &ActionMap,
+) -> Observation {
+    let (alloc, clamp) = resolve(t, action, map);
+    if alloc != t.allocation() {
+        t.apply(alloc);
+    }
+    t.advance();
+    observation(r, t, clamp)
+}
+
+fn observation(r: &TargetRef, t: &TargetSim, clamp: ClampReport) -> Observation {
+    let m = *t.last_metrics();
+    let app = t.app();
+    Observation {
+        target: r.clone(),
+        step: m.step,
+        state: state_vector(&m, t.prev_offered(), &app.bounds),
+        reward: if t.step_index() == 0 {
+            0.0
+        } else {
+            reward(app.alpha, m.slo_preservation, m.cpu_util, m.memory_util)
+        },
+        metrics: m,
+        allocation: t.allocation(),
+        clamp,
+    }
+}
+
+/// Lock-step virtual time: the environment advances as soon as every target's action for the
+/// current step has arrived (in any order, from any producer).
+#[derive(Debug)]
+pub struct LockStep {
+    env: SimEnv,
+    pending: Vec<Option<TargetAction>>,
+    arrived: usize,
+}
+
+impl LockStep {
+    /// Wrap an environment.
+    pub fn new(env: SimEnv) -> Self {
+        let n = env.len();
+        LockStep {
+            env,
+            pending: vec![None; n],
+            arrived: 0,
+        }
+    }
+    /// The environment.
+    pub fn env(&self) -> &SimEnv {
+        &self.env
+    }
+    /// The environment, mutably.
+    pub fn env_mut(&mut self) -> &mut SimEnv {
+        &mut self.env
+    }
+    /// Targets whose action for the current step is still missing.
+    pub fn missing(&self) -> Vec<usize> {
+        (0..self.pending.len())
+            .filter(|&i| self.pending[i].is_none())
+            .collect()
+    }
+    /// Submit the action of target `i` for `step`. A second action for the same target and step
+    /// replaces the first. When the last missing action arrives the environment steps and the
+    /// observations are returned.
+    pub fn submit(
+        &mut self,
+        i: usize,
+        step: u64,
+        action: TargetAction,
+    ) -> Result<Option<Vec<Observation>>, SimError> {
+        let expected = self.env.step_index();
+        let name = self.env.target(i)?.app().name.clone();
+        if step != expected {
+            return Err(SimError::StepMismatch {
+                target: name,
+                expected,
+                got: step,
+            });
+        }
+        if self.pending[i].replace(action).is_none() {
+            self.arrived += 1;
+        }
+        if self.arrived < self.pending.len() {
+            return Ok(None);
+        }
+        let actions: Vec<TargetAction> = self
+            .pending
+            .iter_mut()
+            .map(|p| p.take().unwrap_or(TargetAction::Hold))
+            .collect();
+        self.arrived = 0;
+        self.env.step(&actions).map(Some)
+    }
+}

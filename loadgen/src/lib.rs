@@ -1,0 +1,9 @@
+//! Simulated cluster for AWARE.
+pub mod app;
+pub mod cluster;
+pub mod error;
+pub mod load;
+pub mod segments;
+pub use error::SimError;
+pub mod env;
+pub mod scenario;
