@@ -437,16 +437,38 @@ impl SimEnv {
     }
 
     fn inject_due(&mut self) -> Result<(), SimError> {
-        let step = self.step;
-        let seed = self.cfg.seed;
-        for inj in self.cfg.injections.iter().filter(|i| i.step == step) {
-            if let Some(i) = self.refs.iter().position(|r| r.name == inj.target) {
-                let s = seed ^ step.rotate_left(17) ^ i as u64;
-                inj.scenario.inject(&mut self.targets[i], s)?;
-            }
+        for i in 0..self.targets.len() {
+            let (cfg, refs, targets) = (&self.cfg, &self.refs, &mut self.targets);
+            inject_due_into(cfg, self.step, &refs[i].name, i, &mut targets[i])?;
         }
         Ok(())
     }
+
+    /// The state of target `i` as the next step will see it: a clone with the injections due
+    /// at the next step applied (used by the oracle).
+    pub fn target_at_next_step(&self, i: usize) -> Result<TargetSim, SimError> {
+        let mut t = self.target(i)?.clone();
+        inject_due_into(&self.cfg, self.step, &self.refs[i].name, i, &mut t)?;
+        Ok(t)
+    }
+}
+
+fn inject_due_into(
+    cfg: &SimConfig,
+    step: u64,
+    name: &str,
+    index: usize,
+    t: &mut TargetSim,
+) -> Result<(), SimError> {
+    for inj in cfg
+        .injections
+        .iter()
+        .filter(|inj| inj.step == step && inj.target == name)
+    {
+        let s = cfg.seed ^ step.rotate_left(17) ^ index as u64;
+        inj.scenario.inject(t, s)?;
+    }
+    Ok(())
 }
 
 fn resolve(t: &TargetSim, action: &TargetAction, map: &ActionMap) -> (Allocation, ClampReport) {
@@ -564,5 +586,216 @@ impl LockStep {
             .collect();
         self.arrived = 0;
         self.env.step(&actions).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{generate_apps, GeneratorOptions};
+    use crate::scenario::Scenario;
+    use proptest::prelude::*;
+
+    fn env(n: usize, seed: u64) -> SimEnv {
+        let apps = generate_apps(n, seed, &GeneratorOptions::default());
+        SimEnv::new(
+            apps,
+            SimConfig {
+                seed,
+                ..SimConfig::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn actions(n: usize, k: u64) -> Vec<TargetAction> {
+        (0..n)
+            .map(|i| {
+                let x = ((k * 31 + i as u64 * 17) % 200) as f32 / 100.0 - 1.0;
+                match (k + i as u64) % 3 {
+                    0 => TargetAction::Raw([x, -x, x * 0.5]),
+                    1 => TargetAction::Hold,
+                    _ => TargetAction::Desired(Allocation {
+                        replicas: 1 + (k % 20) as u32,
+                        cpu_millicores: 128 + (k * 97 % 1900) as u32,
+                        memory_bytes: (256 + k * 131 % 2800) * MIB,
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn same_seed_gives_identical_trajectories() {
+        let run = |seed| {
+            let mut e = env(6, seed);
+            (0..60)
+                .map(|k| e.step(&actions(6, k)).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let a = run(11);
+        let b = run(11);
+        assert_eq!(a, b);
+        // bit-identical, not just approximately equal
+        let bits = |v: &Vec<Vec<Observation>>| {
+            v.iter()
+                .flatten()
+                .map(|o| (o.reward.to_bits(), o.metrics.p99_ms.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&a), bits(&b));
+        assert_ne!(run(12), a);
+        // reset reproduces from the start
+        let mut e = env(6, 11);
+        let _ = e.step(&actions(6, 0)).unwrap();
+        e.reset(11).unwrap();
+        assert_eq!(e.step(&actions(6, 0)).unwrap(), a[0]);
+    }
+
+    #[test]
+    fn action_map_documented_behaviour() {
+        let b = Bounds::default();
+        let m = ActionMap::default();
+        let cur = Allocation {
+            replicas: 5,
+            cpu_millicores: 1000,
+            memory_bytes: 1024 * MIB,
+        };
+        let (a, r) = map_action([0.0, 0.0, 0.0], cur, &b, &m);
+        assert_eq!(a, cur);
+        assert!(!r.any());
+        let (a, r) = map_action([1.0, 1.0, -1.0], cur, &b, &m);
+        assert_eq!(a.replicas, 9);
+        assert_eq!(a.cpu_millicores, 1000 + 480);
+        assert_eq!(a.memory_bytes, (1024 - 704) * MIB);
+        assert!(!r.any());
+        let (a, r) = map_action([f32::NAN, 5.0, 0.0], cur, &b, &m);
+        assert_eq!(a.replicas, 5);
+        assert_eq!(a.cpu_millicores, 1480);
+        assert!(r.nan && r.out_of_range && !r.bounded);
+        let (a, r) = map_action(
+            [-1.0, -1.0, -1.0],
+            Allocation {
+                replicas: 2,
+                cpu_millicores: 200,
+                memory_bytes: 300 * MIB,
+            },
+            &b,
+            &m,
+        );
+        assert_eq!(a.replicas, 1);
+        assert_eq!(a.cpu_millicores, 128);
+        assert_eq!(a.memory_bytes, 256 * MIB);
+        assert!(r.bounded);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn mapped_actions_stay_in_bounds(raw in prop::array::uniform3(prop_oneof![any::<f32>(), -1.0f32..1.0]),
+            r in 1u32..=20, c in 128u32..=2048, m in 256u64..=3072) {
+            let b = Bounds::default();
+            let cur = Allocation { replicas: r, cpu_millicores: c, memory_bytes: m * MIB };
+            let (a, rep) = map_action(raw, cur, &b, &ActionMap::default());
+            prop_assert_eq!(b.clamp(a).1, false);
+            if raw.iter().any(|v| v.is_nan()) { prop_assert!(rep.nan); }
+            if raw.iter().any(|v| v.is_infinite()) { prop_assert!(rep.out_of_range); }
+        }
+
+        #[test]
+        fn state_and_reward_are_bounded(seed in 0u64..500, k in 0u64..1000) {
+            let mut e = env(3, seed);
+            for j in 0..5 {
+                for o in e.step(&actions(3, k + j)).unwrap() {
+                    prop_assert!(o.state.iter().all(|v| v.is_finite() && (-1.0..=1.0).contains(v)), "{:?}", o.state);
+                    prop_assert!((0.0..=2.0).contains(&o.reward));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reward_formula() {
+        assert_eq!(reward(0.5, 1.0, 0.5, 0.5), 1.5);
+        assert_eq!(reward(1.0, 0.25, 0.9, 0.9), 0.5);
+        assert_eq!(reward(0.0, 0.0, 0.3, 0.2), 0.5);
+    }
+
+    #[test]
+    fn lock_step_advances_when_all_actions_arrived() {
+        let mut ls = LockStep::new(env(3, 1));
+        assert!(ls.submit(2, 0, TargetAction::Hold).unwrap().is_none());
+        assert!(ls.submit(0, 0, TargetAction::Hold).unwrap().is_none());
+        assert!(matches!(
+            ls.submit(1, 5, TargetAction::Hold),
+            Err(SimError::StepMismatch {
+                expected: 0,
+                got: 5,
+                ..
+            })
+        ));
+        // a replaced action does not count twice
+        assert!(ls
+            .submit(0, 0, TargetAction::Raw([1.0, 0.0, 0.0]))
+            .unwrap()
+            .is_none());
+        assert_eq!(ls.missing(), vec![1]);
+        let obs = ls.submit(1, 0, TargetAction::Hold).unwrap().unwrap();
+        assert_eq!(obs.len(), 3);
+        assert_eq!(ls.env().step_index(), 1);
+        assert_eq!(obs[0].allocation.replicas, 2 + 4);
+        assert!(matches!(
+            ls.submit(9, 1, TargetAction::Hold),
+            Err(SimError::UnknownTarget(_))
+        ));
+    }
+
+    #[test]
+    fn scenario_injection_changes_demand_at_step() {
+        let mut apps = generate_apps(1, 3, &GeneratorOptions::default());
+        apps[0].segments = vec![crate::app::SegmentSpec {
+            kind: crate::segments::SegmentKind::MatrixMultiply,
+            payload: 50.0,
+        }];
+        apps[0].load = crate::load::LoadSpec::constant(100.0);
+        let name = apps[0].name.clone();
+        let cfg = SimConfig {
+            injections: vec![
+                Injection {
+                    target: name.clone(),
+                    step: 5,
+                    scenario: Scenario::MatrixDimension,
+                },
+                Injection {
+                    target: name,
+                    step: 10,
+                    scenario: Scenario::LoadHighToLow,
+                },
+            ],
+            ..SimConfig::default()
+        };
+        let mut e = SimEnv::new(apps, cfg).unwrap();
+        let mut cpu = Vec::new();
+        let mut offered = Vec::new();
+        for _ in 0..15 {
+            let o = e.step(&[TargetAction::Hold]).unwrap().remove(0);
+            cpu.push(o.metrics.cpu_usage_cores / o.metrics.throughput_rps.max(1e-9));
+            offered.push(o.metrics.offered_rps);
+        }
+        assert!(cpu[5] > 10.0 * cpu[4], "{cpu:?}");
+        assert!(offered[10] < 0.5 * offered[9], "{offered:?}");
+        assert_eq!(e.target(0).unwrap().app().segments[0].payload, 150.0);
+        let bad = SimConfig {
+            injections: vec![Injection {
+                target: "nope".into(),
+                step: 1,
+                scenario: Scenario::FileSize,
+            }],
+            ..SimConfig::default()
+        };
+        assert!(matches!(
+            SimEnv::new(generate_apps(1, 3, &GeneratorOptions::default()), bad),
+            Err(SimError::UnknownTarget(_))
+        ));
     }
 }

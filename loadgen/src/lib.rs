@@ -6,4 +6,6 @@ pub mod load;
 pub mod segments;
 pub use error::SimError;
 pub mod env;
+pub mod oracle;
+pub mod run;
 pub mod scenario;
