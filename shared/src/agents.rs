@@ -142,6 +142,13 @@ pub async fn run_intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
 ) -> Result<(), crate::service::ServiceError> {
+    if consumes.is_empty() {
+        ctx.ready.set(true);
+        tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
+        ctx.shutdown.cancelled().await;
+        ctx.ready.set(false);
+        return Ok(());
+    }
     let mut rx = ctx.subscribe_events(consumes).await?;
     ctx.ready.set(true);
     tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");

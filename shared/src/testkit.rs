@@ -91,10 +91,15 @@ impl NatsServer {
         Ok(s)
     }
 
-    /// Starts a server on a new free port over an existing store (to test restarts).
+    /// Starts a server on a new free port over an existing store directory.
     pub fn start_with_store(store: PathBuf) -> Result<Self, HarnessError> {
+        Self::start_on(free_port()?, store)
+    }
+
+    /// Starts a server on `port` over `store` (to test a restart on the same address).
+    pub fn start_on(port: u16, store: PathBuf) -> Result<Self, HarnessError> {
         let bin = find_binary("NATS_SERVER_BIN", "nats-server");
-        let port = free_port()?;
+        std::fs::create_dir_all(&store).map_err(HarnessError::TempDir)?;
         let child = Command::new(&bin)
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(&store)

@@ -1,0 +1,94 @@
+//! NATS specifics: the JetStream stream that captures `aware.v1.>` for replay by external tools,
+//! and publish errors that reach the caller.
+
+use std::time::Duration;
+
+use aware_bus_schemas::{encode_event, generated::samples, subject};
+use aware_shared::bus::{Bus, BusError};
+use aware_shared::config::BusConfig;
+use aware_tests::{msgpack_field, NatsServer};
+use bytes::Bytes;
+
+fn cfg(url: String, max_age_secs: u64) -> BusConfig {
+    let mut c = BusConfig {
+        url,
+        ..BusConfig::default()
+    };
+    c.jetstream.max_age_secs = max_age_secs;
+    c.jetstream.stream = "AWARE".into();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_captures_every_event_for_replay() {
+    let server = NatsServer::start().unwrap();
+    let bus = Bus::connect(&cfg(server.url(), 120), "js-test").await.unwrap();
+    // A second service connecting with the same settings is idempotent.
+    let _other = Bus::connect(&cfg(server.url(), 120), "js-test-2").await.unwrap();
+
+    let events = samples();
+    for ev in &events {
+        let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+        bus.publish(&subj, Bytes::from(encode_event(ev).unwrap()))
+            .await
+            .unwrap();
+    }
+    // Not captured: outside aware.v1.>.
+    bus.publish("other.subject", Bytes::from_static(b"x")).await.unwrap();
+    bus.flush().await.unwrap();
+
+    // An external tool with a plain NATS client replays the history.
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("AWARE").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = stream.info().await.unwrap();
+        if info.state.messages == events.len() as u64 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = stream.info().await.unwrap().clone();
+    assert_eq!(info.config.subjects, vec!["aware.v1.>".to_string()]);
+    assert_eq!(info.config.max_age, Duration::from_secs(120));
+    assert_eq!(info.state.messages, events.len() as u64);
+    for (seq, ev) in (1u64..).zip(&events) {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        assert_eq!(m.subject.as_str(), subject::subject(ev.kind(), ev.target()).unwrap());
+        let schema = msgpack_field(&m.payload, "schema").unwrap();
+        assert_eq!(schema.as_str().unwrap(), format!("{}/1", ev.kind()));
+    }
+
+    // Retention follows the configuration on the next start.
+    let _updated = Bus::connect(&cfg(server.url(), 60), "js-test-3").await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.config.max_age, Duration::from_secs(60));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_disabled_needs_no_stream() {
+    let server = NatsServer::start().unwrap();
+    let mut c = cfg(server.url(), 120);
+    c.jetstream.enabled = false;
+    let bus = Bus::connect(&c, "no-js").await.unwrap();
+    bus.publish("aware.v1.obs.ns.app", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    assert!(js.get_stream("AWARE").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_errors_are_returned_not_swallowed() {
+    let server = NatsServer::start().unwrap();
+    let bus = Bus::connect(&cfg(server.url(), 120), "errors").await.unwrap();
+    // nats-server's default max_payload is 1 MiB.
+    let too_big = Bytes::from(vec![0u8; 2 * 1024 * 1024]);
+    let err = bus
+        .publish("aware.v1.model.ns.app", too_big)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BusError::Publish { .. }), "{err}");
+    assert!(err.to_string().contains("aware.v1.model.ns.app"));
+}

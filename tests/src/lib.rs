@@ -1,0 +1,206 @@
+//! Helpers for the integration tests: locating the built binaries, running them as child
+//! processes, plain HTTP GETs and Prometheus exposition parsing, schema-agnostic MessagePack.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub use aware_shared::testkit::{free_port, NatsServer};
+
+/// Path of a workspace binary (`aware`, `aware-recommender`, …) next to the test binary.
+/// The README's test command builds them first (`cargo build --workspace --bins`).
+pub fn bin_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/integration-<hash> → target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} not built: run `cargo build --workspace --bins` first (the README's test command does)",
+        path.display()
+    );
+    path
+}
+
+/// A child process whose stdout lines are collected in the background; killed on drop.
+pub struct Proc {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub stderr_path: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin args…` with extra environment variables; stderr goes to a temp file.
+    pub fn spawn(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let stderr_path = std::env::temp_dir().join(format!(
+            "aware-test-{}-{}.stderr",
+            std::process::id(),
+            free_port().unwrap_or(0)
+        ));
+        let stderr = std::fs::File::create(&stderr_path).unwrap_or_else(|e| panic!("{e}"));
+        let mut cmd = Command::new(bin_path(bin));
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            stderr_path,
+        }
+    }
+
+    /// The next stdout line containing `needle`, within `timeout`.
+    pub fn wait_line(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return Some(l),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// All stdout lines received so far.
+    pub fn drain_lines(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
+    /// The HTTP address announced on stdout (`aware: listening on http://ADDR`).
+    pub fn http_addr(&self) -> SocketAddr {
+        let line = self
+            .wait_line("listening on http://", Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("no listening line; stderr:\n{}", self.stderr()));
+        let addr = line.rsplit("http://").next().unwrap_or_default().trim();
+        addr.parse()
+            .unwrap_or_else(|e| panic!("bad address `{addr}`: {e}"))
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr_path);
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    // Decode a chunked body if needed.
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Parses a Prometheus text exposition with a real parser.
+pub fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).unwrap_or_else(|e| panic!("unparsable exposition: {e}"))
+}
+
+/// The value of a sample with the given name and labels (counter, gauge or untyped).
+pub fn metric(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .and_then(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+}
+
+/// Top-level field names of a MessagePack map, read without the project's types.
+pub fn msgpack_keys(bytes: &[u8]) -> Vec<String> {
+    let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap_or_else(|e| panic!("not msgpack: {e}"));
+    v.as_map()
+        .unwrap_or_else(|| panic!("not a map: {v}"))
+        .iter()
+        .filter_map(|(k, _)| k.as_str().map(str::to_string))
+        .collect()
+}
+
+/// A field of a MessagePack map, read without the project's types.
+pub fn msgpack_field(bytes: &[u8], key: &str) -> Option<rmpv::Value> {
+    let v = rmpv::decode::read_value(&mut &bytes[..]).ok()?;
+    v.as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v.clone())
+}
