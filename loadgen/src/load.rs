@@ -473,18 +473,19 @@ impl LoadModel {
 
 fn validate_pattern(p: &LoadPattern) -> Result<(), SimError> {
     let ok = |v: f64| v.is_finite() && v >= 0.0;
-    let bad = match p {
-        LoadPattern::Constant { rps } => !ok(*rps),
+    let pos = |v: f64| v.is_finite() && v > 0.0;
+    let good = match p {
+        LoadPattern::Constant { rps } => ok(*rps),
         LoadPattern::Diurnal {
             mean_rps,
             amplitude,
             period_s,
             phase_s,
         } => {
-            !ok(*mean_rps)
-                || !(0.0..=1.0).contains(amplitude)
-                || !(period_s.is_finite() && *period_s > 0.0)
-                || !phase_s.is_finite()
+            ok(*mean_rps)
+                && (0.0..=1.0).contains(amplitude)
+                && pos(*period_s)
+                && phase_s.is_finite()
         }
         LoadPattern::Bursty {
             base_rps,
@@ -492,23 +493,23 @@ fn validate_pattern(p: &LoadPattern) -> Result<(), SimError> {
             burst_probability,
             window_s,
         } => {
-            !ok(*base_rps)
-                || !ok(*burst_rps)
-                || !(0.0..=1.0).contains(burst_probability)
-                || !(window_s.is_finite() && *window_s > 0.0)
+            ok(*base_rps)
+                && ok(*burst_rps)
+                && (0.0..=1.0).contains(burst_probability)
+                && pos(*window_s)
         }
         LoadPattern::OnOff {
             on_rps,
             off_rps,
             on_s,
             off_s,
-        } => !ok(*on_rps) || !ok(*off_rps) || !(on_s.is_finite() && *on_s > 0.0) || !(ok(*off_s)),
-        LoadPattern::Trace { .. } => false,
+        } => ok(*on_rps) && ok(*off_rps) && pos(*on_s) && ok(*off_s),
+        LoadPattern::Trace { .. } => true,
     };
-    if bad {
-        Err(SimError::Config(format!("invalid load pattern {p:?}")))
-    } else {
+    if good {
         Ok(())
+    } else {
+        Err(SimError::Config(format!("invalid load pattern {p:?}")))
     }
 }
 
