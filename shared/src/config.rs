@@ -25,7 +25,7 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Everything a service (or `aware run all`) is configured with.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AppConfig {
     pub bus: BusConfig,
@@ -35,19 +35,6 @@ pub struct AppConfig {
     /// Targets managed from start-up (the Kubernetes controller registers more at run time).
     pub targets: Vec<Target>,
     pub lifecycle: LifecycleProfile,
-}
-
-impl Default for AppConfig {
-    fn default() -> Self {
-        AppConfig {
-            bus: BusConfig::default(),
-            http: HttpConfig::default(),
-            log: LogConfig::default(),
-            shard: ShardConfig::default(),
-            targets: Vec::new(),
-            lifecycle: LifecycleProfile::default(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

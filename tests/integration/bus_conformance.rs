@@ -37,7 +37,10 @@ pub async fn exact_subject(bus: Bus) {
     bus.flush().await.unwrap();
     publish(&bus, "aware.v1.obs.ns.other", b"no").await;
     publish(&bus, "aware.v1.obs.ns.app", b"yes").await;
-    assert_eq!(recv(&mut sub).await, ("aware.v1.obs.ns.app".into(), Bytes::from_static(b"yes")));
+    assert_eq!(
+        recv(&mut sub).await,
+        ("aware.v1.obs.ns.app".into(), Bytes::from_static(b"yes"))
+    );
     assert_quiet(&mut sub).await;
 }
 
@@ -113,13 +116,30 @@ pub async fn dropping_a_subscription_unsubscribes(bus: Bus) {
 }
 
 pub async fn invalid_subjects_are_rejected(bus: Bus) {
-    for bad in ["", "aware..obs", "aware.v1.*", "aware.v1.>", "has space.x", ".lead", "trail."] {
-        let err = bus.publish(bad, Bytes::from_static(b"x")).await.unwrap_err();
-        assert!(matches!(err, BusError::InvalidSubject { .. }), "{bad}: {err}");
+    for bad in [
+        "",
+        "aware..obs",
+        "aware.v1.*",
+        "aware.v1.>",
+        "has space.x",
+        ".lead",
+        "trail.",
+    ] {
+        let err = bus
+            .publish(bad, Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, BusError::InvalidSubject { .. }),
+            "{bad}: {err}"
+        );
     }
     for bad in ["", "a..b", "a.>.b", "a b"] {
         assert!(
-            matches!(bus.subscribe(bad).await, Err(BusError::InvalidSubject { .. })),
+            matches!(
+                bus.subscribe(bad).await,
+                Err(BusError::InvalidSubject { .. })
+            ),
             "{bad}"
         );
     }
@@ -132,7 +152,9 @@ pub async fn payloads_arrive_byte_exact(bus: Bus) {
     bus.publish("aware.v1.model.ns.app", Bytes::from(big.clone()))
         .await
         .unwrap();
-    bus.publish("aware.v1.model.ns.app", Bytes::new()).await.unwrap();
+    bus.publish("aware.v1.model.ns.app", Bytes::new())
+        .await
+        .unwrap();
     bus.flush().await.unwrap();
     assert_eq!(recv(&mut sub).await.1.to_vec(), big);
     assert!(recv(&mut sub).await.1.is_empty());
@@ -215,11 +237,18 @@ async fn nats_connect_fails_with_a_clear_error_after_retrying() {
         ..BusConfig::default()
     };
     let t0 = std::time::Instant::now();
-    let err = Bus::connect(&cfg, "nobody-home").await.err().expect("no server");
+    let err = Bus::connect(&cfg, "nobody-home")
+        .await
+        .err()
+        .expect("no server");
     assert!(matches!(err, BusError::Connect { .. }), "{err}");
     assert!(err.to_string().contains(&port.to_string()));
     // It retried with backoff (100 + 200 ms …) rather than failing at once.
-    assert!(t0.elapsed() >= Duration::from_millis(250), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t0.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

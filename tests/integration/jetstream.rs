@@ -22,9 +22,13 @@ fn cfg(url: String, max_age_secs: u64) -> BusConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_captures_every_event_for_replay() {
     let server = NatsServer::start().unwrap();
-    let bus = Bus::connect(&cfg(server.url(), 120), "js-test").await.unwrap();
+    let bus = Bus::connect(&cfg(server.url(), 120), "js-test")
+        .await
+        .unwrap();
     // A second service connecting with the same settings is idempotent.
-    let _other = Bus::connect(&cfg(server.url(), 120), "js-test-2").await.unwrap();
+    let _other = Bus::connect(&cfg(server.url(), 120), "js-test-2")
+        .await
+        .unwrap();
 
     let events = samples();
     for ev in &events {
@@ -34,7 +38,9 @@ async fn stream_captures_every_event_for_replay() {
             .unwrap();
     }
     // Not captured: outside aware.v1.>.
-    bus.publish("other.subject", Bytes::from_static(b"x")).await.unwrap();
+    bus.publish("other.subject", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
     bus.flush().await.unwrap();
 
     // An external tool with a plain NATS client replays the history.
@@ -55,13 +61,18 @@ async fn stream_captures_every_event_for_replay() {
     assert_eq!(info.state.messages, events.len() as u64);
     for (seq, ev) in (1u64..).zip(&events) {
         let m = stream.get_raw_message(seq).await.unwrap();
-        assert_eq!(m.subject.as_str(), subject::subject(ev.kind(), ev.target()).unwrap());
+        assert_eq!(
+            m.subject.as_str(),
+            subject::subject(ev.kind(), ev.target()).unwrap()
+        );
         let schema = msgpack_field(&m.payload, "schema").unwrap();
         assert_eq!(schema.as_str().unwrap(), format!("{}/1", ev.kind()));
     }
 
     // Retention follows the configuration on the next start.
-    let _updated = Bus::connect(&cfg(server.url(), 60), "js-test-3").await.unwrap();
+    let _updated = Bus::connect(&cfg(server.url(), 60), "js-test-3")
+        .await
+        .unwrap();
     let info = stream.info().await.unwrap();
     assert_eq!(info.config.max_age, Duration::from_secs(60));
 }
@@ -82,7 +93,9 @@ async fn jetstream_disabled_needs_no_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_errors_are_returned_not_swallowed() {
     let server = NatsServer::start().unwrap();
-    let bus = Bus::connect(&cfg(server.url(), 120), "errors").await.unwrap();
+    let bus = Bus::connect(&cfg(server.url(), 120), "errors")
+        .await
+        .unwrap();
     // nats-server's default max_payload is 1 MiB.
     let too_big = Bytes::from(vec![0u8; 2 * 1024 * 1024]);
     let err = bus

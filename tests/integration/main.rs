@@ -1,5 +1,8 @@
 //! AWARE integration tests (one binary). They start real servers (`nats-server`) on free ports.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod bus_conformance;
 mod jetstream;
 mod run_all;

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use aware_tests::{bin_path, http_get, metric, msgpack_field, msgpack_keys, parse_metrics, NatsServer, Proc};
+use aware_tests::{
+    bin_path, http_get, metric, msgpack_field, msgpack_keys, parse_metrics, NatsServer, Proc,
+};
 use futures::StreamExt;
 use rmpv::Value;
 
@@ -22,13 +24,23 @@ fn wait_ready(addr: std::net::SocketAddr) {
 }
 
 /// An `episode/1` message built field by field, without the project's types.
-fn foreign_episode(ns: &str, name: &str, n: u64, stage: &str, mean: f64, estimate: Option<f64>) -> Vec<u8> {
+fn foreign_episode(
+    ns: &str,
+    name: &str,
+    n: u64,
+    stage: &str,
+    mean: f64,
+    estimate: Option<f64>,
+) -> Vec<u8> {
     let kv = |k: &str, v: Value| (Value::from(k), v);
     let map = Value::Map(vec![
         kv("schema", Value::from("episode/1")),
         kv(
             "target",
-            Value::Map(vec![kv("namespace", Value::from(ns)), kv("name", Value::from(name))]),
+            Value::Map(vec![
+                kv("namespace", Value::from(ns)),
+                kv("name", Value::from(name)),
+            ]),
         ),
         kv("episode", Value::from(n)),
         kv("step", Value::from(99u32)),
@@ -80,7 +92,16 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     let url = server.url();
     let mut proc = Proc::spawn(
         "aware",
-        &["run", "all", "--bus", &url, "--http-listen", "127.0.0.1:0", "--config", config.to_str().unwrap()],
+        &[
+            "run",
+            "all",
+            "--bus",
+            &url,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
         &[("RUST_LOG", "info")],
     );
     let addr = proc.http_addr();
@@ -91,46 +112,94 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     for _ in 0..2 {
         let m = next_on(&mut all, "aware.v1.lifecycle.").await;
         let keys = msgpack_keys(&m.payload);
-        for f in HEADER.iter().chain(&["stage", "previous", "reason", "reward_mean", "reward_std", "window"]) {
-            assert!(keys.iter().any(|k| k == f), "lifecycle lacks `{f}`: {keys:?}");
+        for f in HEADER.iter().chain(&[
+            "stage",
+            "previous",
+            "reason",
+            "reward_mean",
+            "reward_std",
+            "window",
+        ]) {
+            assert!(
+                keys.iter().any(|k| k == f),
+                "lifecycle lacks `{f}`: {keys:?}"
+            );
         }
-        assert_eq!(msgpack_field(&m.payload, "schema").unwrap().as_str(), Some("lifecycle/1"));
-        assert_eq!(msgpack_field(&m.payload, "stage").unwrap().as_str(), Some("offline"));
+        assert_eq!(
+            msgpack_field(&m.payload, "schema").unwrap().as_str(),
+            Some("lifecycle/1")
+        );
+        assert_eq!(
+            msgpack_field(&m.payload, "stage").unwrap().as_str(),
+            Some("offline")
+        );
         let target = msgpack_field(&m.payload, "target").unwrap();
-        let name = target.as_map().unwrap().iter().find(|(k, _)| k.as_str() == Some("name")).unwrap().1.clone();
+        let name = target
+            .as_map()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("name"))
+            .unwrap()
+            .1
+            .clone();
         announced.push((m.subject.to_string(), name.as_str().unwrap().to_string()));
     }
     announced.sort();
     assert_eq!(
         announced,
         vec![
-            ("aware.v1.lifecycle.shop.api_v2".to_string(), "api.v2".to_string()),
-            ("aware.v1.lifecycle.shop.cart".to_string(), "cart".to_string()),
+            (
+                "aware.v1.lifecycle.shop.api_v2".to_string(),
+                "api.v2".to_string()
+            ),
+            (
+                "aware.v1.lifecycle.shop.cart".to_string(),
+                "cart".to_string()
+            ),
         ]
     );
 
     // A foreign tool publishes episodes; the monitor takes `cart` ONLINE (Algorithm 1).
     for n in 1..=2 {
         client
-            .publish("aware.v1.episode.shop.cart", foreign_episode("shop", "cart", n, "offline", 0.5, Some(1.2)).into())
+            .publish(
+                "aware.v1.episode.shop.cart",
+                foreign_episode("shop", "cart", n, "offline", 0.5, Some(1.2)).into(),
+            )
             .await
             .unwrap();
     }
     client.flush().await.unwrap();
     let m = next_on(&mut all, "aware.v1.lifecycle.shop.cart").await;
-    assert_eq!(msgpack_field(&m.payload, "stage").unwrap().as_str(), Some("online"));
-    assert_eq!(msgpack_field(&m.payload, "episode").unwrap().as_u64(), Some(2));
+    assert_eq!(
+        msgpack_field(&m.payload, "stage").unwrap().as_str(),
+        Some("online")
+    );
+    assert_eq!(
+        msgpack_field(&m.payload, "episode").unwrap().as_u64(),
+        Some(2)
+    );
 
     // `aware watch` prints the next transition (ONLINE → SERVING) as a JSON line.
     let watch = Proc::spawn(
         "aware",
-        &["watch", "aware.v1.lifecycle.>", "--bus", &url, "--limit", "1"],
+        &[
+            "watch",
+            "aware.v1.lifecycle.>",
+            "--bus",
+            &url,
+            "--limit",
+            "1",
+        ],
         &[],
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     for n in 3..=4 {
         client
-            .publish("aware.v1.episode.shop.cart", foreign_episode("shop", "cart", n, "online", 1.5, None).into())
+            .publish(
+                "aware.v1.episode.shop.cart",
+                foreign_episode("shop", "cart", n, "online", 1.5, None).into(),
+            )
             .await
             .unwrap();
     }
@@ -153,12 +222,24 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     let (_, text) = http_get(addr, "/metrics").unwrap();
     let scrape = parse_metrics(&text);
     let lm = |event| [("service", "lifecycle-monitor"), ("event", event)];
-    assert_eq!(metric(&scrape, "aware_messages_in_total", &lm("episode")), Some(4.0));
-    assert_eq!(metric(&scrape, "aware_messages_out_total", &lm("lifecycle")), Some(4.0));
+    assert_eq!(
+        metric(&scrape, "aware_messages_in_total", &lm("episode")),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(&scrape, "aware_messages_out_total", &lm("lifecycle")),
+        Some(4.0)
+    );
 
     // SIGTERM: clean exit.
-    let status = proc.terminate(Duration::from_secs(15)).expect("exits after SIGTERM");
-    assert!(status.success(), "exit {status:?}; stderr:\n{}", proc.stderr());
+    let status = proc
+        .terminate(Duration::from_secs(15))
+        .expect("exits after SIGTERM");
+    assert!(
+        status.success(),
+        "exit {status:?}; stderr:\n{}",
+        proc.stderr()
+    );
     assert!(!proc.stderr().contains("panicked"), "{}", proc.stderr());
 }
 
@@ -196,12 +277,19 @@ fn every_service_binary_runs_on_its_own() {
         let service = n.trim_start_matches("aware-");
         let scrape = parse_metrics(&text);
         assert!(
-            metric(&scrape, "aware_decode_errors_total", &[("service", service), ("event", "obs")]).is_some(),
+            metric(
+                &scrape,
+                "aware_decode_errors_total",
+                &[("service", service), ("event", "obs")]
+            )
+            .is_some(),
             "{n}: {text}"
         );
     }
     for (p, n) in procs.iter_mut().zip(names) {
-        let status = p.terminate(Duration::from_secs(10)).unwrap_or_else(|| panic!("{n} ignored SIGTERM"));
+        let status = p
+            .terminate(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{n} ignored SIGTERM"));
         assert!(status.success(), "{n}: {status:?}\n{}", p.stderr());
     }
 }
@@ -215,7 +303,11 @@ fn invalid_configuration_fails_start_up_naming_the_key() {
     );
     let status = p.child.wait().unwrap();
     assert!(!status.success());
-    assert!(p.stderr().contains("bus.channel_capacity"), "{}", p.stderr());
+    assert!(
+        p.stderr().contains("bus.channel_capacity"),
+        "{}",
+        p.stderr()
+    );
 
     let mut p = Proc::spawn("aware", &["run", "all", "--shard", "2/2"], &[]);
     assert!(!p.child.wait().unwrap().success());

@@ -12,7 +12,9 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 fn episode(target: &Target, n: u64, estimate: f64) -> Episode {
-    let Some(Event::Episode(mut e)) = samples().into_iter().find(|e| e.kind() == EventKind::Episode)
+    let Some(Event::Episode(mut e)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Episode)
     else {
         panic!("sample")
     };
@@ -70,15 +72,26 @@ async fn metrics_health_and_malformed_messages() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(msgpack_field(&first.payload, "stage").unwrap().as_str(), Some("offline"));
+    assert_eq!(
+        msgpack_field(&first.payload, "stage").unwrap().as_str(),
+        Some("offline")
+    );
 
     // Garbage, a wrong schema and a target mismatch are counted and dropped...
     let subj = "aware.v1.episode.shop.cart";
-    bus.publish(subj, Bytes::from_static(b"\xc1garbage")).await.unwrap();
-    let wrong_kind = encode(&samples().into_iter().find_map(|e| match e {
-        Event::Obs(o) => Some(o),
-        _ => None,
-    }).unwrap()).unwrap();
+    bus.publish(subj, Bytes::from_static(b"\xc1garbage"))
+        .await
+        .unwrap();
+    let wrong_kind = encode(
+        &samples()
+            .into_iter()
+            .find_map(|e| match e {
+                Event::Obs(o) => Some(o),
+                _ => None,
+            })
+            .unwrap(),
+    )
+    .unwrap();
     bus.publish(subj, Bytes::from(wrong_kind)).await.unwrap();
     let other_target = encode(&episode(&Target::new("shop", "other"), 1, 2.0)).unwrap();
     bus.publish(subj, Bytes::from(other_target)).await.unwrap();
@@ -91,8 +104,14 @@ async fn metrics_health_and_malformed_messages() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(msgpack_field(&next.payload, "stage").unwrap().as_str(), Some("online"));
-    assert_eq!(msgpack_field(&next.payload, "previous").unwrap().as_str(), Some("offline"));
+    assert_eq!(
+        msgpack_field(&next.payload, "stage").unwrap().as_str(),
+        Some("online")
+    );
+    assert_eq!(
+        msgpack_field(&next.payload, "previous").unwrap().as_str(),
+        Some("offline")
+    );
 
     let (code, text) = get("/metrics").await.unwrap();
     assert_eq!(code, 200);
@@ -103,21 +122,39 @@ async fn metrics_health_and_malformed_messages() {
         l.push(("event", event));
         l
     };
-    assert_eq!(metric(&scrape, "aware_decode_errors_total", &with("episode")), Some(3.0));
-    assert_eq!(metric(&scrape, "aware_messages_in_total", &with("episode")), Some(2.0));
-    assert_eq!(metric(&scrape, "aware_messages_out_total", &with("lifecycle")), Some(2.0));
+    assert_eq!(
+        metric(&scrape, "aware_decode_errors_total", &with("episode")),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(&scrape, "aware_messages_in_total", &with("episode")),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&scrape, "aware_messages_out_total", &with("lifecycle")),
+        Some(2.0)
+    );
     assert_eq!(metric(&scrape, "aware_targets", &lm), Some(1.0));
     // Every service exposes its counters.
     for s in aware_cli::SERVICES {
         assert!(
-            metric(&scrape, "aware_messages_in_total", &[("service", s.name), ("event", "obs")]).is_some(),
+            metric(
+                &scrape,
+                "aware_messages_in_total",
+                &[("service", s.name), ("event", "obs")]
+            )
+            .is_some(),
             "{} has no counters",
             s.name
         );
     }
     // The recommender saw the lifecycle messages.
     assert_eq!(
-        metric(&scrape, "aware_messages_in_total", &[("service", "recommender"), ("event", "lifecycle")]),
+        metric(
+            &scrape,
+            "aware_messages_in_total",
+            &[("service", "recommender"), ("event", "lifecycle")]
+        ),
         Some(2.0)
     );
 

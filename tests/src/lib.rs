@@ -144,7 +144,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     // Decode a chunked body if needed.
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
@@ -172,7 +175,11 @@ pub fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
 }
 
 /// The value of a sample with the given name and labels (counter, gauge or untyped).
-pub fn metric(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub fn metric(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
     scrape
         .samples
         .iter()
@@ -188,7 +195,8 @@ pub fn metric(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &s
 
 /// Top-level field names of a MessagePack map, read without the project's types.
 pub fn msgpack_keys(bytes: &[u8]) -> Vec<String> {
-    let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap_or_else(|e| panic!("not msgpack: {e}"));
+    let v =
+        rmpv::decode::read_value(&mut &bytes[..]).unwrap_or_else(|e| panic!("not msgpack: {e}"));
     v.as_map()
         .unwrap_or_else(|| panic!("not a map: {v}"))
         .iter()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need (nats-server, prometheus) when missing, builds
+# every binary (integration tests run them as separate processes), then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/bin/$1" ]; }
+have nats-server || need+=(nats-server)
+have prometheus || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "installing: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Debian installs nats-server under /usr/sbin, which is not on every user's PATH.
+export PATH="$PATH:/usr/sbin:/usr/bin"
+
+cargo build --workspace --bins --locked
+cargo test --workspace --locked --no-fail-fast
