@@ -261,6 +261,17 @@ impl AppSet {
         } else {
             serde_norway::from_str(&text).map_err(|source| SimError::Yaml { path: name, source })?
         };
+        let mut set = set;
+        // relative trace paths are relative to the app file
+        if let Some(dir) = path.parent() {
+            for app in &mut set.apps {
+                if let LoadPattern::Trace { path: p, .. } = &mut app.load.pattern {
+                    if p.is_relative() {
+                        *p = dir.join(&*p);
+                    }
+                }
+            }
+        }
         set.validate()?;
         Ok(set)
     }
@@ -476,6 +487,9 @@ mod tests {
         let p = dir.path().join("apps.yaml");
         set.write(&p).unwrap();
         assert_eq!(AppSet::read(&p).unwrap(), set);
+        let pj = dir.path().join("apps.json");
+        set.write(&pj).unwrap();
+        assert_eq!(AppSet::read(&pj).unwrap(), set);
     }
 
     #[test]
@@ -497,6 +511,25 @@ apps:
         assert_eq!(a.bounds, Bounds::default());
         assert!(a.load.poisson);
         assert_eq!(a.namespace, "sim");
+    }
+
+    #[test]
+    fn example_app_file_with_trace_runs() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/apps.yaml");
+        let set = AppSet::read(&p).unwrap();
+        assert_eq!(set.apps.len(), 3);
+        let mut env = crate::env::SimEnv::new(set.apps, crate::env::SimConfig::default()).unwrap();
+        let mut offered = 0.0;
+        for _ in 0..10 {
+            for o in env
+                .step(&vec![crate::env::TargetAction::Hold; env.len()])
+                .unwrap()
+            {
+                assert!(o.reward.is_finite());
+                offered += o.metrics.offered_rps;
+            }
+        }
+        assert!(offered > 0.0);
     }
 
     #[test]

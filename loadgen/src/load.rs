@@ -735,3 +735,79 @@ mod tests {
         assert_eq!(sample_arrivals(5.0, 2.0, false, &mut rng), 10.0);
     }
 }
+
+#[cfg(test)]
+mod excerpt_tests {
+    use super::*;
+
+    fn testdata(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name)
+    }
+
+    #[test]
+    fn worldcup_excerpt_loads() {
+        let t = load_rate_csv(&testdata("worldcup98-rate-excerpt.csv")).unwrap();
+        assert_eq!(t.rates.len(), 600);
+        assert_eq!(t.rates[0], 116.0);
+        assert!(t.mean() > 100.0 && t.peak() >= t.mean());
+    }
+
+    #[test]
+    fn azure_excerpts_load() {
+        for f in [
+            "azure-llm-2023-conv-excerpt.csv",
+            "azure-llm-2023-code-excerpt.csv",
+        ] {
+            let t = load_timestamps_csv(&testdata(f)).unwrap();
+            assert_eq!(t.rates.iter().sum::<f64>(), 500.0, "{f}");
+            assert!(t.duration_s() > 10.0);
+        }
+    }
+
+    #[test]
+    fn trace_scaled_to_capacity() {
+        let pattern = LoadPattern::Trace {
+            path: testdata("worldcup98-rate-excerpt.csv"),
+            format: TraceFormat::RateCsv,
+            scaling: TraceScaling {
+                time_scale: 10.0,
+                offset_s: 0.0,
+                rate: RateScale::PeakOfCapacity(0.5),
+            },
+        };
+        let m = LoadModel::resolve(&pattern, 1000.0).unwrap();
+        // simulated 60 s cover the 600 trace seconds: its mean, scaled so the peak is 500 rps
+        let LoadModel::Trace { trace, factor, .. } = &m else {
+            panic!("not a trace")
+        };
+        assert!((trace.peak() * factor - 500.0).abs() < 1e-9);
+        let mean = m.mean_rate(0.0, 60.0, 0);
+        assert!((mean - trace.mean() * factor).abs() < 1e-6);
+        assert!(mean < 500.0);
+        let missing = LoadPattern::Trace {
+            path: testdata("nope.csv"),
+            format: TraceFormat::RateCsv,
+            scaling: TraceScaling::default(),
+        };
+        assert!(matches!(
+            LoadModel::resolve(&missing, 1.0),
+            Err(SimError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_file_names_path_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.csv");
+        std::fs::write(
+            &p,
+            "period,count\n1998-06-25 22:00:01,116\n1998-06-25 22:00:02\n",
+        )
+        .unwrap();
+        let e = load_rate_csv(&p).unwrap_err().to_string();
+        assert!(e.contains("bad.csv:3"), "{e}");
+        assert!(e.contains("expected 2 fields"), "{e}");
+    }
+}
