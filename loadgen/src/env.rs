@@ -8,10 +8,10 @@
 //! |---|---|---|
 //! | 0 | `cpu_limit` | CPU limit per replica / max CPU bound |
 //! | 1 | `memory_limit` | memory limit per replica / max memory bound |
-//! | 2 | `cpu_util` | CPU usage / Σ CPU limits, [0,1] |
-//! | 3 | `memory_util` | working set / Σ memory limits, [0,1] |
-//! | 4 | `io_util` | disk bandwidth used / available, [0,1] |
-//! | 5 | `network_util` | network bandwidth used / available, [0,1] |
+//! | 2 | `cpu_util` | CPU usage / Σ CPU limits, in \[0, 1\] |
+//! | 3 | `memory_util` | working set / Σ memory limits, in \[0, 1\] |
+//! | 4 | `io_util` | disk bandwidth used / available, in \[0, 1\] |
+//! | 5 | `network_util` | network bandwidth used / available, in \[0, 1\] |
 //! | 6 | `slo_preservation` | SP = min(SLO/measured, 1), 1 with no SLO |
 //! | 7 | `load_change` | (λ_t − λ_{t−1}) / max(λ_t, λ_{t−1}, 1), in [−1, 1] |
 //! | 8 | `replicas` | replicas / max replicas |

@@ -1,13 +1,53 @@
-//! Simulated cluster for AWARE.
+//! Simulated cluster for AWARE (DESIGN §6): the environment for training, tests and benchmarks
+//! where there is no cluster.
+//!
+//! # Entry points for the CLI
+//!
+//! * `aware sim` → [`run::run_sim`]`(&`[`run::RunSimOptions`]`, &mut dyn Write) ->
+//!   Result<`[`run::RunSimReport`]`, SimError>`: runs an app set (generated, from a YAML/JSON
+//!   file, or inline) under a policy (hold, fixed, random, HPA rule, oracle) for N steps, writes
+//!   one JSON line per target per step ([`run::StepRecord`]) and returns per-app totals, optionally
+//!   with the oracle's per-step bound along the run.
+//! * `aware bench sim` → [`bench::bench_sim`]`(&`[`bench::SimBenchOptions`]`) ->
+//!   Result<`[`bench::SimBenchReport`]`, SimError>`: median simulated target-steps/s on one core
+//!   over several runs, and p99 latency over a replicas × CPU grid for three segments, written to
+//!   `bench-sim.json` and `bench-sim-p99-<segment>.svg` in the output directory.
+//! * Apps: [`app::generate_apps`], [`app::AppSet::read`] / [`app::AppSet::write`].
+//!
+//! # In-process use (training, benchmarks)
+//!
+//! [`env::SimEnv`] is a Gym-like environment: [`env::SimEnv::reset`] and
+//! [`env::SimEnv::step`] with one [`env::TargetAction`] per target (raw `[-1,1]³` policy output,
+//! concrete allocation, or hold); observations carry the state vector ([`env::STATE_NAMES`]), the
+//! raw metrics ([`cluster::RawMetrics`]), the reward ([`env::reward`]) and a clamp report.
+//! [`env::LockStep`] advances virtual time as soon as every target's action has arrived.
+//! [`oracle::oracle_step`] is the per-step upper bound.
+//!
+//! # As a service (metrics source and scaling sink)
+//!
+//! [`wallclock::SimHandle`] shares a simulation between tasks in lock-step or wall-clock time;
+//! [`wallclock::run_wall_clock`] ticks it; [`wallclock::serve_metrics`] exposes the simulated
+//! pods as Prometheus text with cAdvisor / kube-state-metrics names.
+//!
+//! The model (segments, queueing, action map, reward, oracle, trace formats) is documented in
+//! `loadgen/README.md` and in each module.
+
 pub mod app;
+pub mod bench;
 pub mod cluster;
+pub mod env;
 pub mod error;
 pub mod load;
-pub mod segments;
-pub use error::SimError;
-pub mod bench;
-pub mod env;
 pub mod oracle;
 pub mod run;
 pub mod scenario;
+pub mod segments;
 pub mod wallclock;
+
+pub use app::{Allocation, AppSet, AppSpec, Bounds, Slo, VerticalMode};
+pub use bench::{bench_sim, SimBenchOptions, SimBenchReport};
+pub use env::{Observation, SimConfig, SimEnv, TargetAction, ACTION_DIM, STATE_DIM, STATE_NAMES};
+pub use error::SimError;
+pub use run::{run_sim, AppSource, PolicySpec, RunSimOptions, RunSimReport};
+pub use scenario::{Injection, Scenario};
+pub use segments::SegmentKind;
