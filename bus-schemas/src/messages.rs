@@ -148,23 +148,18 @@ impl<'de, M: BusMessage> Deserialize<'de> for Schema<M> {
     }
 }
 impl<M: BusMessage> JsonSchema for Schema<M> {
-    fn schema_name() -> String {
-        format!("Schema_{}", M::KIND.as_str())
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        format!("Schema_{}", M::KIND.as_str()).into()
     }
-    fn is_referenceable() -> bool {
-        false
+    fn inline_schema() -> bool {
+        true
     }
-    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
-        schemars::schema::SchemaObject {
-            instance_type: Some(schemars::schema::InstanceType::String.into()),
-            const_value: Some(serde_json::Value::String(M::SCHEMA.to_string())),
-            metadata: Some(Box::new(schemars::schema::Metadata {
-                description: Some("Message kind and schema version.".to_string()),
-                ..Default::default()
-            })),
-            ..Default::default()
-        }
-        .into()
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "const": M::SCHEMA,
+            "description": "Message kind and schema version."
+        })
     }
 }
 

@@ -33,7 +33,7 @@ pub struct AppConfig {
     pub log: LogConfig,
     pub shard: ShardConfig,
     /// Targets managed from start-up (the Kubernetes controller registers more at run time).
-    pub targets: Vec<Target>,
+    pub targets: Vec<crate::spec::TargetSpec>,
     pub lifecycle: LifecycleProfile,
 }
 
@@ -264,6 +264,15 @@ impl AppConfig {
                 .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
             aware_bus_schemas::subject::validate_name("name", &t.name)
                 .map_err(|e| invalid(&format!("targets[{i}].name"), e.to_string()))?;
+            if let Some((key, reason)) = t.bounds.problems().into_iter().next() {
+                return Err(invalid(&format!("targets[{i}].bounds.{key}"), reason));
+            }
+            if !(0.0..=1.0).contains(&t.alpha) {
+                return Err(invalid(
+                    &format!("targets[{i}].alpha"),
+                    format!("{} is outside [0, 1]", t.alpha),
+                ));
+            }
         }
         let l = &self.lifecycle;
         for (key, v) in [
@@ -380,7 +389,9 @@ name = "cart"
         assert_eq!(cfg.bus.jetstream.max_age_secs, 60, "nested env key");
         assert_eq!(cfg.lifecycle.window, 5);
         assert_eq!(cfg.lifecycle.t_serving, 1.3, "untouched default kept");
-        assert_eq!(cfg.targets, vec![Target::new("shop", "cart")]);
+        assert_eq!(cfg.targets.len(), 1);
+        assert_eq!(cfg.targets[0].target(), Target::new("shop", "cart"));
+        assert_eq!(cfg.targets[0].bounds, crate::spec::Bounds::default());
     }
 
     #[test]

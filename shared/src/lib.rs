@@ -7,5 +7,6 @@ pub mod cli;
 pub mod config;
 pub mod launcher;
 pub mod service;
+pub mod spec;
 pub mod telemetry;
 pub mod testkit;

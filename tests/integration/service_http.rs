@@ -30,7 +30,7 @@ async fn metrics_health_and_malformed_messages() {
     let target = Target::new("shop", "cart");
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.targets = vec![target.clone()];
+    cfg.targets = vec![aware_shared::spec::TargetSpec::new(&target)];
     cfg.lifecycle = LifecycleProfile {
         window: 2,
         t_online: 1.0,

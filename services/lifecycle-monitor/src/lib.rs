@@ -200,8 +200,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         machine: LifecycleMachine::new(profile.clone()),
         outbox: outbox.clone(),
     });
-    for t in &ctx.config.targets {
-        actors.get_or_start(t);
+    for spec in &ctx.config.targets {
+        actors.get_or_start(&spec.target());
     }
     run_actors(&ctx, CONSUMES, false, &mut actors).await?;
     drop(actors);
