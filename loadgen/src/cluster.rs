@@ -584,7 +584,8 @@ impl TargetSim {
                 oom += 1;
                 r.restarts += 1;
                 r.ready_at = t1 + cold;
-                r.working_set = s.mem;
+                // the restarted container is loading again: cAdvisor sees its small working set
+                r.working_set = ws_starting.min(s.mem);
             } else {
                 r.working_set = if s.serving { ws_ready } else { ws_starting }.min(s.mem);
             }
