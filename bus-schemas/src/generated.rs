@@ -84,6 +84,11 @@ pub fn samples() -> Vec<Event> {
             source: DecisionSource::Rl,
             stage: Stage::Online,
             raw: vec![0.5, -0.25, 0.0],
+            current: Resources {
+                replicas: 2,
+                cpu_millicores: 750,
+                memory_bytes: 512 * 1024 * 1024,
+            },
             desired: res,
             model_version: Some(12),
             exploration: true,

@@ -276,6 +276,8 @@ pub struct Action {
     pub stage: Stage,
     /// Raw policy output in [-1, 1] per dimension (replicas, CPU, memory); empty for the fallback.
     pub raw: Vec<f32>,
+    /// The allocation in force when the action was decided (from the step's `obs`).
+    pub current: Resources,
     /// The concrete allocation the raw action maps to.
     pub desired: Resources,
     /// Version of the RL weights that produced the action.
