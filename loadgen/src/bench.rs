@@ -340,7 +340,7 @@ pub fn heatmap_svg(g: &LatencyGrid) -> String {
         }
     }
     for (ci, &c) in g.cpu_millicores.iter().enumerate() {
-        if ci % 2 == 1 || ci == 0 {
+        if ci % 2 == 1 {
             let x = left + ci as f64 * cw + cw / 2.0;
             let _ = write!(
                 s,
