@@ -22,6 +22,10 @@ fn main() -> Result<(), aware_loadgen::SimError> {
         r.meets_goal,
         r.optimized_build
     );
+    println!(
+        "with observations (SimEnv::step): {:.0} target-steps/s",
+        r.observed_target_steps_per_sec_median
+    );
     for g in &r.grids {
         println!("{}: {}", g.segment.name(), g.svg.display());
     }

@@ -322,7 +322,7 @@ impl SimEnv {
                 )
             })
             .collect::<Result<_, _>>()?;
-        Ok((0..self.targets.len()).map(|i| self.observe(i)).collect())
+        (0..self.targets.len()).map(|i| self.observe(i)).collect()
     }
 
     /// Number of targets.
@@ -369,10 +369,15 @@ impl SimEnv {
         &self.targets
     }
 
-    /// The latest observation of target `i` (reward recomputed from its last metrics).
-    pub fn observe(&self, i: usize) -> Observation {
-        let t = &self.targets[i.min(self.targets.len().saturating_sub(1))];
-        observation(&self.refs[i], t, ClampReport::default())
+    /// The latest observation of target `i` (reward recomputed from its last metrics; at reset
+    /// idle metrics and reward 0).
+    pub fn observe(&self, i: usize) -> Result<Observation, SimError> {
+        let t = self.target(i)?;
+        let r = self
+            .refs
+            .get(i)
+            .ok_or_else(|| SimError::UnknownTarget(format!("#{i}")))?;
+        Ok(observation(r, t, ClampReport::default()))
     }
 
     /// Resolve an action for target `i` to a concrete allocation.

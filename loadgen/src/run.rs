@@ -177,7 +177,8 @@ fn policy_actions(
                     let mut a = o.allocation;
                     let target = target_cpu_util.clamp(0.01, 1.0);
                     let ratio = o.metrics.cpu_util / target;
-                    if (ratio - 1.0).abs() > 0.1 && o.step > 0 {
+                    // no metrics yet right after reset
+                    if (ratio - 1.0).abs() > 0.1 && o.metrics.time_s > 0.0 {
                         a.replicas = ((a.replicas as f64 * ratio).ceil() as u32).max(1);
                     }
                     TargetAction::Desired(a)

@@ -93,14 +93,14 @@ impl SimHandle {
     pub fn observe(&self, target: &str) -> Result<Observation, SimError> {
         let g = self.lock()?;
         let i = g.lock.env().index_of(target)?;
-        Ok(g.lock.env().observe(i))
+        g.lock.env().observe(i)
     }
 
     /// Latest observations of all targets.
     pub fn observe_all(&self) -> Result<Vec<Observation>, SimError> {
         let g = self.lock()?;
         let env = g.lock.env();
-        Ok((0..env.len()).map(|i| env.observe(i)).collect())
+        (0..env.len()).map(|i| env.observe(i)).collect()
     }
 
     /// Receive the step counter whenever the simulation advances.
