@@ -215,6 +215,35 @@ pub async fn serve_metrics(
         .map_err(|e| SimError::Server(e.to_string()))
 }
 
+/// Wall-clock mode in one call: tick the simulation every `interval` and serve `GET /metrics` on
+/// `listener` until `shutdown` completes.
+pub async fn serve_wall_clock(
+    handle: SimHandle,
+    listener: tokio::net::TcpListener,
+    interval: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), SimError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, ?interval, "simulated cluster: serving /metrics in wall-clock mode");
+    }
+    let (tx, rx) = watch::channel(false);
+    let mut rx_server = rx.clone();
+    let mut rx_clock = rx;
+    let server = serve_metrics(handle.clone(), listener, async move {
+        let _ = rx_server.wait_for(|stop| *stop).await;
+    });
+    let clock = run_wall_clock(handle, interval, async move {
+        let _ = rx_clock.wait_for(|stop| *stop).await;
+    });
+    let stopper = async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    };
+    let (server, clock, ()) = tokio::join!(server, clock, stopper);
+    server?;
+    clock
+}
+
 fn esc(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -439,6 +468,31 @@ mod tests {
             assert!(v.parse::<f64>().is_ok(), "{line}");
         }
         assert_eq!(h.step_index().unwrap(), 2);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn serve_wall_clock_ticks_and_stops() {
+        let h = SimHandle::new(
+            env(1),
+            Clock::WallClock {
+                interval: Duration::from_millis(5),
+            },
+        )
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut rx = h.subscribe();
+        let task = tokio::spawn(serve_wall_clock(
+            h.clone(),
+            listener,
+            Duration::from_millis(5),
+            async move {
+                for _ in 0..3 {
+                    let _ = rx.changed().await;
+                }
+            },
+        ));
+        task.await.unwrap().unwrap();
+        assert!(h.step_index().unwrap() >= 3);
     }
 
     #[tokio::test(flavor = "current_thread")]
