@@ -35,6 +35,81 @@ pub struct AppConfig {
     /// Targets managed from start-up (the Kubernetes controller registers more at run time).
     pub targets: Vec<crate::spec::TargetSpec>,
     pub lifecycle: LifecycleProfile,
+    pub collector: CollectorConfig,
+}
+
+/// Where the metrics collector reads metrics from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// No source: the collector idles (targets are fed by another collector).
+    #[default]
+    None,
+    /// The simulated cluster of `loadgen`, owned by the collector.
+    Simulator,
+}
+
+/// How simulated time advances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockMode {
+    /// Advance as soon as every target's `applied` for the step has arrived (or the step timeout).
+    #[default]
+    Lockstep,
+    /// One step per `step_seconds` of wall-clock time.
+    Wallclock,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CollectorConfig {
+    pub source: SourceKind,
+    /// Control steps per episode (DESIGN §3: 100).
+    pub steps_per_episode: u32,
+    pub simulator: SimulatorSourceConfig,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        CollectorConfig {
+            source: SourceKind::None,
+            steps_per_episode: 100,
+            simulator: SimulatorSourceConfig::default(),
+        }
+    }
+}
+
+/// The simulated cluster driven by the collector (source `simulator`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SimulatorSourceConfig {
+    /// Apps generated reproducibly from `seed` (in namespace `sim`).
+    pub apps: usize,
+    /// App definitions (YAML or JSON, see loadgen/README.md) added to the generated ones.
+    pub app_files: Vec<PathBuf>,
+    pub seed: u64,
+    pub clock: ClockMode,
+    /// Simulated seconds per control step.
+    pub step_seconds: f64,
+    /// Lock-step: how long to wait for missing `applied` before stepping with the allocation
+    /// unchanged for those targets.
+    pub step_timeout_ms: u64,
+    /// Stop after this many steps (0: run until shutdown).
+    pub max_steps: u64,
+}
+
+impl Default for SimulatorSourceConfig {
+    fn default() -> Self {
+        SimulatorSourceConfig {
+            apps: 5,
+            app_files: Vec::new(),
+            seed: 1,
+            clock: ClockMode::Lockstep,
+            step_seconds: 10.0,
+            step_timeout_ms: 2_000,
+            max_steps: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +364,25 @@ impl AppConfig {
         }
         if l.window == 0 {
             return Err(invalid("lifecycle.window", "must be at least 1"));
+        }
+        let c = &self.collector;
+        if c.steps_per_episode == 0 {
+            return Err(invalid("collector.steps_per_episode", "must be at least 1"));
+        }
+        if !(c.simulator.step_seconds.is_finite() && c.simulator.step_seconds > 0.0) {
+            return Err(invalid(
+                "collector.simulator.step_seconds",
+                "must be a positive number",
+            ));
+        }
+        if c.source == SourceKind::Simulator
+            && c.simulator.apps == 0
+            && c.simulator.app_files.is_empty()
+        {
+            return Err(invalid(
+                "collector.simulator.apps",
+                "the simulator needs at least one app (apps > 0 or app_files)",
+            ));
         }
         Ok(())
     }

@@ -50,6 +50,33 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         write: Option<PathBuf>,
     },
+    /// Run the simulated cluster alone with a fixed policy (or the oracle); JSON lines per step.
+    Sim {
+        /// Generate this many apps (ignored with --app-file).
+        #[arg(long, default_value_t = 4)]
+        apps: usize,
+        /// Generator seed (also the simulation seed).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// App set file (YAML, or JSON when the name ends in .json).
+        #[arg(long, value_name = "FILE")]
+        app_file: Option<PathBuf>,
+        /// Steps to run.
+        #[arg(long, default_value_t = 100)]
+        steps: u64,
+        /// Policy: hold, random, hpa, oracle.
+        #[arg(long, default_value = "hold")]
+        policy: String,
+        /// HPA target CPU utilization (policy hpa).
+        #[arg(long, default_value_t = 0.7)]
+        target_cpu_util: f64,
+        /// Also compute the oracle's bound along the trajectory.
+        #[arg(long)]
+        with_oracle: bool,
+        /// Write the per-step JSON lines here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// The end-to-end demo on a simulated cluster (arrives with the control loop).
     Demo,
     /// Print the CRD YAML (arrives with the Kubernetes issue).
@@ -58,6 +85,20 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Simulator throughput (target-steps/s, one core) and p99 latency heatmaps.
+    Sim {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Timed runs (median reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Targets per run.
+        #[arg(long, default_value_t = 64)]
+        targets: usize,
+        /// Steps per run.
+        #[arg(long, default_value_t = 2000)]
+        steps: u64,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -117,7 +158,79 @@ fn main() -> anyhow::Result<()> {
                 anyhow::Ok(())
             })?;
         }
+        Command::Sim {
+            apps,
+            seed,
+            app_file,
+            steps,
+            policy,
+            target_cpu_util,
+            with_oracle,
+            out,
+        } => {
+            use aware_loadgen::run::{run_sim, AppSource, PolicySpec, RunSimOptions};
+            let policy = match policy.as_str() {
+                "hold" => PolicySpec::Hold,
+                "random" => PolicySpec::Random { seed },
+                "hpa" => PolicySpec::Hpa { target_cpu_util },
+                "oracle" => PolicySpec::Oracle,
+                other => bail!("unknown policy `{other}`; expected hold, random, hpa or oracle"),
+            };
+            let opts = RunSimOptions {
+                apps: match app_file {
+                    Some(path) => AppSource::File { path },
+                    None => AppSource::Generate { count: apps, seed },
+                },
+                steps,
+                policy,
+                config: aware_loadgen::env::SimConfig {
+                    seed,
+                    ..Default::default()
+                },
+                with_oracle,
+                ..Default::default()
+            };
+            let report = match out {
+                Some(path) => {
+                    let mut f = std::io::BufWriter::new(
+                        std::fs::File::create(&path)
+                            .with_context(|| format!("creating {}", path.display()))?,
+                    );
+                    run_sim(&opts, &mut f)?
+                }
+                None => run_sim(&opts, &mut std::io::stdout().lock())?,
+            };
+            eprintln!("{}", serde_json::to_string_pretty(&report)?);
+        }
         Command::Bench { bench } => match bench {
+            BenchCommand::Sim {
+                out,
+                runs,
+                targets,
+                steps,
+            } => {
+                let opts = aware_loadgen::bench::SimBenchOptions {
+                    out_dir: out,
+                    runs,
+                    targets,
+                    steps,
+                    ..Default::default()
+                };
+                let r = aware_loadgen::bench::bench_sim(&opts)?;
+                println!(
+                    "simulator: median {:.0} target-steps/s on one core (runs: {}; goal {:.0}; optimized build: {}); with observations: {:.0}/s",
+                    r.target_steps_per_sec_median,
+                    r.target_steps_per_sec_runs
+                        .iter()
+                        .map(|x| format!("{x:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    r.target_steps_per_sec_goal,
+                    r.optimized_build,
+                    r.observed_target_steps_per_sec_median,
+                );
+                println!("wrote {}", r.json.display());
+            }
             BenchCommand::Bus {
                 out,
                 messages,

@@ -1,14 +1,19 @@
-//! metrics-collector: reads metrics (Prometheus HTTP API or the simulator) and publishes `obs` with state and reward.
+//! metrics-collector: reads metrics, computes each target's state and reward, publishes `obs`.
 //!
-//! Wired into the bus: it consumes its events (counted, malformed ones dropped and counted) and
-//! serves /metrics, /healthz, /readyz. Its control-loop logic arrives with the [control-loop] issue.
+//! Sources (`collector.source`): `simulator` (the simulated cluster, see [`simulator`]);
+//! `none` (idle).
+
+pub mod metrics;
+pub mod simulator;
 
 use aware_bus_schemas::EventKind;
+use aware_shared::config::SourceKind;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
 
 pub const NAME: &str = "metrics-collector";
-pub const CONSUMES: &[EventKind] = &[];
+/// The simulator source consumes `applied` (the actuator's decisions).
+pub const CONSUMES: &[EventKind] = &[EventKind::Applied];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
@@ -16,5 +21,9 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    aware_shared::agents::run_intake(&ctx, CONSUMES).await
+    let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;
+    match ctx.config.collector.source {
+        SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
+        SourceKind::Simulator => simulator::run(ctx, metrics).await,
+    }
 }
