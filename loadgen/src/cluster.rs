@@ -20,7 +20,8 @@
 //! 4. **Memory.** Working set per ready replica = base + per-request × in-flight requests
 //!    (Little's law: throughput × mean latency / ready replicas) with 3% noise. A replica whose
 //!    working set exceeds its limit is OOM-killed: its in-flight requests fail and it restarts,
-//!    ready again after the cold start. A replica whose base alone exceeds its limit crash-loops.
+//!    ready again after the cold start (plus Kubernetes' CrashLoopBackOff of 10 s, 20 s, … 300 s
+//!    from the second consecutive crash). A replica whose base alone exceeds its limit crash-loops.
 //! 5. **Utilization.** CPU = usage / Σ limits of all replicas (ready or not); memory = working set
 //!    / Σ limits; I/O and network = bytes moved / per-replica bandwidth. All in [0, 1].
 //!
@@ -174,6 +175,8 @@ pub struct Replica {
     pub working_set: f64,
     /// Container restarts (OOM kills).
     pub restarts: u32,
+    /// Consecutive crashes without a clean step in between (drives CrashLoopBackOff).
+    pub crash_streak: u32,
 }
 
 /// Raw metrics of one target for one step (what a metrics collector would read).
@@ -332,6 +335,7 @@ impl TargetSim {
             cpu_seconds_total: 0.0,
             working_set: 0.0,
             restarts: 0,
+            crash_streak: 0,
         }
     }
 
@@ -522,6 +526,7 @@ impl TargetSim {
                     r.pending = None;
                     r.cpu_seconds_total = 0.0;
                     r.restarts = 0;
+                    r.crash_streak = 0;
                 }
             }
             let start = r.ready_at.max(t0);
@@ -583,10 +588,16 @@ impl TargetSim {
             if s.killed {
                 oom += 1;
                 r.restarts += 1;
-                r.ready_at = t1 + cold;
+                r.crash_streak += 1;
+                r.ready_at = t1 + cold + crash_backoff(r.crash_streak);
                 // the restarted container is loading again: cAdvisor sees its small working set
                 r.working_set = ws_starting.min(s.mem);
             } else {
+                if s.serving && s.f >= 1.0 {
+                    // a clean full step: the kubelet's back-off is forgotten (simplified from
+                    // Kubernetes' 10 minutes of running)
+                    r.crash_streak = 0;
+                }
                 r.working_set = if s.serving { ws_ready } else { ws_starting }.min(s.mem);
             }
             ws_total += r.working_set;
@@ -779,6 +790,15 @@ struct ServePass {
     cap_cores: f64,
 }
 
+/// Kubernetes CrashLoopBackOff: no delay for the first crash, then 10 s doubling up to 300 s.
+pub fn crash_backoff(streak: u32) -> f64 {
+    if streak <= 1 {
+        0.0
+    } else {
+        (10.0 * 2f64.powi(streak.min(16) as i32 - 2)).min(300.0)
+    }
+}
+
 /// Add `n` requests with a log-normal latency fitted to (p50, p99) to the histogram.
 fn record_histogram(h: &mut Counters, n: f64, p50: f64, p99: f64) {
     if n <= 0.0 {
@@ -959,6 +979,30 @@ mod tests {
             assert_eq!(m.oom_kills, 1);
             assert_eq!(m.ready_replicas, 0);
         }
+    }
+
+    #[test]
+    fn crash_loop_backs_off() {
+        assert_eq!(crash_backoff(1), 0.0);
+        assert_eq!(crash_backoff(2), 10.0);
+        assert_eq!(crash_backoff(3), 20.0);
+        assert_eq!(crash_backoff(30), 300.0);
+        let mut t = sim(&[SegmentKind::MatrixMultiply], alloc(1, 1000, 3072), 2);
+        t.apply(alloc(1, 1000, 200));
+        let _ = t.advance_with(10.0);
+        let _ = t.advance_with(10.0);
+        let r = &t.replicas()[0];
+        assert_eq!(r.crash_streak, 2);
+        // second crash at t = 20 s: cold start 7 s + back-off 10 s
+        assert!((r.ready_at - (20.0 + 7.0 + 10.0)).abs() < 1e-9, "{r:?}");
+        // enough memory again: it comes back after the back-off and the streak resets
+        t.apply(alloc(1, 1000, 3072));
+        let mut ready = 0;
+        for _ in 0..4 {
+            ready = t.advance_with(10.0).ready_replicas;
+        }
+        assert_eq!(ready, 1);
+        assert_eq!(t.replicas()[0].crash_streak, 0);
     }
 
     #[test]
