@@ -5,6 +5,8 @@
 //! embedding; the policies arrive with the [control-loop] and [rl-agent] issues. Targets are
 //! sharded across instances by stable hash (`--shard i/N`).
 
+pub mod fallback;
+
 use actix::{Actor, Context, Handler};
 use aware_bus_schemas::{Event, EventKind, Stage, Target};
 use aware_shared::agents::{run_actors, Deliver, TargetActors};
