@@ -3,6 +3,9 @@
 //! Wired into the bus: it consumes its events (counted, malformed ones dropped and counted) and
 //! serves /metrics, /healthz, /readyz. Its control-loop logic arrives with the [control-loop] issue.
 
+pub mod guardrails;
+pub mod sink;
+
 use aware_bus_schemas::EventKind;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
