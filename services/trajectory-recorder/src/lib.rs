@@ -7,6 +7,8 @@ use aware_bus_schemas::EventKind;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
 
+pub mod store;
+
 pub const NAME: &str = "trajectory-recorder";
 pub const CONSUMES: &[EventKind] = &[EventKind::Obs, EventKind::Action, EventKind::Applied];
 pub const ENTRY: ServiceEntry = ServiceEntry {

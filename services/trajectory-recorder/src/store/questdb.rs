@@ -1,0 +1,1111 @@
+//! The production trajectory store: QuestDB.
+//!
+//! * **Writes** go through `questdb-rs`'s ILP-over-HTTP sender, one transactional flush per call
+//!   (a batch is all-or-nothing), to the `/write` endpoint of [`QuestDbConfig::url`].
+//! * **Reads** are SQL over the HTTP `/exec` endpoint of the same URL (JSON answers), through a
+//!   small blocking `ureq` client without TLS: the URL must be `http://` (QuestDB runs in-cluster
+//!   beside the services; the Helm chart does not put TLS in front of it). Long reads are paged
+//!   with `/exec`'s `limit=lo,hi` ([`QuestDbConfig::page_rows`] rows per request).
+//! * **Tables** `<prefix>transitions` and `<prefix>episodes` are created on open with
+//!   `CREATE TABLE IF NOT EXISTS … TIMESTAMP(ts) PARTITION BY DAY WAL DEDUP UPSERT KEYS(…)`. The
+//!   designated timestamp `ts` is the row's `ts_ms` (kept also as a plain `LONG` column, read back
+//!   exactly); the dedup keys are `(ts, namespace, name, episode, step)` and
+//!   `(ts, namespace, name, episode)`, which makes writes idempotent (see the store contract).
+//! * **Vectors** are `VARCHAR` columns holding the lowercase hex of the little-endian `f32` bytes
+//!   (the same bytes as SQLite's BLOBs): exact, and readable over JSON, which has no binary type
+//!   (ILP cannot write QuestDB's `BINARY` columns, and `DOUBLE[]` arrays would come back as decimal
+//!   text). An empty vector is an empty string.
+//! * **Doubles** are sent in binary form when the server negotiates ILP protocol version 2 and read
+//!   back from JSON with serde_json's `float_roundtrip` parser; exact round trips also need the
+//!   server to print shortest round-trip decimals (QuestDB's Ryu-based formatting).
+//! * **Visibility.** WAL tables apply committed writes asynchronously. So that a read after a
+//!   write sees it (the contract both backends share), `append` and `put_episode` wait until the
+//!   table's `writerTxn` reaches its `sequencerTxn` (`wal_tables()`), up to
+//!   [`QuestDbConfig::visibility_timeout`]; a zero timeout does not wait.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use ::questdb::ingress::{Buffer, Sender, TimestampMicros};
+use aware_bus_schemas::{Resources, Target};
+use serde_json::Value;
+
+use super::{
+    episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
+    source_str, EpisodeSummary, StoreError, TrajectoryStore, Transition,
+};
+
+/// Where QuestDB is and how to talk to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuestDbConfig {
+    /// HTTP base URL of QuestDB, e.g. `http://questdb:9000` (ILP writes and SQL reads).
+    pub url: String,
+    /// Prefix of the table names (`<prefix>transitions`, `<prefix>episodes`): ASCII letters,
+    /// digits and `_`.
+    pub table_prefix: String,
+    /// Timeout of one HTTP request (and the ILP sender's retry budget).
+    pub request_timeout: Duration,
+    /// How long a write waits for its rows to become visible to reads; zero does not wait.
+    pub visibility_timeout: Duration,
+    /// Rows per `/exec` page on long reads.
+    pub page_rows: usize,
+}
+
+impl QuestDbConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            table_prefix: "aware_".to_owned(),
+            request_timeout: Duration::from_secs(10),
+            visibility_timeout: Duration::from_secs(10),
+            page_rows: 10_000,
+        }
+    }
+
+    /// `host:port` of an `http://host:port[/]` URL.
+    fn authority(&self) -> Result<&str, StoreError> {
+        let rest = self.url.strip_prefix("http://").ok_or_else(|| {
+            StoreError::QuestDbConfig(format!(
+                "url `{}` must start with http:// (reads use a client without TLS)",
+                self.url
+            ))
+        })?;
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
+            return Err(StoreError::QuestDbConfig(format!(
+                "url `{}` must be http://host:port with no path, query or credentials",
+                self.url
+            )));
+        }
+        Ok(authority)
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        self.authority()?;
+        if !self
+            .table_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(StoreError::QuestDbConfig(format!(
+                "table_prefix `{}` may only hold ASCII letters, digits and `_`",
+                self.table_prefix
+            )));
+        }
+        if self.page_rows == 0 {
+            return Err(StoreError::QuestDbConfig(
+                "page_rows must be at least 1".to_owned(),
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(StoreError::QuestDbConfig(
+                "request_timeout must be positive".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The QuestDB trajectory store; see the module documentation.
+pub struct QuestDbStore {
+    cfg: QuestDbConfig,
+    base: String,
+    transitions_table: String,
+    episodes_table: String,
+    sender: Mutex<Sender>,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for QuestDbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuestDbStore")
+            .field("url", &self.cfg.url)
+            .field("transitions_table", &self.transitions_table)
+            .field("episodes_table", &self.episodes_table)
+            .finish_non_exhaustive()
+    }
+}
+
+const TRANSITION_COLS: &str = "namespace, name, episode, step, ts_ms, state, action_raw, \
+     desired_replicas, desired_cpu_millicores, desired_memory_bytes, \
+     applied_replicas, applied_cpu_millicores, applied_memory_bytes, \
+     source, stage, reward, next_state, slo_violation, cpu_util, memory_util";
+
+const EPISODE_COLS: &str = "namespace, name, episode, last_step, ts_ms, steps, total_reward, \
+     mean_reward, slo_violations, cpu_util_mean, memory_util_mean, rl_steps, fallback_steps, \
+     stage, policy_estimate";
+
+/// Largest response body read from `/exec`.
+const MAX_BODY_BYTES: u64 = 512 << 20;
+
+fn create_transitions_sql(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\
+         ts TIMESTAMP, namespace SYMBOL, name SYMBOL, episode LONG, step LONG, ts_ms LONG, \
+         state VARCHAR, action_raw VARCHAR, \
+         desired_replicas LONG, desired_cpu_millicores LONG, desired_memory_bytes LONG, \
+         applied_replicas LONG, applied_cpu_millicores LONG, applied_memory_bytes LONG, \
+         source SYMBOL, stage SYMBOL, reward DOUBLE, next_state VARCHAR, slo_violation BOOLEAN, \
+         cpu_util DOUBLE, memory_util DOUBLE\
+         ) TIMESTAMP(ts) PARTITION BY DAY WAL DEDUP UPSERT KEYS(ts, namespace, name, episode, step)"
+    )
+}
+
+fn create_episodes_sql(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\
+         ts TIMESTAMP, namespace SYMBOL, name SYMBOL, episode LONG, last_step LONG, ts_ms LONG, \
+         steps LONG, total_reward DOUBLE, mean_reward DOUBLE, slo_violations LONG, \
+         cpu_util_mean DOUBLE, memory_util_mean DOUBLE, rl_steps LONG, fallback_steps LONG, \
+         stage SYMBOL, policy_estimate DOUBLE\
+         ) TIMESTAMP(ts) PARTITION BY DAY WAL DEDUP UPSERT KEYS(ts, namespace, name, episode)"
+    )
+}
+
+/// A SQL string literal.
+pub(crate) fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+fn target_filter(t: &Target) -> String {
+    format!(
+        "namespace = {} AND name = {}",
+        lit(&t.namespace),
+        lit(&t.name)
+    )
+}
+
+pub(crate) fn hex_encode(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
+pub(crate) fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
+        return None;
+    }
+    b.chunks_exact(2)
+        .map(|p| Some((nibble(p[0])? << 4) | nibble(p[1])?))
+        .collect()
+}
+
+fn vec_to_hex(v: &[f32]) -> String {
+    hex_encode(&f32s_to_le_bytes(v))
+}
+
+fn i64_of(v: u64) -> i64 {
+    // Callers validated the value; saturate rather than wrap regardless.
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn micros(ts_ms: i64) -> TimestampMicros {
+    TimestampMicros::new(ts_ms.saturating_mul(1000))
+}
+
+/// The parts of an `/exec` JSON answer the store reads.
+#[derive(Debug, PartialEq)]
+pub(crate) struct ExecAnswer {
+    pub columns: Vec<String>,
+    pub dataset: Vec<Vec<Value>>,
+}
+
+/// Parses an `/exec` answer: `{"columns": [{"name": …}], "dataset": [[…]]}` on success,
+/// `{"error": "…", "position": n}` on failure (any HTTP status), `{"ddl": "OK"}` for DDL.
+pub(crate) fn parse_exec_answer(status: u16, body: &str) -> Result<ExecAnswer, String> {
+    let v: Value = serde_json::from_str(body).map_err(|e| {
+        let head: String = body.chars().take(200).collect();
+        format!("HTTP {status}: answer is not JSON ({e}): {head}")
+    })?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        let pos = v
+            .get("position")
+            .and_then(Value::as_i64)
+            .map(|p| format!(" at position {p}"))
+            .unwrap_or_default();
+        return Err(format!("HTTP {status}: {err}{pos}"));
+    }
+    if !(200..300).contains(&status) {
+        return Err(format!("HTTP {status}: {v}"));
+    }
+    let columns = v
+        .get("columns")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let dataset = match v.get("dataset") {
+        None => Vec::new(),
+        Some(Value::Array(rows)) => rows
+            .iter()
+            .map(|r| match r {
+                Value::Array(cells) => Ok(cells.clone()),
+                other => Err(format!("dataset row is not an array: {other}")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(format!("dataset is not an array: {other}")),
+    };
+    Ok(ExecAnswer { columns, dataset })
+}
+
+/// Typed access to one `/exec` row; errors name the column.
+struct Cells<'a> {
+    row: &'a [Value],
+}
+
+impl Cells<'_> {
+    fn cell(&self, i: usize, col: &str) -> Result<&Value, String> {
+        self.row
+            .get(i)
+            .ok_or_else(|| format!("row has no column {i} ({col})"))
+    }
+    fn i64(&self, i: usize, col: &str) -> Result<i64, String> {
+        let v = self.cell(i, col)?;
+        v.as_i64()
+            .ok_or_else(|| format!("{col} = {v} is not a LONG"))
+    }
+    fn u32(&self, i: usize, col: &str) -> Result<u32, String> {
+        let v = self.i64(i, col)?;
+        u32::try_from(v).map_err(|_| format!("{col} = {v} is out of u32 range"))
+    }
+    fn u64(&self, i: usize, col: &str) -> Result<u64, String> {
+        let v = self.i64(i, col)?;
+        u64::try_from(v).map_err(|_| format!("{col} = {v} is negative"))
+    }
+    fn f64(&self, i: usize, col: &str) -> Result<f64, String> {
+        let v = self.cell(i, col)?;
+        v.as_f64()
+            .ok_or_else(|| format!("{col} = {v} is not a DOUBLE"))
+    }
+    fn opt_f64(&self, i: usize, col: &str) -> Result<Option<f64>, String> {
+        match self.cell(i, col)? {
+            Value::Null => Ok(None),
+            v => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| format!("{col} = {v} is not a DOUBLE")),
+        }
+    }
+    fn bool(&self, i: usize, col: &str) -> Result<bool, String> {
+        let v = self.cell(i, col)?;
+        v.as_bool()
+            .ok_or_else(|| format!("{col} = {v} is not a BOOLEAN"))
+    }
+    fn str(&self, i: usize, col: &str) -> Result<&str, String> {
+        let v = self.cell(i, col)?;
+        v.as_str()
+            .ok_or_else(|| format!("{col} = {v} is not a string"))
+    }
+    /// A hex-encoded vector; NULL (an empty string may come back as NULL) is empty.
+    fn vector(&self, i: usize, col: &str) -> Result<Vec<f32>, String> {
+        match self.cell(i, col)? {
+            Value::Null => Ok(Vec::new()),
+            Value::String(s) => hex_decode(s)
+                .and_then(|b| le_bytes_to_f32s(&b))
+                .ok_or_else(|| {
+                    format!("{col} is not hex of little-endian f32s ({} chars)", s.len())
+                }),
+            v => Err(format!("{col} = {v} is not a string")),
+        }
+    }
+    fn key(&self) -> String {
+        let s = |i| {
+            self.row
+                .get(i)
+                .map_or_else(String::new, |v: &Value| match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+        };
+        format!("{}/{} episode {} step {}", s(0), s(1), s(2), s(3))
+    }
+}
+
+/// Decodes a row selected with `TRANSITION_COLS`.
+pub(crate) fn decode_transition(row: &[Value]) -> Result<Transition, (String, String)> {
+    let c = Cells { row };
+    let inner = || -> Result<Transition, String> {
+        let res = |base: usize, name: &str| -> Result<Resources, String> {
+            Ok(Resources {
+                replicas: c.u32(base, &format!("{name}_replicas"))?,
+                cpu_millicores: c.u32(base + 1, &format!("{name}_cpu_millicores"))?,
+                memory_bytes: c.u64(base + 2, &format!("{name}_memory_bytes"))?,
+            })
+        };
+        let source = c.str(13, "source")?;
+        let stage = c.str(14, "stage")?;
+        Ok(Transition {
+            target: Target::new(c.str(0, "namespace")?, c.str(1, "name")?),
+            episode: c.u64(2, "episode")?,
+            step: c.u32(3, "step")?,
+            ts_ms: c.i64(4, "ts_ms")?,
+            state: c.vector(5, "state")?,
+            action_raw: c.vector(6, "action_raw")?,
+            desired: res(7, "desired")?,
+            applied: res(10, "applied")?,
+            source: parse_source(source).ok_or_else(|| format!("source = {source:?}"))?,
+            stage: parse_stage(stage).ok_or_else(|| format!("stage = {stage:?}"))?,
+            reward: c.f64(15, "reward")?,
+            next_state: c.vector(16, "next_state")?,
+            slo_violation: c.bool(17, "slo_violation")?,
+            cpu_util: c.f64(18, "cpu_util")?,
+            memory_util: c.f64(19, "memory_util")?,
+        })
+    };
+    inner().map_err(|detail| (c.key(), detail))
+}
+
+/// Decodes a row selected with `EPISODE_COLS`.
+pub(crate) fn decode_episode(row: &[Value]) -> Result<EpisodeSummary, (String, String)> {
+    let c = Cells { row };
+    let inner = || -> Result<EpisodeSummary, String> {
+        let stage = c.str(13, "stage")?;
+        Ok(EpisodeSummary {
+            target: Target::new(c.str(0, "namespace")?, c.str(1, "name")?),
+            episode: c.u64(2, "episode")?,
+            step: c.u32(3, "last_step")?,
+            ts_ms: c.i64(4, "ts_ms")?,
+            steps: c.u32(5, "steps")?,
+            total_reward: c.f64(6, "total_reward")?,
+            mean_reward: c.f64(7, "mean_reward")?,
+            slo_violations: c.u32(8, "slo_violations")?,
+            cpu_util_mean: c.f64(9, "cpu_util_mean")?,
+            memory_util_mean: c.f64(10, "memory_util_mean")?,
+            rl_steps: c.u32(11, "rl_steps")?,
+            fallback_steps: c.u32(12, "fallback_steps")?,
+            stage: parse_stage(stage).ok_or_else(|| format!("stage = {stage:?}"))?,
+            policy_estimate: c.opt_f64(14, "policy_estimate")?,
+        })
+    };
+    inner().map_err(|detail| {
+        let key = format!(
+            "{}/{} episode {}",
+            c.str(0, "namespace").unwrap_or("?"),
+            c.str(1, "name").unwrap_or("?"),
+            c.i64(2, "episode")
+                .map_or_else(|_| "?".to_owned(), |e| e.to_string())
+        );
+        (key, detail)
+    })
+}
+
+/// Contiguous runs `[start, end)` covering sorted, deduplicated ordinals.
+fn runs(sorted: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &o in sorted {
+        match out.last_mut() {
+            Some((_, end)) if *end == o => *end += 1,
+            _ => out.push((o, o + 1)),
+        }
+    }
+    out
+}
+
+impl QuestDbStore {
+    /// Connects (the ILP sender negotiates its protocol version with the server) and creates the
+    /// tables when absent.
+    pub fn open(cfg: QuestDbConfig) -> Result<Self, StoreError> {
+        cfg.validate()?;
+        let authority = cfg.authority()?.to_owned();
+        let base = format!("http://{authority}");
+        let transitions_table = format!("{}transitions", cfg.table_prefix);
+        let episodes_table = format!("{}episodes", cfg.table_prefix);
+        let timeout_ms = cfg.request_timeout.as_millis();
+        let conf = format!(
+            "http::addr={authority};request_timeout={timeout_ms};retry_timeout={timeout_ms};"
+        );
+        let sender = Sender::from_conf(&conf).map_err(|source| StoreError::QuestDbIngest {
+            op: "connect ILP sender",
+            table: transitions_table.clone(),
+            url: base.clone(),
+            source: Box::new(source),
+        })?;
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(cfg.request_timeout))
+            .build()
+            .into();
+        let store = Self {
+            cfg,
+            base,
+            transitions_table,
+            episodes_table,
+            sender: Mutex::new(sender),
+            agent,
+        };
+        store.exec(
+            &create_transitions_sql(&store.transitions_table),
+            "create table",
+            &store.transitions_table,
+            None,
+        )?;
+        store.exec(
+            &create_episodes_sql(&store.episodes_table),
+            "create table",
+            &store.episodes_table,
+            None,
+        )?;
+        tracing::info!(
+            url = %store.base,
+            transitions = %store.transitions_table,
+            episodes = %store.episodes_table,
+            "opened questdb trajectory store"
+        );
+        Ok(store)
+    }
+
+    pub fn config(&self) -> &QuestDbConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Sender> {
+        self.sender.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one `/exec` request; `limit` is `/exec`'s row window `(lo, hi)`.
+    fn exec(
+        &self,
+        sql: &str,
+        op: &'static str,
+        table: &str,
+        limit: Option<(u64, u64)>,
+    ) -> Result<ExecAnswer, StoreError> {
+        let query_err = |message: String| StoreError::QuestDbQuery {
+            op,
+            table: table.to_owned(),
+            url: self.base.clone(),
+            message,
+        };
+        let mut req = self
+            .agent
+            .get(format!("{}/exec", self.base))
+            .query("query", sql);
+        if let Some((lo, hi)) = limit {
+            req = req.query("limit", format!("{lo},{hi}"));
+        }
+        let resp = req
+            .call()
+            .map_err(|e| query_err(format!("HTTP request failed: {e}")))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .into_with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_string()
+            .map_err(|e| query_err(format!("reading the answer failed: {e}")))?;
+        parse_exec_answer(status, &body).map_err(|m| query_err(format!("{m} (query: {sql})")))
+    }
+
+    /// Every row of a SELECT, paged.
+    fn select_all(
+        &self,
+        sql: &str,
+        op: &'static str,
+        table: &str,
+    ) -> Result<Vec<Vec<Value>>, StoreError> {
+        let page = self.cfg.page_rows as u64;
+        let mut out = Vec::new();
+        let mut lo = 0u64;
+        loop {
+            let got = self.exec(sql, op, table, Some((lo, lo + page)))?.dataset;
+            let n = got.len() as u64;
+            out.extend(got);
+            if n < page {
+                return Ok(out);
+            }
+            lo += page;
+        }
+    }
+
+    fn count_where(&self, filter: Option<&Target>) -> Result<u64, StoreError> {
+        let table = &self.transitions_table;
+        let sql = match filter {
+            Some(t) => format!("SELECT count() FROM {table} WHERE {}", target_filter(t)),
+            None => format!("SELECT count() FROM {table}"),
+        };
+        let ans = self.exec(&sql, "count", table, None)?;
+        let n = ans
+            .dataset
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::as_u64)
+            .ok_or_else(|| StoreError::QuestDbQuery {
+                op: "count",
+                table: table.clone(),
+                url: self.base.clone(),
+                message: format!("unexpected answer {:?}", ans.dataset),
+            })?;
+        Ok(n)
+    }
+
+    /// Flushes `buf` into `table` as one transaction, then waits for visibility.
+    fn flush(&self, buf: &mut Buffer, table: &str, op: &'static str) -> Result<(), StoreError> {
+        {
+            let mut sender = self.lock();
+            sender
+                .flush_and_keep_with_flags(buf, true)
+                .map_err(|source| StoreError::QuestDbIngest {
+                    op,
+                    table: table.to_owned(),
+                    url: self.base.clone(),
+                    source: Box::new(source),
+                })?;
+        }
+        buf.clear();
+        self.wait_visible(table, op)
+    }
+
+    /// Waits until `table` has applied every committed WAL transaction.
+    fn wait_visible(&self, table: &str, op: &'static str) -> Result<(), StoreError> {
+        let timeout = self.cfg.visibility_timeout;
+        if timeout.is_zero() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        let sql = format!(
+            "SELECT writerTxn, sequencerTxn, suspended FROM wal_tables() WHERE name = {}",
+            lit(table)
+        );
+        loop {
+            let ans = self.exec(&sql, op, table, None)?;
+            if let Some(row) = ans.dataset.first() {
+                let c = Cells { row };
+                let writer = c.i64(0, "writerTxn");
+                let sequencer = c.i64(1, "sequencerTxn");
+                if c.bool(2, "suspended").unwrap_or(false) {
+                    return Err(StoreError::QuestDbQuery {
+                        op,
+                        table: table.to_owned(),
+                        url: self.base.clone(),
+                        message: "the table is suspended (see wal_tables() and the server log)"
+                            .to_owned(),
+                    });
+                }
+                if let (Ok(w), Ok(s)) = (writer, sequencer) {
+                    if w >= s {
+                        return Ok(());
+                    }
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(StoreError::QuestDbNotVisible {
+                    op,
+                    table: table.to_owned(),
+                    url: self.base.clone(),
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    fn ingest_err(&self, op: &'static str, table: &str) -> impl Fn(::questdb::Error) -> StoreError {
+        let (table, url) = (table.to_owned(), self.base.clone());
+        move |source| StoreError::QuestDbIngest {
+            op,
+            table: table.clone(),
+            url: url.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn corrupt(op: &'static str, table: &str) -> impl Fn((String, String)) -> StoreError {
+        let table = table.to_owned();
+        move |(key, detail)| StoreError::Corrupt {
+            op,
+            table: table.clone(),
+            key,
+            detail,
+        }
+    }
+
+    fn write_transition(&self, buf: &mut Buffer, t: &Transition) -> Result<(), ::questdb::Error> {
+        buf.table(self.transitions_table.as_str())?
+            .symbol("namespace", t.target.namespace.as_str())?
+            .symbol("name", t.target.name.as_str())?
+            .symbol("source", source_str(t.source))?
+            .symbol("stage", t.stage.as_str())?
+            .column_i64("episode", i64_of(t.episode))?
+            .column_i64("step", i64::from(t.step))?
+            .column_i64("ts_ms", t.ts_ms)?
+            .column_str("state", vec_to_hex(&t.state))?
+            .column_str("action_raw", vec_to_hex(&t.action_raw))?
+            .column_i64("desired_replicas", i64::from(t.desired.replicas))?
+            .column_i64(
+                "desired_cpu_millicores",
+                i64::from(t.desired.cpu_millicores),
+            )?
+            .column_i64("desired_memory_bytes", i64_of(t.desired.memory_bytes))?
+            .column_i64("applied_replicas", i64::from(t.applied.replicas))?
+            .column_i64(
+                "applied_cpu_millicores",
+                i64::from(t.applied.cpu_millicores),
+            )?
+            .column_i64("applied_memory_bytes", i64_of(t.applied.memory_bytes))?
+            .column_f64("reward", t.reward)?
+            .column_str("next_state", vec_to_hex(&t.next_state))?
+            .column_bool("slo_violation", t.slo_violation)?
+            .column_f64("cpu_util", t.cpu_util)?
+            .column_f64("memory_util", t.memory_util)?
+            .at(micros(t.ts_ms))
+    }
+
+    fn write_episode(&self, buf: &mut Buffer, s: &EpisodeSummary) -> Result<(), ::questdb::Error> {
+        buf.table(self.episodes_table.as_str())?
+            .symbol("namespace", s.target.namespace.as_str())?
+            .symbol("name", s.target.name.as_str())?
+            .symbol("stage", s.stage.as_str())?
+            .column_i64("episode", i64_of(s.episode))?
+            .column_i64("last_step", i64::from(s.step))?
+            .column_i64("ts_ms", s.ts_ms)?
+            .column_i64("steps", i64::from(s.steps))?
+            .column_f64("total_reward", s.total_reward)?
+            .column_f64("mean_reward", s.mean_reward)?
+            .column_i64("slo_violations", i64::from(s.slo_violations))?
+            .column_f64("cpu_util_mean", s.cpu_util_mean)?
+            .column_f64("memory_util_mean", s.memory_util_mean)?
+            .column_i64("rl_steps", i64::from(s.rl_steps))?
+            .column_i64("fallback_steps", i64::from(s.fallback_steps))?
+            .column_f64_opt("policy_estimate", s.policy_estimate)?
+            .at(micros(s.ts_ms))
+    }
+
+    fn select_transitions(
+        &self,
+        sql: &str,
+        op: &'static str,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let table = &self.transitions_table;
+        self.select_all(sql, op, table)?
+            .iter()
+            .map(|r| decode_transition(r).map_err(Self::corrupt(op, table)))
+            .collect()
+    }
+
+    fn select_episodes(
+        &self,
+        sql: &str,
+        op: &'static str,
+    ) -> Result<Vec<EpisodeSummary>, StoreError> {
+        let table = &self.episodes_table;
+        self.select_all(sql, op, table)?
+            .iter()
+            .map(|r| decode_episode(r).map_err(Self::corrupt(op, table)))
+            .collect()
+    }
+}
+
+impl TrajectoryStore for QuestDbStore {
+    fn backend(&self) -> &'static str {
+        "questdb"
+    }
+
+    fn append(&self, batch: &[Transition]) -> Result<(), StoreError> {
+        for t in batch {
+            t.validate()?;
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let table = self.transitions_table.clone();
+        let mut buf = self.lock().new_buffer();
+        for t in batch {
+            self.write_transition(&mut buf, t)
+                .map_err(self.ingest_err("encode transition", &table))?;
+        }
+        self.flush(&mut buf, &table, "append")?;
+        tracing::debug!(rows = batch.len(), table = %table, "appended transitions");
+        Ok(())
+    }
+
+    fn count(&self, target: &Target) -> Result<u64, StoreError> {
+        self.count_where(Some(target))
+    }
+
+    fn count_all(&self) -> Result<u64, StoreError> {
+        self.count_where(None)
+    }
+
+    fn transitions(
+        &self,
+        target: &Target,
+        episodes: Range<u64>,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let Some((lo, hi)) = episode_bounds(&episodes) else {
+            return Ok(Vec::new());
+        };
+        let upper = hi
+            .map(|h| format!(" AND episode < {h}"))
+            .unwrap_or_default();
+        let sql = format!(
+            "SELECT {TRANSITION_COLS} FROM {} WHERE {} AND episode >= {lo}{upper} \
+             ORDER BY episode, step",
+            self.transitions_table,
+            target_filter(target)
+        );
+        self.select_transitions(&sql, "read transitions")
+    }
+
+    fn sample(
+        &self,
+        target: Option<&Target>,
+        n: usize,
+        seed: u64,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let rows = self.count_where(target)?;
+        let draws = sample_ordinals(rows, n, seed);
+        let mut wanted = draws.clone();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let filter = target
+            .map(|t| format!(" WHERE {}", target_filter(t)))
+            .unwrap_or_default();
+        let mut by_ordinal: HashMap<u64, Transition> = HashMap::with_capacity(wanted.len());
+        for (start, end) in runs(&wanted) {
+            // `LIMIT lo, hi` selects the 0-based rows lo..hi.
+            let sql = format!(
+                "SELECT {TRANSITION_COLS} FROM {}{filter} \
+                 ORDER BY namespace, name, episode, step LIMIT {start}, {end}",
+                self.transitions_table
+            );
+            let got = self.select_transitions(&sql, "sample")?;
+            for (o, t) in (start..end).zip(got) {
+                by_ordinal.insert(o, t);
+            }
+        }
+        Ok(draws
+            .iter()
+            .filter_map(|o| by_ordinal.get(o).cloned())
+            .collect())
+    }
+
+    fn put_episode(&self, summary: &EpisodeSummary) -> Result<(), StoreError> {
+        summary.validate()?;
+        let table = self.episodes_table.clone();
+        let mut buf = self.lock().new_buffer();
+        self.write_episode(&mut buf, summary)
+            .map_err(self.ingest_err("encode episode", &table))?;
+        self.flush(&mut buf, &table, "put_episode")
+    }
+
+    fn episodes(&self, target: &Target, n: usize) -> Result<Vec<EpisodeSummary>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {EPISODE_COLS} FROM {} WHERE {} ORDER BY episode DESC LIMIT {n}",
+            self.episodes_table,
+            target_filter(target)
+        );
+        let mut out = self.select_episodes(&sql, "read episodes")?;
+        out.reverse();
+        Ok(out)
+    }
+
+    fn top_episodes(&self, target: &Target, m: usize) -> Result<Vec<EpisodeSummary>, StoreError> {
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {EPISODE_COLS} FROM {} WHERE {} ORDER BY total_reward DESC, episode DESC \
+             LIMIT {m}",
+            self.episodes_table,
+            target_filter(target)
+        );
+        self.select_episodes(&sql, "read top episodes")
+    }
+
+    fn targets(&self) -> Result<Vec<Target>, StoreError> {
+        let mut set = BTreeSet::new();
+        for table in [&self.transitions_table, &self.episodes_table] {
+            let sql = format!("SELECT DISTINCT namespace, name FROM {table}");
+            for row in self.select_all(&sql, "list targets", table)? {
+                let c = Cells { row: &row };
+                let t = c
+                    .str(0, "namespace")
+                    .and_then(|ns| Ok(Target::new(ns, c.str(1, "name")?)))
+                    .map_err(|detail| StoreError::Corrupt {
+                        op: "list targets",
+                        table: table.clone(),
+                        key: format!("{row:?}"),
+                        detail,
+                    })?;
+                set.insert(t);
+            }
+        }
+        Ok(set.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{self, Backend};
+    use serde_json::json;
+
+    const URL_ENV: &str = "AWARE_QUESTDB_URL";
+
+    /// One table prefix per conformance case and run, so runs never share rows.
+    struct QuestDbBackend {
+        url: String,
+        run: String,
+    }
+
+    impl Backend for QuestDbBackend {
+        type Store = QuestDbStore;
+        fn open(&self, key: &str) -> Result<QuestDbStore, StoreError> {
+            let mut cfg = QuestDbConfig::new(self.url.clone());
+            cfg.table_prefix = format!("{}_{}_", self.run, key.replace('-', "_"));
+            QuestDbStore::open(cfg)
+        }
+    }
+
+    #[test]
+    fn conformance_against_a_real_questdb() {
+        let Ok(url) = std::env::var(URL_ENV) else {
+            eprintln!(
+                "SKIPPED questdb conformance: {URL_ENV} is not set (e.g. {URL_ENV}=http://localhost:9000)"
+            );
+            return;
+        };
+        let run = format!(
+            "aware_conf_{}_{}",
+            std::process::id(),
+            aware_bus_schemas::now_ms()
+        );
+        let backend = QuestDbBackend { url, run };
+        let report = conformance::run_all(&backend);
+        for (case, failure) in &report.failures {
+            eprintln!("questdb conformance case {case} failed: {failure}");
+        }
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.passed, conformance::CASE_NAMES.len());
+    }
+
+    #[test]
+    fn config_accepts_plain_http_only() {
+        assert_eq!(
+            QuestDbConfig::new("http://questdb:9000")
+                .authority()
+                .unwrap(),
+            "questdb:9000"
+        );
+        assert_eq!(
+            QuestDbConfig::new("http://questdb:9000/")
+                .authority()
+                .unwrap(),
+            "questdb:9000"
+        );
+        for bad in [
+            "https://questdb:9000",
+            "questdb:9000",
+            "http://",
+            "http://questdb:9000/exec",
+            "http://user:pw@questdb:9000",
+        ] {
+            let err = QuestDbConfig::new(bad).validate().unwrap_err();
+            assert!(matches!(err, StoreError::QuestDbConfig(_)), "{bad}: {err}");
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        let mut cfg = QuestDbConfig::new("http://q:9000");
+        cfg.table_prefix = "bad-prefix;".to_owned();
+        assert!(cfg.validate().is_err());
+        cfg.table_prefix = "ok_1_".to_owned();
+        cfg.page_rows = 0;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn open_fails_cleanly_when_nothing_listens() {
+        // Bind then drop a listener: the port is (very likely) closed right after.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cfg = QuestDbConfig::new(format!("http://127.0.0.1:{port}"));
+        cfg.request_timeout = Duration::from_millis(300);
+        let err = QuestDbStore::open(cfg).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+        assert!(
+            matches!(
+                err,
+                StoreError::QuestDbIngest { .. } | StoreError::QuestDbQuery { .. }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let s = hex_encode(&bytes);
+        assert_eq!(&s[..8], "00010203");
+        assert_eq!(&s[s.len() - 4..], "feff");
+        assert_eq!(hex_decode(&s).unwrap(), bytes);
+        assert_eq!(hex_decode("ABcd").unwrap(), vec![0xab, 0xcd]);
+        assert!(hex_decode("abc").is_none());
+        assert!(hex_decode("zz").is_none());
+        assert_eq!(vec_to_hex(&[1.0]), "0000803f");
+        assert_eq!(vec_to_hex(&[]), "");
+    }
+
+    #[test]
+    fn sql_literals_are_escaped() {
+        assert_eq!(lit("a'b"), "'a''b'");
+        assert_eq!(
+            target_filter(&Target::new("ns", "x' OR '1'='1")),
+            "namespace = 'ns' AND name = 'x'' OR ''1''=''1'"
+        );
+    }
+
+    #[test]
+    fn ordinal_runs_are_contiguous_windows() {
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![(0, 3), (5, 6), (7, 9)]);
+    }
+
+    #[test]
+    fn exec_answers_and_errors_parse() {
+        let ok = r#"{"query":"SELECT x FROM long_sequence(2);","columns":[{"name":"x","type":"LONG"}],"timestamp":-1,"dataset":[[1],[2]],"count":2}"#;
+        let ans = parse_exec_answer(200, ok).unwrap();
+        assert_eq!(ans.columns, vec!["x".to_owned()]);
+        assert_eq!(ans.dataset, vec![vec![json!(1)], vec![json!(2)]]);
+        let ddl = parse_exec_answer(200, r#"{"ddl":"OK"}"#).unwrap();
+        assert!(ddl.dataset.is_empty());
+        let err = parse_exec_answer(
+            400,
+            r#"{"query":"SELECT nope","error":"Invalid column: nope","position":7}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err, "HTTP 400: Invalid column: nope at position 7");
+        assert!(parse_exec_answer(502, "<html>bad gateway</html>")
+            .unwrap_err()
+            .contains("HTTP 502"));
+    }
+
+    #[test]
+    fn transition_rows_decode_exactly() {
+        let t = conformance::transition(&Target::new("ns", "app"), 3, 7);
+        let row = vec![
+            json!(t.target.namespace),
+            json!(t.target.name),
+            json!(t.episode),
+            json!(t.step),
+            json!(t.ts_ms),
+            json!(vec_to_hex(&t.state)),
+            Value::Null,
+            json!(t.desired.replicas),
+            json!(t.desired.cpu_millicores),
+            json!(t.desired.memory_bytes),
+            json!(t.applied.replicas),
+            json!(t.applied.cpu_millicores),
+            json!(t.applied.memory_bytes),
+            json!(source_str(t.source)),
+            json!(t.stage.as_str()),
+            json!(t.reward),
+            json!(vec_to_hex(&t.next_state)),
+            json!(t.slo_violation),
+            json!(t.cpu_util),
+            json!(t.memory_util),
+        ];
+        // Through JSON text, as /exec delivers it.
+        let row: Vec<Value> = serde_json::from_str(&serde_json::to_string(&row).unwrap()).unwrap();
+        let got = decode_transition(&row).unwrap();
+        let mut want = t.clone();
+        want.action_raw = Vec::new(); // NULL reads as an empty vector
+        assert_eq!(got, want);
+
+        let mut bad = row.clone();
+        bad[14] = json!("paused");
+        let (key, detail) = decode_transition(&bad).unwrap_err();
+        assert_eq!(key, "ns/app episode 3 step 7");
+        assert!(detail.contains("stage"), "{detail}");
+        let mut bad = row;
+        bad[5] = json!("0000803");
+        assert!(decode_transition(&bad).unwrap_err().1.contains("state"));
+    }
+
+    #[test]
+    fn episode_rows_decode_with_null_policy_estimate() {
+        let e = conformance::episode(&Target::new("ns", "app"), 4, 12.5);
+        assert_eq!(e.policy_estimate, None);
+        let row = vec![
+            json!("ns"),
+            json!("app"),
+            json!(4),
+            json!(e.step),
+            json!(e.ts_ms),
+            json!(e.steps),
+            json!(e.total_reward),
+            json!(e.mean_reward),
+            json!(e.slo_violations),
+            json!(e.cpu_util_mean),
+            json!(e.memory_util_mean),
+            json!(e.rl_steps),
+            json!(e.fallback_steps),
+            json!(e.stage.as_str()),
+            Value::Null,
+        ];
+        assert_eq!(decode_episode(&row).unwrap(), e);
+        let mut bad = row;
+        bad[8] = json!(-1);
+        let (key, detail) = decode_episode(&bad).unwrap_err();
+        assert_eq!(key, "ns/app episode 4");
+        assert!(detail.contains("slo_violations"), "{detail}");
+    }
+
+    #[test]
+    fn ilp_rows_encode_symbols_first_and_the_step_timestamp() {
+        let sender_cfg = "http::addr=127.0.0.1:1;protocol_version=1;";
+        let sender = Sender::from_conf(sender_cfg).unwrap();
+        let store_like = QuestDbStore {
+            cfg: QuestDbConfig::new("http://127.0.0.1:1"),
+            base: "http://127.0.0.1:1".to_owned(),
+            transitions_table: "aware_transitions".to_owned(),
+            episodes_table: "aware_episodes".to_owned(),
+            agent: ureq::Agent::new_with_defaults(),
+            sender: Mutex::new(sender),
+        };
+        let t = conformance::transition(&Target::new("ns", "app"), 1, 2);
+        let mut buf = store_like.lock().new_buffer();
+        store_like.write_transition(&mut buf, &t).unwrap();
+        let line = String::from_utf8_lossy(buf.as_bytes()).to_string();
+        assert!(
+            line.starts_with("aware_transitions,namespace=ns,name=app,source=rl,stage=online "),
+            "{line}"
+        );
+        assert!(line.contains("episode=1i,step=2i,"), "{line}");
+        assert!(
+            line.contains(&format!("state=\"{}\"", vec_to_hex(&t.state))),
+            "{line}"
+        );
+        // ILP v1 carries the designated timestamp in nanoseconds.
+        assert!(
+            line.trim_end()
+                .ends_with(&format!(" {}", t.ts_ms * 1_000_000)),
+            "{line}"
+        );
+    }
+}

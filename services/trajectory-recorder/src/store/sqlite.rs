@@ -1,0 +1,977 @@
+//! The embedded trajectory store: one SQLite file through rusqlite (bundled SQLite).
+//!
+//! * **Layout.** Tables `transitions` (primary key `(namespace, name, episode, step)`), `episodes`
+//!   (primary key `(namespace, name, episode)`, plus an index by total reward for the top-M query)
+//!   and `targets` (every target seen, so listing targets does not scan the transitions). Vectors
+//!   are BLOBs of little-endian `f32`s, 4 bytes per element (`f32::to_le_bytes`), so they
+//!   round-trip bit-exactly and are readable from any language; integers are `INTEGER` (i64),
+//!   floats `REAL` (f64), enums their snake-case names.
+//! * **Idempotency.** Writes are upserts on the primary keys (`ON CONFLICT … DO UPDATE`): writing
+//!   a row again replaces it, like QuestDB's `DEDUP UPSERT KEYS`.
+//! * **Batches.** `append` writes a batch in one `BEGIN IMMEDIATE` transaction with a cached
+//!   prepared statement: all rows or none, and one commit (one fsync) per batch.
+//! * **Migrations.** `PRAGMA user_version` holds the schema version; opening applies the missing
+//!   steps of [`MIGRATIONS`] in one transaction, and refuses a file from a newer build.
+//! * **Durability.** WAL journal with `synchronous=FULL` by default ([`Durability::Full`]). WAL
+//!   alone already survives a *process* crash: a commit has written its frames to the WAL file
+//!   (the OS page cache) before returning, and the next open recovers them. `FULL` also fsyncs the
+//!   WAL at every commit, so a committed batch survives an OS crash or power loss too. The
+//!   recorder acknowledges the JetStream messages of a step after `append` returns; with `NORMAL`
+//!   a power loss could drop a batch whose messages were already acknowledged and will never be
+//!   redelivered. One fsync per batch is cheap at the recorder's rate (one batch per control
+//!   interval and target). [`Durability::Normal`] is there for simulations and benchmarks.
+//! * **Concurrency.** A handle owns one connection behind a mutex. Several handles (threads or
+//!   processes) may open the same file: WAL lets readers run beside the single writer, and
+//!   writers wait for each other up to the busy timeout.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use aware_bus_schemas::{Resources, Target};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::{
+    episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
+    source_str, EpisodeSummary, StoreError, TrajectoryStore, Transition,
+};
+
+/// Schema migrations; `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE transitions (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    episode INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    ts_ms INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    action_raw BLOB NOT NULL,
+    desired_replicas INTEGER NOT NULL,
+    desired_cpu_millicores INTEGER NOT NULL,
+    desired_memory_bytes INTEGER NOT NULL,
+    applied_replicas INTEGER NOT NULL,
+    applied_cpu_millicores INTEGER NOT NULL,
+    applied_memory_bytes INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    reward REAL NOT NULL,
+    next_state BLOB NOT NULL,
+    slo_violation INTEGER NOT NULL,
+    cpu_util REAL NOT NULL,
+    memory_util REAL NOT NULL,
+    PRIMARY KEY (namespace, name, episode, step)
+);
+CREATE TABLE episodes (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    episode INTEGER NOT NULL,
+    last_step INTEGER NOT NULL,
+    ts_ms INTEGER NOT NULL,
+    steps INTEGER NOT NULL,
+    total_reward REAL NOT NULL,
+    mean_reward REAL NOT NULL,
+    slo_violations INTEGER NOT NULL,
+    cpu_util_mean REAL NOT NULL,
+    memory_util_mean REAL NOT NULL,
+    rl_steps INTEGER NOT NULL,
+    fallback_steps INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    policy_estimate REAL,
+    PRIMARY KEY (namespace, name, episode)
+);
+CREATE INDEX episodes_by_reward ON episodes (namespace, name, total_reward DESC, episode DESC);
+CREATE TABLE targets (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+"#];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How hard a commit is pushed to disk (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: committed batches survive process crashes, OS crashes and power loss.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: committed batches survive process crashes; the last ones may be lost
+    /// on an OS crash or power loss.
+    Normal,
+}
+
+/// Where and how to open the SQLite store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqliteConfig {
+    pub path: PathBuf,
+    pub durability: Durability,
+    /// How long a write waits for another handle's write transaction.
+    pub busy_timeout: Duration,
+}
+
+impl SqliteConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The SQLite trajectory store. Cheap to share behind an `Arc`; see the module documentation.
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+    path: String,
+}
+
+const TRANSITION_COLS: &str = "namespace, name, episode, step, ts_ms, state, action_raw, \
+     desired_replicas, desired_cpu_millicores, desired_memory_bytes, \
+     applied_replicas, applied_cpu_millicores, applied_memory_bytes, \
+     source, stage, reward, next_state, slo_violation, cpu_util, memory_util";
+
+const EPISODE_COLS: &str = "namespace, name, episode, last_step, ts_ms, steps, total_reward, \
+     mean_reward, slo_violations, cpu_util_mean, memory_util_mean, rl_steps, fallback_steps, \
+     stage, policy_estimate";
+
+const UPSERT_TRANSITION: &str = "INSERT INTO transitions (namespace, name, episode, step, ts_ms, \
+     state, action_raw, desired_replicas, desired_cpu_millicores, desired_memory_bytes, \
+     applied_replicas, applied_cpu_millicores, applied_memory_bytes, source, stage, reward, \
+     next_state, slo_violation, cpu_util, memory_util) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
+     ON CONFLICT (namespace, name, episode, step) DO UPDATE SET \
+     ts_ms = excluded.ts_ms, state = excluded.state, action_raw = excluded.action_raw, \
+     desired_replicas = excluded.desired_replicas, \
+     desired_cpu_millicores = excluded.desired_cpu_millicores, \
+     desired_memory_bytes = excluded.desired_memory_bytes, \
+     applied_replicas = excluded.applied_replicas, \
+     applied_cpu_millicores = excluded.applied_cpu_millicores, \
+     applied_memory_bytes = excluded.applied_memory_bytes, \
+     source = excluded.source, stage = excluded.stage, reward = excluded.reward, \
+     next_state = excluded.next_state, slo_violation = excluded.slo_violation, \
+     cpu_util = excluded.cpu_util, memory_util = excluded.memory_util";
+
+const UPSERT_EPISODE: &str = "INSERT INTO episodes (namespace, name, episode, last_step, ts_ms, \
+     steps, total_reward, mean_reward, slo_violations, cpu_util_mean, memory_util_mean, rl_steps, \
+     fallback_steps, stage, policy_estimate) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+     ON CONFLICT (namespace, name, episode) DO UPDATE SET \
+     last_step = excluded.last_step, ts_ms = excluded.ts_ms, steps = excluded.steps, \
+     total_reward = excluded.total_reward, mean_reward = excluded.mean_reward, \
+     slo_violations = excluded.slo_violations, cpu_util_mean = excluded.cpu_util_mean, \
+     memory_util_mean = excluded.memory_util_mean, rl_steps = excluded.rl_steps, \
+     fallback_steps = excluded.fallback_steps, stage = excluded.stage, \
+     policy_estimate = excluded.policy_estimate";
+
+const INSERT_TARGET: &str =
+    "INSERT INTO targets (namespace, name) VALUES (?1, ?2) ON CONFLICT DO NOTHING";
+
+fn sq(
+    op: &'static str,
+    table: &'static str,
+    scope: impl Display,
+) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    let scope = scope.to_string();
+    move |source| StoreError::Sqlite {
+        op,
+        table,
+        scope,
+        source,
+    }
+}
+
+fn scope_name(target: Option<&Target>) -> String {
+    target.map_or_else(|| "all targets".to_owned(), Target::to_string)
+}
+
+/// Saturating `usize` → SQL `LIMIT`.
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `config.path`, switches it to WAL, sets the
+    /// durability and applies pending schema migrations.
+    pub fn open(config: &SqliteConfig) -> Result<Self, StoreError> {
+        let path = config.path.display().to_string();
+        let open_err = |source| StoreError::SqliteOpen {
+            path: path.clone(),
+            source,
+        };
+        let mut conn = Connection::open(&config.path).map_err(open_err)?;
+        conn.busy_timeout(config.busy_timeout).map_err(open_err)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+            .map_err(open_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::SqliteNoWal { path, mode });
+        }
+        let sync = match config.durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)
+            .map_err(open_err)?;
+        let (from, to) = migrate(&mut conn, &path)?;
+        if from == to {
+            tracing::info!(path = %path, schema_version = to, durability = sync, "opened sqlite trajectory store");
+        } else {
+            tracing::info!(path = %path, from, to, durability = sync, "opened sqlite trajectory store and migrated its schema");
+        }
+        Ok(Self {
+            conn: Mutex::new(conn),
+            path,
+        })
+    }
+
+    /// [`SqliteStore::open`] with the default configuration for `path`.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open(&SqliteConfig::new(path.as_ref()))
+    }
+
+    /// The schema version of the open file (`PRAGMA user_version`).
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        self.lock()
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(sq("read schema version", "sqlite_master", &self.path))
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock dropped any open transaction (rolled back), so the
+        // connection is still consistent.
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn count_scope(conn: &Connection, target: Option<&Target>) -> Result<u64, StoreError> {
+        let n: i64 = match target {
+            Some(t) => conn
+                .prepare_cached(
+                    "SELECT count(*) FROM transitions WHERE namespace = ?1 AND name = ?2",
+                )
+                .and_then(|mut s| s.query_row(params![t.namespace, t.name], |r| r.get(0))),
+            None => conn
+                .prepare_cached("SELECT count(*) FROM transitions")
+                .and_then(|mut s| s.query_row([], |r| r.get(0))),
+        }
+        .map_err(sq("count", "transitions", scope_name(target)))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// Applies the missing migrations in one immediate transaction; returns (from, to) versions.
+fn migrate(conn: &mut Connection, path: &str) -> Result<(i64, i64), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sq("begin migration", "sqlite_master", path))?;
+    let found: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sq("read schema version", "sqlite_master", path))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            path: path.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(found).unwrap_or(0))
+    {
+        tx.execute_batch(sql).map_err(sq(
+            "apply migration",
+            "sqlite_master",
+            format!("{path} v{i}→v{}", i + 1),
+        ))?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(sq("write schema version", "sqlite_master", path))?;
+    tx.commit()
+        .map_err(sq("commit migration", "sqlite_master", path))?;
+    Ok((found, SCHEMA_VERSION))
+}
+
+fn i64_of(v: u64) -> i64 {
+    // Callers validated the value (`Transition::validate`); saturate rather than wrap regardless.
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn write_transition(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    t: &Transition,
+) -> rusqlite::Result<usize> {
+    stmt.execute(params![
+        t.target.namespace,
+        t.target.name,
+        i64_of(t.episode),
+        t.step,
+        t.ts_ms,
+        f32s_to_le_bytes(&t.state),
+        f32s_to_le_bytes(&t.action_raw),
+        t.desired.replicas,
+        t.desired.cpu_millicores,
+        i64_of(t.desired.memory_bytes),
+        t.applied.replicas,
+        t.applied.cpu_millicores,
+        i64_of(t.applied.memory_bytes),
+        source_str(t.source),
+        t.stage.as_str(),
+        t.reward,
+        f32s_to_le_bytes(&t.next_state),
+        t.slo_violation,
+        t.cpu_util,
+        t.memory_util,
+    ])
+}
+
+/// A transition row as SQLite returns it, before range and format checks.
+struct RawTransition {
+    namespace: String,
+    name: String,
+    episode: i64,
+    step: i64,
+    ts_ms: i64,
+    state: Vec<u8>,
+    action_raw: Vec<u8>,
+    desired: [i64; 3],
+    applied: [i64; 3],
+    source: String,
+    stage: String,
+    reward: f64,
+    next_state: Vec<u8>,
+    slo_violation: bool,
+    cpu_util: f64,
+    memory_util: f64,
+}
+
+impl RawTransition {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            namespace: r.get(0)?,
+            name: r.get(1)?,
+            episode: r.get(2)?,
+            step: r.get(3)?,
+            ts_ms: r.get(4)?,
+            state: r.get(5)?,
+            action_raw: r.get(6)?,
+            desired: [r.get(7)?, r.get(8)?, r.get(9)?],
+            applied: [r.get(10)?, r.get(11)?, r.get(12)?],
+            source: r.get(13)?,
+            stage: r.get(14)?,
+            reward: r.get(15)?,
+            next_state: r.get(16)?,
+            slo_violation: r.get(17)?,
+            cpu_util: r.get(18)?,
+            memory_util: r.get(19)?,
+        })
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "{}/{} episode {} step {}",
+            self.namespace, self.name, self.episode, self.step
+        )
+    }
+
+    fn decode(self, op: &'static str) -> Result<Transition, StoreError> {
+        let key = self.key();
+        let bad = |detail: String| StoreError::Corrupt {
+            op,
+            table: "transitions".to_owned(),
+            key: key.clone(),
+            detail,
+        };
+        let vec = |name: &str, b: &[u8]| {
+            le_bytes_to_f32s(b)
+                .ok_or_else(|| bad(format!("{name} BLOB of {} bytes is not f32s", b.len())))
+        };
+        let res = |name: &str, v: [i64; 3]| -> Result<Resources, StoreError> {
+            Ok(Resources {
+                replicas: u32::try_from(v[0])
+                    .map_err(|_| bad(format!("{name}_replicas = {}", v[0])))?,
+                cpu_millicores: u32::try_from(v[1])
+                    .map_err(|_| bad(format!("{name}_cpu_millicores = {}", v[1])))?,
+                memory_bytes: u64::try_from(v[2])
+                    .map_err(|_| bad(format!("{name}_memory_bytes = {}", v[2])))?,
+            })
+        };
+        Ok(Transition {
+            episode: u64::try_from(self.episode)
+                .map_err(|_| bad(format!("episode = {}", self.episode)))?,
+            step: u32::try_from(self.step).map_err(|_| bad(format!("step = {}", self.step)))?,
+            ts_ms: self.ts_ms,
+            state: vec("state", &self.state)?,
+            action_raw: vec("action_raw", &self.action_raw)?,
+            desired: res("desired", self.desired)?,
+            applied: res("applied", self.applied)?,
+            source: parse_source(&self.source)
+                .ok_or_else(|| bad(format!("source = {:?}", self.source)))?,
+            stage: parse_stage(&self.stage)
+                .ok_or_else(|| bad(format!("stage = {:?}", self.stage)))?,
+            reward: self.reward,
+            next_state: vec("next_state", &self.next_state)?,
+            slo_violation: self.slo_violation,
+            cpu_util: self.cpu_util,
+            memory_util: self.memory_util,
+            target: Target::new(self.namespace, self.name),
+        })
+    }
+}
+
+/// An episode row as SQLite returns it.
+struct RawEpisode {
+    namespace: String,
+    name: String,
+    ints: [i64; 2],
+    ts_ms: i64,
+    steps: i64,
+    total_reward: f64,
+    mean_reward: f64,
+    slo_violations: i64,
+    cpu_util_mean: f64,
+    memory_util_mean: f64,
+    rl_steps: i64,
+    fallback_steps: i64,
+    stage: String,
+    policy_estimate: Option<f64>,
+}
+
+impl RawEpisode {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            namespace: r.get(0)?,
+            name: r.get(1)?,
+            ints: [r.get(2)?, r.get(3)?],
+            ts_ms: r.get(4)?,
+            steps: r.get(5)?,
+            total_reward: r.get(6)?,
+            mean_reward: r.get(7)?,
+            slo_violations: r.get(8)?,
+            cpu_util_mean: r.get(9)?,
+            memory_util_mean: r.get(10)?,
+            rl_steps: r.get(11)?,
+            fallback_steps: r.get(12)?,
+            stage: r.get(13)?,
+            policy_estimate: r.get(14)?,
+        })
+    }
+
+    fn decode(self, op: &'static str) -> Result<EpisodeSummary, StoreError> {
+        let key = format!("{}/{} episode {}", self.namespace, self.name, self.ints[0]);
+        let bad = |detail: String| StoreError::Corrupt {
+            op,
+            table: "episodes".to_owned(),
+            key: key.clone(),
+            detail,
+        };
+        let u32_of =
+            |name: &str, v: i64| u32::try_from(v).map_err(|_| bad(format!("{name} = {v}")));
+        Ok(EpisodeSummary {
+            episode: u64::try_from(self.ints[0])
+                .map_err(|_| bad(format!("episode = {}", self.ints[0])))?,
+            step: u32_of("last_step", self.ints[1])?,
+            ts_ms: self.ts_ms,
+            steps: u32_of("steps", self.steps)?,
+            total_reward: self.total_reward,
+            mean_reward: self.mean_reward,
+            slo_violations: u32_of("slo_violations", self.slo_violations)?,
+            cpu_util_mean: self.cpu_util_mean,
+            memory_util_mean: self.memory_util_mean,
+            rl_steps: u32_of("rl_steps", self.rl_steps)?,
+            fallback_steps: u32_of("fallback_steps", self.fallback_steps)?,
+            stage: parse_stage(&self.stage)
+                .ok_or_else(|| bad(format!("stage = {:?}", self.stage)))?,
+            policy_estimate: self.policy_estimate,
+            target: Target::new(self.namespace, self.name),
+        })
+    }
+}
+
+fn query_episodes(
+    conn: &Connection,
+    sql: &str,
+    target: &Target,
+    n: usize,
+    op: &'static str,
+) -> Result<Vec<EpisodeSummary>, StoreError> {
+    let raws = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| {
+            s.query_map(
+                params![target.namespace, target.name, limit(n)],
+                RawEpisode::from_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sq(op, "episodes", target))?;
+    raws.into_iter().map(|r| r.decode(op)).collect()
+}
+
+impl TrajectoryStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn append(&self, batch: &[Transition]) -> Result<(), StoreError> {
+        for t in batch {
+            t.validate()?;
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let scope = batch
+            .first()
+            .map(|t| {
+                if batch.iter().all(|u| u.target == t.target) {
+                    t.target.to_string()
+                } else {
+                    "several targets".to_owned()
+                }
+            })
+            .unwrap_or_default();
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq("begin append", "transitions", &scope))?;
+        {
+            let mut ins = tx.prepare_cached(UPSERT_TRANSITION).map_err(sq(
+                "prepare append",
+                "transitions",
+                &scope,
+            ))?;
+            let mut tgt = tx.prepare_cached(INSERT_TARGET).map_err(sq(
+                "prepare append",
+                "targets",
+                &scope,
+            ))?;
+            let mut last: Option<&Target> = None;
+            for t in batch {
+                write_transition(&mut ins, t).map_err(sq("append", "transitions", t.key()))?;
+                if last != Some(&t.target) {
+                    tgt.execute(params![t.target.namespace, t.target.name])
+                        .map_err(sq("append", "targets", &t.target))?;
+                    last = Some(&t.target);
+                }
+            }
+        }
+        tx.commit()
+            .map_err(sq("commit append", "transitions", &scope))?;
+        tracing::debug!(rows = batch.len(), scope = %scope, "appended transitions");
+        Ok(())
+    }
+
+    fn count(&self, target: &Target) -> Result<u64, StoreError> {
+        Self::count_scope(&self.lock(), Some(target))
+    }
+
+    fn count_all(&self) -> Result<u64, StoreError> {
+        Self::count_scope(&self.lock(), None)
+    }
+
+    fn transitions(
+        &self,
+        target: &Target,
+        episodes: Range<u64>,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let Some((lo, hi)) = episode_bounds(&episodes) else {
+            return Ok(Vec::new());
+        };
+        let sql = format!(
+            "SELECT {TRANSITION_COLS} FROM transitions WHERE namespace = ?1 AND name = ?2 \
+             AND episode >= ?3 AND (?4 IS NULL OR episode < ?4) ORDER BY episode, step"
+        );
+        let conn = self.lock();
+        let raws = conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.query_map(
+                    params![target.namespace, target.name, lo, hi],
+                    RawTransition::from_row,
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(sq("read transitions", "transitions", target))?;
+        drop(conn);
+        raws.into_iter()
+            .map(|r| r.decode("read transitions"))
+            .collect()
+    }
+
+    fn sample(
+        &self,
+        target: Option<&Target>,
+        n: usize,
+        seed: u64,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let scope = scope_name(target);
+        let mut conn = self.lock();
+        // One read transaction: the count, the key scan and the row reads see one snapshot.
+        let tx = conn
+            .transaction()
+            .map_err(sq("begin sample", "transitions", &scope))?;
+        let rows = Self::count_scope(&tx, target)?;
+        let draws = sample_ordinals(rows, n, seed);
+        let mut wanted: Vec<u64> = draws.clone();
+        wanted.sort_unstable();
+        wanted.dedup();
+
+        // Walk the primary-key index in order and keep the keys at the wanted ordinals.
+        let mut keys: HashMap<u64, (String, String, i64, i64)> = HashMap::new();
+        {
+            let (sql, args): (&str, Vec<&dyn rusqlite::ToSql>) = match target {
+                Some(t) => (
+                    "SELECT namespace, name, episode, step FROM transitions \
+                     WHERE namespace = ?1 AND name = ?2 ORDER BY namespace, name, episode, step",
+                    vec![&t.namespace, &t.name],
+                ),
+                None => (
+                    "SELECT namespace, name, episode, step FROM transitions \
+                     ORDER BY namespace, name, episode, step",
+                    vec![],
+                ),
+            };
+            let mut stmt = tx
+                .prepare_cached(sql)
+                .map_err(sq("sample", "transitions", &scope))?;
+            let mut it =
+                stmt.query(args.as_slice())
+                    .map_err(sq("sample", "transitions", &scope))?;
+            let mut next = wanted.iter().peekable();
+            let mut ordinal = 0u64;
+            while let Some(&&want) = next.peek() {
+                let Some(row) = it.next().map_err(sq("sample", "transitions", &scope))? else {
+                    break;
+                };
+                if ordinal == want {
+                    let key = (
+                        row.get(0).map_err(sq("sample", "transitions", &scope))?,
+                        row.get(1).map_err(sq("sample", "transitions", &scope))?,
+                        row.get(2).map_err(sq("sample", "transitions", &scope))?,
+                        row.get(3).map_err(sq("sample", "transitions", &scope))?,
+                    );
+                    keys.insert(want, key);
+                    next.next();
+                }
+                ordinal += 1;
+            }
+        }
+
+        let mut by_ordinal: HashMap<u64, Transition> = HashMap::with_capacity(keys.len());
+        {
+            let sql = format!(
+                "SELECT {TRANSITION_COLS} FROM transitions \
+                 WHERE namespace = ?1 AND name = ?2 AND episode = ?3 AND step = ?4"
+            );
+            let mut stmt = tx
+                .prepare_cached(&sql)
+                .map_err(sq("sample", "transitions", &scope))?;
+            for (ordinal, (ns, name, ep, step)) in keys {
+                let raw = stmt
+                    .query_row(params![ns, name, ep, step], RawTransition::from_row)
+                    .optional()
+                    .map_err(sq("sample", "transitions", &scope))?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        op: "sample",
+                        table: "transitions".to_owned(),
+                        key: format!("{ns}/{name} episode {ep} step {step}"),
+                        detail: "key seen in the index scan but row missing".to_owned(),
+                    })?;
+                by_ordinal.insert(ordinal, raw.decode("sample")?);
+            }
+        }
+        tx.finish()
+            .map_err(sq("end sample", "transitions", &scope))?;
+        drop(conn);
+        Ok(draws
+            .iter()
+            .filter_map(|o| by_ordinal.get(o).cloned())
+            .collect())
+    }
+
+    fn put_episode(&self, s: &EpisodeSummary) -> Result<(), StoreError> {
+        s.validate()?;
+        let key = format!("{} episode {}", s.target, s.episode);
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq("begin put_episode", "episodes", &key))?;
+        tx.prepare_cached(UPSERT_EPISODE)
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    s.target.namespace,
+                    s.target.name,
+                    i64_of(s.episode),
+                    s.step,
+                    s.ts_ms,
+                    s.steps,
+                    s.total_reward,
+                    s.mean_reward,
+                    s.slo_violations,
+                    s.cpu_util_mean,
+                    s.memory_util_mean,
+                    s.rl_steps,
+                    s.fallback_steps,
+                    s.stage.as_str(),
+                    s.policy_estimate,
+                ])
+            })
+            .map_err(sq("put_episode", "episodes", &key))?;
+        tx.prepare_cached(INSERT_TARGET)
+            .and_then(|mut stmt| stmt.execute(params![s.target.namespace, s.target.name]))
+            .map_err(sq("put_episode", "targets", &key))?;
+        tx.commit()
+            .map_err(sq("commit put_episode", "episodes", &key))?;
+        Ok(())
+    }
+
+    fn episodes(&self, target: &Target, n: usize) -> Result<Vec<EpisodeSummary>, StoreError> {
+        let sql = format!(
+            "SELECT * FROM (SELECT {EPISODE_COLS} FROM episodes WHERE namespace = ?1 AND name = ?2 \
+             ORDER BY episode DESC LIMIT ?3) ORDER BY episode ASC"
+        );
+        query_episodes(&self.lock(), &sql, target, n, "read episodes")
+    }
+
+    fn top_episodes(&self, target: &Target, m: usize) -> Result<Vec<EpisodeSummary>, StoreError> {
+        let sql = format!(
+            "SELECT {EPISODE_COLS} FROM episodes WHERE namespace = ?1 AND name = ?2 \
+             ORDER BY total_reward DESC, episode DESC LIMIT ?3"
+        );
+        query_episodes(&self.lock(), &sql, target, m, "read top episodes")
+    }
+
+    fn targets(&self) -> Result<Vec<Target>, StoreError> {
+        let conn = self.lock();
+        conn.prepare_cached("SELECT namespace, name FROM targets ORDER BY namespace, name")
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok(Target::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })?
+                .collect()
+            })
+            .map_err(sq("list targets", "targets", &self.path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{self, Backend};
+
+    /// One SQLite file per conformance case in a temporary directory; the same key opens the same
+    /// file again.
+    struct SqliteBackend {
+        dir: tempfile::TempDir,
+    }
+
+    impl SqliteBackend {
+        fn new() -> Self {
+            Self {
+                dir: tempfile::tempdir().unwrap(),
+            }
+        }
+    }
+
+    impl Backend for SqliteBackend {
+        type Store = SqliteStore;
+        fn open(&self, key: &str) -> Result<SqliteStore, StoreError> {
+            SqliteStore::open_path(self.dir.path().join(format!("{key}.sqlite")))
+        }
+    }
+
+    macro_rules! conformance_tests {
+        ($($case:ident),* $(,)?) => {$(
+            #[test]
+            fn $case() {
+                let backend = SqliteBackend::new();
+                if let Err(e) = conformance::$case(&backend) {
+                    panic!("sqlite conformance: {e}");
+                }
+            }
+        )*};
+    }
+
+    mod conformance_sqlite {
+        use super::*;
+        conformance_tests!(
+            append_and_read_in_order,
+            reappend_is_idempotent,
+            counts_per_target_and_total,
+            episode_range_filter,
+            vectors_round_trip_bit_exactly,
+            non_finite_values_are_rejected,
+            sampling_is_reproducible_and_existing,
+            episodes_last_n,
+            top_episodes_by_total_reward,
+            episode_summaries_are_idempotent,
+            targets_are_listed,
+            reopen_keeps_data,
+            concurrent_appends_lose_nothing,
+        );
+    }
+
+    #[test]
+    fn run_all_covers_every_case() {
+        let backend = SqliteBackend::new();
+        let report = conformance::run_all(&backend);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.passed, conformance::CASE_NAMES.len());
+    }
+
+    #[test]
+    fn open_sets_wal_full_and_current_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("s.sqlite")).unwrap();
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        let conn = store.lock();
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let sync: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 2, "FULL is 2");
+    }
+
+    #[test]
+    fn durability_normal_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = SqliteConfig::new(dir.path().join("n.sqlite"));
+        cfg.durability = Durability::Normal;
+        let store = SqliteStore::open(&cfg).unwrap();
+        let sync: i64 = store
+            .lock()
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 1, "NORMAL is 1");
+    }
+
+    #[test]
+    fn refuses_a_file_from_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+                .unwrap();
+        }
+        match SqliteStore::open_path(&path) {
+            Err(StoreError::SchemaTooNew {
+                found, supported, ..
+            }) => {
+                assert_eq!(found, SCHEMA_VERSION + 1);
+                assert_eq!(supported, SCHEMA_VERSION);
+            }
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn corrupt_vector_blob_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("c.sqlite")).unwrap();
+        let t = conformance::transition(&Target::new("ns", "a"), 0, 0);
+        store.append(std::slice::from_ref(&t)).unwrap();
+        store
+            .lock()
+            .execute("UPDATE transitions SET state = x'000102'", [])
+            .unwrap();
+        let err = store.transitions(&t.target, 0..1).unwrap_err();
+        match &err {
+            StoreError::Corrupt { table, detail, .. } => {
+                assert_eq!(table, "transitions");
+                assert!(detail.contains("state BLOB of 3 bytes"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn vectors_are_little_endian_f32_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("b.sqlite")).unwrap();
+        let mut t = conformance::transition(&Target::new("ns", "a"), 0, 0);
+        t.state = vec![1.0, -2.5];
+        store.append(std::slice::from_ref(&t)).unwrap();
+        let blob: Vec<u8> = store
+            .lock()
+            .query_row("SELECT state FROM transitions", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(blob, [0, 0, 0x80, 0x3f, 0, 0, 0x20, 0xc0]);
+    }
+
+    const CRASH_ENV: &str = "AWARE_STORE_CRASH_CHILD_PATH";
+    const CRASH_ROWS: u32 = 250;
+
+    /// Run only as the child of `committed_rows_survive_a_process_abort`: appends and commits,
+    /// then aborts the process without closing the connection (no destructors, no checkpoint).
+    #[test]
+    #[ignore = "child process of committed_rows_survive_a_process_abort"]
+    fn crash_child() {
+        let path = std::env::var(CRASH_ENV).expect("run by committed_rows_survive_a_process_abort");
+        let store = SqliteStore::open_path(&path).unwrap();
+        let target = Target::new("crash", "app");
+        for chunk in (0..CRASH_ROWS).collect::<Vec<_>>().chunks(50) {
+            let batch: Vec<_> = chunk
+                .iter()
+                .map(|&s| conformance::transition(&target, 0, s))
+                .collect();
+            store.append(&batch).unwrap();
+        }
+        std::process::abort();
+    }
+
+    #[test]
+    fn committed_rows_survive_a_process_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crash.sqlite");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "store::sqlite::tests::crash_child",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_ENV, &path)
+            .output()
+            .unwrap();
+        let log = || {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        assert!(
+            !out.status.success(),
+            "the child must die by abort: {}",
+            log()
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(out.status.signal(), Some(6), "SIGABRT expected: {}", log());
+        }
+        // The WAL still holds the commits: nothing was checkpointed at close.
+        assert!(dir.path().join("crash.sqlite-wal").exists());
+        let store = SqliteStore::open_path(&path).unwrap();
+        let target = Target::new("crash", "app");
+        assert_eq!(store.count(&target).unwrap(), u64::from(CRASH_ROWS));
+        let rows = store.transitions(&target, 0..1).unwrap();
+        assert_eq!(rows.len(), CRASH_ROWS as usize);
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r, &conformance::transition(&target, 0, i as u32));
+        }
+    }
+}
