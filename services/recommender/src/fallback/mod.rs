@@ -17,9 +17,14 @@
 //! small working sets raise the per-ready-pod average instead of lowering the peak).
 //!
 //! Invalid inputs (NaN, infinite or negative measurements or time) are treated as missing
-//! metrics: the dimensions that depend on them keep the current allocation, and the
-//! [`Recommendation`] says so. The output is always inside the bounds (inverted bounds are
-//! read with min and max swapped).
+//! metrics: the dimensions that depend on them keep the current allocation (an invalid limit is
+//! replaced by the current one), and the [`Recommendation`] says so. The output is always inside
+//! the bounds (inverted bounds are read with min and max swapped).
+//!
+//! Note that, as in any cluster running both, the HPA and the VPA act on CPU together: the HPA
+//! measures utilization against the limit the VPA sets. Upstream advises against combining them
+//! on CPU; the bootstrap fallback does it because AWARE's action space has both dimensions, and
+//! the VPA's confidence-scaled bounds keep its changes rare once history has built up.
 
 pub mod histogram;
 pub mod hpa;
@@ -61,8 +66,8 @@ pub struct FallbackConfigError {
 /// One rule that fired while computing a recommendation (for logs and the `action` message).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Rule {
-    /// An input was NaN, infinite or negative: treated as missing; `kept` names the dimensions
-    /// that keep their current value.
+    /// An input was NaN, infinite or negative: treated as missing; `kept` says what that meant
+    /// (which dimensions keep their current value, or what stood in for the input).
     InvalidInput {
         field: &'static str,
         value: f64,
@@ -156,7 +161,7 @@ impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Rule::InvalidInput { field, value, kept } => {
-                write!(f, "invalid {field}={value}: treated as missing, {kept} kept")
+                write!(f, "invalid {field}={value}: treated as missing; {kept}")
             }
             Rule::HpaNotDue { next_sync_in_s } => {
                 write!(f, "hpa: next sync in {next_sync_in_s:.1}s, replicas kept")
@@ -336,26 +341,41 @@ impl Fallback {
             let cpu_ok = check(
                 "cpu_usage_cores",
                 metrics.cpu_usage_cores,
-                "replicas and cpu",
+                "replicas and cpu kept",
                 &mut rules,
             );
             let mem_ok = check(
                 "memory_working_set_bytes",
                 metrics.memory_working_set_bytes,
-                "memory",
+                "memory kept",
                 &mut rules,
             );
             if self.vpa.expire(now_s) {
                 rules.push(Rule::VpaHistoryExpired);
             }
-            // The per-pod CPU request: the limit the pods ran with, else the current one.
-            let limit_cores = match hpa::valid_nonneg(metrics.cpu_limit_cores) {
-                Some(c) if c > 0.0 => c,
-                _ => f64::from(current.cpu_millicores) / 1000.0,
+            // The per-pod CPU request: the limit the pods ran with, else (0 = unknown, or
+            // invalid) the current one; the same for the memory limit (the OOM bump base).
+            let limit_cores = if check(
+                "cpu_limit_cores",
+                metrics.cpu_limit_cores,
+                "the current cpu limit stands in",
+                &mut rules,
+            ) && metrics.cpu_limit_cores > 0.0
+            {
+                metrics.cpu_limit_cores
+            } else {
+                f64::from(current.cpu_millicores) / 1000.0
             };
-            let memory_limit = match hpa::valid_nonneg(metrics.memory_limit_bytes) {
-                Some(m) if m > 0.0 => m,
-                _ => current.memory_bytes as f64,
+            let memory_limit = if check(
+                "memory_limit_bytes",
+                metrics.memory_limit_bytes,
+                "the current memory limit stands in",
+                &mut rules,
+            ) && metrics.memory_limit_bytes > 0.0
+            {
+                metrics.memory_limit_bytes
+            } else {
+                current.memory_bytes as f64
             };
             let ready = metrics.ready_replicas.min(metrics.replicas);
             if cpu_ok && ready > 0 {
@@ -412,7 +432,7 @@ impl Fallback {
             rules.push(Rule::InvalidInput {
                 field: "now_s",
                 value: now_s,
-                kept: "all",
+                kept: "all kept",
             });
         }
 
@@ -608,6 +628,22 @@ mod tests {
         );
         assert_eq!(r.desired.replicas, 4);
         assert!(r.had_invalid_input());
+    }
+
+    #[test]
+    fn invalid_limit_falls_back_to_the_current_one() {
+        let mut f = fallback();
+        // 2 pods using 1.9 cores; the metrics' limit is NaN, the current limit of 1 core stands
+        // in: 95 % → 3 replicas, as with a valid 1-core limit.
+        let r = f.recommend(
+            0.0,
+            &metrics(2, 2, 1.9, 4e8, f64::NAN),
+            res(2, 1000, 512 * MIB),
+            &Bounds::default(),
+        );
+        assert_eq!(r.desired.replicas, 3);
+        assert!(r.had_invalid_input());
+        assert!(r.explanation().contains("the current cpu limit stands in"));
     }
 
     #[test]
