@@ -36,6 +36,9 @@ pub struct AppConfig {
     pub targets: Vec<crate::spec::TargetSpec>,
     pub lifecycle: LifecycleProfile,
     pub collector: CollectorConfig,
+    /// Sections owned by one service (e.g. `[actuator]`), read with [`AppConfig::section`].
+    #[serde(flatten)]
+    pub sections: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Where the metrics collector reads metrics from.
@@ -297,6 +300,17 @@ impl Default for LifecycleProfile {
 }
 
 impl AppConfig {
+    /// The section `name` as `T` (its defaults when absent); errors name the section.
+    pub fn section<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        name: &str,
+    ) -> Result<T, ConfigError> {
+        match self.sections.get(name) {
+            None => Ok(T::default()),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| invalid(name, e.to_string())),
+        }
+    }
+
     /// Checks values the types alone cannot; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let url = &self.bus.url;
@@ -521,6 +535,41 @@ name = "cart"
             .to_string();
             assert!(err.contains(key), "{vars:?}: `{err}` does not name {key}");
         }
+    }
+
+    #[test]
+    fn service_sections_are_typed_by_their_service() {
+        #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+        #[serde(default, deny_unknown_fields)]
+        struct Section {
+            sink: String,
+            limit: u32,
+        }
+        let cfg = load(&ConfigSources {
+            env: env(&[
+                ("AWARE_ACTUATOR__SINK", "kubernetes"),
+                ("AWARE_ACTUATOR__LIMIT", "3"),
+            ]),
+            ..Default::default()
+        })
+        .unwrap();
+        let s: Section = cfg.section("actuator").unwrap();
+        assert_eq!(
+            s,
+            Section {
+                sink: "kubernetes".into(),
+                limit: 3
+            }
+        );
+        let none: Section = cfg.section("absent").unwrap();
+        assert_eq!(none, Section::default());
+        let bad = load(&ConfigSources {
+            env: env(&[("AWARE_ACTUATOR__LIMIT", "many")]),
+            ..Default::default()
+        })
+        .unwrap();
+        let err = bad.section::<Section>("actuator").unwrap_err().to_string();
+        assert!(err.contains("actuator"), "{err}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub enum ServiceError {
     Subject(#[from] subject::SubjectError),
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     Other(String),
 }

@@ -1,9 +1,10 @@
 //! actuator: applies actions to the sink (simulator or Kubernetes) within guardrails and publishes `applied`.
 //!
-//! Wired into the bus: it consumes its events (counted, malformed ones dropped and counted) and
-//! serves /metrics, /healthz, /readyz. Its control-loop logic arrives with the [control-loop] issue.
+//! See [`service`] for the service, [`guardrails`] for the rules every action passes and [`sink`]
+//! for the Kubernetes API calls.
 
 pub mod guardrails;
+pub mod service;
 pub mod sink;
 
 use aware_bus_schemas::EventKind;
@@ -19,5 +20,5 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    aware_shared::agents::run_intake(&ctx, CONSUMES).await
+    service::run(ctx).await
 }

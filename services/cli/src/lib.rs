@@ -1,6 +1,7 @@
 //! The `aware` command's library: the service registry, `watch`, the benchmarks.
 
 pub mod bench;
+pub mod demo;
 pub mod watch;
 
 use aware_shared::launcher::ServiceEntry;

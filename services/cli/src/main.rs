@@ -77,8 +77,23 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
-    /// The end-to-end demo on a simulated cluster (arrives with the control loop).
-    Demo,
+    /// The main job: a simulated cluster managed end to end on the embedded bus.
+    Demo {
+        /// Generated apps in addition to the hand-written ones (two on real traces).
+        #[arg(long, default_value_t = 3)]
+        apps: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        #[arg(long, default_value_t = 3)]
+        episodes: u64,
+        #[arg(long, default_value_t = 100)]
+        steps_per_episode: u32,
+        /// Print the progress table every this many steps.
+        #[arg(long, default_value_t = 25)]
+        print_every: u32,
+        #[arg(long, default_value = "demo-out")]
+        out: PathBuf,
+    },
     /// Print the CRD YAML (arrives with the Kubernetes issue).
     Crd,
 }
@@ -291,8 +306,28 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         },
-        Command::Demo => {
-            bail!("`aware demo` arrives with the control loop (issue [control-loop]); run `aware run all` for the services")
+        Command::Demo {
+            apps,
+            seed,
+            episodes,
+            steps_per_episode,
+            print_every,
+            out,
+        } => {
+            aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+            let opts = aware_cli::demo::DemoOptions {
+                generated_apps: apps,
+                seed,
+                episodes,
+                steps_per_episode,
+                print_every,
+                out_dir: out,
+            };
+            let system = actix_rt::System::new();
+            system.block_on(async move {
+                let mut stdout = std::io::stdout();
+                aware_cli::demo::run(&opts, &mut stdout).await
+            })?;
         }
         Command::Crd => bail!("`aware crd` arrives with the Kubernetes issue ([kubernetes])"),
     }

@@ -19,7 +19,9 @@ use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
 
 pub const NAME: &str = "lifecycle-monitor";
-pub const CONSUMES: &[EventKind] = &[EventKind::Episode];
+/// `obs` only registers targets: the first one starts the target's agent, which announces its
+/// initial stage.
+pub const CONSUMES: &[EventKind] = &[EventKind::Episode, EventKind::Obs];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),

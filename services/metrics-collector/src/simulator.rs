@@ -6,7 +6,8 @@
 //! every target's `applied` for the current step has arrived, or after `step_timeout_ms` with the
 //! allocation of the late targets unchanged (counted). Wall-clock: one step per `step_seconds`.
 //! Timestamps are simulated time (start-up wall clock + simulated seconds), so the recommender's
-//! time-based rules (HPA stabilization, VPA decay) run on simulated time.
+//! time-based rules (HPA stabilization, VPA decay) run on simulated time. One warm-up step runs
+//! before the first `obs`, so no state is ever built from a cluster that has not run yet.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,6 +29,33 @@ pub fn build_apps(cfg: &SimulatorSourceConfig) -> Result<Vec<AppSpec>, ServiceEr
         apps.extend(set.apps);
     }
     Ok(apps)
+}
+
+/// The target specs of simulated apps (bounds, SLO, alpha), for the services' configuration.
+pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
+    apps.iter()
+        .map(|a| {
+            let b = a.bounds;
+            aware_shared::spec::TargetSpec {
+                namespace: a.namespace.clone(),
+                name: a.name.clone(),
+                bounds: aware_shared::spec::Bounds {
+                    min_replicas: b.min_replicas,
+                    max_replicas: b.max_replicas,
+                    min_cpu_millicores: b.min_cpu_millicores,
+                    max_cpu_millicores: b.max_cpu_millicores,
+                    min_memory_bytes: b.min_memory_bytes,
+                    max_memory_bytes: b.max_memory_bytes,
+                },
+                slo: aware_shared::spec::Slo {
+                    latency_p99_ms: a.slo.latency_p99_ms,
+                    throughput_rps: a.slo.throughput_rps,
+                },
+                alpha: a.alpha,
+                update_mode: aware_shared::spec::UpdateMode::Auto,
+            }
+        })
+        .collect()
 }
 
 /// The `obs` of global step `g` for one target.
@@ -83,8 +111,10 @@ struct Sim {
 }
 
 impl Sim {
+    /// The step whose action is awaited. The cluster runs one warm-up step (allocation
+    /// unchanged) before the first `obs`, so every published state comes from real metrics.
     fn global_step(&self) -> u64 {
-        self.env.step_index()
+        self.env.step_index().saturating_sub(1)
     }
 
     async fn publish_all(&self, ctx: &ServiceContext) {
@@ -105,6 +135,10 @@ impl Sim {
         if g != self.global_step() {
             metrics.stale_applied.inc();
             tracing::debug!(target = %a.target, step = g, current = self.global_step(), "stale applied ignored");
+            return false;
+        }
+        if a.outcome == aware_bus_schemas::Outcome::Rejected && self.pending[i].is_some() {
+            // A rejected duplicate must not undo the decision already taken for this step.
             return false;
         }
         self.pending[i] = Some(TargetAction::Desired(aware_loadgen::app::Allocation {
@@ -152,10 +186,12 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     };
     let mut env =
         SimEnv::new(apps, sim_cfg).map_err(|e| ServiceError::Other(format!("simulator: {e}")))?;
-    let last = env
-        .reset(cfg.seed)
+    env.reset(cfg.seed)
         .map_err(|e| ServiceError::Other(format!("simulator reset: {e}")))?;
     let n = targets.len();
+    let last = env
+        .step(&vec![TargetAction::Hold; n])
+        .map_err(|e| ServiceError::Other(format!("simulator warm-up step: {e}")))?;
     let mut sim = Sim {
         env,
         index: targets

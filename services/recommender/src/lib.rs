@@ -1,17 +1,25 @@
-//! recommender: one actix actor per owned target picks the action of every step (HPA/VPA
-//! fallback while OFFLINE, the RL policy otherwise) and publishes `action`.
+//! recommender: one actix actor per owned target picks the action of every step and publishes
+//! `action`.
 //!
-//! So far each target's actor follows the target's lifecycle stage, model version and
-//! embedding; the policies arrive with the [control-loop] and [rl-agent] issues. Targets are
+//! The policy behind an actor follows the target's lifecycle stage, which arrives as a message
+//! (no restart): the HPA/VPA fallback ([`fallback`]) acts while OFFLINE, and whenever the RL path
+//! cannot (no model loaded yet, a NaN state, …) with the reason in `fallback_reason`. The
+//! fallback sees every step, so its histograms are warm whenever it has to take over. Targets are
 //! sharded across instances by stable hash (`--shard i/N`).
 
 pub mod fallback;
 
 use actix::{Actor, Context, Handler};
-use aware_bus_schemas::{Event, EventKind, Stage, Target};
-use aware_shared::agents::{run_actors, Deliver, TargetActors};
+use aware_bus_schemas::{
+    Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
+};
+use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::spec::TargetSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::fallback::{Fallback, FallbackConfig};
 
 pub const NAME: &str = "recommender";
 pub const CONSUMES: &[EventKind] = &[
@@ -61,8 +69,62 @@ impl AgentState {
     }
 }
 
+/// The `[recommender]` configuration section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecommenderConfig {
+    pub fallback: FallbackConfig,
+}
+
+/// The allocation in force, read from an `obs` (limits rounded to millicores and bytes).
+pub fn current_allocation(o: &Obs) -> Resources {
+    let m = &o.metrics;
+    let finite = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+    Resources {
+        replicas: m.replicas,
+        cpu_millicores: (finite(m.cpu_limit_cores) * 1000.0).round() as u32,
+        memory_bytes: finite(m.memory_limit_bytes).round() as u64,
+    }
+}
+
 /// The actor of one target.
-pub struct Agent(pub AgentState);
+pub struct Agent {
+    pub state: AgentState,
+    spec: TargetSpec,
+    fallback: Fallback,
+    outbox: Outbox,
+}
+
+impl Agent {
+    /// The action for one complete `obs`.
+    pub fn decide(&mut self, o: &Obs) -> Action {
+        let current = current_allocation(o);
+        let now_s = o.ts_ms as f64 / 1000.0;
+        let rec = self
+            .fallback
+            .recommend(now_s, &o.metrics, current, &self.spec.bounds);
+        let fallback_reason = match self.state.stage {
+            Stage::Online | Stage::Serving => Some("no RL policy is loaded".to_string()),
+            Stage::Initialized | Stage::Offline => None,
+        };
+        tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
+        Action {
+            schema: Schema::new(),
+            target: o.target.clone(),
+            episode: o.episode,
+            step: o.step,
+            ts_ms: o.ts_ms,
+            source: DecisionSource::Fallback,
+            stage: self.state.stage,
+            raw: Vec::new(),
+            current,
+            desired: rec.desired,
+            model_version: self.state.model_version,
+            exploration: false,
+            fallback_reason,
+        }
+    }
+}
 
 impl Actor for Agent {
     type Context = Context<Self>;
@@ -72,18 +134,48 @@ impl Handler<Deliver> for Agent {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
-        let before = self.0.stage;
-        self.0.apply(&ev);
-        if self.0.stage != before {
-            tracing::info!(target = %self.0.target, from = %before, to = %self.0.stage, "stage changed");
+        let before = self.state.stage;
+        self.state.apply(&ev);
+        if self.state.stage != before {
+            tracing::info!(target = %self.state.target, from = %before, to = %self.state.stage, "stage changed");
+        }
+        if let Event::Obs(o) = ev {
+            if !o.complete {
+                tracing::debug!(target = %o.target, missing = ?o.missing, "incomplete step: no action");
+                return;
+            }
+            let action = self.decide(&o);
+            self.outbox.send(action);
         }
     }
 }
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    let mut actors = TargetActors::new(&ctx, |t: &Target| Agent(AgentState::new(t.clone())));
-    run_actors(&ctx, CONSUMES, true, &mut actors).await
+    let cfg: RecommenderConfig = ctx.config.section("recommender")?;
+    // Validated once at start-up: a bad setting stops the service naming the key.
+    let prototype = Fallback::new(cfg.fallback)
+        .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
+    let (outbox, publisher) = spawn_publisher(ctx.clone());
+    let specs = ctx.config.targets.clone();
+    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+        let spec = specs
+            .iter()
+            .find(|s| s.namespace == t.namespace && s.name == t.name)
+            .cloned()
+            .unwrap_or_else(|| TargetSpec::new(t));
+        Agent {
+            state: AgentState::new(t.clone()),
+            spec,
+            fallback: prototype.clone(),
+            outbox: outbox.clone(),
+        }
+    });
+    run_actors(&ctx, CONSUMES, true, &mut actors).await?;
+    drop(actors);
+    publisher
+        .await
+        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
 //! trajectory-recorder: joins obs, action and applied into transitions in the trajectory store and publishes `episode`.
 //!
-//! Wired into the bus: it consumes its events (counted, malformed ones dropped and counted) and
-//! serves /metrics, /healthz, /readyz. Its control-loop logic arrives with the [control-loop] issue.
+//! [`join`] builds transitions and episode summaries, [`store`] keeps them (SQLite embedded,
+//! QuestDB in production), [`service`] runs it on the bus.
 
 use aware_bus_schemas::EventKind;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
 
+pub mod join;
+pub mod service;
 pub mod store;
 
 pub const NAME: &str = "trajectory-recorder";
@@ -18,5 +20,5 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    aware_shared::agents::run_intake(&ctx, CONSUMES).await
+    service::run(ctx).await
 }

@@ -1,0 +1,292 @@
+//! Joins each target's `obs`, `action` and `applied` into transitions
+//! (s_t, a_t, r_{t+1}, s_{t+1}) and folds them into episode summaries.
+//!
+//! obs(t) carries s_t; action(t) and applied(t) the decision for step t; obs(t+1) carries
+//! r_{t+1} (the reward of that decision) and s_{t+1}. A transition is emitted when obs(t+1)
+//! arrives and the action of step t is known (a step without an action — incomplete metrics —
+//! produces none). Without an `applied`, the allocation in force is the action's `current`
+//! (nothing was applied). An episode's summary is emitted with the transition of its last step.
+
+use std::collections::BTreeMap;
+
+use aware_bus_schemas::{Action, Applied, DecisionSource, Episode, Obs, Schema, Stage, Target};
+
+use crate::store::Transition;
+
+/// Global step index of (episode, step) with `steps_per_episode`.
+pub fn global(episode: u64, step: u32, spe: u32) -> u64 {
+    episode * u64::from(spe.max(1)) + u64::from(step)
+}
+
+#[derive(Debug, Default, Clone)]
+struct EpisodeAcc {
+    steps: u32,
+    reward: f64,
+    slo_violations: u32,
+    cpu_util: f64,
+    memory_util: f64,
+    rl_steps: u32,
+    fallback_steps: u32,
+    stages: BTreeMap<&'static str, (u32, Option<Stage>)>,
+    last_step: u32,
+    last_ts_ms: i64,
+}
+
+/// The join state of one target.
+#[derive(Debug, Clone)]
+pub struct Joiner {
+    target: Target,
+    spe: u32,
+    prev: Option<Obs>,
+    action: Option<Action>,
+    applied: Option<Applied>,
+    episodes: BTreeMap<u64, EpisodeAcc>,
+}
+
+/// What one event produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Joined {
+    pub transition: Option<Transition>,
+    pub episode: Option<Episode>,
+}
+
+impl Joiner {
+    pub fn new(target: Target, steps_per_episode: u32) -> Self {
+        Joiner {
+            target,
+            spe: steps_per_episode.max(1),
+            prev: None,
+            action: None,
+            applied: None,
+            episodes: BTreeMap::new(),
+        }
+    }
+
+    fn prev_global(&self) -> Option<u64> {
+        self.prev
+            .as_ref()
+            .map(|o| global(o.episode, o.step, self.spe))
+    }
+
+    /// An action: kept when it is for the step of the latest obs.
+    pub fn on_action(&mut self, a: Action) {
+        if self.prev_global() == Some(global(a.episode, a.step, self.spe)) {
+            self.action = Some(a);
+        }
+    }
+
+    /// An applied decision: kept when it is for the step of the latest obs.
+    pub fn on_applied(&mut self, a: Applied) {
+        if self.prev_global() == Some(global(a.episode, a.step, self.spe)) {
+            self.applied = Some(a);
+        }
+    }
+
+    /// An obs: closes the previous step's transition when it directly follows it.
+    pub fn on_obs(&mut self, o: Obs) -> Joined {
+        let g = global(o.episode, o.step, self.spe);
+        let mut out = Joined::default();
+        if let (Some(prev), Some(action)) = (&self.prev, &self.action) {
+            let follows = self.prev_global().map(|p| p + 1) == Some(g);
+            let reward = o.reward.filter(|r| r.is_finite());
+            if let (true, Some(reward)) = (follows, reward) {
+                let applied = self.applied.as_ref().map_or(action.current, |a| a.applied);
+                let t = Transition {
+                    target: self.target.clone(),
+                    episode: prev.episode,
+                    step: prev.step,
+                    ts_ms: prev.ts_ms,
+                    state: prev.state.clone(),
+                    action_raw: action.raw.clone(),
+                    desired: action.desired,
+                    applied,
+                    source: action.source,
+                    stage: action.stage,
+                    reward,
+                    next_state: o.state.clone(),
+                    slo_violation: o.slo_violation,
+                    cpu_util: o.metrics.cpu_util,
+                    memory_util: o.metrics.memory_util,
+                };
+                out.episode = self.fold(&t, o.ts_ms);
+                out.transition = Some(t);
+            }
+        }
+        self.prev = Some(o);
+        self.action = None;
+        self.applied = None;
+        out
+    }
+
+    fn fold(&mut self, t: &Transition, ts_ms: i64) -> Option<Episode> {
+        let acc = self.episodes.entry(t.episode).or_default();
+        acc.steps += 1;
+        acc.reward += t.reward;
+        acc.slo_violations += u32::from(t.slo_violation);
+        acc.cpu_util += t.cpu_util;
+        acc.memory_util += t.memory_util;
+        match t.source {
+            DecisionSource::Rl => acc.rl_steps += 1,
+            DecisionSource::Fallback => acc.fallback_steps += 1,
+        }
+        let e = acc.stages.entry(t.stage.as_str()).or_insert((0, None));
+        e.0 += 1;
+        e.1 = Some(t.stage);
+        acc.last_step = t.step;
+        acc.last_ts_ms = ts_ms;
+        if t.step + 1 < self.spe {
+            return None;
+        }
+        let acc = self.episodes.remove(&t.episode)?;
+        // Older unfinished episodes (steps lost before a restart) will never complete.
+        self.episodes.retain(|&e, _| e > t.episode);
+        let n = f64::from(acc.steps.max(1));
+        let stage = acc
+            .stages
+            .values()
+            .max_by_key(|(count, _)| *count)
+            .and_then(|(_, s)| *s)
+            .unwrap_or(Stage::Offline);
+        Some(Episode {
+            schema: Schema::new(),
+            target: self.target.clone(),
+            episode: t.episode,
+            step: acc.last_step,
+            ts_ms: acc.last_ts_ms,
+            steps: acc.steps,
+            total_reward: acc.reward,
+            mean_reward: acc.reward / n,
+            slo_violations: acc.slo_violations,
+            cpu_util_mean: acc.cpu_util / n,
+            memory_util_mean: acc.memory_util / n,
+            rl_steps: acc.rl_steps,
+            fallback_steps: acc.fallback_steps,
+            stage,
+            policy_estimate: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_bus_schemas::generated::samples;
+    use aware_bus_schemas::Event;
+
+    fn obs(e: u64, s: u32, reward: Option<f64>, state0: f32) -> Obs {
+        let Some(Event::Obs(mut o)) = samples().into_iter().find(|e| matches!(e, Event::Obs(_)))
+        else {
+            unreachable!()
+        };
+        o.episode = e;
+        o.step = s;
+        o.reward = reward;
+        o.state[0] = state0;
+        o
+    }
+
+    fn action(e: u64, s: u32, source: DecisionSource) -> Action {
+        let Some(Event::Action(mut a)) = samples()
+            .into_iter()
+            .find(|e| matches!(e, Event::Action(_)))
+        else {
+            unreachable!()
+        };
+        a.episode = e;
+        a.step = s;
+        a.source = source;
+        a
+    }
+
+    fn applied(e: u64, s: u32, replicas: u32) -> Applied {
+        let Some(Event::Applied(mut a)) = samples()
+            .into_iter()
+            .find(|e| matches!(e, Event::Applied(_)))
+        else {
+            unreachable!()
+        };
+        a.episode = e;
+        a.step = s;
+        a.applied.replicas = replicas;
+        a
+    }
+
+    #[test]
+    fn joins_state_action_reward_next_state() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
+        assert_eq!(j.on_obs(obs(0, 0, None, 0.1)), Joined::default());
+        j.on_action(action(0, 0, DecisionSource::Fallback));
+        j.on_applied(applied(0, 0, 7));
+        let out = j.on_obs(obs(0, 1, Some(1.5), 0.2));
+        let t = out.transition.unwrap();
+        assert_eq!((t.episode, t.step), (0, 0));
+        assert_eq!(t.state[0], 0.1);
+        assert_eq!(t.next_state[0], 0.2);
+        assert_eq!(t.reward, 1.5);
+        assert_eq!(t.applied.replicas, 7);
+        assert!(out.episode.is_none());
+    }
+
+    #[test]
+    fn no_action_no_transition_and_gaps_break_the_chain() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        j.on_obs(obs(0, 0, None, 0.1));
+        assert!(
+            j.on_obs(obs(0, 1, Some(1.0), 0.2)).transition.is_none(),
+            "no action"
+        );
+        j.on_action(action(0, 1, DecisionSource::Fallback));
+        assert!(
+            j.on_obs(obs(0, 3, Some(1.0), 0.2)).transition.is_none(),
+            "gap"
+        );
+        // An action for an old step is ignored.
+        j.on_action(action(0, 1, DecisionSource::Fallback));
+        assert!(j.on_obs(obs(0, 4, Some(1.0), 0.2)).transition.is_none());
+    }
+
+    #[test]
+    fn missing_applied_means_nothing_applied() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        j.on_obs(obs(0, 0, None, 0.1));
+        let a = action(0, 0, DecisionSource::Fallback);
+        let current = a.current;
+        j.on_action(a);
+        let t = j.on_obs(obs(0, 1, Some(1.0), 0.2)).transition.unwrap();
+        assert_eq!(t.applied, current);
+    }
+
+    #[test]
+    fn episode_summary_at_the_last_step() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
+        j.on_obs(obs(0, 0, None, 0.0));
+        let mut episode = None;
+        let rewards = [1.0, 2.0, 3.0];
+        for (i, (e, s)) in [(0u64, 1u32), (0, 2), (1, 0)].into_iter().enumerate() {
+            j.on_action(action(
+                0,
+                i as u32,
+                if i == 0 {
+                    DecisionSource::Rl
+                } else {
+                    DecisionSource::Fallback
+                },
+            ));
+            let mut o = obs(e, s, Some(rewards[i]), 0.0);
+            o.slo_violation = i == 1;
+            let out = j.on_obs(o);
+            assert!(out.transition.is_some());
+            if out.episode.is_some() {
+                episode = out.episode;
+            }
+        }
+        let ep = episode.expect("episode 0 closes with the transition of step 2");
+        assert_eq!(ep.episode, 0);
+        assert_eq!(ep.steps, 3);
+        assert_eq!(ep.total_reward, 6.0);
+        assert_eq!(ep.mean_reward, 2.0);
+        assert_eq!(ep.slo_violations, 1);
+        assert_eq!((ep.rl_steps, ep.fallback_steps), (1, 2));
+        assert_eq!(ep.step, 2);
+    }
+}
