@@ -27,6 +27,9 @@
 //!
 //! # Defaults ([`GuardrailConfig::default`])
 //!
+//! Each limit is `max(min, ratio × value in force)` (`<dim>_up_ratio`/`<dim>_up_min…`, same for
+//! `down`); cooldowns are `<dim>_cooldown_ms` and `shared_vertical_cooldown`.
+//!
 //! | dimension | up per step | down per step | cooldown |
 //! |---|---|---|---|
 //! | replicas | max(4, 100 %) | max(1, 50 %) | none |
@@ -38,9 +41,11 @@
 //! capacity at once, and the HPA relies on a stabilization window for the same reason. Vertical
 //! changes restart pods unless applied in place, so they are rate-limited by a cooldown (a CPU change
 //! starts the memory cooldown too: both restart the same pods) and bounded to ±50 % per step. The
-//! absolute minimum step (`min`) lets small allocations move at all (50 % of 128 m is only 64 m) and
-//! is at least a quarter of the default action map's step (4 replicas, 480 m, 704 MiB), so the
-//! default RL action range is mostly available near the lower bounds.
+//! absolute minimum step (`*_min*` fields) lets small allocations move at all (50 % of 128 m is only
+//! 64 m). Near the lower bounds these limits are tighter than the largest step of the loadgen's
+//! default action map (±4 replicas, ±480 m, ±704 MiB), so a full-strength RL action there is clamped
+//! and reported; relax `cpu_up_min_millicores` / `memory_up_min_bytes` to give the policy its full
+//! range.
 //!
 //! A value in force of zero CPU or memory means "unknown" (e.g. a container without a limit): the
 //! step limit does not apply to that dimension, only the bounds. A clock that went backwards (e.g. a
