@@ -827,6 +827,39 @@ mod tests {
         assert_eq!(report.passed, conformance::CASE_NAMES.len());
     }
 
+    /// The documented async usage: an `Arc<dyn TrajectoryStore>` called through
+    /// `spawn_blocking` from several tasks.
+    #[test]
+    fn dyn_store_is_usable_from_spawn_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: std::sync::Arc<dyn TrajectoryStore> =
+            std::sync::Arc::new(SqliteStore::open_path(dir.path().join("d.sqlite")).unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let target = Target::new("ns", "async");
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..4u64)
+                .map(|e| {
+                    let (store, target) = (store.clone(), target.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let batch: Vec<_> = (0..25)
+                            .map(|s| conformance::transition(&target, e, s))
+                            .collect();
+                        store.append(&batch)
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap().unwrap();
+            }
+        });
+        assert_eq!(store.backend(), "sqlite");
+        assert_eq!(store.count(&target).unwrap(), 100);
+        assert_eq!(store.transitions(&target, 3..4).unwrap().len(), 25);
+    }
+
     #[test]
     fn open_sets_wal_full_and_current_schema() {
         let dir = tempfile::tempdir().unwrap();
