@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bus_conformance;
+mod control_loop;
 mod jetstream;
 mod run_all;
 mod service_http;

@@ -84,9 +84,13 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     let config = dir.path().join("aware.toml");
     std::fs::write(
         &config,
-        "[lifecycle]\nwindow = 2\nt_online = 1.0\nt_serving = 1.3\nt_var = 0.15\n\
+        format!(
+            "[recorder]\nsqlite_path = \"{}\"\n\
+         [lifecycle]\nwindow = 2\nt_online = 1.0\nt_serving = 1.3\nt_var = 0.15\n\
          [[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n\
          [[targets]]\nnamespace = \"shop\"\nname = \"api.v2\"\n",
+            dir.path().join("t.db").display()
+        ),
     )
     .unwrap();
     let url = server.url();
@@ -255,6 +259,8 @@ fn every_service_binary_runs_on_its_own() {
         "aware-meta-learner-trainer",
         "aware-lifecycle-monitor",
     ];
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("t.db").display().to_string();
     let mut procs: Vec<Proc> = names
         .iter()
         .map(|n| {
@@ -264,7 +270,7 @@ fn every_service_binary_runs_on_its_own() {
             } else {
                 args.to_vec()
             };
-            Proc::spawn(n, &args, &[])
+            Proc::spawn(n, &args, &[("AWARE_RECORDER__SQLITE_PATH", db.as_str())])
         })
         .collect();
     for (p, n) in procs.iter().zip(names) {

@@ -36,6 +36,11 @@ async fn metrics_health_and_malformed_messages() {
         t_online: 1.0,
         ..LifecycleProfile::default()
     };
+    let data = tempfile::tempdir().unwrap();
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": data.path().join("t.db").display().to_string() }),
+    );
     let bus = Bus::in_process(1024);
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.*.*").await.unwrap();
     let shutdown = CancellationToken::new();

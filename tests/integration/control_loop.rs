@@ -1,0 +1,112 @@
+//! The control loop on the embedded bus: the simulated cluster driven by the six services with
+//! the HPA/VPA fallback; every executed step is recorded as a transition and every episode is
+//! summarised.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aware_bus_schemas::{subject, Event, Stage, Target};
+use aware_shared::bus::Bus;
+use aware_shared::config::{AppConfig, SourceKind};
+use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
+use tokio_util::sync::CancellationToken;
+
+#[actix_rt::test]
+async fn fallback_loop_records_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let (apps, spe, episodes) = (4usize, 20u32, 3u64);
+    let steps = u64::from(spe) * episodes;
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = spe;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.seed = 11;
+    cfg.collector.simulator.max_steps = steps;
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": db.display().to_string(), "batch": 64 }),
+    );
+    let bus = Bus::in_process(65_536);
+    let mut all = bus.subscribe(subject::ALL).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus,
+        Arc::new(cfg),
+        &aware_cli::SERVICES,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+
+    let (mut obs, mut actions, mut applied, mut eps) = (0u64, 0u64, 0u64, 0u64);
+    let mut offline = std::collections::BTreeSet::<Target>::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // The run ends when every target has its episode summaries.
+    while eps < apps as u64 * episodes {
+        let m = tokio::time::timeout_at(deadline, all.next())
+            .await
+            .expect("the loop finishes within 120 s")
+            .unwrap();
+        let p = subject::parse(&m.subject).unwrap();
+        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+            Event::Obs(o) => {
+                obs += 1;
+                assert!(o.complete);
+                assert!(o.state.iter().all(|x| x.is_finite()));
+                if o.episode == 0 && o.step == 0 {
+                    assert!(o.reward.is_none());
+                } else {
+                    assert!(o.reward.unwrap().is_finite());
+                }
+            }
+            Event::Action(a) => {
+                actions += 1;
+                assert_eq!(a.source, aware_bus_schemas::DecisionSource::Fallback);
+                assert!(a.desired.replicas >= 1 && a.desired.replicas <= 20);
+                assert!(a.desired.cpu_millicores >= 128 && a.desired.cpu_millicores <= 2048);
+            }
+            Event::Applied(_) => applied += 1,
+            Event::Episode(e) => {
+                eps += 1;
+                assert_eq!(e.steps, spe);
+                assert_eq!(e.fallback_steps, spe);
+                assert!(e.mean_reward.is_finite() && e.mean_reward > 0.0);
+            }
+            Event::Lifecycle(l) => {
+                assert_eq!(l.stage, Stage::Offline, "the fallback bootstraps");
+                offline.insert(l.target.clone());
+            }
+            _ => {}
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+
+    let n = apps as u64;
+    // obs for steps 0..=steps (the last one is never stepped), one action and applied each.
+    assert!(obs >= n * steps, "obs {obs}");
+    assert!(
+        actions >= n * steps && applied >= n * steps,
+        "{actions} {applied}"
+    );
+    assert_eq!(offline.len(), apps, "every target announced OFFLINE");
+    let store = SqliteStore::open_path(&db).unwrap();
+    assert_eq!(
+        store.count_all().unwrap(),
+        n * steps,
+        "one transition per executed step"
+    );
+    for t in store.targets().unwrap() {
+        assert_eq!(store.count(&t).unwrap(), steps);
+        let recorded = store.episodes(&t, 10).unwrap();
+        assert_eq!(recorded.len() as u64, episodes);
+        let rows = store.transitions(&t, 0..episodes).unwrap();
+        assert_eq!(rows.len() as u64, steps);
+        // Consecutive transitions chain: s_{t+1} of one is s_t of the next.
+        for w in rows.windows(2) {
+            assert_eq!(w[0].next_state, w[1].state);
+        }
+    }
+}
