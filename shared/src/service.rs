@@ -118,6 +118,95 @@ impl ServiceContext {
         Ok(rx)
     }
 
+    /// Like [`Self::subscribe_events`], but on NATS reads the JetStream stream in stream order
+    /// from `start_seq` (0: from the oldest message kept) and yields each event with its stream
+    /// sequence, so a consumer that persists how far it got resumes without losing anything.
+    /// On the embedded bus (nothing to replay) it is a live subscription and sequences are `None`.
+    pub async fn subscribe_replay(
+        &self,
+        kinds: &[EventKind],
+        start_seq: u64,
+    ) -> Result<mpsc::Receiver<(Event, Option<u64>)>, ServiceError> {
+        use futures::StreamExt;
+        let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
+        let nats = match &self.bus {
+            Bus::InProc(_) => {
+                let mut live = self.subscribe_events(kinds).await?;
+                tokio::spawn(async move {
+                    while let Some(ev) = live.recv().await {
+                        if tx.send((ev, None)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                return Ok(rx);
+            }
+            Bus::Nats(n) => n.clone(),
+        };
+        let js_err = |e: String| {
+            ServiceError::Bus(BusError::JetStream {
+                stream: self.config.bus.jetstream.stream.clone(),
+                reason: e,
+            })
+        };
+        let js = async_nats::jetstream::new(nats.client().clone());
+        let stream = js
+            .get_stream(&self.config.bus.jetstream.stream)
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        let deliver_policy = if start_seq > 0 {
+            async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start_seq,
+            }
+        } else {
+            async_nats::jetstream::consumer::DeliverPolicy::All
+        };
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: subject::ALL.to_string(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        let kinds: Vec<EventKind> = kinds.to_vec();
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = ctx.shutdown.cancelled() => break,
+                    m = messages.next() => m,
+                };
+                let m = match next {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => {
+                        tracing::warn!(service = ctx.name, error = %e, "replay consumer error; it resumes by itself");
+                        continue;
+                    }
+                    None => break,
+                };
+                let Ok(parsed) = subject::parse(m.subject.as_str()) else {
+                    continue;
+                };
+                if !kinds.contains(&parsed.kind) {
+                    continue;
+                }
+                let seq = m.info().ok().map(|i| i.stream_sequence);
+                let Some(ev) = ctx.decode(parsed.kind, m.subject.as_str(), &m.payload) else {
+                    continue;
+                };
+                if tx.send((ev, seq)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(rx)
+    }
+
     /// Decodes one received message, counting it as received or as a decode error.
     pub fn decode(&self, kind: EventKind, subj: &str, payload: &[u8]) -> Option<Event> {
         let label = kind.as_str();

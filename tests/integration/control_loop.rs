@@ -110,3 +110,99 @@ async fn fallback_loop_records_every_step() {
         }
     }
 }
+
+/// Three recommender shards on one bus: every target's every step gets exactly one action.
+#[actix_rt::test]
+async fn three_recommender_shards_serve_every_target_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (apps, steps) = (9usize, 30u64);
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = 10;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.max_steps = steps;
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
+    );
+    let bus = Bus::in_process(65_536);
+    let mut actions = bus.subscribe("aware.v1.action.*.*").await.unwrap();
+    let shutdown = CancellationToken::new();
+    // The shards first, so they are subscribed before the collector publishes its first obs.
+    let mut running = Vec::new();
+    for i in 0..3 {
+        let mut c = cfg.clone();
+        c.shard = aware_shared::config::ShardConfig { index: i, count: 3 };
+        running.push(
+            aware_shared::launcher::start_on(
+                bus.clone(),
+                Arc::new(c),
+                &[aware_recommender::ENTRY],
+                shutdown.clone(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let others: Vec<_> = aware_cli::SERVICES
+        .iter()
+        .copied()
+        .filter(|e| e.name != aware_recommender::NAME)
+        .collect();
+    running.push(
+        aware_shared::launcher::start_on(bus.clone(), Arc::new(cfg), &others, shutdown.clone())
+            .await
+            .unwrap(),
+    );
+    // (target, global step) → number of actions.
+    let mut seen = std::collections::BTreeMap::<(Target, u64), u32>::new();
+    let want = apps as u64 * (steps + 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while (seen.len() as u64) < want {
+        let m = tokio::time::timeout_at(deadline, actions.next())
+            .await
+            .expect("every step acted on within 60 s")
+            .unwrap();
+        let Event::Action(a) =
+            aware_bus_schemas::decode_event(aware_bus_schemas::EventKind::Action, &m.payload)
+                .unwrap()
+        else {
+            unreachable!()
+        };
+        *seen
+            .entry((a.target, a.episode * 10 + u64::from(a.step)))
+            .or_default() += 1;
+    }
+    // Nothing more arrives: no shard acted on a target twice.
+    if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), actions.next()).await {
+        panic!("extra action on {}", m.subject);
+    }
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    let targets: std::collections::BTreeSet<_> = seen.keys().map(|(t, _)| t.clone()).collect();
+    assert_eq!(targets.len(), apps);
+    // Each shard owns at least one target and their metrics add up to all of them.
+    let mut owned = 0.0;
+    for r in &running[..3] {
+        let (_, text) = tokio::task::spawn_blocking({
+            let addr = r.http_addr;
+            move || aware_tests::http_get(addr, "/metrics").unwrap()
+        })
+        .await
+        .unwrap();
+        let n = aware_tests::metric(
+            &aware_tests::parse_metrics(&text),
+            "aware_targets",
+            &[("service", "recommender")],
+        )
+        .unwrap();
+        assert!(n >= 1.0, "a shard owns no target");
+        owned += n;
+    }
+    assert_eq!(owned, apps as f64);
+    shutdown.cancel();
+    for r in running {
+        r.join().await.unwrap();
+    }
+}

@@ -6,5 +6,6 @@
 mod bus_conformance;
 mod control_loop;
 mod jetstream;
+mod loop_nats;
 mod run_all;
 mod service_http;

@@ -44,6 +44,9 @@ pub struct LifecycleMachine {
     profile: LifecycleProfile,
     stage: Stage,
     rewards: VecDeque<f64>,
+    /// The newest episode taken into account: `episode` is delivered at least once, so a repeat
+    /// (or an older episode) is ignored.
+    last_episode: Option<u64>,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -59,6 +62,7 @@ impl LifecycleMachine {
             profile,
             stage: Stage::Initialized,
             rewards: VecDeque::new(),
+            last_episode: None,
         }
     }
 
@@ -102,6 +106,10 @@ impl LifecycleMachine {
 
     /// Lines 10–21: takes one finished episode and returns the transition it causes, if any.
     pub fn observe(&mut self, ep: &Episode) -> Option<Transition> {
+        if self.last_episode.is_some_and(|last| ep.episode <= last) {
+            return None;
+        }
+        self.last_episode = Some(ep.episode);
         let sample = match self.stage {
             Stage::Initialized => return self.start(),
             Stage::Offline => ep.policy_estimate,
@@ -252,8 +260,10 @@ mod tests {
             m.stage = s;
         }
         let mut last = None;
-        for &(stage, mean, est) in feed {
-            if let Some(t) = m.observe(&episode(stage, mean, est)) {
+        for (n, &(stage, mean, est)) in (1u64..).zip(feed) {
+            let mut e = episode(stage, mean, est);
+            e.episode = n;
+            if let Some(t) = m.observe(&e) {
                 last = Some(t);
             }
         }
@@ -419,17 +429,43 @@ mod tests {
         use Stage::*;
         let mut m = LifecycleMachine::new(profile(true));
         m.start();
+        let mut n = 0u64;
+        let mut next = |stage, mean, est| {
+            n += 1;
+            let mut e = episode(stage, mean, est);
+            e.episode = n;
+            e
+        };
         let mut t = None;
         for r in [1.0, 1.2, 1.4] {
-            t = m.observe(&episode(Offline, 0.0, Some(r)));
+            t = m.observe(&next(Offline, 0.0, Some(r)));
         }
         let t = t.unwrap();
         assert_eq!((t.from, t.to, t.window), (Offline, Online, 3));
         assert!((t.mean.unwrap() - 1.2).abs() < 1e-12);
         assert!((t.std.unwrap() - (0.08f64 / 3.0).sqrt()).abs() < 1e-12);
         // The window restarts in ONLINE: two good episodes are not enough.
-        assert!(m.observe(&episode(Online, 1.5, None)).is_none());
-        assert!(m.observe(&episode(Online, 1.5, None)).is_none());
-        assert_eq!(m.observe(&episode(Online, 1.5, None)).unwrap().to, Serving);
+        assert!(m.observe(&next(Online, 1.5, None)).is_none());
+        assert!(m.observe(&next(Online, 1.5, None)).is_none());
+        assert_eq!(m.observe(&next(Online, 1.5, None)).unwrap().to, Serving);
+    }
+
+    #[test]
+    fn repeated_and_old_episodes_are_ignored() {
+        use Stage::*;
+        let mut m = LifecycleMachine::new(profile(true));
+        m.start();
+        let mut e = episode(Offline, 0.0, Some(5.0));
+        e.episode = 7;
+        assert!(m.observe(&e).is_none());
+        // The same episode twice (at-least-once delivery) and an older one do not count.
+        assert!(m.observe(&e).is_none());
+        e.episode = 3;
+        assert!(m.observe(&e).is_none());
+        assert_eq!(m.rewards.len(), 1);
+        e.episode = 8;
+        assert!(m.observe(&e).is_none());
+        e.episode = 9;
+        assert_eq!(m.observe(&e).unwrap().to, Online);
     }
 }

@@ -1,6 +1,13 @@
 //! The recorder service: one actix actor per target joins `obs`, `action` and `applied` into
 //! transitions ([`crate::join`]); one writer task stores them in batches and, once an episode's
 //! last transition is stored, stores its summary and publishes `episode`.
+//!
+//! On NATS the recorder reads the JetStream stream in order (an ordered consumer) rather than live
+//! subscriptions, and after every stored batch it persists the *resume point*: the stream sequence
+//! of the oldest message it may still need, i.e. the first `obs` of each target's current episode
+//! (the minimum over targets). A restarted recorder replays from there, rebuilds its joins and
+//! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
+//! crash or restart loses no transition and never duplicates a row or an `episode` message.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +30,8 @@ use crate::store::{EpisodeSummary, SqliteConfig, SqliteStore, TrajectoryStore, T
 pub struct RecorderConfig {
     /// SQLite database file of the embedded store.
     pub sqlite_path: PathBuf,
+    /// Where the JetStream resume point is kept (default: `<sqlite_path>.resume`).
+    pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
     pub batch: usize,
 }
@@ -31,15 +40,63 @@ impl Default for RecorderConfig {
     fn default() -> Self {
         RecorderConfig {
             sqlite_path: PathBuf::from("aware-data/trajectories.db"),
+            resume_path: None,
             batch: 512,
         }
     }
 }
 
+impl RecorderConfig {
+    pub fn resume_path(&self) -> PathBuf {
+        self.resume_path.clone().unwrap_or_else(|| {
+            let mut p = self.sqlite_path.clone().into_os_string();
+            p.push(".resume");
+            PathBuf::from(p)
+        })
+    }
+}
+
+/// The persisted resume point (0 when none: replay everything the stream keeps).
+pub fn read_resume(path: &std::path::Path) -> Result<u64, ServiceError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            ServiceError::Other(format!(
+                "recorder resume point {} is corrupt: `{}`",
+                path.display(),
+                text.trim()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(ServiceError::Other(format!(
+            "recorder resume point {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Writes the resume point atomically (temporary file, fsync, rename).
+pub fn write_resume(path: &std::path::Path, seq: u64) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{seq}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 enum Write {
     Transition(Box<Transition>),
     Episode(Box<Episode>),
+    /// The oldest stream sequence a target may still need.
+    Floor(Target, u64),
 }
+
+/// An event with its JetStream stream sequence (on NATS).
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct Sequenced(pub Event, pub Option<u64>);
 
 /// The recorder's own metrics.
 #[derive(Clone)]
@@ -80,18 +137,20 @@ impl RecorderMetrics {
 pub struct TargetRecorder {
     joiner: Joiner,
     writes: mpsc::UnboundedSender<Write>,
+    /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen).
+    floor: Option<u64>,
 }
 
 impl Actor for TargetRecorder {
     type Context = Context<Self>;
 }
 
-impl Handler<Deliver> for TargetRecorder {
-    type Result = ();
-
-    fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+impl TargetRecorder {
+    fn take(&mut self, ev: Event, seq: Option<u64>) {
         match ev {
             Event::Obs(o) => {
+                let target = o.target.clone();
+                let first_of_episode = o.step == 0;
                 let out = self.joiner.on_obs(o);
                 if let Some(t) = out.transition {
                     let _ = self.writes.send(Write::Transition(Box::new(t)));
@@ -99,11 +158,33 @@ impl Handler<Deliver> for TargetRecorder {
                 if let Some(e) = out.episode {
                     let _ = self.writes.send(Write::Episode(Box::new(e)));
                 }
+                if let Some(seq) = seq {
+                    if first_of_episode || self.floor.is_none() {
+                        self.floor = Some(seq);
+                        let _ = self.writes.send(Write::Floor(target, seq));
+                    }
+                }
             }
             Event::Action(a) => self.joiner.on_action(a),
             Event::Applied(a) => self.joiner.on_applied(a),
             _ => {}
         }
+    }
+}
+
+impl Handler<Deliver> for TargetRecorder {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+        self.take(ev, None);
+    }
+}
+
+impl Handler<Sequenced> for TargetRecorder {
+    type Result = ();
+
+    fn handle(&mut self, Sequenced(ev, seq): Sequenced, _: &mut Self::Context) {
+        self.take(ev, seq);
     }
 }
 
@@ -137,15 +218,32 @@ async fn with_retry<T: Send + 'static>(
     }
 }
 
+struct Resume {
+    path: PathBuf,
+    floors: std::collections::HashMap<Target, u64>,
+    persisted: u64,
+}
+
 async fn writer(
     ctx: ServiceContext,
     store: Arc<dyn TrajectoryStore>,
     mut rx: mpsc::UnboundedReceiver<Write>,
     metrics: RecorderMetrics,
     batch_size: usize,
+    mut resume: Resume,
 ) {
     let mut batch: Vec<Transition> = Vec::new();
     let mut episodes: Vec<Episode> = Vec::new();
+    let take = |w: Write,
+                batch: &mut Vec<Transition>,
+                episodes: &mut Vec<Episode>,
+                resume: &mut Resume| match w {
+        Write::Transition(t) => batch.push(*t),
+        Write::Episode(e) => episodes.push(*e),
+        Write::Floor(t, seq) => {
+            resume.floors.insert(t, seq);
+        }
+    };
     loop {
         let first = tokio::select! {
             w = rx.recv() => w,
@@ -154,35 +252,51 @@ async fn writer(
         let Some(first) = first else { break };
         let mut next = Some(first);
         while let Some(w) = next {
-            match w {
-                Write::Transition(t) => batch.push(*t),
-                Write::Episode(e) => episodes.push(*e),
-            }
+            take(w, &mut batch, &mut episodes, &mut resume);
             next = if batch.len() < batch_size {
                 rx.try_recv().ok()
             } else {
                 None
             };
         }
-        flush(&ctx, &store, &metrics, &mut batch, &mut episodes).await;
+        if flush(&ctx, &store, &metrics, &mut batch, &mut episodes).await {
+            persist_resume(&mut resume, &metrics);
+        }
     }
     // Shutdown: store what is still queued.
     while let Ok(w) = rx.try_recv() {
-        match w {
-            Write::Transition(t) => batch.push(*t),
-            Write::Episode(e) => episodes.push(*e),
-        }
+        take(w, &mut batch, &mut episodes, &mut resume);
     }
-    flush(&ctx, &store, &metrics, &mut batch, &mut episodes).await;
+    if flush(&ctx, &store, &metrics, &mut batch, &mut episodes).await {
+        persist_resume(&mut resume, &metrics);
+    }
 }
 
+/// Persists the minimum floor once everything received before it is stored.
+fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
+    let Some(&min) = resume.floors.values().min() else {
+        return;
+    };
+    if min == resume.persisted {
+        return;
+    }
+    match write_resume(&resume.path, min) {
+        Ok(()) => resume.persisted = min,
+        Err(e) => {
+            metrics.store_errors.with_label_values(&["resume"]).inc();
+            tracing::error!(path = %resume.path.display(), error = %e, "cannot persist the resume point");
+        }
+    }
+}
+
+/// Stores the batch and the episode summaries; false when shutdown interrupted a retry.
 async fn flush(
     ctx: &ServiceContext,
     store: &Arc<dyn TrajectoryStore>,
     metrics: &RecorderMetrics,
     batch: &mut Vec<Transition>,
     episodes: &mut Vec<Episode>,
-) {
+) -> bool {
     if !batch.is_empty() {
         // Invalid rows (non-finite values) are refused by the store: drop them, keep the rest.
         let valid: Vec<Transition> = std::mem::take(batch)
@@ -201,22 +315,44 @@ async fn flush(
         let s = store.clone();
         if with_retry(ctx, metrics, "append", move || s.append(&valid))
             .await
-            .is_some()
+            .is_none()
         {
-            metrics.stored.inc_by(kept);
+            return false;
         }
+        metrics.stored.inc_by(kept);
     }
     for e in std::mem::take(episodes) {
+        // At least once: publish, then store. A replay after a restart re-derives summaries; one
+        // already stored was already published and is not repeated; one published but not yet
+        // stored when the recorder died is published again (the lifecycle monitor ignores
+        // repeated episodes).
+        let summary = EpisodeSummary::from(&e);
+        let s = store.clone();
+        let target = e.target.clone();
+        let Some(stored) = with_retry(ctx, metrics, "episodes", move || {
+            Ok(s.episodes(&target, 1)?
+                .last()
+                .is_some_and(|last| last.episode >= summary.episode))
+        })
+        .await
+        else {
+            return false;
+        };
+        if stored {
+            continue;
+        }
+        let _ = ctx.publish(&e).await;
         let summary = EpisodeSummary::from(&e);
         let s = store.clone();
         if with_retry(ctx, metrics, "put_episode", move || s.put_episode(&summary))
             .await
-            .is_some()
+            .is_none()
         {
-            metrics.episodes.inc();
-            let _ = ctx.publish(&e).await;
+            return false;
         }
+        metrics.episodes.inc();
     }
+    true
 }
 
 /// Opens the configured store.
@@ -238,22 +374,78 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecorderConfig = ctx.config.section("recorder")?;
     let store = open_store(&cfg)?;
     let metrics = RecorderMetrics::new(&ctx)?;
+    let resume_path = cfg.resume_path();
+    let start_seq = read_resume(&resume_path)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer_task = tokio::spawn(writer(ctx.clone(), store, rx, metrics, cfg.batch.max(1)));
+    let resume = Resume {
+        path: resume_path,
+        floors: Default::default(),
+        persisted: start_seq,
+    };
+    let writer_task = tokio::spawn(writer(
+        ctx.clone(),
+        store,
+        rx,
+        metrics,
+        cfg.batch.max(1),
+        resume,
+    ));
     let spe = ctx.config.collector.steps_per_episode;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetRecorder {
         joiner: Joiner::new(t.clone(), spe),
         writes: tx.clone(),
+        floor: None,
     });
-    run_actors(
-        &ctx,
-        &[EventKind::Obs, EventKind::Action, EventKind::Applied],
-        false,
-        &mut actors,
-    )
-    .await?;
+    let kinds = [EventKind::Obs, EventKind::Action, EventKind::Applied];
+    let replay =
+        matches!(ctx.bus, aware_shared::bus::Bus::Nats(_)) && ctx.config.bus.jetstream.enabled;
+    if replay {
+        let mut rx = ctx.subscribe_replay(&kinds, start_seq).await?;
+        ctx.ready.set(true);
+        tracing::info!(
+            service = ctx.name,
+            from_seq = start_seq,
+            "ready (JetStream replay)"
+        );
+        loop {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => break,
+                ev = rx.recv() => match ev {
+                    Some((ev, seq)) => {
+                        let target = ev.target().clone();
+                        actors.get_or_start(&target).do_send(Sequenced(ev, seq));
+                    }
+                    None => break,
+                },
+            }
+        }
+        ctx.ready.set(false);
+    } else {
+        run_actors(&ctx, &kinds, false, &mut actors).await?;
+    }
     drop(actors);
     writer_task
         .await
         .map_err(|e| ServiceError::Other(format!("writer task: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_point_round_trips_and_rejects_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r");
+        assert_eq!(read_resume(&p).unwrap(), 0, "absent: replay everything");
+        write_resume(&p, 12345).unwrap();
+        assert_eq!(read_resume(&p).unwrap(), 12345);
+        std::fs::write(&p, "twelve").unwrap();
+        assert!(read_resume(&p).unwrap_err().to_string().contains("corrupt"));
+        let cfg = RecorderConfig {
+            sqlite_path: "/x/t.db".into(),
+            ..Default::default()
+        };
+        assert_eq!(cfg.resume_path(), PathBuf::from("/x/t.db.resume"));
+    }
 }
