@@ -226,6 +226,40 @@ pub struct RawMetrics {
     pub slo_violation: bool,
 }
 
+/// Utilization `used / capacity` in \[0, 1\] (0 without capacity).
+pub fn utilization(used: f64, capacity: f64) -> f64 {
+    if capacity > 0.0 {
+        (used / capacity).min(1.0)
+    } else {
+        0.0
+    }
+}
+
+/// SLO preservation `SP = min(SLO / measured, 1)` (1 with no SLO) and whether the SLO was
+/// violated: p99 above the latency SLO, or throughput below `min(throughput SLO, offered)`.
+/// A p99 of +∞ (nothing served) gives SP 0 for a latency SLO.
+pub fn slo_preservation(
+    slo: &crate::app::Slo,
+    p99_ms: f64,
+    throughput_rps: f64,
+    offered_rps: f64,
+) -> (f64, bool) {
+    let mut sp: f64 = 1.0;
+    let mut violation = false;
+    if let Some(l) = slo.latency_p99_ms {
+        sp = sp.min((l / p99_ms.max(1e-9)).min(1.0));
+        violation |= p99_ms > l;
+    }
+    if let Some(tp) = slo.throughput_rps {
+        let target = tp.min(offered_rps);
+        if target > 0.0 {
+            sp = sp.min((throughput_rps / target).min(1.0));
+            violation |= throughput_rps < target * 0.99;
+        }
+    }
+    (sp, violation)
+}
+
 /// Cumulative counters for the Prometheus exposition.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Counters {
@@ -627,37 +661,15 @@ impl TargetSim {
 
         // 5. utilization
         let n_alloc = self.replicas.len().max(1) as f64;
-        let cpu_util = if alloc_cores > 0.0 {
-            (usage_cores / alloc_cores).min(1.0)
-        } else {
-            0.0
-        };
-        let memory_util = if alloc_mem > 0.0 {
-            (ws_total / alloc_mem).min(1.0)
-        } else {
-            0.0
-        };
+        let cpu_util = utilization(usage_cores, alloc_cores);
+        let memory_util = utilization(ws_total, alloc_mem);
         let offered_rps = arrivals / dt;
         let throughput = good / dt;
         let io_util = (served / dt * m.io_bytes / (self.share.io_bytes_per_s * n_alloc)).min(1.0);
         let network_util =
             (served / dt * m.net_bytes / (self.share.net_bytes_per_s * n_alloc)).min(1.0);
 
-        // SLO
-        let slo = self.app.slo;
-        let mut sp: f64 = 1.0;
-        let mut violation = false;
-        if let Some(l) = slo.latency_p99_ms {
-            sp = sp.min((l / p99.max(1e-9)).min(1.0));
-            violation |= p99 > l;
-        }
-        if let Some(tp) = slo.throughput_rps {
-            let target = tp.min(offered_rps);
-            if target > 0.0 {
-                sp = sp.min((throughput / target).min(1.0));
-                violation |= throughput < target * 0.99;
-            }
-        }
+        let (sp, violation) = slo_preservation(&self.app.slo, p99, throughput, offered_rps);
 
         if let Some(h) = self.histogram.as_deref_mut() {
             record_histogram(h, good, p50 / 1000.0, p99 / 1000.0);

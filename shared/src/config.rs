@@ -50,6 +50,8 @@ pub enum SourceKind {
     None,
     /// The simulated cluster of `loadgen`, owned by the collector.
     Simulator,
+    /// The Prometheus HTTP API (`collector.prometheus`), for every target in `targets`.
+    Prometheus,
 }
 
 /// How simulated time advances.
@@ -70,6 +72,7 @@ pub struct CollectorConfig {
     /// Control steps per episode (DESIGN §3: 100).
     pub steps_per_episode: u32,
     pub simulator: SimulatorSourceConfig,
+    pub prometheus: PrometheusSourceConfig,
 }
 
 impl Default for CollectorConfig {
@@ -78,7 +81,117 @@ impl Default for CollectorConfig {
             source: SourceKind::None,
             steps_per_episode: 100,
             simulator: SimulatorSourceConfig::default(),
+            prometheus: PrometheusSourceConfig::default(),
         }
+    }
+}
+
+/// Names of the collector's Prometheus queries, the keys of `collector.prometheus.queries`
+/// (the default PromQL of each is documented in the collector's `prometheus` module).
+pub const PROMETHEUS_QUERY_NAMES: [&str; 17] = [
+    "cpu_usage_cores",
+    "memory_working_set_bytes",
+    "cpu_limit_cores",
+    "cpu_limit_total_cores",
+    "memory_limit_bytes",
+    "memory_limit_total_bytes",
+    "replicas",
+    "ready_replicas",
+    "request_rate_rps",
+    "throughput_rps",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "io_util",
+    "network_util",
+    "pod_sample_time",
+    "deployment_sample_time",
+    "request_sample_time",
+];
+
+/// The Prometheus HTTP API as metrics source (source `prometheus`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrometheusSourceConfig {
+    /// Base URL of the server (`http://host:9090`); queries go to `<url>/api/v1/query`.
+    pub url: String,
+    /// Seconds per control step: every target is evaluated once per interval, and counters are
+    /// differenced over this window.
+    pub interval_s: f64,
+    /// A sample older than this at the evaluation time counts as missing.
+    pub staleness_s: f64,
+    /// Timeout of one query (client side, and sent to Prometheus as the query `timeout`).
+    pub query_timeout_ms: u64,
+    /// Label matchers of a target's containers (`$namespace`, `$name`, `$name_re` expanded).
+    pub pod_selector: String,
+    /// Label matchers of a target's Deployment series.
+    pub deployment_selector: String,
+    /// PromQL overrides by query name (see [`PROMETHEUS_QUERY_NAMES`]); `""` disables an
+    /// optional query (`io_util`, `network_util`).
+    pub queries: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for PrometheusSourceConfig {
+    fn default() -> Self {
+        PrometheusSourceConfig {
+            url: "http://127.0.0.1:9090".into(),
+            interval_s: 10.0,
+            staleness_s: 30.0,
+            query_timeout_ms: 5_000,
+            pod_selector: r#"namespace="$namespace",pod=~"$name_re-([a-z0-9]{5,10}-)?[a-z0-9]{5}",container!="",container!="POD""#.into(),
+            deployment_selector: r#"namespace="$namespace",deployment="$name""#.into(),
+            queries: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+impl PrometheusSourceConfig {
+    /// Checks the section; errors name the key under `collector.prometheus`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.url.trim_end_matches('/');
+        let host = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .map(|rest| rest.split('/').next().unwrap_or(""));
+        match host {
+            Some(h)
+                if !h.is_empty() && !h.contains(char::is_whitespace) && !h.contains(['?', '#']) => {
+            }
+            _ => {
+                return Err(invalid(
+                    "collector.prometheus.url",
+                    format!(
+                        "`{}` is not an http:// or https:// URL with a host",
+                        self.url
+                    ),
+                ))
+            }
+        }
+        for (key, v) in [
+            ("collector.prometheus.interval_s", self.interval_s),
+            ("collector.prometheus.staleness_s", self.staleness_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(key, "must be a positive number"));
+            }
+        }
+        if self.query_timeout_ms == 0 {
+            return Err(invalid(
+                "collector.prometheus.query_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        for name in self.queries.keys() {
+            if !PROMETHEUS_QUERY_NAMES.contains(&name.as_str()) {
+                return Err(invalid(
+                    &format!("collector.prometheus.queries.{name}"),
+                    format!(
+                        "unknown query; known: {}",
+                        PROMETHEUS_QUERY_NAMES.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -389,6 +502,7 @@ impl AppConfig {
                 "must be a positive number",
             ));
         }
+        c.prometheus.validate()?;
         if c.source == SourceKind::Simulator
             && c.simulator.apps == 0
             && c.simulator.app_files.is_empty()
@@ -525,6 +639,22 @@ name = "cart"
                 &[("AWARE_BUS__JETSTREAM__STORAGE", "tape")],
                 "bus.jetstream.storage",
             ),
+            (
+                &[("AWARE_COLLECTOR__PROMETHEUS__URL", "prometheus:9090")],
+                "collector.prometheus.url",
+            ),
+            (
+                &[("AWARE_COLLECTOR__PROMETHEUS__URL", "http:///api")],
+                "collector.prometheus.url",
+            ),
+            (
+                &[("AWARE_COLLECTOR__PROMETHEUS__STALENESS_S", "0")],
+                "collector.prometheus.staleness_s",
+            ),
+            (
+                &[("AWARE_COLLECTOR__PROMETHEUS__QUERIES__CPU", "up")],
+                "collector.prometheus.queries.cpu",
+            ),
         ];
         for (vars, key) in cases {
             let err = load(&ConfigSources {
@@ -570,6 +700,32 @@ name = "cart"
         .unwrap();
         let err = bad.section::<Section>("actuator").unwrap_err().to_string();
         assert!(err.contains("actuator"), "{err}");
+    }
+
+    #[test]
+    fn prometheus_source_parses() {
+        let cfg = load(&ConfigSources {
+            env: env(&[
+                ("AWARE_COLLECTOR__SOURCE", "prometheus"),
+                ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://prom:9090/"),
+                (
+                    "AWARE_COLLECTOR__PROMETHEUS__QUERIES__IO_UTIL",
+                    "vector(0.5)",
+                ),
+            ]),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(cfg.collector.source, SourceKind::Prometheus);
+        assert_eq!(cfg.collector.prometheus.url, "http://prom:9090/");
+        assert_eq!(
+            cfg.collector
+                .prometheus
+                .queries
+                .get("io_util")
+                .map(String::as_str),
+            Some("vector(0.5)")
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Real servers for tests and benchmarks: starts a `nats-server` (JetStream enabled) on a free
-//! loopback port and stops it on drop.
+//! Real servers for tests and benchmarks: starts a `nats-server` (JetStream enabled) or a
+//! `prometheus` on a free loopback port and stops it on drop.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -20,6 +20,14 @@ pub enum HarnessError {
     NotReady { bin: String, port: u16, secs: u64 },
     #[error("temporary directory: {0}")]
     TempDir(std::io::Error),
+    #[error("cannot start `{bin}` ({source}); install it with `apt-get install -y prometheus`")]
+    SpawnPrometheus {
+        bin: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{bin}` on port {port} did not report ready on /-/ready within {secs} s")]
+    PrometheusNotReady { bin: String, port: u16, secs: u64 },
 }
 
 /// The binary named by `$env_var`, else `name` on `PATH`, else Debian's `/usr/sbin` or `/usr/bin`.
@@ -144,4 +152,99 @@ impl Drop for NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A running `prometheus` on its own free port and temporary storage, scraping `targets`
+/// (`host:port` serving `/metrics`) every `scrape_interval`.
+pub struct PrometheusServer {
+    child: Child,
+    port: u16,
+    _dir: TempDirGuard,
+}
+
+impl PrometheusServer {
+    /// Starts `prometheus` (or `$PROMETHEUS_BIN`) with a generated configuration and waits until
+    /// `/-/ready` answers 200.
+    pub fn start(targets: &[String], scrape_interval: Duration) -> Result<Self, HarnessError> {
+        let bin = find_binary("PROMETHEUS_BIN", "prometheus");
+        let port = free_port()?;
+        let dir =
+            std::env::temp_dir().join(format!("aware-prometheus-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(dir.join("data")).map_err(HarnessError::TempDir)?;
+        let guard = TempDirGuard(dir.clone());
+        let interval = format!("{}ms", scrape_interval.as_millis().max(1));
+        let list = targets
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let config = format!(
+            "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\nscrape_configs:\n  - job_name: aware\n    honor_labels: true\n    static_configs:\n      - targets: [{list}]\n"
+        );
+        let config_path = dir.join("prometheus.yml");
+        std::fs::write(&config_path, config).map_err(HarnessError::TempDir)?;
+        let log =
+            std::fs::File::create(dir.join("prometheus.log")).map_err(HarnessError::TempDir)?;
+        let child = Command::new(&bin)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|source| HarnessError::SpawnPrometheus {
+                bin: bin.clone(),
+                source,
+            })?;
+        let server = PrometheusServer {
+            child,
+            port,
+            _dir: guard,
+        };
+        let secs = 30;
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if http_status(port, "/-/ready") == Some(200) {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(HarnessError::PrometheusNotReady { bin, port, secs })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Base URL of the HTTP API (`http://127.0.0.1:<port>`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Prometheus' own log (stderr), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.0.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PrometheusServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The status code of `GET path` on `127.0.0.1:port` (HTTP/1.0), or `None` when unreachable.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }

@@ -7,5 +7,6 @@ mod bus_conformance;
 mod control_loop;
 mod jetstream;
 mod loop_nats;
+mod prometheus_source;
 mod run_all;
 mod service_http;

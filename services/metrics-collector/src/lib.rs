@@ -1,9 +1,10 @@
 //! metrics-collector: reads metrics, computes each target's state and reward, publishes `obs`.
 //!
 //! Sources (`collector.source`): `simulator` (the simulated cluster, see [`simulator`]);
-//! `none` (idle).
+//! `prometheus` (the Prometheus HTTP API, see [`prometheus`]); `none` (idle).
 
 pub mod metrics;
+pub mod prometheus;
 pub mod simulator;
 
 use aware_bus_schemas::EventKind;
@@ -25,5 +26,6 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     match ctx.config.collector.source {
         SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
         SourceKind::Simulator => simulator::run(ctx, metrics).await,
+        SourceKind::Prometheus => prometheus::run(ctx, metrics).await,
     }
 }

@@ -5,7 +5,7 @@ use prometheus::{IntCounter, IntGauge};
 
 #[derive(Clone)]
 pub struct CollectorMetrics {
-    /// Simulated steps taken.
+    /// Control steps taken (simulated steps, or Prometheus evaluations).
     pub steps: IntCounter,
     /// Targets stepped without their `applied` (lock-step timeout or wall-clock tick).
     pub late_targets: IntCounter,
@@ -13,6 +13,12 @@ pub struct CollectorMetrics {
     pub stale_applied: IntCounter,
     /// Targets this collector reads.
     pub targets: IntGauge,
+    /// Prometheus instant queries sent (source `prometheus`).
+    pub prom_queries: IntCounter,
+    /// Prometheus queries that failed (HTTP error, timeout, API error, undecodable answer).
+    pub prom_query_errors: IntCounter,
+    /// `obs` published incomplete (metrics missing or stale).
+    pub incomplete_obs: IntCounter,
 }
 
 impl CollectorMetrics {
@@ -28,6 +34,21 @@ impl CollectorMetrics {
             "applied messages for a step that was already over",
         )?;
         let targets = IntGauge::new("collector_source_targets", "Targets read by this collector")?;
+        let prom_queries = IntCounter::new(
+            "collector_prometheus_queries_total",
+            "Prometheus instant queries sent",
+        )?;
+        let prom_query_errors = IntCounter::new(
+            "collector_prometheus_query_errors_total",
+            "Prometheus queries that failed (HTTP, timeout, API error, bad answer)",
+        )?;
+        let incomplete_obs = IntCounter::new(
+            "collector_incomplete_obs_total",
+            "obs published incomplete because metrics were missing or stale",
+        )?;
+        r.register(Box::new(prom_queries.clone()))?;
+        r.register(Box::new(prom_query_errors.clone()))?;
+        r.register(Box::new(incomplete_obs.clone()))?;
         r.register(Box::new(steps.clone()))?;
         r.register(Box::new(late_targets.clone()))?;
         r.register(Box::new(stale_applied.clone()))?;
@@ -37,6 +58,9 @@ impl CollectorMetrics {
             late_targets,
             stale_applied,
             targets,
+            prom_queries,
+            prom_query_errors,
+            incomplete_obs,
         })
     }
 }

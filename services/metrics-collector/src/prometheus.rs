@@ -1,0 +1,826 @@
+//! Source `prometheus`: every `collector.prometheus.interval_s` the collector evaluates, for each
+//! configured target, a set of instant queries (`GET <url>/api/v1/query`, all at one evaluation
+//! time `T`) and publishes one `obs` with the state and reward computed by the simulator's own
+//! functions ([`aware_loadgen::env::state_vector`], [`aware_loadgen::env::reward`],
+//! [`aware_loadgen::cluster::slo_preservation`], [`aware_loadgen::cluster::utilization`]).
+//!
+//! # Queries
+//!
+//! Templates expand `$pod` (the `pod_selector`), `$deployment` (the `deployment_selector`),
+//! `$window` (the step window as a PromQL duration, `<ms>ms`) and `$window_s` (seconds); the
+//! selectors expand `$namespace`, `$name` and `$name_re` (the name as a regular expression). Every
+//! query can be replaced through `collector.prometheus.queries.<name>`.
+//!
+//! | name | default |
+//! |---|---|
+//! | `cpu_usage_cores` | increase of `container_cpu_usage_seconds_total{$pod}` over the window / `$window_s` |
+//! | `memory_working_set_bytes` | `sum(container_memory_working_set_bytes{$pod})` |
+//! | `cpu_limit_cores` | `avg(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})` |
+//! | `cpu_limit_total_cores` | the same with `sum` |
+//! | `memory_limit_bytes` | `avg(container_spec_memory_limit_bytes{$pod})` |
+//! | `memory_limit_total_bytes` | the same with `sum` |
+//! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
+//! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
+//! | `request_rate_rps` | `sum(aware_sim_offered_requests_per_second{$deployment})` (override on a real cluster, e.g. with the ingress' request counter) |
+//! | `throughput_rps` | increase of `aware_sim_request_duration_seconds_count{$deployment}` / `$window_s` |
+//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of aware_sim_request_duration_seconds_bucket{$deployment}>)` |
+//! | `io_util`, `network_util` | none (not exposed by cAdvisor as a utilization; configure a query to use them) |
+//! | `pod_sample_time` | `max(timestamp(container_memory_working_set_bytes{$pod}))` |
+//! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
+//! | `request_sample_time` | `max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))` |
+//!
+//! **Counters** are differenced over exactly one step window: `sum(c) - (sum((c offset W) and c)
+//! or vector(0))`, divided by the window. This is `rate()` without its extrapolation: `rate()`
+//! over a window a few scrapes long extrapolates the sampled span to the window edges, which
+//! turns a counter that advances once per step (the simulator) into 0 or 2× the usage depending
+//! on scrape phase. The difference form gives the mean of exactly `(T − W, T]` for smooth and
+//! stepped counters alike. Series that start inside the window count from zero (a new pod's
+//! counter starts at 0); series that vanished inside the window are not counted.
+//!
+//! # Missing and stale metrics
+//!
+//! A query that fails, returns no sample or a non-finite value (latencies: see below) makes its
+//! name *missing*. The three `*_sample_time` queries return the newest sample time of the pod,
+//! Deployment and request series; when `T` minus that time exceeds `staleness_s` (or the query
+//! returns nothing), every query of that group is missing as well (an empty `*_sample_time`
+//! override disables the check of its group). With anything missing the step is published with
+//! `complete: false`, `missing: [names]`, an **empty state** and no reward; the raw metrics carry
+//! what was read (0 for missing values). A zero state is never published; the recommender skips
+//! incomplete observations.
+//!
+//! `io_util` and `network_util` are only read when a query is configured; without one their state
+//! features are 0 (no I/O or network pressure is known).
+//!
+//! Latencies: when nothing was served in the window, `histogram_quantile` returns NaN; the step is
+//! still complete, the latencies are `None`, and a latency SLO counts as fully violated (SP 0) if
+//! requests were offered, met (SP 1) if none were.
+//!
+//! # Reward and timestamps
+//!
+//! The `obs` of evaluation `T` carries `ts_ms = T` (the Prometheus evaluation time) and the reward
+//! `r = α·SP·2 + (1−α)·(RU_cpu + RU_mem)` of the window `(T − W, T]`, i.e. of the allocation that
+//! was in force during the step just observed — the effect of the previous action, like the
+//! simulator's observation reward. The first `obs` of a target carries no reward (no action of this
+//! loop preceded it), as in the simulator source. `load_change` compares the request rate with the
+//! previous evaluation's (0 on the first, or after an evaluation without a request rate).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aware_bus_schemas::{Obs, RawMetrics, Schema, Target};
+use aware_loadgen::cluster::{slo_preservation, utilization};
+use aware_loadgen::env::{reward, state_vector, STATE_DIM};
+use aware_shared::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
+use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::spec::TargetSpec;
+use futures::StreamExt;
+use serde::Deserialize;
+
+use crate::metrics::CollectorMetrics;
+
+/// Queries in flight at once (over all targets).
+const CONCURRENCY: usize = 16;
+
+/// Errors of the Prometheus source.
+#[derive(Debug, thiserror::Error)]
+pub enum PromError {
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("query `{query}`: request failed: {source}")]
+    Request {
+        query: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("query `{query}`: Prometheus answered {status}: {error_type}: {error}")]
+    Api {
+        query: String,
+        status: u16,
+        error_type: String,
+        error: String,
+    },
+    #[error("query `{query}`: unexpected response: {reason}")]
+    Decode { query: String, reason: String },
+}
+
+/// One sample of an instant-query result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub labels: HashMap<String, String>,
+    /// Evaluation time, Unix seconds.
+    pub time_s: f64,
+    pub value: f64,
+}
+
+#[derive(Deserialize)]
+struct ApiResponse {
+    status: String,
+    #[serde(default)]
+    data: Option<ApiData>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ApiData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct VectorItem {
+    #[serde(default)]
+    metric: HashMap<String, String>,
+    value: (f64, String),
+}
+
+/// Parses the body of `/api/v1/query` (vector or scalar results).
+pub fn parse_response(query: &str, status: u16, body: &[u8]) -> Result<Vec<Sample>, PromError> {
+    let decode = |reason: String| PromError::Decode {
+        query: query.to_string(),
+        reason,
+    };
+    let r: ApiResponse = serde_json::from_slice(body).map_err(|e| {
+        decode(format!(
+            "HTTP {status}, {e}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ))
+    })?;
+    if r.status != "success" {
+        return Err(PromError::Api {
+            query: query.to_string(),
+            status,
+            error_type: r.error_type.unwrap_or_default(),
+            error: r.error.unwrap_or_default(),
+        });
+    }
+    let data = r.data.ok_or_else(|| decode("no `data`".into()))?;
+    let value = |s: &str| {
+        s.parse::<f64>()
+            .map_err(|e| decode(format!("value `{s}`: {e}")))
+    };
+    match data.result_type.as_str() {
+        "vector" => {
+            let items: Vec<VectorItem> =
+                serde_json::from_value(data.result).map_err(|e| decode(e.to_string()))?;
+            items
+                .into_iter()
+                .map(|i| {
+                    Ok(Sample {
+                        labels: i.metric,
+                        time_s: i.value.0,
+                        value: value(&i.value.1)?,
+                    })
+                })
+                .collect()
+        }
+        "scalar" => {
+            let (t, v): (f64, String) =
+                serde_json::from_value(data.result).map_err(|e| decode(e.to_string()))?;
+            Ok(vec![Sample {
+                labels: HashMap::new(),
+                time_s: t,
+                value: value(&v)?,
+            }])
+        }
+        other => Err(decode(format!(
+            "result type `{other}` (an instant vector or scalar is expected)"
+        ))),
+    }
+}
+
+/// Client of the Prometheus HTTP API (instant queries).
+#[derive(Debug, Clone)]
+pub struct PromClient {
+    http: reqwest::Client,
+    endpoint: String,
+    timeout: Duration,
+}
+
+impl PromClient {
+    /// A client of the server at `base_url` (`http://host:9090`).
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, PromError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(PromError::Client)?;
+        Ok(PromClient {
+            http,
+            endpoint: format!("{}/api/v1/query", base_url.trim_end_matches('/')),
+            timeout,
+        })
+    }
+
+    /// Evaluates `promql` at `time_s` (Unix seconds).
+    pub async fn query(&self, promql: &str, time_s: f64) -> Result<Vec<Sample>, PromError> {
+        let req = |source| PromError::Request {
+            query: promql.to_string(),
+            source,
+        };
+        let resp = self
+            .http
+            .get(&self.endpoint)
+            .query(&[
+                ("query", promql.to_string()),
+                ("time", format!("{time_s:.3}")),
+                ("timeout", format!("{}ms", self.timeout.as_millis())),
+            ])
+            .send()
+            .await
+            .map_err(req)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(req)?;
+        parse_response(promql, status, &body)
+    }
+}
+
+fn default_query(name: &str) -> &'static str {
+    const CPU: &str = "(sum(container_cpu_usage_seconds_total{$pod}) - (sum((container_cpu_usage_seconds_total{$pod} offset $window) and container_cpu_usage_seconds_total{$pod}) or vector(0))) / $window_s";
+    const THROUGHPUT: &str = "(sum(aware_sim_request_duration_seconds_count{$deployment}) - (sum((aware_sim_request_duration_seconds_count{$deployment} offset $window) and aware_sim_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
+    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
+    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
+    match name {
+        "cpu_usage_cores" => CPU,
+        "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
+        "cpu_limit_cores" => {
+            "avg(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})"
+        }
+        "cpu_limit_total_cores" => {
+            "sum(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})"
+        }
+        "memory_limit_bytes" => "avg(container_spec_memory_limit_bytes{$pod})",
+        "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
+        "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
+        "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
+        "request_rate_rps" => "sum(aware_sim_offered_requests_per_second{$deployment})",
+        "throughput_rps" => THROUGHPUT,
+        "latency_p50_ms" => P50,
+        "latency_p99_ms" => P99,
+        "pod_sample_time" => "max(timestamp(container_memory_working_set_bytes{$pod}))",
+        "deployment_sample_time" => "max(timestamp(kube_deployment_status_replicas{$deployment}))",
+        "request_sample_time" => {
+            "max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))"
+        }
+        // io_util, network_util: not read unless configured
+        _ => "",
+    }
+}
+
+/// The queries whose freshness each `*_sample_time` query vouches for.
+const GROUPS: [(&str, &[&str]); 3] = [
+    (
+        "pod_sample_time",
+        &[
+            "cpu_usage_cores",
+            "memory_working_set_bytes",
+            "cpu_limit_cores",
+            "cpu_limit_total_cores",
+            "memory_limit_bytes",
+            "memory_limit_total_bytes",
+        ],
+    ),
+    ("deployment_sample_time", &["replicas", "ready_replicas"]),
+    (
+        "request_sample_time",
+        &[
+            "request_rate_rps",
+            "throughput_rps",
+            "latency_p50_ms",
+            "latency_p99_ms",
+        ],
+    ),
+];
+
+/// Escapes a string for a PromQL double-quoted string literal.
+fn promql_string(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Escapes a string for an RE2 regular expression.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The PromQL duration of a window: whole milliseconds, at least 1 ms.
+fn promql_duration(seconds: f64) -> String {
+    format!("{}ms", ((seconds * 1000.0).round() as u64).max(1))
+}
+
+/// The expanded queries of one target, by name (disabled optional queries left out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetQueries {
+    pub queries: Vec<(&'static str, String)>,
+}
+
+impl TargetQueries {
+    /// Expands the configured (or default) templates for `namespace/name`.
+    pub fn new(cfg: &PrometheusSourceConfig, namespace: &str, name: &str) -> Self {
+        let sel = |template: &str| {
+            template
+                .replace("$namespace", &promql_string(namespace))
+                .replace("$name_re", &promql_string(&regex_escape(name)))
+                .replace("$name", &promql_string(name))
+        };
+        let pod = sel(&cfg.pod_selector);
+        let deployment = sel(&cfg.deployment_selector);
+        let window = promql_duration(cfg.interval_s);
+        let window_s = format!("{}", cfg.interval_s);
+        let queries = PROMETHEUS_QUERY_NAMES
+            .iter()
+            .filter_map(|&n| {
+                let template = cfg
+                    .queries
+                    .get(n)
+                    .map(String::as_str)
+                    .unwrap_or_else(|| default_query(n));
+                (!template.trim().is_empty()).then(|| {
+                    (
+                        n,
+                        template
+                            .replace("$pod", &pod)
+                            .replace("$deployment", &deployment)
+                            .replace("$window_s", &window_s)
+                            .replace("$window", &window),
+                    )
+                })
+            })
+            .collect();
+        TargetQueries { queries }
+    }
+
+    /// The PromQL of a query, if enabled.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.queries
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, q)| q.as_str())
+    }
+}
+
+/// What one query gave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum QueryOutcome {
+    /// The value of the single (or summed) sample.
+    Value(f64),
+    /// No sample.
+    Empty,
+    /// The request or Prometheus failed (counted, logged).
+    Failed,
+}
+
+/// Everything one evaluation of one target yields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// Evaluation time, Unix seconds.
+    pub time_s: f64,
+    /// The state (`None` when incomplete).
+    pub state: Option<[f32; STATE_DIM]>,
+    /// The reward of the observed window (`None` when incomplete).
+    pub reward: Option<f64>,
+    pub slo_violation: bool,
+    pub metrics: RawMetrics,
+    /// Missing or stale metric names, sorted.
+    pub missing: Vec<String>,
+    /// Query failures (HTTP or API errors) in this evaluation.
+    pub errors: u32,
+}
+
+/// Builds the evaluation of a target from its query outcomes (pure: no I/O).
+pub fn build_evaluation(
+    outcomes: &HashMap<&'static str, QueryOutcome>,
+    time_s: f64,
+    spec: &TargetSpec,
+    prev_offered: Option<f64>,
+    staleness_s: f64,
+) -> Evaluation {
+    let mut missing: Vec<String> = Vec::new();
+    let errors = outcomes
+        .values()
+        .filter(|o| matches!(o, QueryOutcome::Failed))
+        .count() as u32;
+    for (probe, members) in GROUPS {
+        let stale = match outcomes.get(probe) {
+            None => false, // check disabled
+            Some(QueryOutcome::Value(ts)) => !(ts.is_finite() && time_s - ts <= staleness_s),
+            Some(_) => true,
+        };
+        if stale {
+            missing.push(probe.to_string());
+            missing.extend(members.iter().map(|m| m.to_string()));
+        }
+    }
+    let mut get = |name: &'static str, nan_ok: bool| -> Option<f64> {
+        match outcomes.get(name) {
+            Some(QueryOutcome::Value(v)) if v.is_finite() || (nan_ok && v.is_nan()) => Some(*v),
+            None if matches!(name, "io_util" | "network_util") => Some(0.0),
+            _ => {
+                missing.push(name.to_string());
+                None
+            }
+        }
+    };
+    let cpu_usage = get("cpu_usage_cores", false);
+    let ws = get("memory_working_set_bytes", false);
+    let cpu_limit = get("cpu_limit_cores", false);
+    let cpu_total = get("cpu_limit_total_cores", false);
+    let mem_limit = get("memory_limit_bytes", false);
+    let mem_total = get("memory_limit_total_bytes", false);
+    let replicas = get("replicas", false);
+    let ready = get("ready_replicas", false);
+    let offered = get("request_rate_rps", false);
+    let throughput = get("throughput_rps", false);
+    let p50 = get("latency_p50_ms", true);
+    let p99 = get("latency_p99_ms", true);
+    let io = get("io_util", false);
+    let net = get("network_util", false);
+    missing.sort();
+    missing.dedup();
+
+    let count = |v: Option<f64>| v.map_or(0, |x| x.round().clamp(0.0, f64::from(u32::MAX)) as u32);
+    let cpu_util = utilization(cpu_usage.unwrap_or(0.0), cpu_total.unwrap_or(0.0));
+    let memory_util = utilization(ws.unwrap_or(0.0), mem_total.unwrap_or(0.0));
+    let finite = |v: Option<f64>| v.filter(|x| x.is_finite());
+    let offered_rps = offered.unwrap_or(0.0);
+    let throughput_rps = throughput.unwrap_or(0.0);
+    // NaN p99: nothing served in the window
+    let p99_for_slo = match finite(p99) {
+        Some(p) => p,
+        None if offered_rps > 0.0 => f64::INFINITY,
+        None => 0.0,
+    };
+    let slo = aware_loadgen::app::Slo {
+        latency_p99_ms: spec.slo.latency_p99_ms,
+        throughput_rps: spec.slo.throughput_rps,
+    };
+    let (sp, violation) = slo_preservation(&slo, p99_for_slo, throughput_rps, offered_rps);
+    let metrics = RawMetrics {
+        replicas: count(replicas),
+        ready_replicas: count(ready),
+        cpu_limit_cores: cpu_limit.unwrap_or(0.0),
+        memory_limit_bytes: mem_limit.unwrap_or(0.0),
+        cpu_usage_cores: cpu_usage.unwrap_or(0.0),
+        memory_working_set_bytes: ws.unwrap_or(0.0),
+        cpu_util,
+        memory_util,
+        io_util: io.unwrap_or(0.0),
+        network_util: net.unwrap_or(0.0),
+        request_rate_rps: offered_rps,
+        throughput_rps,
+        latency_p50_ms: finite(p50),
+        latency_p99_ms: finite(p99),
+        oom_kills: 0,
+    };
+    let complete = missing.is_empty();
+    let (state, reward_value) = if complete {
+        let b = spec.bounds;
+        let bounds = aware_loadgen::app::Bounds {
+            min_replicas: b.min_replicas,
+            max_replicas: b.max_replicas,
+            min_cpu_millicores: b.min_cpu_millicores,
+            max_cpu_millicores: b.max_cpu_millicores,
+            min_memory_bytes: b.min_memory_bytes,
+            max_memory_bytes: b.max_memory_bytes,
+        };
+        let m = aware_loadgen::cluster::RawMetrics {
+            step: 0,
+            time_s,
+            cpu_limit_cores: metrics.cpu_limit_cores,
+            memory_limit_bytes: metrics.memory_limit_bytes,
+            cpu_usage_cores: metrics.cpu_usage_cores,
+            memory_working_set_bytes: metrics.memory_working_set_bytes,
+            cpu_util,
+            memory_util,
+            io_util: metrics.io_util,
+            network_util: metrics.network_util,
+            p50_ms: p50.unwrap_or(f64::NAN),
+            p99_ms: p99_for_slo,
+            throughput_rps,
+            offered_rps,
+            replicas: metrics.replicas,
+            ready_replicas: metrics.ready_replicas,
+            oom_kills: 0,
+            failed_requests: 0.0,
+            backlog: 0.0,
+            slo_preservation: sp,
+            slo_violation: violation,
+        };
+        (
+            Some(state_vector(&m, prev_offered, &bounds)),
+            Some(reward(spec.alpha, sp, cpu_util, memory_util)),
+        )
+    } else {
+        (None, None)
+    };
+    Evaluation {
+        time_s,
+        state,
+        reward: reward_value,
+        slo_violation: complete && violation,
+        metrics,
+        missing,
+        errors,
+    }
+}
+
+/// Runs every query of one target at `time_s` and builds its evaluation.
+pub async fn evaluate(
+    client: &PromClient,
+    queries: &TargetQueries,
+    spec: &TargetSpec,
+    time_s: f64,
+    prev_offered: Option<f64>,
+    staleness_s: f64,
+) -> Evaluation {
+    let outcomes: HashMap<&'static str, QueryOutcome> =
+        futures::stream::iter(queries.queries.iter().map(|(name, q)| async move {
+            let outcome = match client.query(q, time_s).await {
+                Ok(samples) if samples.is_empty() => QueryOutcome::Empty,
+                Ok(samples) if samples.len() == 1 => QueryOutcome::Value(samples[0].value),
+                Ok(samples) => {
+                    tracing::warn!(query = *name, series = samples.len(), promql = %q, "query returned several series: summing them");
+                    QueryOutcome::Value(samples.iter().map(|s| s.value).sum())
+                }
+                Err(e) => {
+                    tracing::warn!(query = *name, error = %e, "Prometheus query failed");
+                    QueryOutcome::Failed
+                }
+            };
+            (*name, outcome)
+        }))
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    build_evaluation(&outcomes, time_s, spec, prev_offered, staleness_s)
+}
+
+/// The `obs` of an evaluation (global step `g` of the target).
+pub fn to_obs(e: &Evaluation, target: &Target, g: u64, steps_per_episode: u32) -> Obs {
+    let spe = u64::from(steps_per_episode.max(1));
+    Obs {
+        schema: Schema::new(),
+        target: target.clone(),
+        episode: g / spe,
+        step: u32::try_from(g % spe).unwrap_or(0),
+        ts_ms: (e.time_s * 1000.0).round() as i64,
+        state: e.state.map(|s| s.to_vec()).unwrap_or_default(),
+        metrics: e.metrics.clone(),
+        reward: if g > 0 { e.reward } else { None },
+        slo_violation: e.slo_violation,
+        complete: e.state.is_some(),
+        missing: e.missing.clone(),
+    }
+}
+
+struct TargetLoop {
+    spec: TargetSpec,
+    target: Target,
+    queries: TargetQueries,
+    step: u64,
+    prev_offered: Option<f64>,
+}
+
+fn now_s() -> f64 {
+    aware_bus_schemas::now_ms() as f64 / 1000.0
+}
+
+/// Runs the Prometheus source until shutdown.
+pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
+    let cfg = ctx.config.collector.prometheus.clone();
+    let spe = ctx.config.collector.steps_per_episode;
+    let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
+        .map_err(|e| ServiceError::Other(format!("collector.prometheus: {e}")))?;
+    let mut targets = Vec::with_capacity(ctx.config.targets.len());
+    for spec in &ctx.config.targets {
+        let target = spec.target();
+        aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, &target)?;
+        targets.push(TargetLoop {
+            queries: TargetQueries::new(&cfg, &spec.namespace, &spec.name),
+            spec: spec.clone(),
+            target,
+            step: 0,
+            prev_offered: None,
+        });
+    }
+    if targets.is_empty() {
+        tracing::warn!("prometheus source: no targets configured; nothing to collect");
+    }
+    metrics
+        .targets
+        .set(i64::try_from(targets.len()).unwrap_or(i64::MAX));
+    tracing::info!(url = %cfg.url, targets = targets.len(), interval_s = cfg.interval_s, "collecting from Prometheus");
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(cfg.interval_s));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let t = now_s();
+        let evaluations: Vec<Evaluation> = futures::future::join_all(targets.iter().map(|tl| {
+            evaluate(
+                &client,
+                &tl.queries,
+                &tl.spec,
+                t,
+                tl.prev_offered,
+                cfg.staleness_s,
+            )
+        }))
+        .await;
+        let mut errors = 0u32;
+        for (tl, e) in targets.iter_mut().zip(&evaluations) {
+            let queried = tl.queries.queries.len() as u64;
+            metrics.prom_queries.inc_by(queried);
+            metrics.prom_query_errors.inc_by(u64::from(e.errors));
+            errors += e.errors;
+            if e.state.is_none() {
+                metrics.incomplete_obs.inc();
+                tracing::warn!(target = %tl.target, step = tl.step, missing = ?e.missing, "incomplete step: metrics missing or stale");
+            }
+            // Failures are counted and logged by `publish`.
+            let _ = ctx.publish(&to_obs(e, &tl.target, tl.step, spe)).await;
+            tl.prev_offered = (!e.missing.iter().any(|m| m == "request_rate_rps"))
+                .then_some(e.metrics.request_rate_rps);
+            tl.step += 1;
+        }
+        metrics.steps.inc();
+        // ready while Prometheus answers
+        ctx.ready.set(errors == 0 || targets.is_empty());
+    }
+    ctx.ready.set(false);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> TargetSpec {
+        let mut s = TargetSpec::new(&Target::new("shop", "cart.v2"));
+        s.slo.latency_p99_ms = Some(100.0);
+        s.alpha = 0.5;
+        s
+    }
+
+    fn complete_outcomes(t: f64) -> HashMap<&'static str, QueryOutcome> {
+        use QueryOutcome::Value;
+        HashMap::from([
+            ("cpu_usage_cores", Value(1.0)),
+            ("memory_working_set_bytes", Value(512.0 * 1048576.0)),
+            ("cpu_limit_cores", Value(1.0)),
+            ("cpu_limit_total_cores", Value(2.0)),
+            ("memory_limit_bytes", Value(1024.0 * 1048576.0)),
+            ("memory_limit_total_bytes", Value(2048.0 * 1048576.0)),
+            ("replicas", Value(2.0)),
+            ("ready_replicas", Value(2.0)),
+            ("request_rate_rps", Value(100.0)),
+            ("throughput_rps", Value(100.0)),
+            ("latency_p50_ms", Value(20.0)),
+            ("latency_p99_ms", Value(200.0)),
+            ("pod_sample_time", Value(t - 1.0)),
+            ("deployment_sample_time", Value(t - 1.0)),
+            ("request_sample_time", Value(t - 1.0)),
+        ])
+    }
+
+    #[test]
+    fn templates_expand_and_escape() {
+        let mut cfg = PrometheusSourceConfig {
+            interval_s: 2.5,
+            ..PrometheusSourceConfig::default()
+        };
+        cfg.queries
+            .insert("io_util".into(), "avg(io{$deployment})".into());
+        cfg.queries.insert("network_util".into(), " ".into());
+        let q = TargetQueries::new(&cfg, "shop", "cart.v2");
+        let cpu = q.get("cpu_usage_cores").unwrap();
+        assert!(
+            cpu.contains(r#"pod=~"cart\\.v2-([a-z0-9]{5,10}-)?[a-z0-9]{5}""#),
+            "{cpu}"
+        );
+        assert!(cpu.contains("offset 2500ms"), "{cpu}");
+        assert!(cpu.ends_with("/ 2.5"), "{cpu}");
+        assert!(!cpu.contains('$'), "{cpu}");
+        assert_eq!(
+            q.get("io_util"),
+            Some(r#"avg(io{namespace="shop",deployment="cart.v2"})"#)
+        );
+        assert_eq!(q.get("network_util"), None, "blank override disables");
+        assert!(q
+            .get("latency_p99_ms")
+            .unwrap()
+            .starts_with("1000 * histogram_quantile(0.99,"));
+        assert_eq!(q.queries.len(), PROMETHEUS_QUERY_NAMES.len() - 1);
+    }
+
+    #[test]
+    fn parses_vector_scalar_and_errors() {
+        let v = br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"le":"0.5"},"value":[1700000000.5,"NaN"]},{"metric":{},"value":[1700000000.5,"+Inf"]}]}}"#;
+        let s = parse_response("q", 200, v).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].labels.get("le").map(String::as_str), Some("0.5"));
+        assert!(s[0].value.is_nan());
+        assert_eq!(s[1].value, f64::INFINITY);
+        assert_eq!(s[1].time_s, 1_700_000_000.5);
+        let sc = br#"{"status":"success","data":{"resultType":"scalar","result":[12.0,"3.25"]}}"#;
+        assert_eq!(parse_response("q", 200, sc).unwrap()[0].value, 3.25);
+        let err = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 3"}"#;
+        let e = parse_response("su(", 400, err).unwrap_err();
+        assert!(
+            matches!(&e, PromError::Api { status: 400, error_type, .. } if error_type == "bad_data"),
+            "{e}"
+        );
+        assert!(matches!(
+            parse_response("q", 502, b"<html>bad gateway</html>"),
+            Err(PromError::Decode { .. })
+        ));
+        let matrix = br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(parse_response("q", 200, matrix).is_err());
+    }
+
+    #[test]
+    fn complete_evaluation_uses_the_simulator_formulas() {
+        let t = 1000.0;
+        let e = build_evaluation(&complete_outcomes(t), t, &spec(), Some(50.0), 5.0);
+        assert!(e.missing.is_empty(), "{:?}", e.missing);
+        let s = e.state.unwrap();
+        let b = spec().bounds;
+        assert!((s[0] - (1000.0 / b.max_cpu_millicores as f32)).abs() < 1e-6);
+        assert_eq!(s[2], 0.5, "cpu util = usage / total limit");
+        assert_eq!(s[3], 0.25);
+        assert_eq!(s[4], 0.0, "io not configured");
+        assert_eq!(s[6], 0.5, "SP = 100 / 200");
+        assert_eq!(s[7], 0.5, "load change (100 - 50) / 100");
+        assert_eq!(e.reward, Some(0.5 * 0.5 * 2.0 + 0.5 * (0.5 + 0.25)));
+        assert!(e.slo_violation);
+        assert_eq!(e.metrics.replicas, 2);
+        let o = to_obs(&e, &spec().target(), 0, 100);
+        assert!(
+            o.complete && o.reward.is_none(),
+            "first obs carries no reward"
+        );
+        assert_eq!(o.ts_ms, 1_000_000);
+        let o = to_obs(&e, &spec().target(), 103, 100);
+        assert_eq!((o.episode, o.step), (1, 3));
+        assert_eq!(o.reward, e.reward);
+    }
+
+    #[test]
+    fn missing_and_stale_metrics_make_the_step_incomplete() {
+        let t = 1000.0;
+        let mut o = complete_outcomes(t);
+        o.insert("memory_working_set_bytes", QueryOutcome::Empty);
+        o.insert("throughput_rps", QueryOutcome::Failed);
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(
+            e.missing,
+            vec!["memory_working_set_bytes", "throughput_rps"]
+        );
+        assert_eq!(e.state, None);
+        assert_eq!(e.reward, None);
+        assert_eq!(e.errors, 1);
+        let obs = to_obs(&e, &spec().target(), 7, 100);
+        assert!(!obs.complete && obs.state.is_empty() && obs.reward.is_none());
+
+        let mut o = complete_outcomes(t);
+        o.insert("deployment_sample_time", QueryOutcome::Value(t - 6.0));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(
+            e.missing,
+            vec!["deployment_sample_time", "ready_replicas", "replicas"]
+        );
+        assert_eq!(e.state, None);
+
+        let mut o = complete_outcomes(t);
+        o.insert("io_util", QueryOutcome::Empty);
+        o.insert("latency_p99_ms", QueryOutcome::Value(f64::INFINITY));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(e.missing, vec!["io_util", "latency_p99_ms"]);
+    }
+
+    #[test]
+    fn nothing_served_is_complete_with_no_latency() {
+        let t = 1000.0;
+        let mut o = complete_outcomes(t);
+        o.insert("throughput_rps", QueryOutcome::Value(0.0));
+        o.insert("latency_p50_ms", QueryOutcome::Value(f64::NAN));
+        o.insert("latency_p99_ms", QueryOutcome::Value(f64::NAN));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert!(e.missing.is_empty());
+        assert_eq!(e.metrics.latency_p99_ms, None);
+        assert_eq!(e.state.unwrap()[6], 0.0, "offered but nothing served");
+        o.insert("request_rate_rps", QueryOutcome::Value(0.0));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(e.state.unwrap()[6], 1.0, "no load, nothing to violate");
+    }
+}
