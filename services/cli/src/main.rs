@@ -114,6 +114,17 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         steps: u64,
     },
+    /// The control loop end to end over NATS: target-steps/s, decision latency, memory per target.
+    Loop {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        targets: usize,
+        #[arg(long, default_value_t = 30)]
+        steps: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -218,6 +229,48 @@ fn main() -> anyhow::Result<()> {
             eprintln!("{}", serde_json::to_string_pretty(&report)?);
         }
         Command::Bench { bench } => match bench {
+            BenchCommand::Loop {
+                out,
+                targets,
+                steps,
+                runs,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let opts = bench::control_loop::LoopBenchOptions {
+                    targets,
+                    steps,
+                    runs,
+                    recommender_bin: None,
+                };
+                let system = actix_rt::System::new();
+                let r = system.block_on(async move { bench::control_loop::run(&opts).await })?;
+                for (i, x) in r.runs.iter().enumerate() {
+                    println!(
+                        "run {i}: {:.0} target-steps/s; obs→action p50 {:.0} µs p99 {:.0} µs; decision p50 {:.1} µs p99 {:.1} µs; recommender RSS {:.1} MiB idle → {:.1} MiB ({:.0} B/target)",
+                        x.target_steps_per_s,
+                        x.obs_to_action_p50_us,
+                        x.obs_to_action_p99_us,
+                        x.decision_p50_us,
+                        x.decision_p99_us,
+                        x.recommender_rss_idle_bytes as f64 / 1048576.0,
+                        x.recommender_rss_loaded_bytes as f64 / 1048576.0,
+                        x.rss_per_target_bytes,
+                    );
+                }
+                println!(
+                    "{} targets × {} steps, medians of {} runs: {:.0} target-steps/s, decision p50 {:.1} µs p99 {:.1} µs, obs→action p99 {:.0} µs, {:.0} B per target",
+                    r.targets,
+                    r.steps,
+                    r.runs.len(),
+                    r.median_target_steps_per_s,
+                    r.median_decision_p50_us,
+                    r.median_decision_p99_us,
+                    r.median_obs_to_action_p99_us,
+                    r.median_rss_per_target_bytes
+                );
+                let path = bench::write_json(&out, "loop.json", &serde_json::to_value(&r)?)?;
+                println!("wrote {path}");
+            }
             BenchCommand::Sim {
                 out,
                 runs,

@@ -87,12 +87,54 @@ pub fn current_allocation(o: &Obs) -> Resources {
     }
 }
 
+/// The recommender's own metrics.
+#[derive(Clone)]
+pub struct RecommenderMetrics {
+    /// Time to decide one action (from the `obs` reaching the actor to the `action` queued).
+    pub decision_seconds: prometheus::Histogram,
+    pub incomplete_steps: prometheus::IntCounter,
+}
+
+/// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
+pub const DECISION_BUCKETS: [f64; 16] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 1e-1,
+];
+
+impl RecommenderMetrics {
+    pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
+        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
+        let decision_seconds = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "recommender_decision_seconds",
+                "Time to decide one action, from the obs reaching the target's actor",
+            )
+            .buckets(DECISION_BUCKETS.to_vec()),
+        )
+        .map_err(err)?;
+        let incomplete_steps = prometheus::IntCounter::new(
+            "recommender_incomplete_steps_total",
+            "Steps with missing or stale metrics (no action taken)",
+        )
+        .map_err(err)?;
+        let r = ctx.metrics.registry();
+        r.register(Box::new(decision_seconds.clone()))
+            .map_err(err)?;
+        r.register(Box::new(incomplete_steps.clone()))
+            .map_err(err)?;
+        Ok(RecommenderMetrics {
+            decision_seconds,
+            incomplete_steps,
+        })
+    }
+}
+
 /// The actor of one target.
 pub struct Agent {
     pub state: AgentState,
     spec: TargetSpec,
     fallback: Fallback,
     outbox: Outbox,
+    metrics: RecommenderMetrics,
 }
 
 impl Agent {
@@ -141,11 +183,16 @@ impl Handler<Deliver> for Agent {
         }
         if let Event::Obs(o) = ev {
             if !o.complete {
+                self.metrics.incomplete_steps.inc();
                 tracing::debug!(target = %o.target, missing = ?o.missing, "incomplete step: no action");
                 return;
             }
+            let t0 = std::time::Instant::now();
             let action = self.decide(&o);
             self.outbox.send(action);
+            self.metrics
+                .decision_seconds
+                .observe(t0.elapsed().as_secs_f64());
         }
     }
 }
@@ -156,6 +203,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     // Validated once at start-up: a bad setting stops the service naming the key.
     let prototype = Fallback::new(cfg.fallback)
         .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
+    let metrics = RecommenderMetrics::new(&ctx)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let specs = ctx.config.targets.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
@@ -169,6 +217,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             spec,
             fallback: prototype.clone(),
             outbox: outbox.clone(),
+            metrics: metrics.clone(),
         }
     });
     run_actors(&ctx, CONSUMES, true, &mut actors).await?;

@@ -1,6 +1,7 @@
 //! `aware bench <name>`: benchmarks that write JSON (and plots where a person would look).
 
 pub mod bus;
+pub mod control_loop;
 
 use std::path::Path;
 
@@ -10,6 +11,8 @@ pub enum BenchError {
     Bus(#[from] aware_shared::bus::BusError),
     #[error(transparent)]
     Harness(#[from] aware_shared::testkit::HarnessError),
+    #[error(transparent)]
+    Service(#[from] aware_shared::service::ServiceError),
     #[error("{0}")]
     Failed(String),
     #[error("writing {path}: {source}")]
