@@ -22,14 +22,24 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::join::Joiner;
-use crate::store::{EpisodeSummary, SqliteConfig, SqliteStore, TrajectoryStore, Transition};
+use crate::store::{
+    EpisodeSummary, QuestDbConfig, QuestDbStore, SqliteConfig, SqliteStore, TrajectoryStore,
+    Transition,
+};
 
 /// The `[recorder]` configuration section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RecorderConfig {
-    /// SQLite database file of the embedded store.
+    /// `sqlite` (embedded, default) or `questdb`.
+    pub store: StoreKind,
+    /// SQLite database file of the embedded store (and, with QuestDB, where the resume point is
+    /// kept by default).
     pub sqlite_path: PathBuf,
+    /// QuestDB HTTP base URL (`store = "questdb"`), e.g. `http://questdb:9000`.
+    pub questdb_url: String,
+    /// Prefix of the QuestDB tables.
+    pub questdb_table_prefix: String,
     /// Where the JetStream resume point is kept (default: `<sqlite_path>.resume`).
     pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
@@ -39,11 +49,23 @@ pub struct RecorderConfig {
 impl Default for RecorderConfig {
     fn default() -> Self {
         RecorderConfig {
+            store: StoreKind::Sqlite,
             sqlite_path: PathBuf::from("aware-data/trajectories.db"),
+            questdb_url: "http://127.0.0.1:9000".to_string(),
+            questdb_table_prefix: "aware_".to_string(),
             resume_path: None,
             batch: 512,
         }
     }
+}
+
+/// Which trajectory store the recorder writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    #[default]
+    Sqlite,
+    Questdb,
 }
 
 impl RecorderConfig {
@@ -364,9 +386,20 @@ pub fn open_store(cfg: &RecorderConfig) -> Result<Arc<dyn TrajectoryStore>, Serv
             })?;
         }
     }
-    let store = SqliteStore::open(&SqliteConfig::new(&cfg.sqlite_path))
-        .map_err(|e| ServiceError::Other(format!("recorder.sqlite_path: {e}")))?;
-    Ok(Arc::new(store))
+    match cfg.store {
+        StoreKind::Sqlite => {
+            let store = SqliteStore::open(&SqliteConfig::new(&cfg.sqlite_path))
+                .map_err(|e| ServiceError::Other(format!("recorder.sqlite_path: {e}")))?;
+            Ok(Arc::new(store))
+        }
+        StoreKind::Questdb => {
+            let mut q = QuestDbConfig::new(cfg.questdb_url.clone());
+            q.table_prefix = cfg.questdb_table_prefix.clone();
+            let store = QuestDbStore::open(q)
+                .map_err(|e| ServiceError::Other(format!("recorder.questdb_url: {e}")))?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
 /// Runs the service until shutdown.

@@ -136,6 +136,9 @@ pub enum Rule {
     VpaOom {
         bumped_to_bytes: f64,
     },
+    /// The updater's quick-OOM rule: a container was OOM-killed within `EVICT_AFTER_OOM_S`, so
+    /// a higher memory target is applied although the allocation is within the bounds.
+    VpaQuickOom,
     VpaEstimate {
         target_cpu_millicores: f64,
         target_memory_bytes: f64,
@@ -217,6 +220,10 @@ impl fmt::Display for Rule {
             Rule::VpaOom { bumped_to_bytes } => {
                 write!(f, "vpa: OOM kill recorded as {bumped_to_bytes:.0} bytes")
             }
+            Rule::VpaQuickOom => write!(
+                f,
+                "vpa: recent OOM kill and a higher memory target: target applied (quick-OOM rule)"
+            ),
             Rule::VpaEstimate {
                 target_cpu_millicores,
                 target_memory_bytes,
@@ -300,7 +307,15 @@ fn check(field: &'static str, value: f64, kept: &'static str, rules: &mut Vec<Ru
 pub struct Fallback {
     hpa: hpa::Hpa,
     vpa: vpa::Vpa,
+    /// When a container was last OOM-killed (for the updater's quick-OOM rule).
+    last_oom_s: Option<f64>,
 }
+
+/// The VPA updater's `--evict-after-oom-threshold` (10 min, `pkg/updater/priority`): a container
+/// OOM-killed this soon is updated to the target even when its allocation is within the
+/// recommended bounds. Upstream measures the container's run time before the kill; with step
+/// metrics the time since the last kill stands in for it (a crash-looping pod satisfies both).
+pub const EVICT_AFTER_OOM_S: f64 = 600.0;
 
 impl Fallback {
     pub fn new(config: FallbackConfig) -> Result<Self, FallbackConfigError> {
@@ -311,6 +326,7 @@ impl Fallback {
         Ok(Fallback {
             hpa: hpa::Hpa::new(config.hpa),
             vpa: vpa::Vpa::new(config.vpa)?,
+            last_oom_s: None,
         })
     }
 
@@ -377,13 +393,16 @@ impl Fallback {
             } else {
                 current.memory_bytes as f64
             };
+            // The VPA samples every running container, ready or not (unlike the HPA): a pod
+            // that crash-loops still feeds its usage and its OOM kills to the recommendation.
             let ready = metrics.ready_replicas.min(metrics.replicas);
-            if cpu_ok && ready > 0 {
+            let cpu_pods = metrics.replicas;
+            if cpu_ok && cpu_pods > 0 {
                 self.vpa.add_cpu_samples(
                     now_s,
-                    metrics.cpu_usage_cores / f64::from(ready),
+                    metrics.cpu_usage_cores / f64::from(cpu_pods),
                     limit_cores,
-                    ready,
+                    cpu_pods,
                 );
             }
             let mem_pods = if ready > 0 { ready } else { metrics.replicas };
@@ -395,6 +414,7 @@ impl Fallback {
                 );
             }
             if metrics.oom_kills > 0 {
+                self.last_oom_s = Some(now_s);
                 if let Some(bumped) = self.vpa.record_oom(now_s, memory_limit) {
                     rules.push(Rule::VpaOom {
                         bumped_to_bytes: bumped,
@@ -417,9 +437,22 @@ impl Fallback {
                 rules.extend(d.rules);
             }
 
-            let v = self
+            let mut v = self
                 .vpa
                 .decide(current.cpu_millicores, current.memory_bytes);
+            let quick_oom = self
+                .last_oom_s
+                .is_some_and(|t| now_s >= t && now_s - t <= EVICT_AFTER_OOM_S);
+            if quick_oom && v.rules.iter().any(|r| matches!(r, Rule::VpaWithinBounds)) {
+                if let Some(est) = &v.estimate {
+                    if est.target.memory_bytes > current.memory_bytes as f64 {
+                        v.cpu_millicores =
+                            est.target.cpu_millicores.clamp(0.0, f64::from(u32::MAX)) as u32;
+                        v.memory_bytes = est.target.memory_bytes.clamp(0.0, u64::MAX as f64) as u64;
+                        v.rules.push(Rule::VpaQuickOom);
+                    }
+                }
+            }
             vpa_estimate = v.estimate;
             rules.extend(v.rules);
             if cpu_ok {
@@ -726,6 +759,34 @@ mod tests {
         let h = f.vpa().memory_histogram().histogram();
         assert!(h.bucket_weight_at((356 * MIB) as f64) > 0.0);
         assert_eq!(h.bucket_weight_at(250e6), 0.0);
+    }
+
+    #[test]
+    fn crash_looping_pods_still_feed_the_vpa() {
+        // Every pod is unready (OOM crash loop): the HPA has nothing to go on, but the VPA samples
+        // all containers, so the OOM kills raise the memory limit.
+        let mut f = fallback();
+        let current = res(3, 500, 512 * MIB);
+        let mut m = metrics(3, 0, 0.05, 300e6, 0.5);
+        let mut last = None;
+        for step in 0..20u32 {
+            m.oom_kills = 1;
+            last = Some(f.recommend(f64::from(step) * 15.0, &m, current, &Bounds::default()));
+        }
+        let r = last.unwrap();
+        assert!(r.vpa_estimate.is_some(), "{r}");
+        assert!(r.rules.contains(&Rule::VpaQuickOom), "{r}");
+        assert!(r.desired.memory_bytes > 512 * MIB, "{r}");
+        assert_eq!(r.desired.replicas, 3, "{r}");
+        // Without recent OOM kills the same history keeps the limits (within the bounds).
+        let mut g = fallback();
+        m.oom_kills = 0;
+        let mut last = None;
+        for step in 0..20u32 {
+            last = Some(g.recommend(f64::from(step) * 15.0, &m, current, &Bounds::default()));
+        }
+        let r = last.unwrap();
+        assert!(!r.rules.contains(&Rule::VpaQuickOom), "{r}");
     }
 
     fn arb_f64() -> impl Strategy<Value = f64> {
