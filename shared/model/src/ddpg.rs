@@ -1,0 +1,475 @@
+//! DDPG (Lillicrap et al., as in FIRM/AWARE): deterministic actor, Q critic, target nets with
+//! soft updates, Adam, gradient-norm clipping, exploration noise and state normalization.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+use crate::config::{DdpgConfig, NoiseKind};
+use crate::error::{check_dim, check_finite, ModelError};
+use crate::net::{self, Adam, Dev, Mlp, OutAct};
+use crate::normalizer::Normalizer;
+use crate::replay::Batch;
+use crate::ACTION_DIM;
+
+/// What one gradient step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainStats {
+    /// Gradient steps taken so far (including this one).
+    pub step: u64,
+    /// Critic MSE against the bootstrapped target.
+    pub critic_loss: f32,
+    /// Actor loss −mean Q(s, μ(s)).
+    pub actor_loss: f32,
+    /// Mean Q(s, a) over the batch (before the update).
+    pub mean_q: f32,
+    /// Critic gradient norm before clipping.
+    pub critic_grad_norm: f32,
+    /// Actor gradient norm before clipping.
+    pub actor_grad_norm: f32,
+}
+
+/// Exploration noise state.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NoiseState {
+    pub(crate) epsilon: f32,
+    pub(crate) ou: [f32; ACTION_DIM],
+}
+
+/// A DDPG agent. All tensors are private; the API speaks `&[f32]` and `[f32; 3]`.
+#[derive(Debug, Clone)]
+pub struct Ddpg {
+    pub(crate) cfg: DdpgConfig,
+    pub(crate) dev: Dev,
+    pub(crate) actor: Mlp,
+    pub(crate) actor_target: Mlp,
+    pub(crate) critic: Mlp,
+    pub(crate) critic_target: Mlp,
+    pub(crate) actor_opt: Adam,
+    pub(crate) critic_opt: Adam,
+    pub(crate) normalizer: Normalizer,
+    pub(crate) noise: NoiseState,
+    pub(crate) steps: u64,
+}
+
+impl Ddpg {
+    /// A freshly initialised agent (targets equal the online nets).
+    pub fn new(cfg: DdpgConfig) -> Result<Self, ModelError> {
+        cfg.validate()?;
+        let dev = Dev::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let mut sizes = vec![cfg.state_dim];
+        sizes.extend(&cfg.actor_hidden);
+        sizes.push(ACTION_DIM);
+        let actor = Mlp::new(&dev, &sizes, OutAct::Tanh, &mut rng);
+        let mut sizes = vec![ACTION_DIM + cfg.state_dim];
+        sizes.extend(&cfg.critic_hidden);
+        sizes.push(1);
+        let critic = Mlp::new(&dev, &sizes, OutAct::Identity, &mut rng);
+        Ok(Self {
+            actor_target: actor.clone(),
+            critic_target: critic.clone(),
+            actor,
+            critic,
+            actor_opt: Adam::new(cfg.actor_lr),
+            critic_opt: Adam::new(cfg.critic_lr),
+            normalizer: Normalizer::new(cfg.state_dim, cfg.state_clip),
+            noise: NoiseState {
+                epsilon: cfg.noise.epsilon_start,
+                ou: [0.0; ACTION_DIM],
+            },
+            steps: 0,
+            dev,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DdpgConfig {
+        &self.cfg
+    }
+
+    /// Gradient steps taken.
+    pub fn train_steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Current exploration scale ε.
+    pub fn epsilon(&self) -> f32 {
+        self.noise.epsilon
+    }
+
+    /// The state normalizer.
+    pub fn normalizer(&self) -> &Normalizer {
+        &self.normalizer
+    }
+
+    /// Mutable normalizer (freeze for serving, fit on offline data).
+    pub fn normalizer_mut(&mut self) -> &mut Normalizer {
+        &mut self.normalizer
+    }
+
+    /// Folds a state into the normalizer (no-op while frozen).
+    pub fn observe(&mut self, state: &[f32]) -> Result<(), ModelError> {
+        self.normalizer.update(state).map(|_| ())
+    }
+
+    /// Resets per-episode exploration state (the OU process).
+    pub fn reset_noise(&mut self) {
+        self.noise.ou = [0.0; ACTION_DIM];
+    }
+
+    /// The policy's action μ(s) in [−1, 1]³. A non-finite or wrongly sized state, or a
+    /// non-finite network output, is an error: the caller uses its fallback.
+    pub fn act(&self, state: &[f32]) -> Result<[f32; ACTION_DIM], ModelError> {
+        let s = self.normalizer.normalize(state)?;
+        let x = net::mat(&self.dev, s, 1, self.cfg.state_dim);
+        let out = net::host(&self.actor.forward(x));
+        check_finite("actor output", &out)?;
+        let mut a = [0.0; ACTION_DIM];
+        for (d, v) in a.iter_mut().zip(&out) {
+            *d = v.clamp(-1.0, 1.0);
+        }
+        Ok(a)
+    }
+
+    /// Actions for many states at once (`states` row-major, `n × state_dim`).
+    pub fn act_batch(&self, states: &[f32]) -> Result<Vec<[f32; ACTION_DIM]>, ModelError> {
+        let d = self.cfg.state_dim;
+        let n = states.len() / d;
+        if n * d != states.len() {
+            return Err(ModelError::Dimension {
+                what: "state batch (multiple of state_dim)",
+                expected: (n + 1) * d,
+                got: states.len(),
+            });
+        }
+        let s = self.normalizer.normalize_rows(states)?;
+        let out = net::host(&self.actor.forward(net::mat(&self.dev, s, n, d)));
+        check_finite("actor output", &out)?;
+        Ok(out
+            .chunks(ACTION_DIM)
+            .map(|c| {
+                let mut a = [0.0; ACTION_DIM];
+                for (d, v) in a.iter_mut().zip(c) {
+                    *d = v.clamp(-1.0, 1.0);
+                }
+                a
+            })
+            .collect())
+    }
+
+    /// Exploring action: folds the state into the normalizer (unless frozen), then
+    /// `clamp(μ(s) + ε·noise, −1, 1)` and decays ε.
+    pub fn act_explore<R: Rng + ?Sized>(
+        &mut self,
+        state: &[f32],
+        rng: &mut R,
+    ) -> Result<[f32; ACTION_DIM], ModelError> {
+        self.observe(state)?;
+        let mut a = self.act(state)?;
+        let n = self.cfg.noise;
+        for (ai, ou) in a.iter_mut().zip(self.noise.ou.iter_mut()) {
+            let z: f32 = rng.sample(StandardNormal);
+            let noise = match n.kind {
+                NoiseKind::Gaussian => n.mu + n.sigma * z,
+                NoiseKind::OrnsteinUhlenbeck { theta } => {
+                    *ou += theta * (n.mu - *ou) + n.sigma * z;
+                    *ou
+                }
+            };
+            *ai = (*ai + self.noise.epsilon * noise).clamp(-1.0, 1.0);
+        }
+        self.noise.epsilon = (self.noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
+        Ok(a)
+    }
+
+    /// Q(s, a) of the online critic.
+    pub fn q_value(&self, state: &[f32], action: &[f32; ACTION_DIM]) -> Result<f32, ModelError> {
+        check_finite("action", action)?;
+        let s = self.normalizer.normalize(state)?;
+        let mut x = action.to_vec();
+        x.extend_from_slice(&s);
+        let q = net::host(&self.critic.forward(net::mat(
+            &self.dev,
+            x,
+            1,
+            ACTION_DIM + self.cfg.state_dim,
+        )));
+        let q = q.first().copied().unwrap_or(f32::NAN);
+        check_finite("critic output", &[q])?;
+        Ok(q)
+    }
+
+    /// One DDPG update on `batch`: critic towards r + γ(1−done)Q'(s', μ'(s')), actor along
+    /// ∇ₐQ, then soft target updates. A non-finite batch, loss or gradient is an error and
+    /// leaves every weight unchanged.
+    pub fn train_step(&mut self, batch: &Batch) -> Result<TrainStats, ModelError> {
+        check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
+        batch.validate()?;
+        let n = batch.len();
+        if n == 0 {
+            return Err(ModelError::NotEnoughSamples { len: 0, need: 1 });
+        }
+        let d = self.cfg.state_dim;
+        let s = self.normalizer.normalize_rows(&batch.states)?;
+        let s2 = self.normalizer.normalize_rows(&batch.next_states)?;
+
+        // Bootstrapped target (no gradients).
+        let s2_t = net::mat(&self.dev, s2, n, d);
+        let a2 = self.actor_target.forward(s2_t.clone());
+        let q2 = net::host(&self.critic_target.forward(net::concat_cols(a2, s2_t)));
+        let y: Vec<f32> = (0..n)
+            .map(|i| batch.rewards[i] + self.cfg.gamma * (1.0 - batch.dones[i]) * q2[i])
+            .collect();
+        check_finite("critic target", &y)?;
+
+        // Critic.
+        let mut sa = Vec::with_capacity(n * (ACTION_DIM + d));
+        for i in 0..n {
+            sa.extend_from_slice(&batch.actions[i * ACTION_DIM..(i + 1) * ACTION_DIM]);
+            sa.extend_from_slice(&s[i * d..(i + 1) * d]);
+        }
+        let q = self
+            .critic
+            .forward(net::traced(net::mat(&self.dev, sa, n, ACTION_DIM + d)));
+        let mean_q = net::host(&q).iter().sum::<f32>() / n as f32;
+        let critic_loss = net::mse(q, net::mat(&self.dev, y, n, 1));
+        let critic_loss_v = net::scalar(&critic_loss);
+        check_finite("critic loss", &[critic_loss_v, mean_q])?;
+        let mut cg = net::backward(critic_loss);
+        let critic_grad_norm = self
+            .critic
+            .clip_grad_norm(&mut cg, self.cfg.max_grad_norm)?;
+
+        // Actor (through the critic as it was before this step's update).
+        let s_t = net::mat(&self.dev, s, n, d);
+        let a = self.actor.forward(net::traced(s_t.clone()));
+        let q_pi = self.critic.forward(net::concat_cols(a, s_t));
+        let actor_loss = net::neg_mean(q_pi);
+        let actor_loss_v = net::scalar(&actor_loss);
+        check_finite("actor loss", &[actor_loss_v])?;
+        let mut ag = net::backward(actor_loss);
+        let actor_grad_norm = self.actor.clip_grad_norm(&mut ag, self.cfg.max_grad_norm)?;
+
+        // Everything checked: apply.
+        self.critic_opt.step(&mut self.critic, &mut cg)?;
+        self.actor_opt.step(&mut self.actor, &mut ag)?;
+        self.soft_update();
+        self.steps += 1;
+        Ok(TrainStats {
+            step: self.steps,
+            critic_loss: critic_loss_v,
+            actor_loss: actor_loss_v,
+            mean_q,
+            critic_grad_norm,
+            actor_grad_norm,
+        })
+    }
+
+    /// target ← (1−τ)·target + τ·online for both nets.
+    pub fn soft_update(&mut self) {
+        let tau = self.cfg.tau;
+        self.actor_target.soft_update_from(&self.actor, tau);
+        self.critic_target.soft_update_from(&self.critic, tau);
+    }
+
+    /// Number of trainable parameters (actor, critic).
+    pub fn num_params(&self) -> (usize, usize) {
+        (
+            self.actor.param_sizes().iter().sum(),
+            self.critic.param_sizes().iter().sum(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(seed: u64) -> DdpgConfig {
+        DdpgConfig {
+            seed,
+            ..DdpgConfig::with_hidden(3, &[16, 16])
+        }
+    }
+
+    fn batch(n: usize, seed: u64) -> Batch {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut b = Batch::with_capacity(3, n);
+        for _ in 0..n {
+            let s: Vec<f32> = (0..3).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let a = [
+                rng.random_range(-1.0..1.0),
+                rng.random_range(-1.0..1.0),
+                rng.random_range(-1.0..1.0),
+            ];
+            b.push(&crate::Transition {
+                reward: -(a[0] - s[0]).powi(2),
+                next_state: s.clone(),
+                state: s,
+                action: a,
+                done: true,
+            })
+            .unwrap();
+        }
+        b
+    }
+
+    #[test]
+    fn soft_update_moves_targets_by_exactly_tau() {
+        let mut cfg = small(1);
+        cfg.tau = 0.25;
+        let mut agent = Ddpg::new(cfg).unwrap();
+        // Make online and target differ: one training step (which itself soft-updates).
+        agent.train_step(&batch(32, 2)).unwrap();
+        let before_t = agent.actor_target.export();
+        let before_ct = agent.critic_target.export();
+        let online = agent.actor.export();
+        let online_c = agent.critic.export();
+        assert_ne!(before_t, online, "targets must differ from online nets");
+        agent.soft_update();
+        for (net_before, net_online, net_after) in [
+            (&before_t, &online, agent.actor_target.export()),
+            (&before_ct, &online_c, agent.critic_target.export()),
+        ] {
+            let mut moved = 0;
+            for ((t0, o), t1) in net_before.iter().zip(net_online).zip(&net_after) {
+                for ((t0, o), t1) in t0.iter().zip(o).zip(t1) {
+                    let expect = t0 + 0.25 * (o - t0);
+                    assert!(
+                        (t1 - expect).abs() <= 1e-6 * (1.0 + expect.abs()),
+                        "{t1} vs {expect}"
+                    );
+                    if (t1 - t0).abs() > 0.0 {
+                        moved += 1;
+                    }
+                }
+            }
+            assert!(moved > 0);
+        }
+        // Online nets are untouched by a soft update.
+        assert_eq!(agent.actor.export(), online);
+    }
+
+    #[test]
+    fn train_step_changes_weights_and_reports_finite_stats() {
+        let mut agent = Ddpg::new(small(3)).unwrap();
+        let before = agent.actor.export();
+        let b = batch(64, 4);
+        let st = agent.train_step(&b).unwrap();
+        assert_eq!(st.step, 1);
+        assert!(st.critic_loss.is_finite() && st.critic_loss > 0.0);
+        assert!(st.critic_grad_norm > 0.0 && st.actor_grad_norm > 0.0);
+        assert_ne!(agent.actor.export(), before);
+        // Critic loss falls on a fixed batch.
+        let mut last = st.critic_loss;
+        for _ in 0..50 {
+            last = agent.train_step(&b).unwrap().critic_loss;
+        }
+        assert!(last < st.critic_loss * 0.5, "{last} vs {}", st.critic_loss);
+    }
+
+    #[test]
+    fn gradient_clipping_scales_to_max_norm() {
+        let agent = Ddpg::new(small(5)).unwrap();
+        let b = batch(64, 6);
+        let mut sa = Vec::new();
+        for i in 0..b.len() {
+            sa.extend_from_slice(&b.actions[i * 3..(i + 1) * 3]);
+            sa.extend_from_slice(&b.states[i * 3..(i + 1) * 3]);
+        }
+        let y: Vec<f32> = b.rewards.iter().map(|r| r * 1000.0).collect();
+        let q = agent
+            .critic
+            .forward(net::traced(net::mat(&agent.dev, sa, 64, 6)));
+        let mut g = net::backward(net::mse(q, net::mat(&agent.dev, y, 64, 1)));
+        let norm = agent.critic.clip_grad_norm(&mut g, Some(0.5)).unwrap();
+        assert!(norm > 0.5, "unclipped norm {norm}");
+        let after = agent.critic.clip_grad_norm(&mut g, None).unwrap();
+        assert!((after - 0.5).abs() < 1e-4, "clipped norm {after}");
+        // Below the limit nothing changes.
+        let again = agent.critic.clip_grad_norm(&mut g, Some(10.0)).unwrap();
+        assert!((again - after).abs() < 1e-6);
+    }
+
+    #[test]
+    fn nan_inputs_are_typed_errors_and_leave_weights_alone() {
+        let mut agent = Ddpg::new(small(7)).unwrap();
+        assert!(matches!(
+            agent.act(&[0.0, f32::NAN, 0.0]),
+            Err(ModelError::NonFinite { .. })
+        ));
+        assert!(matches!(
+            agent.act(&[0.0, f32::INFINITY, 0.0]),
+            Err(ModelError::NonFinite { .. })
+        ));
+        assert!(matches!(
+            agent.act(&[0.0, 0.0]),
+            Err(ModelError::Dimension { .. })
+        ));
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        assert!(agent.act_explore(&[f32::NAN, 0.0, 0.0], &mut rng).is_err());
+        assert_eq!(agent.normalizer().count(), 0);
+        let before = agent.actor.export();
+        let mut b = batch(8, 1);
+        b.rewards[3] = f32::NAN;
+        assert!(matches!(
+            agent.train_step(&b),
+            Err(ModelError::NonFinite { .. })
+        ));
+        assert_eq!(agent.actor.export(), before);
+        assert_eq!(agent.train_steps(), 0);
+        let a = agent.act(&[0.1, 0.2, 0.3]).unwrap();
+        assert!(a.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
+    }
+
+    #[test]
+    fn non_finite_network_output_is_an_error() {
+        let mut agent = Ddpg::new(small(8)).unwrap();
+        let mut p = agent.actor.export();
+        // The last bias: a NaN there reaches the output (ReLU maps NaN to 0 in hidden layers).
+        let last = p.len() - 1;
+        p[last][1] = f32::NAN;
+        agent.actor.import(&p).unwrap();
+        assert!(matches!(
+            agent.act(&[0.1, 0.2, 0.3]),
+            Err(ModelError::NonFinite {
+                what: "actor output"
+            })
+        ));
+    }
+
+    #[test]
+    fn exploration_noise_decays_and_stays_in_bounds() {
+        let mut cfg = small(9);
+        cfg.noise.epsilon_decay = 0.1;
+        cfg.noise.epsilon_min = 0.05;
+        let mut agent = Ddpg::new(cfg.clone()).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let s = [0.3, -0.2, 0.1];
+        let mut spread_first = 0.0;
+        for i in 0..20 {
+            let a = agent.act_explore(&s, &mut rng).unwrap();
+            assert!(a.iter().all(|x| (-1.0..=1.0).contains(x)));
+            let mu = agent.act(&s).unwrap();
+            if i == 0 {
+                spread_first = (a[0] - mu[0]).abs() + (a[1] - mu[1]).abs();
+            }
+        }
+        assert!((agent.epsilon() - 0.05).abs() < 1e-6);
+        assert!(spread_first > 0.0);
+        cfg.noise.kind = NoiseKind::OrnsteinUhlenbeck { theta: 0.15 };
+        let mut ou = Ddpg::new(cfg).unwrap();
+        ou.act_explore(&s, &mut rng).unwrap();
+        assert_ne!(ou.noise.ou, [0.0; 3]);
+        ou.reset_noise();
+        assert_eq!(ou.noise.ou, [0.0; 3]);
+    }
+
+    #[test]
+    fn agent_is_send() {
+        fn is_send<T: Send + 'static>() {}
+        is_send::<Ddpg>();
+    }
+}

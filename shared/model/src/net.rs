@@ -1,0 +1,317 @@
+//! The only module that touches dfdx: runtime-sized MLPs, an Adam whose moments can be saved,
+//! gradient clipping and soft updates.
+
+use dfdx::prelude::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{backend, ModelError};
+
+pub(crate) type Dev = Cpu;
+pub(crate) type Mat<T = NoneTape> = Tensor<(usize, usize), f32, Dev, T>;
+type Row = Tensor<(usize,), f32, Dev>;
+pub(crate) type Grads = Gradients<f32, Dev>;
+/// Adam first and second moments per parameter.
+pub(crate) type Moments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Output non-linearity of the last layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutAct {
+    Tanh,
+    Identity,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Dense {
+    pub(crate) w: Mat,
+    pub(crate) b: Row,
+}
+
+/// Fully connected net: `sizes[0]` inputs, ReLU hidden layers, `out` after the last layer.
+#[derive(Debug, Clone)]
+pub(crate) struct Mlp {
+    pub(crate) layers: Vec<Dense>,
+    pub(crate) out: OutAct,
+}
+
+impl Mlp {
+    /// DDPG initialisation (Lillicrap et al.): hidden layers U(±1/√fan_in), last layer U(±3e-3).
+    pub(crate) fn new(dev: &Dev, sizes: &[usize], out: OutAct, rng: &mut ChaCha8Rng) -> Self {
+        let n = sizes.len().saturating_sub(1);
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, io)| {
+                let (fan_in, fan_out) = (io[0], io[1]);
+                let bound = if i + 1 == n {
+                    3e-3
+                } else {
+                    1.0 / (fan_in.max(1) as f32).sqrt()
+                };
+                let mut u = |len: usize| -> Vec<f32> {
+                    (0..len).map(|_| rng.random_range(-bound..=bound)).collect()
+                };
+                Dense {
+                    w: dev.tensor_from_vec(u(fan_in * fan_out), (fan_in, fan_out)),
+                    b: dev.tensor_from_vec(u(fan_out), (fan_out,)),
+                }
+            })
+            .collect();
+        Self { layers, out }
+    }
+
+    pub(crate) fn forward<T: Tape<f32, Dev> + Merge<NoneTape>>(&self, x: Mat<T>) -> Mat<T> {
+        let mut h = x;
+        let last = self.layers.len().saturating_sub(1);
+        for (i, l) in self.layers.iter().enumerate() {
+            let rows = h.shape().0;
+            let cols = l.w.shape().1;
+            let z = h.matmul(l.w.clone()) + l.b.clone().broadcast_like::<_, Axis<0>>(&(rows, cols));
+            h = if i < last {
+                z.relu()
+            } else {
+                match self.out {
+                    OutAct::Tanh => z.tanh(),
+                    OutAct::Identity => z,
+                }
+            };
+        }
+        h
+    }
+
+    /// Parameter sizes in a fixed order (w0, b0, w1, b1, ...).
+    pub(crate) fn param_sizes(&self) -> Vec<usize> {
+        self.layers
+            .iter()
+            .flat_map(|l| [l.w.shape().num_elements(), l.b.shape().num_elements()])
+            .collect()
+    }
+
+    /// Parameters as host vectors, in `param_sizes` order.
+    pub(crate) fn export(&self) -> Vec<Vec<f32>> {
+        self.layers
+            .iter()
+            .flat_map(|l| [l.w.as_vec(), l.b.as_vec()])
+            .collect()
+    }
+
+    /// Overwrites the parameters; `values` must match `param_sizes` (checked by the caller).
+    pub(crate) fn import(&mut self, values: &[Vec<f32>]) -> Result<(), ModelError> {
+        let sizes = self.param_sizes();
+        if values.len() != sizes.len() {
+            return Err(ModelError::ShapeMismatch {
+                index: 0,
+                expected: sizes.len(),
+                found: values.len(),
+            });
+        }
+        for (i, (v, s)) in values.iter().zip(&sizes).enumerate() {
+            if v.len() != *s {
+                return Err(ModelError::ShapeMismatch {
+                    index: i,
+                    expected: *s,
+                    found: v.len(),
+                });
+            }
+        }
+        for (l, pair) in self.layers.iter_mut().zip(values.chunks(2)) {
+            if let [w, b] = pair {
+                l.w.copy_from(w);
+                l.b.copy_from(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// target ← (1−τ)·target + τ·online, parameter by parameter.
+    pub(crate) fn soft_update_from(&mut self, online: &Mlp, tau: f32) {
+        for (t, o) in self.layers.iter_mut().zip(&online.layers) {
+            t.w = t.w.clone() * (1.0 - tau) + o.w.clone() * tau;
+            t.b = t.b.clone() * (1.0 - tau) + o.b.clone() * tau;
+        }
+    }
+
+    /// Global L2 norm of this net's gradients in `grads`; if `max_norm` is set and exceeded,
+    /// scales them down to it. Returns the norm before clipping.
+    pub(crate) fn clip_grad_norm(
+        &self,
+        grads: &mut Grads,
+        max_norm: Option<f32>,
+    ) -> Result<f32, ModelError> {
+        let mut sq = 0.0f64;
+        for l in &self.layers {
+            sq += grads
+                .get_or_alloc_mut(&l.w)
+                .map_err(backend)?
+                .iter()
+                .map(|g| f64::from(*g) * f64::from(*g))
+                .sum::<f64>();
+            sq += grads
+                .get_or_alloc_mut(&l.b)
+                .map_err(backend)?
+                .iter()
+                .map(|g| f64::from(*g) * f64::from(*g))
+                .sum::<f64>();
+        }
+        let norm = sq.sqrt() as f32;
+        if !norm.is_finite() {
+            return Err(ModelError::NonFinite { what: "gradients" });
+        }
+        if let Some(max) = max_norm {
+            if norm > max {
+                let scale = max / norm;
+                for l in &self.layers {
+                    for g in grads.get_or_alloc_mut(&l.w).map_err(backend)?.iter_mut() {
+                        *g *= scale;
+                    }
+                    for g in grads.get_or_alloc_mut(&l.b).map_err(backend)?.iter_mut() {
+                        *g *= scale;
+                    }
+                }
+            }
+        }
+        Ok(norm)
+    }
+}
+
+/// Adam over one [`Mlp`]. Uses dfdx's Adam kernel, but keeps the moments itself so they can be
+/// checkpointed (dfdx 0.13's `optim::Adam` keeps them private).
+#[derive(Debug, Clone)]
+pub(crate) struct Adam {
+    cfg: AdamConfig,
+    pub(crate) t: i32,
+    m: Grads,
+    v: Grads,
+}
+
+impl Adam {
+    pub(crate) fn new(lr: f64) -> Self {
+        Self {
+            cfg: AdamConfig {
+                lr,
+                ..Default::default()
+            },
+            t: 0,
+            m: Gradients::leaky(),
+            v: Gradients::leaky(),
+        }
+    }
+
+    /// One Adam step on `net` with `grads`.
+    pub(crate) fn step(&mut self, net: &mut Mlp, grads: &mut Grads) -> Result<(), ModelError> {
+        self.t = self.t.saturating_add(1);
+        for l in net.layers.iter_mut() {
+            let g = grads.get_or_alloc_mut(&l.w).map_err(backend)?;
+            let m = self.m.get_or_alloc_mut(&l.w).map_err(backend)?;
+            let v = self.v.get_or_alloc_mut(&l.w).map_err(backend)?;
+            self.cfg
+                .try_update(self.t, &mut l.w, m, v, g)
+                .map_err(backend)?;
+            let g = grads.get_or_alloc_mut(&l.b).map_err(backend)?;
+            let m = self.m.get_or_alloc_mut(&l.b).map_err(backend)?;
+            let v = self.v.get_or_alloc_mut(&l.b).map_err(backend)?;
+            self.cfg
+                .try_update(self.t, &mut l.b, m, v, g)
+                .map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// First and second moments for `net`'s parameters, in `param_sizes` order.
+    pub(crate) fn export(&mut self, net: &Mlp) -> Result<Moments, ModelError> {
+        let mut m1 = Vec::new();
+        let mut m2 = Vec::new();
+        for l in &net.layers {
+            m1.push(self.m.get_or_alloc_mut(&l.w).map_err(backend)?.to_vec());
+            m1.push(self.m.get_or_alloc_mut(&l.b).map_err(backend)?.to_vec());
+            m2.push(self.v.get_or_alloc_mut(&l.w).map_err(backend)?.to_vec());
+            m2.push(self.v.get_or_alloc_mut(&l.b).map_err(backend)?.to_vec());
+        }
+        Ok((m1, m2))
+    }
+
+    /// Restores moments exported by [`Adam::export`] (sizes checked by the caller).
+    pub(crate) fn import(
+        &mut self,
+        net: &Mlp,
+        t: i32,
+        m1: &[Vec<f32>],
+        m2: &[Vec<f32>],
+    ) -> Result<(), ModelError> {
+        self.t = t;
+        let mut i = 0;
+        for l in &net.layers {
+            for (src, dst) in [(m1, &mut self.m), (m2, &mut self.v)] {
+                let w = src.get(i).ok_or(ModelError::Truncated("optimizer state"))?;
+                let b = src
+                    .get(i + 1)
+                    .ok_or(ModelError::Truncated("optimizer state"))?;
+                let dw = dst.get_or_alloc_mut(&l.w).map_err(backend)?;
+                if dw.len() != w.len() {
+                    return Err(ModelError::ShapeMismatch {
+                        index: i,
+                        expected: dw.len(),
+                        found: w.len(),
+                    });
+                }
+                dw.copy_from_slice(w);
+                let db = dst.get_or_alloc_mut(&l.b).map_err(backend)?;
+                if db.len() != b.len() {
+                    return Err(ModelError::ShapeMismatch {
+                        index: i + 1,
+                        expected: db.len(),
+                        found: b.len(),
+                    });
+                }
+                db.copy_from_slice(b);
+            }
+            i += 2;
+        }
+        Ok(())
+    }
+}
+
+/// A `(rows, cols)` tensor from row-major host data.
+pub(crate) fn mat(dev: &Dev, data: Vec<f32>, rows: usize, cols: usize) -> Mat {
+    dev.tensor_from_vec(data, (rows, cols))
+}
+
+/// Concatenates `[a, s]` along columns, tape from `a`.
+pub(crate) fn concat_cols<T: Tape<f32, Dev> + Merge<NoneTape>>(a: Mat<T>, s: Mat) -> Mat<T> {
+    (a, s).concat_along(Axis::<1>)
+}
+
+/// Mean squared error and its value.
+pub(crate) fn mse(
+    pred: Mat<OwnedTape<f32, Dev>>,
+    target: Mat,
+) -> Tensor<Rank0, f32, Dev, OwnedTape<f32, Dev>> {
+    dfdx::losses::mse_loss(pred, target)
+}
+
+/// −mean(q).
+pub(crate) fn neg_mean(
+    q: Mat<OwnedTape<f32, Dev>>,
+) -> Tensor<Rank0, f32, Dev, OwnedTape<f32, Dev>> {
+    q.negate().mean()
+}
+
+/// Starts a gradient tape at `x`.
+pub(crate) fn traced(x: Mat) -> Mat<OwnedTape<f32, Dev>> {
+    x.traced(Gradients::leaky())
+}
+
+/// Backpropagates a scalar loss.
+pub(crate) fn backward(loss: Tensor<Rank0, f32, Dev, OwnedTape<f32, Dev>>) -> Grads {
+    loss.backward()
+}
+
+/// The scalar value of a loss.
+pub(crate) fn scalar<T: Tape<f32, Dev>>(loss: &Tensor<Rank0, f32, Dev, T>) -> f32 {
+    loss.array()
+}
+
+/// Host copy of a tensor.
+pub(crate) fn host<T: Tape<f32, Dev>>(x: &Mat<T>) -> Vec<f32> {
+    x.as_vec()
+}
