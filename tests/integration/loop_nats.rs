@@ -172,6 +172,24 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A batch's episode summaries are stored right after its transitions: wait for them too.
+    let episodes_stored = || {
+        let store = SqliteStore::open_path(&db).unwrap();
+        store
+            .targets()
+            .unwrap()
+            .iter()
+            .map(|t| store.episodes(t, 100).unwrap().len() as u64)
+            .sum::<u64>()
+    };
+    while episodes_stored() < APPS as u64 * EPISODES {
+        assert!(
+            Instant::now() < deadline,
+            "episodes stored {}",
+            episodes_stored()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let store = SqliteStore::open_path(&db).unwrap();
     assert_eq!(
         store.count_all().unwrap(),
