@@ -195,9 +195,18 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
             "--limit",
             "1",
         ],
-        &[],
+        &[("RUST_LOG", "info")],
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait until `aware watch` has subscribed (it logs `watching` once the server has it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !watch.stderr().contains("watching") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "watch never subscribed: {}",
+            watch.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for n in 3..=4 {
         client
             .publish(

@@ -37,6 +37,9 @@ pub async fn watch(
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<usize, WatchError> {
     let mut sub = bus.subscribe(pattern).await?;
+    // Once the server has the subscription, say so (on stderr: stdout carries only events).
+    bus.flush().await?;
+    tracing::info!(subject = pattern, "watching");
     let mut n = 0;
     while limit.is_none_or(|l| n < l) {
         let msg = tokio::select! {
