@@ -6,6 +6,7 @@ pub mod bus;
 pub mod cli;
 pub mod config;
 pub mod launcher;
+pub mod model_store;
 pub mod probe;
 pub mod service;
 pub mod spec;

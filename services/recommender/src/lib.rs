@@ -6,20 +6,34 @@
 //! cannot (no model loaded yet, a NaN state, …) with the reason in `fallback_reason`. The
 //! fallback sees every step, so its histograms are warm whenever it has to take over. Targets are
 //! sharded across instances by stable hash (`--shard i/N`).
+//!
+//! The RL path ([`rl`]): on a `model` for its target the actor reads the checkpoint from the model
+//! store (`[model_store]`), verifies it and swaps it in between two messages, so the next
+//! decision uses the new weights; a failed load keeps the previous weights (or the fallback) and
+//! counts `recommender_model_load_errors_total`. ONLINE acts with exploration noise, SERVING
+//! without noise and with the state normalizer frozen (same state, same action).
 
 pub mod fallback;
+pub mod rl;
+
+use std::sync::Arc;
 
 use actix::{Actor, Context, Handler};
 use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use aware_shared::config::stable_hash;
 use aware_shared::launcher::ServiceEntry;
+use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::fallback::{Fallback, FallbackConfig};
+use crate::rl::{load_policy, rl_decide, FallbackReason, RlPolicy};
 
 pub const NAME: &str = "recommender";
 pub const CONSUMES: &[EventKind] = &[
@@ -74,6 +88,8 @@ impl AgentState {
 #[serde(default)]
 pub struct RecommenderConfig {
     pub fallback: FallbackConfig,
+    /// Seed of the exploration noise (mixed with a stable hash of each target).
+    pub seed: u64,
 }
 
 /// The allocation in force, read from an `obs` (limits rounded to millicores and bytes).
@@ -93,6 +109,12 @@ pub struct RecommenderMetrics {
     /// Time to decide one action (from the `obs` reaching the actor to the `action` queued).
     pub decision_seconds: prometheus::Histogram,
     pub incomplete_steps: prometheus::IntCounter,
+    /// `model` messages whose weights could not be loaded.
+    pub model_load_errors: prometheus::IntCounter,
+    /// Weights loaded and swapped in.
+    pub models_loaded: prometheus::IntCounter,
+    /// Steps where the fallback acted although the stage is RL-driven, by reason.
+    pub rl_fallbacks: prometheus::IntCounterVec,
 }
 
 /// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
@@ -102,6 +124,11 @@ pub const DECISION_BUCKETS: [f64; 16] = [
 
 impl RecommenderMetrics {
     pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
+        Self::register(ctx.metrics.registry())
+    }
+
+    /// Creates the metrics in `r`.
+    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
         let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
         let decision_seconds = prometheus::Histogram::with_opts(
             prometheus::HistogramOpts::new(
@@ -116,41 +143,135 @@ impl RecommenderMetrics {
             "Steps with missing or stale metrics (no action taken)",
         )
         .map_err(err)?;
-        let r = ctx.metrics.registry();
+        let model_load_errors = prometheus::IntCounter::new(
+            "recommender_model_load_errors_total",
+            "model messages whose weights could not be loaded (missing, corrupt, wrong checksum)",
+        )
+        .map_err(err)?;
+        let models_loaded = prometheus::IntCounter::new(
+            "recommender_models_loaded_total",
+            "Base-learner weights loaded and swapped in",
+        )
+        .map_err(err)?;
+        let rl_fallbacks = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "recommender_rl_fallbacks_total",
+                "Steps where the fallback acted although the stage is ONLINE or SERVING",
+            ),
+            &["reason"],
+        )
+        .map_err(err)?;
+        for reason in FallbackReason::ALL {
+            rl_fallbacks.with_label_values(&[reason.label()]);
+        }
         r.register(Box::new(decision_seconds.clone()))
             .map_err(err)?;
         r.register(Box::new(incomplete_steps.clone()))
             .map_err(err)?;
+        r.register(Box::new(model_load_errors.clone()))
+            .map_err(err)?;
+        r.register(Box::new(models_loaded.clone())).map_err(err)?;
+        r.register(Box::new(rl_fallbacks.clone())).map_err(err)?;
         Ok(RecommenderMetrics {
             decision_seconds,
             incomplete_steps,
+            model_load_errors,
+            models_loaded,
+            rl_fallbacks,
         })
     }
 }
 
-/// The actor of one target.
-pub struct Agent {
+/// The decisions of one target: fallback, RL policy and the state they follow. Separate from
+/// the actor so it can be driven without a bus.
+pub struct Decider {
     pub state: AgentState,
     spec: TargetSpec,
     fallback: Fallback,
-    outbox: Outbox,
+    models: Arc<dyn ModelStore>,
+    policy: Option<RlPolicy>,
+    rng: ChaCha8Rng,
     metrics: RecommenderMetrics,
 }
 
-impl Agent {
+impl Decider {
+    pub fn new(
+        spec: TargetSpec,
+        fallback: Fallback,
+        models: Arc<dyn ModelStore>,
+        seed: u64,
+        metrics: RecommenderMetrics,
+    ) -> Self {
+        let target = spec.target();
+        let rng = ChaCha8Rng::seed_from_u64(seed ^ stable_hash(&target.key()));
+        Decider {
+            state: AgentState::new(target),
+            spec,
+            fallback,
+            models,
+            policy: None,
+            rng,
+            metrics,
+        }
+    }
+
+    /// Version of the weights in use.
+    pub fn policy_version(&self) -> Option<u64> {
+        self.policy.as_ref().map(|p| p.version)
+    }
+
+    /// Folds one event into the agent; returns the action for a complete `obs`.
+    pub fn handle(&mut self, ev: &Event) -> Option<Action> {
+        let before = self.state.stage;
+        self.state.apply(ev);
+        if self.state.stage != before {
+            tracing::info!(target = %self.state.target, from = %before, to = %self.state.stage, "stage changed");
+        }
+        match ev {
+            Event::Model(m) => {
+                self.on_model(m);
+                None
+            }
+            Event::Obs(o) if !o.complete => {
+                self.metrics.incomplete_steps.inc();
+                tracing::debug!(target = %o.target, missing = ?o.missing, "incomplete step: no action");
+                None
+            }
+            Event::Obs(o) => Some(self.decide(o)),
+            _ => None,
+        }
+    }
+
+    /// Loads the weights a `model` announces and swaps them in; on failure keeps what it had.
+    pub fn on_model(&mut self, m: &aware_bus_schemas::Model) {
+        if let Some(v) = self.policy_version() {
+            if m.version <= v {
+                tracing::debug!(target = %m.target, version = m.version, loaded = v, "older or same model version ignored");
+                return;
+            }
+        }
+        match load_policy(self.models.as_ref(), m) {
+            Ok(p) => {
+                tracing::info!(target = %m.target, version = p.version, trained_steps = p.trained_steps, "model loaded");
+                self.metrics.models_loaded.inc();
+                self.policy = Some(p);
+            }
+            Err(e) => {
+                self.metrics.model_load_errors.inc();
+                tracing::warn!(target = %m.target, version = m.version, uri = %m.uri, error = %e, kept = ?self.policy_version(), "cannot load model; keeping the previous policy");
+            }
+        }
+    }
+
     /// The action for one complete `obs`.
     pub fn decide(&mut self, o: &Obs) -> Action {
         let current = current_allocation(o);
         let now_s = o.ts_ms as f64 / 1000.0;
+        // The fallback sees every step, so it is warm whenever it has to take over.
         let rec = self
             .fallback
             .recommend(now_s, &o.metrics, current, &self.spec.bounds);
-        let fallback_reason = match self.state.stage {
-            Stage::Online | Stage::Serving => Some("no RL policy is loaded".to_string()),
-            Stage::Initialized | Stage::Offline => None,
-        };
-        tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
-        Action {
+        let mut action = Action {
             schema: Schema::new(),
             target: o.target.clone(),
             episode: o.episode,
@@ -161,11 +282,56 @@ impl Agent {
             raw: Vec::new(),
             current,
             desired: rec.desired,
-            model_version: self.state.model_version,
+            model_version: self.policy_version(),
             exploration: false,
-            fallback_reason,
+            fallback_reason: None,
+        };
+        let explore = match self.state.stage {
+            Stage::Initialized | Stage::Offline => {
+                tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
+                return action;
+            }
+            Stage::Online => true,
+            Stage::Serving => false,
+        };
+        let decided = match self.policy.as_mut() {
+            None => Err(FallbackReason::NoModel),
+            Some(p) => rl_decide(
+                p,
+                &o.state,
+                current,
+                &self.spec.bounds,
+                explore,
+                &mut self.rng,
+            ),
+        };
+        match decided {
+            Ok(d) => {
+                action.source = DecisionSource::Rl;
+                action.raw = d.raw.to_vec();
+                action.desired = d.desired;
+                action.exploration = d.exploration;
+            }
+            Err(reason) => {
+                self.metrics
+                    .rl_fallbacks
+                    .with_label_values(&[reason.label()])
+                    .inc();
+                if reason != FallbackReason::NoModel {
+                    tracing::warn!(target = %o.target, episode = o.episode, step = o.step, reason = reason.label(), "RL path failed; the fallback acts");
+                }
+                action.fallback_reason = Some(reason.describe().to_string());
+            }
         }
+        action
     }
+}
+
+/// The actor of one target.
+pub struct Agent {
+    decider: Decider,
+    outbox: Outbox,
+    metrics: RecommenderMetrics,
 }
 
 impl Actor for Agent {
@@ -176,19 +342,8 @@ impl Handler<Deliver> for Agent {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
-        let before = self.state.stage;
-        self.state.apply(&ev);
-        if self.state.stage != before {
-            tracing::info!(target = %self.state.target, from = %before, to = %self.state.stage, "stage changed");
-        }
-        if let Event::Obs(o) = ev {
-            if !o.complete {
-                self.metrics.incomplete_steps.inc();
-                tracing::debug!(target = %o.target, missing = ?o.missing, "incomplete step: no action");
-                return;
-            }
-            let t0 = std::time::Instant::now();
-            let action = self.decide(&o);
+        let t0 = std::time::Instant::now();
+        if let Some(action) = self.decider.handle(&ev) {
             self.outbox.send(action);
             self.metrics
                 .decision_seconds
@@ -203,6 +358,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     // Validated once at start-up: a bad setting stops the service naming the key.
     let prototype = Fallback::new(cfg.fallback)
         .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
+    let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
+    let models = open_model_store(&store_cfg)
+        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let metrics = RecommenderMetrics::new(&ctx)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let specs = ctx.config.targets.clone();
@@ -213,9 +371,13 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             .cloned()
             .unwrap_or_else(|| TargetSpec::new(t));
         Agent {
-            state: AgentState::new(t.clone()),
-            spec,
-            fallback: prototype.clone(),
+            decider: Decider::new(
+                spec,
+                prototype.clone(),
+                models.clone(),
+                cfg.seed,
+                metrics.clone(),
+            ),
             outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
@@ -242,5 +404,306 @@ mod tests {
         assert_eq!(s.model_version, Some(12));
         assert_eq!(s.embedding_len, 4);
         assert_eq!(s.last_obs, Some((7, 42)));
+    }
+
+    mod rl_path {
+        use super::*;
+        use aware_bus_schemas::{Model, ModelKind};
+        use aware_shared::model_store::{model_key, LocalDirStore};
+        use aware_shared_model::{Batch, DdpgConfig};
+
+        struct Fixture {
+            _dir: tempfile::TempDir,
+            store: Arc<LocalDirStore>,
+            decider: Decider,
+            registry: prometheus::Registry,
+        }
+
+        fn fixture() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(LocalDirStore::open(dir.path()).unwrap());
+            let registry = prometheus::Registry::new();
+            let metrics = RecommenderMetrics::register(&registry).unwrap();
+            let t = Target::new("shop", "checkout");
+            let decider = Decider::new(
+                TargetSpec::new(&t),
+                Fallback::new(FallbackConfig::default()).unwrap(),
+                store.clone(),
+                3,
+                metrics,
+            );
+            Fixture {
+                _dir: dir,
+                store,
+                decider,
+                registry,
+            }
+        }
+
+        /// A trained 64-64 base-learner stored as `version`; returns its `model` message.
+        fn publish(store: &LocalDirStore, version: u64, seed: u64) -> Model {
+            let mut cfg = DdpgConfig::with_hidden(9, &[64, 64]);
+            cfg.seed = seed;
+            let mut ddpg = aware_shared_model::Ddpg::new(cfg).unwrap();
+            let mut b = Batch::with_capacity(9, 8);
+            for i in 0..8 {
+                let s: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32 * 0.37).sin()).collect();
+                b.push(&aware_shared_model::Transition {
+                    state: s.clone(),
+                    action: [0.1, -0.2, 0.3],
+                    reward: 1.0,
+                    next_state: s,
+                    done: false,
+                })
+                .unwrap();
+            }
+            ddpg.train_step(&b).unwrap();
+            let bytes = ddpg.to_bytes().unwrap();
+            let t = Target::new("shop", "checkout");
+            let obj = store
+                .put(&model_key(&t, "base_learner", version), &bytes)
+                .unwrap();
+            Model {
+                schema: Schema::new(),
+                target: t,
+                episode: 0,
+                step: 0,
+                ts_ms: 0,
+                kind: ModelKind::BaseLearner,
+                version,
+                uri: obj.uri,
+                sha256: obj.sha256,
+                size_bytes: obj.size_bytes,
+                trained_steps: ddpg.train_steps(),
+            }
+        }
+
+        fn obs(state: Vec<f32>) -> Obs {
+            let Some(Event::Obs(mut o)) =
+                samples().into_iter().find(|e| e.kind() == EventKind::Obs)
+            else {
+                unreachable!()
+            };
+            o.state = state;
+            o
+        }
+
+        fn counter(r: &prometheus::Registry, name: &str, reason: Option<&str>) -> f64 {
+            r.gather()
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric().iter())
+                .filter(|m| {
+                    reason.is_none_or(|want| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == "reason" && l.value() == want)
+                    })
+                })
+                .map(|m| m.get_counter().get_value())
+                .sum()
+        }
+
+        fn in_bounds(d: Resources, b: &aware_shared::spec::Bounds) -> bool {
+            (b.min_replicas..=b.max_replicas).contains(&d.replicas)
+                && (b.min_cpu_millicores..=b.max_cpu_millicores).contains(&d.cpu_millicores)
+                && (b.min_memory_bytes..=b.max_memory_bytes).contains(&d.memory_bytes)
+        }
+
+        #[test]
+        fn online_with_a_model_acts_rl_within_bounds() {
+            let mut f = fixture();
+            f.decider.state.stage = Stage::Online;
+            // ONLINE without a model: the fallback, with the reason, counted.
+            let a = f.decider.decide(&obs(vec![0.5; 9]));
+            assert_eq!(a.source, DecisionSource::Fallback);
+            assert_eq!(a.fallback_reason.as_deref(), Some("no RL policy is loaded"));
+            assert_eq!(
+                counter(
+                    &f.registry,
+                    "recommender_rl_fallbacks_total",
+                    Some("no_model")
+                ),
+                1.0
+            );
+
+            let m = publish(&f.store, 1, 5);
+            f.decider.handle(&Event::Model(m));
+            assert_eq!(f.decider.policy_version(), Some(1));
+            let bounds = aware_shared::spec::Bounds::default();
+            let mut distinct = std::collections::BTreeSet::new();
+            for i in 0..50 {
+                let state: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32 * 0.71).cos()).collect();
+                let a = f.decider.decide(&obs(state));
+                assert_eq!(a.source, DecisionSource::Rl, "{a:?}");
+                assert_eq!(a.model_version, Some(1));
+                assert!(a.exploration);
+                assert_eq!(a.fallback_reason, None);
+                assert_eq!(a.raw.len(), 3);
+                assert!(
+                    a.raw.iter().all(|x| (-1.0..=1.0).contains(x)),
+                    "{:?}",
+                    a.raw
+                );
+                assert!(in_bounds(a.desired, &bounds), "{:?}", a.desired);
+                // `desired` is the raw action mapped from the allocation in force.
+                assert_eq!(
+                    a.desired,
+                    rl::map_raw([a.raw[0], a.raw[1], a.raw[2]], a.current, &bounds)
+                );
+                distinct.insert(a.raw.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+            assert!(distinct.len() > 40, "exploration noise varies the actions");
+            // A newer model swaps in; an older announcement is ignored.
+            f.decider.handle(&Event::Model(publish(&f.store, 3, 6)));
+            assert_eq!(f.decider.policy_version(), Some(3));
+            f.decider.handle(&Event::Model(publish(&f.store, 2, 7)));
+            assert_eq!(f.decider.policy_version(), Some(3));
+            assert_eq!(
+                counter(&f.registry, "recommender_models_loaded_total", None),
+                2.0
+            );
+            // OFFLINE: the fallback, and no RL fallback counted.
+            f.decider.state.stage = Stage::Offline;
+            let a = f.decider.decide(&obs(vec![0.5; 9]));
+            assert_eq!(
+                (a.source, a.fallback_reason),
+                (DecisionSource::Fallback, None)
+            );
+        }
+
+        #[test]
+        fn non_finite_state_falls_back_and_counts() {
+            let mut f = fixture();
+            let m = publish(&f.store, 1, 5);
+            f.decider.on_model(&m);
+            for (stage, bad) in [
+                (Stage::Online, f32::NAN),
+                (Stage::Serving, f32::INFINITY),
+                (Stage::Online, f32::NEG_INFINITY),
+            ] {
+                f.decider.state.stage = stage;
+                let mut s = vec![0.5; 9];
+                s[4] = bad;
+                let a = f.decider.decide(&obs(s));
+                assert_eq!(a.source, DecisionSource::Fallback);
+                assert!(a.raw.is_empty());
+                assert_eq!(
+                    a.fallback_reason.as_deref(),
+                    Some("NaN or infinite value in the state")
+                );
+            }
+            assert_eq!(
+                counter(
+                    &f.registry,
+                    "recommender_rl_fallbacks_total",
+                    Some("non_finite_state")
+                ),
+                3.0
+            );
+            // A state of the wrong width is refused by the model, not acted on.
+            f.decider.state.stage = Stage::Online;
+            let a = f.decider.decide(&obs(vec![0.5; 4]));
+            assert_eq!(a.source, DecisionSource::Fallback);
+            assert_eq!(
+                counter(
+                    &f.registry,
+                    "recommender_rl_fallbacks_total",
+                    Some("state_dim")
+                ),
+                1.0
+            );
+            // The next finite state is served by the policy again.
+            let a = f.decider.decide(&obs(vec![0.5; 9]));
+            assert_eq!(a.source, DecisionSource::Rl);
+        }
+
+        #[test]
+        fn corrupt_or_missing_checkpoints_keep_the_previous_policy() {
+            let mut f = fixture();
+            f.decider.state.stage = Stage::Online;
+            // Missing file.
+            let mut gone = publish(&f.store, 1, 5);
+            std::fs::remove_file(gone.uri.strip_prefix("file://").unwrap()).unwrap();
+            f.decider.handle(&Event::Model(gone.clone()));
+            assert_eq!(f.decider.policy_version(), None);
+            // Wrong checksum.
+            let mut bad_sum = publish(&f.store, 2, 5);
+            bad_sum.sha256 = "00".repeat(32);
+            f.decider.handle(&Event::Model(bad_sum));
+            // Bytes that are not a checkpoint, announced with their true checksum.
+            let t = Target::new("shop", "checkout");
+            let junk = b"definitely not a checkpoint".to_vec();
+            let obj = f
+                .store
+                .put(&model_key(&t, "base_learner", 3), &junk)
+                .unwrap();
+            let mut not_ckpt = publish(&f.store, 4, 5);
+            not_ckpt.version = 3;
+            not_ckpt.uri = obj.uri;
+            not_ckpt.sha256 = obj.sha256;
+            not_ckpt.size_bytes = obj.size_bytes;
+            f.decider.handle(&Event::Model(not_ckpt));
+            // A uri outside the store.
+            gone.version = 5;
+            gone.uri = "file:///etc/passwd".into();
+            f.decider.handle(&Event::Model(gone));
+            assert_eq!(f.decider.policy_version(), None);
+            assert_eq!(
+                counter(&f.registry, "recommender_model_load_errors_total", None),
+                4.0
+            );
+            let a = f.decider.decide(&obs(vec![0.5; 9]));
+            assert_eq!(a.source, DecisionSource::Fallback);
+            assert_eq!(a.model_version, None);
+            // A good model, then a corrupted newer one: the good one stays in use.
+            f.decider.handle(&Event::Model(publish(&f.store, 6, 5)));
+            let mut torn = publish(&f.store, 7, 5);
+            let path = torn.uri.strip_prefix("file://").unwrap().to_string();
+            let mut bytes = std::fs::read(&path).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0xff;
+            std::fs::write(&path, &bytes).unwrap();
+            f.decider.handle(&Event::Model(torn.clone()));
+            // Even with the matching sha256 the checkpoint's own checksum refuses it.
+            torn.sha256 = aware_shared::model_store::sha256_hex(&bytes);
+            torn.version = 8;
+            f.decider.handle(&Event::Model(torn));
+            assert_eq!(f.decider.policy_version(), Some(6));
+            assert_eq!(
+                counter(&f.registry, "recommender_model_load_errors_total", None),
+                6.0
+            );
+            let a = f.decider.decide(&obs(vec![0.5; 9]));
+            assert_eq!((a.source, a.model_version), (DecisionSource::Rl, Some(6)));
+        }
+
+        #[test]
+        fn serving_is_deterministic_and_freezes_the_normalizer() {
+            let mut f = fixture();
+            f.decider.on_model(&publish(&f.store, 1, 9));
+            f.decider.state.stage = Stage::Online;
+            // Exploring folds states into the normalizer.
+            for i in 0..20 {
+                f.decider.decide(&obs(vec![0.1 * i as f32; 9]));
+            }
+            f.decider.state.stage = Stage::Serving;
+            let s = vec![0.3, 0.6, 0.9, 0.2, 0.1, 0.0, 1.0, 0.1, 0.2];
+            let first = f.decider.decide(&obs(s.clone()));
+            assert_eq!(first.source, DecisionSource::Rl);
+            assert!(!first.exploration);
+            for i in 0..10 {
+                // Other states in between must not move the normalizer.
+                f.decider.decide(&obs(vec![5.0 + i as f32; 9]));
+                let again = f.decider.decide(&obs(s.clone()));
+                assert_eq!(again.raw, first.raw);
+                assert_eq!(again.desired, first.desired);
+            }
+            // Back ONLINE: noise again.
+            f.decider.state.stage = Stage::Online;
+            let explored = f.decider.decide(&obs(s));
+            assert!(explored.exploration);
+            assert_ne!(explored.raw, first.raw);
+        }
     }
 }
