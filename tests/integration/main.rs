@@ -8,5 +8,6 @@ mod control_loop;
 mod jetstream;
 mod loop_nats;
 mod prometheus_source;
+mod rl_loop;
 mod run_all;
 mod service_http;

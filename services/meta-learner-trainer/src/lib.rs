@@ -1,21 +1,32 @@
 //! meta-learner-trainer: trains the base- and meta-learner from the trajectory store and publishes
 //! `model` and `embedding`.
 //!
-//! Wired into the loop: one actor per target follows the target's lifecycle and, at every change,
-//! reads what the trajectory store holds for it (transitions, recorded episodes, the best episode:
-//! the data offline training and the meta-learner's top-M bundle will use). The store is the one
-//! the recorder writes (the `[recorder]` section). Learning arrives with [rl-agent] and
-//! [meta-learner].
+//! One actor per target follows the target's lifecycle. At every change it reads what the
+//! trajectory store holds for it (transitions, recorded episodes, the best episode: the data the
+//! meta-learner's top-M bundle will use). While the target is ONLINE it trains the base-learner
+//! ([`learner`]): every `trainer.poll_ms` it checks whether a round is due (`train_every_transitions`
+//! new transitions or `train_every_ms`), and a round — minibatches sampled from the store,
+//! `gradient_steps` DDPG updates, the checkpoint written to the model store — runs on the blocking
+//! pool; then the actor publishes `model` (kind `base_learner`, version increasing per target).
+//! SERVING and OFFLINE do not train online. The store is the one the recorder writes (the
+//! `[recorder]` section), the model store the `[model_store]` section.
+
+pub mod learner;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use actix::{Actor, Context, Handler};
-use aware_bus_schemas::{Event, EventKind, Target};
-use aware_shared::agents::{run_actors, Deliver, TargetActors};
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use aware_bus_schemas::{Event, EventKind, Model, ModelKind, Schema, Stage, Target};
+use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
 use aware_shared::launcher::ServiceEntry;
+use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::spec::TargetSpec;
 use aware_trajectory_recorder::service::{open_store, RecorderConfig};
 use aware_trajectory_recorder::store::TrajectoryStore;
+
+use crate::learner::{Learner, TrainerConfig, TrainerError};
 
 pub const NAME: &str = "meta-learner-trainer";
 pub const CONSUMES: &[EventKind] = &[EventKind::Lifecycle];
@@ -46,15 +57,146 @@ pub fn training_data(
     })
 }
 
+/// The trainer's metrics.
+#[derive(Clone)]
+pub struct TrainerMetrics {
+    pub transitions: prometheus::IntGauge,
+    pub rounds: prometheus::IntCounter,
+    pub round_errors: prometheus::IntCounter,
+    pub gradient_steps: prometheus::IntCounter,
+    pub round_seconds: prometheus::Histogram,
+}
+
+impl TrainerMetrics {
+    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
+        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
+        let transitions = prometheus::IntGauge::new(
+            "trainer_transitions_available",
+            "Transitions in the trajectory store at the last lifecycle change",
+        )
+        .map_err(err)?;
+        let rounds = prometheus::IntCounter::new(
+            "trainer_rounds_total",
+            "Training rounds that published a base-learner model",
+        )
+        .map_err(err)?;
+        let round_errors = prometheus::IntCounter::new(
+            "trainer_round_errors_total",
+            "Training rounds that failed (store, model store or non-finite training)",
+        )
+        .map_err(err)?;
+        let gradient_steps = prometheus::IntCounter::new(
+            "trainer_gradient_steps_total",
+            "DDPG gradient steps taken",
+        )
+        .map_err(err)?;
+        let round_seconds = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "trainer_round_seconds",
+                "Duration of one training round (sampling, gradient steps, checkpoint write)",
+            )
+            .buckets(prometheus::exponential_buckets(0.005, 2.0, 14).map_err(err)?),
+        )
+        .map_err(err)?;
+        r.register(Box::new(transitions.clone())).map_err(err)?;
+        r.register(Box::new(rounds.clone())).map_err(err)?;
+        r.register(Box::new(round_errors.clone())).map_err(err)?;
+        r.register(Box::new(gradient_steps.clone())).map_err(err)?;
+        r.register(Box::new(round_seconds.clone())).map_err(err)?;
+        Ok(TrainerMetrics {
+            transitions,
+            rounds,
+            round_errors,
+            gradient_steps,
+            round_seconds,
+        })
+    }
+}
+
 /// The actor of one target.
 pub struct TargetTrainer {
     target: Target,
     store: Arc<dyn TrajectoryStore>,
-    transitions: prometheus::IntGauge,
+    models: Arc<dyn ModelStore>,
+    poll: Duration,
+    stage: Stage,
+    /// `None` while a round runs on the blocking pool.
+    learner: Option<Learner>,
+    outbox: Outbox,
+    metrics: TrainerMetrics,
+}
+
+impl TargetTrainer {
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.stage != Stage::Online {
+            return;
+        }
+        let Some(mut learner) = self.learner.take() else {
+            return; // a round is running
+        };
+        let (store, models) = (self.store.clone(), self.models.clone());
+        let fut = tokio::task::spawn_blocking(move || {
+            let t0 = std::time::Instant::now();
+            let res = learner.maybe_train(store.as_ref(), models.as_ref());
+            (learner, res, t0.elapsed())
+        });
+        ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
+            Ok((learner, res, took)) => {
+                act.learner = Some(learner);
+                act.finish_round(res, took);
+            }
+            Err(e) => {
+                // The round panicked: the learner is lost; start again from the model store.
+                act.metrics.round_errors.inc();
+                tracing::error!(target = %act.target, error = %e, "training round aborted");
+            }
+        }));
+    }
+
+    fn finish_round(
+        &mut self,
+        res: Result<Option<learner::Published>, TrainerError>,
+        took: Duration,
+    ) {
+        match res {
+            Ok(None) => {}
+            Ok(Some(p)) => {
+                self.metrics.rounds.inc();
+                self.metrics.gradient_steps.inc_by(p.steps as u64);
+                self.metrics.round_seconds.observe(took.as_secs_f64());
+                tracing::info!(target = %self.target, version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, skipped = p.skipped, size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
+                let ts_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                    .unwrap_or(0);
+                self.outbox.send(Model {
+                    schema: Schema::new(),
+                    target: self.target.clone(),
+                    episode: p.latest.0,
+                    step: p.latest.1,
+                    ts_ms,
+                    kind: ModelKind::BaseLearner,
+                    version: p.version,
+                    uri: p.object.uri,
+                    sha256: p.object.sha256,
+                    size_bytes: p.object.size_bytes,
+                    trained_steps: p.trained_steps,
+                });
+            }
+            Err(e) => {
+                self.metrics.round_errors.inc();
+                tracing::warn!(target = %self.target, error = %e, "training round failed");
+            }
+        }
+    }
 }
 
 impl Actor for TargetTrainer {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.poll, |act, ctx| act.tick(ctx));
+    }
 }
 
 impl Handler<Deliver> for TargetTrainer {
@@ -62,12 +204,15 @@ impl Handler<Deliver> for TargetTrainer {
 
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
         let Event::Lifecycle(l) = ev else { return };
+        self.stage = l.stage;
         // The paper's top-M bundle (M = 20) is what the meta-learner will read.
         match training_data(self.store.as_ref(), &self.target, 20) {
             Ok(d) => {
                 tracing::info!(target = %self.target, stage = %l.stage, transitions = d.transitions, episodes = d.episodes, best = ?d.best_episode_reward, "training data at stage change");
                 if let Ok(all) = self.store.count_all() {
-                    self.transitions.set(i64::try_from(all).unwrap_or(i64::MAX));
+                    self.metrics
+                        .transitions
+                        .set(i64::try_from(all).unwrap_or(i64::MAX));
                 }
             }
             Err(e) => {
@@ -80,22 +225,41 @@ impl Handler<Deliver> for TargetTrainer {
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecorderConfig = ctx.config.section("recorder")?;
-    let store = open_store(&cfg)?;
-    let transitions = prometheus::IntGauge::new(
-        "trainer_transitions_available",
-        "Transitions in the trajectory store at the last lifecycle change",
-    )
-    .map_err(|e| ServiceError::Other(e.to_string()))?;
-    ctx.metrics
-        .registry()
-        .register(Box::new(transitions.clone()))
+    let trainer: TrainerConfig = ctx.config.section("trainer")?;
+    trainer
+        .validate()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetTrainer {
-        target: t.clone(),
-        store: store.clone(),
-        transitions: transitions.clone(),
+    let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
+    let models = open_model_store(&store_cfg)
+        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
+    let store = open_store(&cfg)?;
+    let metrics = TrainerMetrics::register(ctx.metrics.registry())?;
+    let (outbox, publisher) = spawn_publisher(ctx.clone());
+    let specs = ctx.config.targets.clone();
+    let poll = Duration::from_millis(trainer.poll_ms);
+    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+        let bounds = specs
+            .iter()
+            .find(|s| s.namespace == t.namespace && s.name == t.name)
+            .cloned()
+            .unwrap_or_else(|| TargetSpec::new(t))
+            .bounds;
+        TargetTrainer {
+            target: t.clone(),
+            store: store.clone(),
+            models: models.clone(),
+            poll,
+            stage: Stage::Initialized,
+            learner: Some(Learner::new(t.clone(), bounds, trainer.clone())),
+            outbox: outbox.clone(),
+            metrics: metrics.clone(),
+        }
     });
-    run_actors(&ctx, CONSUMES, false, &mut actors).await
+    run_actors(&ctx, CONSUMES, false, &mut actors).await?;
+    drop(actors);
+    publisher
+        .await
+        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
 }
 
 #[cfg(test)]

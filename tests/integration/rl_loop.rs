@@ -1,0 +1,109 @@
+//! The actor–learner split end to end on the embedded bus: with bootstrapping disabled the
+//! targets go ONLINE at once, the trainer learns from the recorded transitions and publishes
+//! `model`, and the recommenders load the weights and act with them (`source: rl`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aware_bus_schemas::{subject, DecisionSource, Event, ModelKind, Stage, Target};
+use aware_shared::bus::Bus;
+use aware_shared::config::{AppConfig, SourceKind};
+use tokio_util::sync::CancellationToken;
+
+#[actix_rt::test]
+async fn trainer_publishes_models_and_recommenders_act_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let apps = 2usize;
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = 20;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.seed = 5;
+    cfg.collector.simulator.max_steps = 5_000;
+    cfg.lifecycle.bootstrap = false;
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
+    );
+    cfg.sections.insert(
+        "trainer".into(),
+        serde_json::json!({
+            "train_every_transitions": 40, "gradient_steps": 20, "batch_size": 32,
+            "min_transitions": 32, "poll_ms": 50
+        }),
+    );
+    let bus = Bus::in_process(65_536);
+    let mut all = bus.subscribe(subject::ALL).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus,
+        Arc::new(cfg),
+        &aware_cli::SERVICES,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+
+    // Per target: the versions announced, and the RL actions seen after the first model.
+    let mut models: BTreeMap<Target, Vec<u64>> = BTreeMap::new();
+    let mut rl_actions: BTreeMap<Target, u32> = BTreeMap::new();
+    let mut online = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while rl_actions.len() < apps || rl_actions.values().any(|&n| n < 5) {
+        let m = tokio::time::timeout_at(deadline, all.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("RL actions on every target within 60 s: models {models:?}, rl actions {rl_actions:?}")
+            })
+            .unwrap();
+        let p = subject::parse(&m.subject).unwrap();
+        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+            Event::Lifecycle(l) => {
+                assert_eq!(l.stage, Stage::Online, "bootstrapping is disabled");
+                online.insert(l.target);
+            }
+            Event::Model(md) => {
+                assert_eq!(md.kind, ModelKind::BaseLearner);
+                assert!(md.uri.starts_with("file://"), "{}", md.uri);
+                assert_eq!(md.sha256.len(), 64);
+                assert!(md.size_bytes > 0 && md.trained_steps > 0);
+                let v = models.entry(md.target).or_default();
+                assert!(
+                    v.last().is_none_or(|&last| md.version > last),
+                    "versions increase"
+                );
+                v.push(md.version);
+            }
+            Event::Action(a) => {
+                assert!(a.desired.replicas >= 1 && a.desired.replicas <= 20);
+                assert!(a.desired.cpu_millicores >= 128 && a.desired.cpu_millicores <= 2048);
+                if a.source == DecisionSource::Rl {
+                    let announced = models.get(&a.target).expect("a model precedes RL actions");
+                    let v = a
+                        .model_version
+                        .expect("RL actions name their model version");
+                    assert!(announced.contains(&v), "{v} not in {announced:?}");
+                    assert_eq!(a.stage, Stage::Online);
+                    assert!(a.exploration, "ONLINE explores");
+                    assert_eq!(a.raw.len(), 3);
+                    assert!(a.raw.iter().all(|x| (-1.0..=1.0).contains(x)));
+                    assert_eq!(a.fallback_reason, None);
+                    *rl_actions.entry(a.target).or_default() += 1;
+                } else if a.stage == Stage::Online && !models.contains_key(&a.target) {
+                    assert_eq!(a.fallback_reason.as_deref(), Some("no RL policy is loaded"));
+                }
+            }
+            _ => {}
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+    assert_eq!(online.len(), apps);
+    assert!(models.len() == apps, "{models:?}");
+}
