@@ -137,8 +137,11 @@ async fn prometheus_source_matches_simulator_states() {
     for i in 1..ticks.len() {
         let (step, t, obs) = &ticks[i];
         assert_eq!(*step, ticks[i - 1].0 + 1, "a tick was missed");
+        // Alignment needs each gap above 1.6 s (the sample at T − STEP, up to one scrape older,
+        // must postdate the previous tick) and the next tick after T = tick + 1.4 s; a late tick
+        // on a loaded machine only moves the window inside its step, so the upper limit is loose.
         let gap = t - ticks[i - 1].1;
-        assert!((1.7..2.3).contains(&gap), "tick gap {gap} s");
+        assert!((1.65..3.5).contains(&gap), "tick gap {gap} s");
         let time = t + PHASE;
         let evals: Vec<Evaluation> = futures::future::join_all(
             specs
