@@ -28,6 +28,15 @@ impl Outbox {
     }
 }
 
+/// Waits for a service's publisher task (see [`spawn_publisher`]) to finish.
+pub async fn join_publisher(
+    publisher: tokio::task::JoinHandle<()>,
+) -> Result<(), crate::service::ServiceError> {
+    publisher
+        .await
+        .map_err(|e| crate::service::ServiceError::Other(format!("publisher task: {e}")))
+}
+
 /// Starts the publisher task of a service. It publishes the outbox in order and ends when every
 /// [`Outbox`] clone is dropped or at shutdown (after draining what is queued), flushing the bus.
 pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<()>) {

@@ -413,6 +413,15 @@ impl Default for LifecycleProfile {
 }
 
 impl AppConfig {
+    /// The configured spec of `target`, or the defaults for a target known only from the bus.
+    pub fn spec_for(&self, target: &Target) -> crate::spec::TargetSpec {
+        self.targets
+            .iter()
+            .find(|s| s.namespace == target.namespace && s.name == target.name)
+            .cloned()
+            .unwrap_or_else(|| crate::spec::TargetSpec::new(target))
+    }
+
     /// The section `name` as `T` (its defaults when absent); errors name the section.
     pub fn section<T: serde::de::DeserializeOwned + Default>(
         &self,
@@ -726,6 +735,18 @@ name = "cart"
                 .map(String::as_str),
             Some("vector(0.5)")
         );
+    }
+
+    #[test]
+    fn spec_for_finds_configured_targets_and_defaults_the_rest() {
+        let mut cfg = AppConfig::default();
+        let mut spec = crate::spec::TargetSpec::new(&Target::new("shop", "cart"));
+        spec.alpha = 0.9;
+        cfg.targets.push(spec.clone());
+        assert_eq!(cfg.spec_for(&Target::new("shop", "cart")), spec);
+        let other = cfg.spec_for(&Target::new("shop", "other"));
+        assert_eq!(other.alpha, 0.5);
+        assert_eq!(other.name, "other");
     }
 
     #[test]

@@ -23,6 +23,9 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
     cfg.collector.simulator.seed = 5;
     cfg.collector.simulator.max_steps = 5_000;
     cfg.lifecycle.bootstrap = false;
+    // Stay ONLINE (exploring) for the whole test: how fast rewards would reach SERVING depends on
+    // when models arrive, which is timing.
+    cfg.lifecycle.t_serving = 1e9;
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),

@@ -222,13 +222,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     });
     let metrics = ActuatorMetrics::new(&ctx)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
-    let specs = ctx.config.targets.clone();
+    let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetActuator {
-        spec: specs
-            .iter()
-            .find(|s| s.namespace == t.namespace && s.name == t.name)
-            .cloned()
-            .unwrap_or_else(|| TargetSpec::new(t)),
+        spec: config.spec_for(t),
         state: GuardState::default(),
         guards: guards.clone(),
         sink: sink.clone(),
@@ -237,7 +233,5 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     });
     run_actors(&ctx, &[EventKind::Action], false, &mut actors).await?;
     drop(actors);
-    publisher
-        .await
-        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
+    aware_shared::agents::join_publisher(publisher).await
 }

@@ -215,9 +215,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     }
     run_actors(&ctx, CONSUMES, false, &mut actors).await?;
     drop(actors);
-    publisher
-        .await
-        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
+    aware_shared::agents::join_publisher(publisher).await
 }
 
 #[cfg(test)]

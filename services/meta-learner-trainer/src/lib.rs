@@ -22,7 +22,6 @@ use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetA
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
-use aware_shared::spec::TargetSpec;
 use aware_trajectory_recorder::service::{open_store, RecorderConfig};
 use aware_trajectory_recorder::store::TrajectoryStore;
 
@@ -235,15 +234,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let store = open_store(&cfg)?;
     let metrics = TrainerMetrics::register(ctx.metrics.registry())?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
-    let specs = ctx.config.targets.clone();
+    let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
-        let bounds = specs
-            .iter()
-            .find(|s| s.namespace == t.namespace && s.name == t.name)
-            .cloned()
-            .unwrap_or_else(|| TargetSpec::new(t))
-            .bounds;
+        let bounds = config.spec_for(t).bounds;
         TargetTrainer {
             target: t.clone(),
             store: store.clone(),
@@ -257,9 +251,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     });
     run_actors(&ctx, CONSUMES, false, &mut actors).await?;
     drop(actors);
-    publisher
-        .await
-        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
+    aware_shared::agents::join_publisher(publisher).await
 }
 
 #[cfg(test)]

@@ -363,13 +363,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let metrics = RecommenderMetrics::new(&ctx)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
-    let specs = ctx.config.targets.clone();
+    let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
-        let spec = specs
-            .iter()
-            .find(|s| s.namespace == t.namespace && s.name == t.name)
-            .cloned()
-            .unwrap_or_else(|| TargetSpec::new(t));
+        let spec = config.spec_for(t);
         Agent {
             decider: Decider::new(
                 spec,
@@ -384,9 +380,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     });
     run_actors(&ctx, CONSUMES, true, &mut actors).await?;
     drop(actors);
-    publisher
-        .await
-        .map_err(|e| ServiceError::Other(format!("publisher task: {e}")))
+    aware_shared::agents::join_publisher(publisher).await
 }
 
 #[cfg(test)]
