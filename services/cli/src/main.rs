@@ -94,7 +94,7 @@ enum Command {
         #[arg(long, default_value = "demo-out")]
         out: PathBuf,
     },
-    /// Print the CRD YAML (arrives with the Kubernetes issue).
+    /// Print the AwareAutoscaler CRD YAML (`deploy/crd/awareautoscalers.aware.dev.yaml`).
     Crd,
 }
 
@@ -382,7 +382,7 @@ fn main() -> anyhow::Result<()> {
                 aware_cli::demo::run(&opts, &mut stdout).await
             })?;
         }
-        Command::Crd => bail!("`aware crd` arrives with the Kubernetes issue ([kubernetes])"),
+        Command::Crd => print!("{}", aware_controller::crd::crd_yaml()?),
     }
     Ok(())
 }

@@ -1,0 +1,7 @@
+//! The Kubernetes side of AWARE. For now: the `AwareAutoscaler` custom resource ([`crd`]) and its
+//! Kubernetes quantities ([`quantity`]); the controller loop arrives later.
+
+pub mod crd;
+pub mod quantity;
+
+pub use crd::{AwareAutoscaler, AwareAutoscalerSpec, AwareAutoscalerStatus, CrdError};
