@@ -8,6 +8,7 @@ pub mod config;
 pub mod launcher;
 pub mod model_store;
 pub mod probe;
+pub mod quantity;
 pub mod service;
 pub mod spec;
 pub mod telemetry;

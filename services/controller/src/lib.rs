@@ -2,6 +2,6 @@
 //! Kubernetes quantities ([`quantity`]); the controller loop arrives later.
 
 pub mod crd;
-pub mod quantity;
+pub use aware_shared::quantity;
 
 pub use crd::{AwareAutoscaler, AwareAutoscalerSpec, AwareAutoscalerStatus, CrdError};

@@ -55,10 +55,6 @@ use tracing::{debug, info, warn};
 
 use super::{validate_desired, ApplyReport, Sink, SinkError};
 
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-const GIB: u64 = 1024 * MIB;
-
 /// How CPU and memory changes reach the pods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -799,57 +795,7 @@ pub fn scaled_request(
     }
 }
 
-/// CPU as a Kubernetes quantity: `"2"` for whole cores, else `"500m"`.
-pub fn format_cpu(millicores: u32) -> String {
-    if millicores.is_multiple_of(1000) {
-        format!("{}", millicores / 1000)
-    } else {
-        format!("{millicores}m")
-    }
-}
-
-/// Memory as a Kubernetes quantity: `Gi`, `Mi` or `Ki` when exact, else bytes.
-pub fn format_memory(bytes: u64) -> String {
-    match bytes {
-        0 => "0".to_string(),
-        b if b.is_multiple_of(GIB) => format!("{}Gi", b / GIB),
-        b if b.is_multiple_of(MIB) => format!("{}Mi", b / MIB),
-        b if b.is_multiple_of(KIB) => format!("{}Ki", b / KIB),
-        b => b.to_string(),
-    }
-}
-
-/// A Kubernetes quantity in base units (`"500m"` → 0.5, `"1Gi"` → 1073741824, `"1e3"` → 1000).
-pub fn parse_quantity(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => KIB as f64,
-        "Mi" => MIB as f64,
-        "Gi" => GIB as f64,
-        "Ti" => (GIB * KIB) as f64,
-        "Pi" => (GIB * MIB) as f64,
-        "Ei" => (GIB * GIB) as f64,
-        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse::<i32>().ok()?),
-        _ => return None,
-    };
-    let v = value * factor;
-    (v.is_finite() && v >= 0.0).then_some(v)
-}
+pub use aware_shared::quantity::{format_cpu, format_memory};
 
 fn bad_quantity(target: &Target, what: &str, q: &Quantity) -> SinkError {
     SinkError::Unmanageable {
@@ -859,21 +805,11 @@ fn bad_quantity(target: &Target, what: &str, q: &Quantity) -> SinkError {
 }
 
 fn cpu_millicores(target: &Target, q: &Quantity) -> Result<u32, SinkError> {
-    let cores = parse_quantity(&q.0).ok_or_else(|| bad_quantity(target, "cpu", q))?;
-    let m = (cores * 1000.0).round();
-    if m > f64::from(u32::MAX) {
-        return Err(bad_quantity(target, "cpu", q));
-    }
-    Ok(m as u32)
+    aware_shared::quantity::parse_cpu_millicores(&q.0).map_err(|_| bad_quantity(target, "cpu", q))
 }
 
 fn memory_bytes(target: &Target, q: &Quantity) -> Result<u64, SinkError> {
-    let b = parse_quantity(&q.0).ok_or_else(|| bad_quantity(target, "memory", q))?;
-    let b = b.round();
-    if b >= u64::MAX as f64 {
-        return Err(bad_quantity(target, "memory", q));
-    }
-    Ok(b as u64)
+    aware_shared::quantity::parse_memory_bytes(&q.0).map_err(|_| bad_quantity(target, "memory", q))
 }
 
 #[cfg(test)]

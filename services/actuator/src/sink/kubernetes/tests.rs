@@ -2,6 +2,10 @@
 //! request's method, URI (with query), content type and JSON body is checked, and the server
 //! answers with Kubernetes-shaped JSON.
 
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+
 use std::pin::pin;
 use std::time::Duration;
 
@@ -870,22 +874,28 @@ fn quantities_format_as_kubernetes_quantities() {
 
 #[test]
 fn quantities_parse_in_base_units() {
-    for (q, v) in [
-        ("500m", 0.5),
-        ("2", 2.0),
-        ("1.5", 1.5),
-        ("512Mi", 536_870_912.0),
-        ("1Gi", 1_073_741_824.0),
-        ("1G", 1e9),
-        ("128974848", 128_974_848.0),
-        ("129e6", 129e6),
-        ("123Ki", 125_952.0),
-        ("250000u", 0.25),
+    let t = target();
+    for (q, m) in [
+        ("500m", 500u32),
+        ("2", 2000),
+        ("1.5", 1500),
+        ("250000u", 250),
     ] {
-        assert_eq!(parse_quantity(q), Some(v), "{q}");
+        assert_eq!(cpu_millicores(&t, &Quantity(q.into())).unwrap(), m, "{q}");
+    }
+    for (q, b) in [
+        ("512Mi", 536_870_912u64),
+        ("1Gi", 1_073_741_824),
+        ("1G", 1_000_000_000),
+        ("128974848", 128_974_848),
+        ("129e6", 129_000_000),
+        ("123Ki", 125_952),
+    ] {
+        assert_eq!(memory_bytes(&t, &Quantity(q.into())).unwrap(), b, "{q}");
     }
     for bad in ["", "abc", "1Xi", "-1", "1e", "NaN", "inf"] {
-        assert_eq!(parse_quantity(bad), None, "{bad}");
+        assert!(cpu_millicores(&t, &Quantity(bad.into())).is_err(), "{bad}");
+        assert!(memory_bytes(&t, &Quantity(bad.into())).is_err(), "{bad}");
     }
     // Formatting then parsing is the identity.
     for m in [1u32, 128, 999, 1000, 1500, 2048] {
