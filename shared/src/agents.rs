@@ -114,6 +114,36 @@ where
     }
 }
 
+/// The intake loop shared by every service: subscribes to `consumes`, reports ready, and hands
+/// each decoded event to `on_event` until shutdown. With nothing to consume it only waits.
+async fn intake(
+    ctx: &ServiceContext,
+    consumes: &[aware_bus_schemas::EventKind],
+    mut on_event: impl FnMut(aware_bus_schemas::Event),
+) -> Result<(), crate::service::ServiceError> {
+    let mut rx = if consumes.is_empty() {
+        None
+    } else {
+        Some(ctx.subscribe_events(consumes).await?)
+    };
+    ctx.ready.set(true);
+    tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
+    match rx.as_mut() {
+        None => ctx.shutdown.cancelled().await,
+        Some(rx) => loop {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => break,
+                ev = rx.recv() => match ev {
+                    Some(ev) => on_event(ev),
+                    None => break,
+                },
+            }
+        },
+    }
+    ctx.ready.set(false);
+    Ok(())
+}
+
 /// The intake loop of a service: routes every decoded event of `consumes` to its target's actor
 /// until shutdown. With `sharded`, events of targets outside this instance's shard are skipped.
 pub async fn run_actors<A>(
@@ -125,51 +155,22 @@ pub async fn run_actors<A>(
 where
     A: Actor<Context = Context<A>> + Handler<Deliver>,
 {
-    let mut rx = ctx.subscribe_events(consumes).await?;
-    ctx.ready.set(true);
-    tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
-    loop {
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            ev = rx.recv() => match ev {
-                Some(ev) => {
-                    if !sharded || ctx.config.shard.owns(ev.target()) {
-                        actors.route(ev);
-                    }
-                }
-                None => break,
-            },
+    intake(ctx, consumes, |ev| {
+        if !sharded || ctx.config.shard.owns(ev.target()) {
+            actors.route(ev);
         }
-    }
-    ctx.ready.set(false);
-    Ok(())
+    })
+    .await
 }
 
-/// The intake loop of a service that so far only consumes: decodes and counts every event of
-/// `consumes` (malformed ones are counted as decode errors) until shutdown.
+/// The intake loop of a service without per-target actors: decodes and counts every event of
+/// `consumes` (malformed ones as decode errors) until shutdown; with none, it only waits.
 pub async fn run_intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
 ) -> Result<(), crate::service::ServiceError> {
-    if consumes.is_empty() {
-        ctx.ready.set(true);
-        tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
-        ctx.shutdown.cancelled().await;
-        ctx.ready.set(false);
-        return Ok(());
-    }
-    let mut rx = ctx.subscribe_events(consumes).await?;
-    ctx.ready.set(true);
-    tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
-    loop {
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            ev = rx.recv() => match ev {
-                Some(ev) => tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received"),
-                None => break,
-            },
-        }
-    }
-    ctx.ready.set(false);
-    Ok(())
+    intake(ctx, consumes, |ev| {
+        tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received")
+    })
+    .await
 }

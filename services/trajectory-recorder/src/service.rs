@@ -348,13 +348,12 @@ async fn flush(
         // already stored was already published and is not repeated; one published but not yet
         // stored when the recorder died is published again (the lifecycle monitor ignores
         // repeated episodes).
-        let summary = EpisodeSummary::from(&e);
         let s = store.clone();
-        let target = e.target.clone();
+        let (target, episode) = (e.target.clone(), e.episode);
         let Some(stored) = with_retry(ctx, metrics, "episodes", move || {
             Ok(s.episodes(&target, 1)?
                 .last()
-                .is_some_and(|last| last.episode >= summary.episode))
+                .is_some_and(|last| last.episode >= episode))
         })
         .await
         else {
