@@ -8,7 +8,7 @@ use std::io::Cursor;
 use serde::Deserialize;
 
 use crate::{
-    Action, Applied, BusMessage, Embedding, Episode, Event, EventKind, Lifecycle, Model, Obs,
+    Action, Applied, BusMessage, Embedding, Episode, Event, EventKind, Lifecycle, Model, Obs, Registration,
 };
 
 /// Errors from encoding a message.
@@ -67,6 +67,7 @@ pub fn encode_event(ev: &Event) -> Result<Vec<u8>, EncodeError> {
         Event::Lifecycle(m) => encode(m),
         Event::Embedding(m) => encode(m),
         Event::Model(m) => encode(m),
+        Event::Registration(m) => encode(m),
     }
 }
 
@@ -137,6 +138,7 @@ pub fn decode_event(kind: EventKind, bytes: &[u8]) -> Result<Event, DecodeError>
         EventKind::Lifecycle => Event::Lifecycle(decode::<Lifecycle>(bytes)?),
         EventKind::Embedding => Event::Embedding(decode::<Embedding>(bytes)?),
         EventKind::Model => Event::Model(decode::<Model>(bytes)?),
+        EventKind::Target => Event::Registration(decode::<Registration>(bytes)?),
     })
 }
 

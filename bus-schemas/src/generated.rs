@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::{
     codec, Action, Applied, DecisionSource, Embedding, Episode, Event, EventKind, Lifecycle, Model,
-    ModelKind, Obs, Outcome, RawMetrics, Resources, Schema, Stage, Target,
+    ModelKind, Obs, Outcome, RegisteredLifecycle, RegisteredSpec, Registration, RawMetrics, Resources, Schema, Stage, Target,
 };
 
 /// The JSON Schema (draft-07, pretty-printed, trailing newline) of a message kind.
@@ -20,6 +20,7 @@ pub fn json_schema(kind: EventKind) -> String {
         EventKind::Lifecycle => schemars::schema_for!(Lifecycle),
         EventKind::Embedding => schemars::schema_for!(Embedding),
         EventKind::Model => schemars::schema_for!(Model),
+        EventKind::Target => schemars::schema_for!(Registration),
     };
     let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
     text.push('\n');
@@ -156,7 +157,7 @@ pub fn samples() -> Vec<Event> {
         }),
         Event::Model(Model {
             schema: Schema::new(),
-            target,
+            target: target.clone(),
             episode: 7,
             step: 99,
             ts_ms,
@@ -166,6 +167,36 @@ pub fn samples() -> Vec<Event> {
             sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".to_string(),
             size_bytes: 1_048_576,
             trained_steps: 25_000,
+            policy_estimate: Some(1.5),
+            behaviour_reward: Some(1.25),
+        }),
+        Event::Registration(Registration {
+            schema: Schema::new(),
+            target,
+            episode: 0,
+            step: 0,
+            ts_ms,
+            generation: 4,
+            source: "shop/checkout-aware".to_string(),
+            spec: Some(RegisteredSpec {
+                min_replicas: 1,
+                max_replicas: 20,
+                min_cpu_millicores: 128,
+                max_cpu_millicores: 2048,
+                min_memory_bytes: 256 * 1024 * 1024,
+                max_memory_bytes: 3 * 1024 * 1024 * 1024,
+                slo_latency_p99_ms: Some(200.0),
+                slo_throughput_rps: None,
+                alpha: 0.5,
+                recommend_only: false,
+                lifecycle: Some(RegisteredLifecycle {
+                    bootstrap: true,
+                    t_online: 1.0,
+                    t_serving: 1.3,
+                    t_var: 0.15,
+                    window: 10,
+                }),
+            }),
         }),
     ]
 }

@@ -1,4 +1,4 @@
-//! The seven messages of DESIGN §2 (contract).
+//! The seven messages of DESIGN §2 (contract), plus `target`: the controller's registrations.
 //!
 //! Every message is a MessagePack map with named fields and carries `schema` (`"<kind>/<version>"`),
 //! `target {namespace, name}`, `episode`, `step` and `ts_ms` (Unix epoch milliseconds).
@@ -50,10 +50,11 @@ pub enum EventKind {
     Lifecycle,
     Embedding,
     Model,
+    Target,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         EventKind::Obs,
         EventKind::Action,
         EventKind::Applied,
@@ -61,6 +62,7 @@ impl EventKind {
         EventKind::Lifecycle,
         EventKind::Embedding,
         EventKind::Model,
+        EventKind::Target,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -72,6 +74,7 @@ impl EventKind {
             EventKind::Lifecycle => "lifecycle",
             EventKind::Embedding => "embedding",
             EventKind::Model => "model",
+            EventKind::Target => "target",
         }
     }
 
@@ -402,6 +405,60 @@ pub struct Model {
     pub sha256: String,
     pub size_bytes: u64,
     pub trained_steps: u64,
+    /// The trainer's off-policy estimate of this policy's mean per-step reward on the target's
+    /// recorded states (critic-based evaluation); drives OFFLINE → ONLINE in the lifecycle monitor.
+    #[serde(default)]
+    pub policy_estimate: Option<f64>,
+    /// Mean per-step reward the behaviour (fallback) policy earned on the same data, for comparison.
+    #[serde(default)]
+    pub behaviour_reward: Option<f64>,
+}
+
+/// Per-target lifecycle profile of Algorithm 1 carried by a registration (per-step mean rewards).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RegisteredLifecycle {
+    pub bootstrap: bool,
+    pub t_online: f64,
+    pub t_serving: f64,
+    pub t_var: f64,
+    pub window: u32,
+}
+
+/// What the services need to manage a registered target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RegisteredSpec {
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    pub min_cpu_millicores: u32,
+    pub max_cpu_millicores: u32,
+    pub min_memory_bytes: u64,
+    pub max_memory_bytes: u64,
+    pub slo_latency_p99_ms: Option<f64>,
+    pub slo_throughput_rps: Option<f64>,
+    /// Weight of SLO preservation in the reward (objective.alpha).
+    pub alpha: f64,
+    /// `updateMode: Off`: recommend, record, never apply.
+    pub recommend_only: bool,
+    /// The lifecycle profile; absent = the services' configured default.
+    pub lifecycle: Option<RegisteredLifecycle>,
+}
+
+/// `target/1`: the controller registers a target with the services (spec present) or
+/// deregisters it (spec absent: services stop managing it and the workload keeps its last
+/// applied resources). Registrations are re-sent periodically; receivers keep the newest
+/// `generation` per target and treat repeats as no-ops.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Registration {
+    pub schema: Schema<Registration>,
+    pub target: Target,
+    pub episode: u64,
+    pub step: u32,
+    pub ts_ms: i64,
+    /// `metadata.generation` of the custom resource (deregistrations carry the last one seen).
+    pub generation: u64,
+    /// The custom resource, `namespace/name`.
+    pub source: String,
+    pub spec: Option<RegisteredSpec>,
 }
 
 macro_rules! bus_message {
@@ -433,6 +490,7 @@ bus_message!(Episode, EventKind::Episode, "episode/1");
 bus_message!(Lifecycle, EventKind::Lifecycle, "lifecycle/1");
 bus_message!(Embedding, EventKind::Embedding, "embedding/1");
 bus_message!(Model, EventKind::Model, "model/1");
+bus_message!(Registration, EventKind::Target, "target/1");
 
 /// Any bus message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -445,6 +503,7 @@ pub enum Event {
     Lifecycle(Lifecycle),
     Embedding(Embedding),
     Model(Model),
+    Registration(Registration),
 }
 
 macro_rules! event_dispatch {
@@ -457,6 +516,7 @@ macro_rules! event_dispatch {
             Event::Lifecycle($m) => $e,
             Event::Embedding($m) => $e,
             Event::Model($m) => $e,
+            Event::Registration($m) => $e,
         }
     };
 }
@@ -471,6 +531,7 @@ impl Event {
             Event::Lifecycle(_) => EventKind::Lifecycle,
             Event::Embedding(_) => EventKind::Embedding,
             Event::Model(_) => EventKind::Model,
+            Event::Registration(_) => EventKind::Target,
         }
     }
     pub fn target(&self) -> &Target {
@@ -496,7 +557,7 @@ macro_rules! event_from {
         }
     )*};
 }
-event_from!(Obs, Action, Applied, Episode, Lifecycle, Embedding, Model);
+event_from!(Obs, Action, Applied, Episode, Lifecycle, Embedding, Model, Registration);
 
 /// Current time as Unix epoch milliseconds.
 pub fn now_ms() -> i64 {

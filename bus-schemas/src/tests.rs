@@ -230,7 +230,7 @@ proptest! {
 
     #[test]
     fn mutated_messages_never_panic(
-        idx in 0usize..7,
+        idx in 0usize..8,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
     ) {
         let ev = &samples()[idx];

@@ -86,6 +86,7 @@ impl ServiceContext {
             Event::Lifecycle(m) => self.publish(m).await,
             Event::Embedding(m) => self.publish(m).await,
             Event::Model(m) => self.publish(m).await,
+            Event::Registration(m) => self.publish(m).await,
         }
     }
 

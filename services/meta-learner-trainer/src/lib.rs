@@ -180,6 +180,8 @@ impl TargetTrainer {
                     sha256: p.object.sha256,
                     size_bytes: p.object.size_bytes,
                     trained_steps: p.trained_steps,
+                    policy_estimate: None,
+                    behaviour_reward: None,
                 });
             }
             Err(e) => {

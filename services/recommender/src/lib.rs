@@ -469,6 +469,8 @@ mod tests {
                 sha256: obj.sha256,
                 size_bytes: obj.size_bytes,
                 trained_steps: ddpg.train_steps(),
+                policy_estimate: None,
+                behaviour_reward: None,
             }
         }
 
