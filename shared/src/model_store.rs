@@ -5,10 +5,15 @@
 //! [`ModelStore::key_of_uri`] and reads it back with [`get_verified`], which refuses bytes whose
 //! size or SHA-256 differ from the announcement (a torn or tampered file never reaches a policy).
 //!
-//! [`LocalDirStore`] (the default) keeps one file per key under a root directory. A write goes to
-//! a temporary file in the destination directory, is fsynced, renamed over the key's path and the
-//! directory is fsynced: a reader sees either the whole previous object or the whole new one, and
-//! a crash leaves at most a stray `.tmp` file.
+//! Two backends, chosen by `model_store.backend` ([`open_model_store`]):
+//!
+//! - [`LocalDirStore`] (`local`, the default) keeps one file per key under a root directory. A
+//!   write goes to a temporary file in the destination directory, is fsynced, renamed over the
+//!   key's path and the directory is fsynced: a reader sees either the whole previous object or
+//!   the whole new one, and a crash leaves at most a stray `.tmp` file. Uris are `file:///…`.
+//! - [`JetStreamStore`] (`jetstream`) keeps one object per key in a NATS JetStream object store
+//!   bucket (chunked, SHA-256 recorded by the server); uris are `nats-object://<bucket>/<key>`.
+//!   It needs the NATS bus.
 //!
 //! Keys are `/`-separated segments of `[A-Za-z0-9._-]`, no segment empty, `.` or `..`, so a key
 //! can never name a path outside the root. [`model_key`] builds the key of a target's model
@@ -23,11 +28,18 @@ use aware_bus_schemas::Target;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::bus::Bus;
+use crate::config::{BusConfig, StorageKind};
+
+mod jetstream;
+
+pub use jetstream::{JetStreamStore, URI_SCHEME as NATS_OBJECT_SCHEME};
+
 /// What a `put` stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredObject {
     pub key: String,
-    /// Location to announce (`file:///…`).
+    /// Location to announce (`file:///…` or `nats-object://<bucket>/<key>`).
     pub uri: String,
     /// Lower-case hex SHA-256 of the bytes.
     pub sha256: String,
@@ -62,10 +74,25 @@ pub enum ModelStoreError {
         expected: String,
         found: String,
     },
+    #[error("configuration key `model_store.{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    /// `what` names the object (or the bucket, or the server) and the bucket.
+    #[error("model store: cannot {op} {what} on NATS: {reason}")]
+    Nats {
+        op: &'static str,
+        what: String,
+        reason: String,
+    },
+    #[error("model store: {op} {what} on NATS timed out after {ms} ms")]
+    Timeout {
+        op: &'static str,
+        what: String,
+        ms: u64,
+    },
 }
 
-/// A store of model bytes by key. Synchronous (file or blocking I/O); async callers use
-/// `spawn_blocking` for large objects.
+/// A store of model bytes by key. Synchronous: every call may block on file or network I/O, so
+/// async code (tokio tasks, actix actors) calls it through `spawn_blocking`.
 pub trait ModelStore: Send + Sync {
     /// Short backend name for logs.
     fn backend(&self) -> &'static str;
@@ -162,25 +189,121 @@ pub fn validate_key(key: &str) -> Result<(), ModelStoreError> {
     Ok(())
 }
 
+/// Where the model store keeps its objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStoreBackend {
+    /// A local directory (`dir`); on several hosts it must be shared.
+    #[default]
+    Local,
+    /// A JetStream object store bucket (`bucket`) on the NATS bus.
+    Jetstream,
+}
+
 /// The `[model_store]` configuration section (shared by the trainer and the recommender).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelStoreConfig {
-    /// Root directory of the local model store.
+    /// `local` or `jetstream`.
+    pub backend: ModelStoreBackend,
+    /// Root directory of the local model store (`local`).
     pub dir: PathBuf,
+    /// Object store bucket (`jetstream`): `[A-Za-z0-9_-]+`, created if missing.
+    pub bucket: String,
+    /// Size limit of a bucket created by us, bytes (-1: unlimited).
+    pub max_bytes: i64,
+    /// Replicas of a bucket created by us (1–5).
+    pub replicas: usize,
+    /// Storage of a bucket created by us: `file` or `memory`.
+    pub storage: StorageKind,
+    /// Limit on one put, get or listing on NATS, milliseconds.
+    pub timeout_ms: u64,
 }
 
 impl Default for ModelStoreConfig {
     fn default() -> Self {
         ModelStoreConfig {
+            backend: ModelStoreBackend::Local,
             dir: PathBuf::from("aware-data/models"),
+            bucket: "aware-models".to_string(),
+            max_bytes: -1,
+            replicas: 1,
+            storage: StorageKind::File,
+            timeout_ms: 30_000,
         }
     }
 }
 
-/// Opens the configured model store.
-pub fn open_model_store(cfg: &ModelStoreConfig) -> Result<Arc<dyn ModelStore>, ModelStoreError> {
-    Ok(Arc::new(LocalDirStore::open(&cfg.dir)?))
+impl ModelStoreConfig {
+    /// Checks values the types alone cannot; errors name the key.
+    pub fn validate(&self) -> Result<(), ModelStoreError> {
+        let bad = |key, reason: String| Err(ModelStoreError::Config { key, reason });
+        match self.backend {
+            ModelStoreBackend::Local => {
+                if self.dir.as_os_str().is_empty() {
+                    return bad("dir", "empty path".into());
+                }
+            }
+            ModelStoreBackend::Jetstream => {
+                if self.bucket.is_empty()
+                    || !self
+                        .bucket
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+                {
+                    return bad(
+                        "bucket",
+                        format!(
+                            "`{}` is not a bucket name (one or more of [A-Za-z0-9_-])",
+                            self.bucket
+                        ),
+                    );
+                }
+                if self.max_bytes != -1 && self.max_bytes <= 0 {
+                    return bad(
+                        "max_bytes",
+                        format!("{} (must be positive, or -1: unlimited)", self.max_bytes),
+                    );
+                }
+                if !(1..=5).contains(&self.replicas) {
+                    return bad("replicas", format!("{} (must be 1–5)", self.replicas));
+                }
+                if self.timeout_ms == 0 {
+                    return bad("timeout_ms", "0 (must be positive)".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the configured model store. `jetstream` uses the NATS server of `bus` (its own
+/// connection, with `bus_cfg`'s reconnect settings); on the in-process bus it is a configuration
+/// error.
+pub async fn open_model_store(
+    cfg: &ModelStoreConfig,
+    bus: &Bus,
+    bus_cfg: &BusConfig,
+) -> Result<Arc<dyn ModelStore>, ModelStoreError> {
+    cfg.validate()?;
+    match cfg.backend {
+        ModelStoreBackend::Local => {
+            let store = LocalDirStore::open(&cfg.dir)?;
+            tracing::info!(dir = %store.root().display(), "model store: local directory");
+            Ok(Arc::new(store))
+        }
+        ModelStoreBackend::Jetstream => match bus {
+            Bus::Nats(nats) => Ok(Arc::new(
+                JetStreamStore::connect(nats.url(), bus_cfg, cfg).await?,
+            )),
+            Bus::InProc(_) => Err(ModelStoreError::Config {
+                key: "backend",
+                reason: "`jetstream` needs the NATS bus (`bus.url` = nats://…), but this process \
+                         runs on the embedded in-process bus; use `local` or a NATS URL"
+                    .to_string(),
+            }),
+        },
+    }
 }
 
 /// One file per key under a root directory.
@@ -327,6 +450,338 @@ impl ModelStore for LocalDirStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The behaviour every backend shares; `store` must be empty.
+    pub(crate) fn conformance(store: &dyn ModelStore) {
+        let t = Target::new("shop", "cart.v2");
+        // Keys with `/` (the shape `model_key` builds).
+        let key = model_key(&t, "base_learner", 7);
+        assert_eq!(store.keys("").unwrap(), Vec::<String>::new());
+        // Put, get, announce, verify.
+        let obj = store.put(&key, b"weights-1").unwrap();
+        assert_eq!(obj.key, key);
+        assert_eq!(obj.size_bytes, 9);
+        assert_eq!(obj.sha256, sha256_hex(b"weights-1"));
+        assert_eq!(store.key_of_uri(&obj.uri).unwrap(), key);
+        assert_eq!(store.get(&key).unwrap(), b"weights-1");
+        let back = get_verified(store, &obj.uri, &obj.sha256, obj.size_bytes).unwrap();
+        assert_eq!(back, b"weights-1");
+        // Overwrite: the new bytes, and the old announcement no longer verifies.
+        let obj2 = store.put(&key, b"weights-two").unwrap();
+        assert_eq!(obj2.uri, obj.uri);
+        assert_ne!(obj2.sha256, obj.sha256);
+        assert_eq!(store.get(&key).unwrap(), b"weights-two");
+        assert!(matches!(
+            get_verified(store, &obj.uri, &obj.sha256, obj.size_bytes),
+            Err(ModelStoreError::Size { .. })
+        ));
+        // Same size, other bytes: the announced digest is wrong.
+        let obj3 = store.put(&key, b"weights-TWO").unwrap();
+        assert!(matches!(
+            get_verified(store, &obj3.uri, &obj2.sha256, obj3.size_bytes),
+            Err(ModelStoreError::Checksum { .. })
+        ));
+        // Corrupt announcement: bytes put, verified against a wrong digest.
+        let wrong = sha256_hex(b"something else");
+        match get_verified(store, &obj3.uri, &wrong, obj3.size_bytes) {
+            Err(ModelStoreError::Checksum {
+                key: k,
+                expected,
+                found,
+            }) => {
+                assert_eq!(k, key);
+                assert_eq!(expected, wrong);
+                assert_eq!(found, obj3.sha256);
+            }
+            other => panic!("expected a checksum error, got {other:?}"),
+        }
+        // Missing keys.
+        let missing = model_key(&t, "base_learner", 99);
+        assert!(matches!(
+            store.get(&missing),
+            Err(ModelStoreError::NotFound { key: k }) if k == missing
+        ));
+        let missing_uri = obj.uri.replace(&key, &missing);
+        assert!(matches!(
+            get_verified(store, &missing_uri, &obj.sha256, 9),
+            Err(ModelStoreError::NotFound { .. })
+        ));
+        // A large object (several chunks on NATS).
+        let big: Vec<u8> = (0..(3 << 20) + 17u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let big_key = "big/nested/deeper/model.ckpt";
+        let big_obj = store.put(big_key, &big).unwrap();
+        assert_eq!(big_obj.size_bytes, big.len() as u64);
+        let back = get_verified(store, &big_obj.uri, &big_obj.sha256, big_obj.size_bytes).unwrap();
+        assert!(back == big, "large object differs after a round trip");
+        // An empty object.
+        let empty = store.put("empty/e.ckpt", b"").unwrap();
+        assert_eq!(
+            get_verified(store, &empty.uri, &sha256_hex(b""), 0).unwrap(),
+            b""
+        );
+        // Listing by prefix, in version order.
+        store.put(&model_key(&t, "base_learner", 12), b"x").unwrap();
+        store
+            .put(
+                &model_key(&Target::new("shop", "other"), "base_learner", 1),
+                b"y",
+            )
+            .unwrap();
+        let keys = store.keys(&model_prefix(&t)).unwrap();
+        assert_eq!(
+            keys.iter().map(|k| version_of_key(k)).collect::<Vec<_>>(),
+            vec![Some(7), Some(12)]
+        );
+        assert_eq!(store.keys("big/").unwrap(), vec![big_key.to_string()]);
+        assert_eq!(store.keys("").unwrap().len(), 5);
+        // Invalid keys, both ways.
+        for bad in [
+            "",
+            "../x",
+            "a//b",
+            "a/./b",
+            "/abs",
+            "a/b c",
+            "a/.hidden",
+            "a/b/",
+        ] {
+            assert!(
+                matches!(
+                    store.put(bad, b"x"),
+                    Err(ModelStoreError::InvalidKey { .. })
+                ),
+                "put {bad:?}"
+            );
+            assert!(
+                matches!(store.get(bad), Err(ModelStoreError::InvalidKey { .. })),
+                "get {bad:?}"
+            );
+        }
+        // Uris of other stores.
+        for uri in [
+            "file:///somewhere/else/x.ckpt",
+            "nats-object://some-other-bucket/x.ckpt",
+            "s3://b/x.ckpt",
+        ] {
+            assert!(
+                matches!(
+                    store.key_of_uri(uri),
+                    Err(ModelStoreError::ForeignUri { .. })
+                ),
+                "{uri}"
+            );
+        }
+    }
+
+    #[test]
+    fn local_dir_store_conformance() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::open(dir.path().join("models")).unwrap();
+        assert_eq!(store.backend(), "local");
+        conformance(&store);
+    }
+
+    #[test]
+    fn config_defaults_parsing_and_validation() {
+        let d = ModelStoreConfig::default();
+        assert_eq!(d.backend, ModelStoreBackend::Local);
+        assert_eq!(d.bucket, "aware-models");
+        d.validate().unwrap();
+        let c: ModelStoreConfig = serde_json::from_value(serde_json::json!({
+            "backend": "jetstream", "bucket": "models_2", "max_bytes": 1048576,
+            "replicas": 3, "storage": "memory"
+        }))
+        .unwrap();
+        assert_eq!(c.backend, ModelStoreBackend::Jetstream);
+        assert_eq!(c.storage, StorageKind::Memory);
+        c.validate().unwrap();
+        // Unknown keys and values are refused.
+        assert!(serde_json::from_value::<ModelStoreConfig>(
+            serde_json::json!({"bucket_name": "x"})
+        )
+        .is_err());
+        assert!(
+            serde_json::from_value::<ModelStoreConfig>(serde_json::json!({"backend": "s3"}))
+                .is_err()
+        );
+        let js = |patch: serde_json::Value| {
+            let mut v = serde_json::json!({"backend": "jetstream"});
+            for (k, x) in patch.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            serde_json::from_value::<ModelStoreConfig>(v)
+                .unwrap()
+                .validate()
+        };
+        for (patch, key) in [
+            (serde_json::json!({"bucket": ""}), "bucket"),
+            (serde_json::json!({"bucket": "a.b"}), "bucket"),
+            (serde_json::json!({"bucket": "a/b"}), "bucket"),
+            (serde_json::json!({"max_bytes": 0}), "max_bytes"),
+            (serde_json::json!({"max_bytes": -2}), "max_bytes"),
+            (serde_json::json!({"replicas": 0}), "replicas"),
+            (serde_json::json!({"replicas": 6}), "replicas"),
+            (serde_json::json!({"timeout_ms": 0}), "timeout_ms"),
+        ] {
+            match js(patch.clone()) {
+                Err(e @ ModelStoreError::Config { key: k, .. }) => {
+                    assert_eq!(k, key, "{patch}");
+                    assert!(e.to_string().contains(&format!("model_store.{key}")), "{e}");
+                }
+                other => panic!("{patch}: expected a config error, got {other:?}"),
+            }
+        }
+        // Bucket settings do not matter to the local backend.
+        let local: ModelStoreConfig =
+            serde_json::from_value(serde_json::json!({"bucket": "a.b"})).unwrap();
+        local.validate().unwrap();
+    }
+
+    #[test]
+    fn jetstream_on_the_in_process_bus_is_a_config_error() {
+        let cfg = ModelStoreConfig {
+            backend: ModelStoreBackend::Jetstream,
+            ..Default::default()
+        };
+        let bus = Bus::in_process(16);
+        let err = futures::executor::block_on(open_model_store(&cfg, &bus, &BusConfig::default()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(err, ModelStoreError::Config { key: "backend", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("model_store.backend"), "{err}");
+        assert!(err.to_string().contains("in-process bus"), "{err}");
+    }
+
+    #[test]
+    fn open_model_store_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ModelStoreConfig {
+            dir: dir.path().join("m"),
+            ..Default::default()
+        };
+        let store = futures::executor::block_on(open_model_store(
+            &cfg,
+            &Bus::in_process(16),
+            &BusConfig::default(),
+        ))
+        .unwrap();
+        assert_eq!(store.backend(), "local");
+        assert!(store
+            .put("a/b.ckpt", b"x")
+            .unwrap()
+            .uri
+            .starts_with("file:///"));
+    }
+
+    /// Against a real `nats-server` (JetStream).
+    mod jetstream {
+        use super::*;
+        use crate::testkit::NatsServer;
+
+        fn js_cfg(bucket: &str) -> ModelStoreConfig {
+            ModelStoreConfig {
+                backend: ModelStoreBackend::Jetstream,
+                bucket: bucket.to_string(),
+                ..Default::default()
+            }
+        }
+
+        fn connect(server: &NatsServer, bucket: &str) -> JetStreamStore {
+            futures::executor::block_on(JetStreamStore::connect(
+                &server.url(),
+                &BusConfig::default(),
+                &js_cfg(bucket),
+            ))
+            .unwrap()
+        }
+
+        #[test]
+        fn jetstream_store_conformance() {
+            let server = NatsServer::start().unwrap();
+            let store = connect(&server, "aware-models");
+            assert_eq!(store.backend(), "jetstream");
+            conformance(&store);
+            let obj = store.put("shop/cart/base_learner/v1.ckpt", b"w").unwrap();
+            assert_eq!(
+                obj.uri,
+                "nats-object://aware-models/shop/cart/base_learner/v1.ckpt"
+            );
+        }
+
+        #[test]
+        fn bucket_is_created_once_and_shared() {
+            let server = NatsServer::start().unwrap();
+            // Writer and reader open the same (missing) bucket; objects persist across handles.
+            let writer = connect(&server, "shared_models");
+            let reader = connect(&server, "shared_models");
+            let obj = writer.put("a/b/v1.ckpt", b"hello").unwrap();
+            assert_eq!(
+                get_verified(&reader, &obj.uri, &obj.sha256, obj.size_bytes).unwrap(),
+                b"hello"
+            );
+            drop(writer);
+            let again = connect(&server, "shared_models");
+            assert_eq!(again.keys("a/").unwrap(), vec!["a/b/v1.ckpt".to_string()]);
+            // Another bucket on the same server is another store.
+            let other = connect(&server, "other");
+            assert!(matches!(
+                other.key_of_uri(&obj.uri),
+                Err(ModelStoreError::ForeignUri { .. })
+            ));
+            assert!(matches!(
+                other.get("a/b/v1.ckpt"),
+                Err(ModelStoreError::NotFound { .. })
+            ));
+        }
+
+        /// `open_model_store` on a NATS bus, then the synchronous calls from the thread of the
+        /// current-thread runtime that drives the bus: the store's own connection and runtime
+        /// keep working (no deadlock), and dropping it there does not panic.
+        #[tokio::test(flavor = "current_thread")]
+        async fn open_on_the_nats_bus_and_call_from_an_async_thread() {
+            let server = NatsServer::start().unwrap();
+            let mut bus_cfg = BusConfig {
+                url: server.url(),
+                ..Default::default()
+            };
+            bus_cfg.jetstream.enabled = false;
+            let bus = Bus::connect(&bus_cfg, "test").await.unwrap();
+            let cfg = ModelStoreConfig {
+                storage: StorageKind::Memory,
+                ..js_cfg("aware-models")
+            };
+            let store = open_model_store(&cfg, &bus, &bus_cfg).await.unwrap();
+            assert_eq!(store.backend(), "jetstream");
+            let obj = store.put("x/y.ckpt", b"abc").unwrap();
+            assert_eq!(
+                get_verified(store.as_ref(), &obj.uri, &obj.sha256, 3).unwrap(),
+                b"abc"
+            );
+            drop(store);
+        }
+
+        #[test]
+        fn unreachable_server_fails_with_the_url() {
+            let port = crate::testkit::free_port().unwrap();
+            let url = format!("nats://127.0.0.1:{port}");
+            let bus = BusConfig {
+                connect_timeout_ms: 300,
+                ..Default::default()
+            };
+            let err = futures::executor::block_on(JetStreamStore::connect(
+                &url,
+                &bus,
+                &js_cfg("aware-models"),
+            ))
+            .unwrap_err();
+            assert!(err.to_string().contains(&url), "{err}");
+        }
+    }
 
     #[test]
     fn sha256_of_known_input() {

@@ -231,7 +231,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .validate()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
-    let models = open_model_store(&store_cfg)
+    let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
+        .await
         .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let store = open_store(&cfg)?;
     let metrics = TrainerMetrics::register(ctx.metrics.registry())?;

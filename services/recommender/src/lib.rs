@@ -18,7 +18,7 @@ pub mod rl;
 
 use std::sync::Arc;
 
-use actix::{Actor, Context, Handler};
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
@@ -244,13 +244,30 @@ impl Decider {
 
     /// Loads the weights a `model` announces and swaps them in; on failure keeps what it had.
     pub fn on_model(&mut self, m: &aware_bus_schemas::Model) {
-        if let Some(v) = self.policy_version() {
-            if m.version <= v {
-                tracing::debug!(target = %m.target, version = m.version, loaded = v, "older or same model version ignored");
-                return;
-            }
+        if self.wants_model(m) {
+            let loaded = load_policy(self.models.as_ref(), m);
+            self.install_model(m, loaded);
         }
-        match load_policy(self.models.as_ref(), m) {
+    }
+
+    /// Whether `m` is newer than the weights in use.
+    pub fn wants_model(&self, m: &aware_bus_schemas::Model) -> bool {
+        match self.policy_version() {
+            Some(v) if m.version <= v => {
+                tracing::debug!(target = %m.target, version = m.version, loaded = v, "older or same model version ignored");
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Swaps in the weights loaded for `m`; on failure keeps what it had.
+    pub fn install_model(
+        &mut self,
+        m: &aware_bus_schemas::Model,
+        loaded: Result<RlPolicy, crate::rl::LoadError>,
+    ) {
+        match loaded {
             Ok(p) => {
                 tracing::info!(target = %m.target, version = p.version, trained_steps = p.trained_steps, "model loaded");
                 self.metrics.models_loaded.inc();
@@ -341,7 +358,28 @@ impl Actor for Agent {
 impl Handler<Deliver> for Agent {
     type Result = ();
 
-    fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+    fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
+        // The model store may read over the network (JetStream): load on the blocking pool and
+        // hold this actor's mailbox until the swap (the next message sees the new weights)
+        // without blocking the arbiter's other actors.
+        if let Event::Model(m) = &ev {
+            if self.decider.wants_model(m) {
+                self.decider.state.apply(&ev);
+                let (models, m) = (self.decider.models.clone(), m.clone());
+                let load = tokio::task::spawn_blocking(move || {
+                    let loaded = load_policy(models.as_ref(), &m);
+                    (m, loaded)
+                });
+                ctx.wait(load.into_actor(self).map(|joined, act, _| match joined {
+                    Ok((m, loaded)) => act.decider.install_model(&m, loaded),
+                    Err(e) => {
+                        act.metrics.model_load_errors.inc();
+                        tracing::error!(error = %e, "model load task failed");
+                    }
+                }));
+                return;
+            }
+        }
         let t0 = std::time::Instant::now();
         if let Some(action) = self.decider.handle(&ev) {
             self.outbox.send(action);
@@ -359,7 +397,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let prototype = Fallback::new(cfg.fallback)
         .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
-    let models = open_model_store(&store_cfg)
+    let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
+        .await
         .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let metrics = RecommenderMetrics::new(&ctx)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
