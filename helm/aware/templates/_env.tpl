@@ -1,0 +1,48 @@
+{{/* Service-specific environment (configuration keys AWARE_<SECTION>__<KEY>). */}}
+
+{{- define "aware.env.controller" -}}
+{{- with .Values.controller.watchNamespace }}
+- name: AWARE_CONTROLLER__NAMESPACE
+  value: {{ . | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.controller.resyncSeconds) }}
+- name: AWARE_CONTROLLER__RESYNC_SECONDS
+  value: {{ .Values.controller.resyncSeconds | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "aware.env.collector" -}}
+- name: AWARE_COLLECTOR__SOURCE
+  value: prometheus
+- name: AWARE_COLLECTOR__PROMETHEUS__URL
+  value: {{ .Values.collector.prometheus.url | quote }}
+{{- end }}
+
+{{- define "aware.env.actuator" -}}
+- name: AWARE_ACTUATOR__SINK
+  value: kubernetes
+{{- end }}
+
+{{- define "aware.env.recorder" -}}
+{{ include "aware.trajectoryStoreEnv" . }}
+{{- end }}
+
+{{- define "aware.env.lifecycleMonitor" -}}
+{{- end }}
+
+{{- define "aware.env.trainer" -}}
+{{ include "aware.trajectoryStoreEnv" . }}
+- name: AWARE_MODEL_STORE__BACKEND
+  value: {{ .Values.modelStore.backend | quote }}
+{{- end }}
+
+{{- define "aware.env.recommender" -}}
+- name: AWARE_SHARD__INDEX
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+- name: AWARE_SHARD__COUNT
+  value: {{ .Values.recommender.shards | quote }}
+- name: AWARE_MODEL_STORE__BACKEND
+  value: {{ .Values.modelStore.backend | quote }}
+{{- end }}

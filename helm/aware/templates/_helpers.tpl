@@ -1,0 +1,203 @@
+{{/* Name of the chart. */}}
+{{- define "aware.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every resource name. */}}
+{{- define "aware.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "aware.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "aware.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: aware
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "recommender"). */}}
+{{- define "aware.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "aware.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The AWARE-rs image reference. */}}
+{{- define "aware.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Name of the Secret holding the NATS credentials. */}}
+{{- define "aware.natsSecret" -}}
+{{- if .Values.nats.auth.existingSecret }}
+{{- .Values.nats.auth.existingSecret }}
+{{- else }}
+{{- printf "%s-nats-auth" (include "aware.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* NATS credentials as environment variables (referenced by the bus URL and nats.conf). */}}
+{{- define "aware.natsAuthEnv" -}}
+{{- if .Values.nats.auth.enabled -}}
+- name: NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "aware.natsSecret" . }}
+      key: {{ .Values.nats.auth.userKey }}
+- name: NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "aware.natsSecret" . }}
+      key: {{ .Values.nats.auth.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by every AWARE-rs service (bus, HTTP endpoint, logging). */}}
+{{- define "aware.commonEnv" -}}
+{{- if .Values.nats.auth.enabled }}
+{{ include "aware.natsAuthEnv" . }}
+{{- end }}
+- name: AWARE_BUS__URL
+  {{- if .Values.nats.auth.enabled }}
+  value: {{ printf "nats://$(NATS_USER):$(NATS_PASSWORD)@%s-nats:4222" (include "aware.fullname" .) | quote }}
+  {{- else }}
+  value: {{ printf "nats://%s-nats:4222" (include "aware.fullname" .) | quote }}
+  {{- end }}
+- name: AWARE_HTTP__LISTEN
+  value: "0.0.0.0:9464"
+- name: AWARE_LOG__FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: RUST_LOG
+  value: {{ .Values.logLevel | quote }}
+{{- end }}
+
+{{/* The trajectory store (QuestDB), read by the recorder and the trainer (`[recorder]`). */}}
+{{- define "aware.trajectoryStoreEnv" -}}
+- name: AWARE_RECORDER__STORE
+  value: questdb
+- name: AWARE_RECORDER__QUESTDB_URL
+  value: {{ printf "http://%s-questdb:9000" (include "aware.fullname" .) | quote }}
+{{- end }}
+
+{{/* Pod-level security context of the AWARE-rs services. */}}
+{{- define "aware.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container-level security context of every container of the chart. */}}
+{{- define "aware.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Prometheus scrape annotations of the service pods. */}}
+{{- define "aware.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: "9464"
+prometheus.io/path: /metrics
+{{- end }}
+
+{{/* Scheduling settings shared by every pod. */}}
+{{- define "aware.scheduling" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The container and volumes of one AWARE-rs service pod:
+(dict "root" $ "component" "actuator" "binary" "aware-actuator" "values" .Values.actuator
+      "env" "<extra env YAML>")
+*/}}
+{{- define "aware.servicePodSpec" -}}
+{{- $root := .root -}}
+enableServiceLinks: false
+securityContext:
+  {{- include "aware.podSecurityContext" $root | nindent 2 }}
+terminationGracePeriodSeconds: 30
+{{- with include "aware.scheduling" $root | trim }}
+{{ . }}
+{{- end }}
+containers:
+  - name: {{ .component }}
+    image: {{ include "aware.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command: ["/usr/local/bin/{{ .binary }}"]
+    workingDir: /data
+    env:
+      {{- include "aware.commonEnv" $root | trim | nindent 6 }}
+      {{- with .env }}
+      {{- . | nindent 6 }}
+      {{- end }}
+      {{- with .values.extraEnv }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    ports:
+      - name: metrics
+        containerPort: 9464
+        protocol: TCP
+    livenessProbe:
+      httpGet:
+        path: /healthz
+        port: metrics
+      initialDelaySeconds: 5
+      periodSeconds: 10
+      failureThreshold: 3
+    readinessProbe:
+      httpGet:
+        path: /readyz
+        port: metrics
+      periodSeconds: 5
+      failureThreshold: 3
+    resources:
+      {{- toYaml .values.resources | nindent 6 }}
+    securityContext:
+      {{- include "aware.containerSecurityContext" $root | nindent 6 }}
+    volumeMounts:
+      - name: data
+        mountPath: /data
+      - name: tmp
+        mountPath: /tmp
+volumes:
+  - name: data
+    emptyDir: {}
+  - name: tmp
+    emptyDir:
+      medium: Memory
+      sizeLimit: 64Mi
+{{- end }}
