@@ -174,3 +174,45 @@ impl DdpgConfig {
         Ok(())
     }
 }
+
+/// Behaviour regularisation for offline training (TD3+BC, Fujimoto & Gu 2021): the actor
+/// minimises `−λ·Q(s, μ(s)) / mean|Q| + w·mean((μ(s) − a)²)` over recorded `(s, a)`, so it
+/// improves on the behaviour policy only where the critic has data; the critic's target uses
+/// target policy smoothing `μ'(s') + clip(N(0, σ²), ±c)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BcConfig {
+    /// λ: weight of the normalised Q term (paper: 2.5).
+    pub alpha: f32,
+    /// w: weight of the behaviour-cloning term (1 offline; decays to 0 online).
+    pub bc_weight: f32,
+    /// σ of the target policy smoothing noise (paper: 0.2; 0 switches it off).
+    pub policy_noise: f32,
+    /// c: the smoothing noise is clipped to ±c (paper: 0.5).
+    pub noise_clip: f32,
+}
+
+impl Default for BcConfig {
+    fn default() -> Self {
+        Self {
+            alpha: 2.5,
+            bc_weight: 1.0,
+            policy_noise: 0.2,
+            noise_clip: 0.5,
+        }
+    }
+}
+
+impl BcConfig {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let ok = |x: f32| x.is_finite() && x >= 0.0;
+        if !ok(self.alpha) || !ok(self.bc_weight) || !ok(self.policy_noise) || !ok(self.noise_clip)
+        {
+            return Err(ModelError::InvalidConfig(
+                "BC parameters (alpha, bc_weight, policy_noise, noise_clip) must be finite and >= 0"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}

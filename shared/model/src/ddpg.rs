@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use crate::config::{DdpgConfig, NoiseKind};
+use crate::config::{BcConfig, DdpgConfig, NoiseKind};
 use crate::error::{check_dim, check_finite, ModelError};
 use crate::net::{self, Adam, Dev, Mlp, OutAct};
 use crate::normalizer::Normalizer;
@@ -27,6 +27,27 @@ pub struct TrainStats {
     pub critic_grad_norm: f32,
     /// Actor gradient norm before clipping.
     pub actor_grad_norm: f32,
+    /// Behaviour-cloning term mean((μ(s) − a)²) of the actor loss (0 without BC).
+    pub bc_loss: f32,
+}
+
+/// The off-policy estimate of a policy's mean per-step reward on recorded data
+/// ([`Ddpg::estimate_policy`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyEstimate {
+    /// ρ̂(π) = ρ̂(β) + mean over the data of Q(s, μ(s)) − Q(s, a): the policy's estimated mean
+    /// per-step reward.
+    pub estimate: f64,
+    /// ρ̂(β): the mean recorded reward (what the behaviour policy earned on the data).
+    pub behaviour_reward: f64,
+    /// mean Q(s, μ(s)) − Q(s, a): the estimated per-step advantage of the policy.
+    pub advantage: f64,
+    /// (1 − γ)·mean Q(s, μ(s)): the direct estimate (biased by the critic's level error).
+    pub direct: f64,
+    /// mean |μ(s) − a| over the data and the action dimensions.
+    pub action_gap: f64,
+    /// Rows used.
+    pub rows: usize,
 }
 
 /// Exploration noise state.
@@ -205,6 +226,26 @@ impl Ddpg {
     /// ∇ₐQ, then soft target updates. A non-finite batch, loss or gradient is an error and
     /// leaves every weight unchanged.
     pub fn train_step(&mut self, batch: &Batch) -> Result<TrainStats, ModelError> {
+        self.update(batch, None)
+    }
+
+    /// One TD3+BC update (offline training without extrapolation error): the critic as in
+    /// [`Ddpg::train_step`] (only recorded actions are scored; the bootstrap action gets target
+    /// policy smoothing), the actor minimises
+    /// `−λ·mean Q(s, μ(s)) / L + w·mean((μ(s) − a)²)` where `a` is the recorded (behaviour)
+    /// action of each row and `L = max(mean|Q(s, μ(s))|, mean |r|/(1 − γ(1−done)))` (TD3+BC's
+    /// mean|Q|, floored by the level Q converges to, so an immature critic cannot outweigh the
+    /// BC term). Same error guarantees as `train_step`.
+    pub fn train_step_bc(
+        &mut self,
+        batch: &Batch,
+        bc: &BcConfig,
+    ) -> Result<TrainStats, ModelError> {
+        bc.validate()?;
+        self.update(batch, Some(bc))
+    }
+
+    fn update(&mut self, batch: &Batch, bc: Option<&BcConfig>) -> Result<TrainStats, ModelError> {
         check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
         batch.validate()?;
         let n = batch.len();
@@ -218,6 +259,22 @@ impl Ddpg {
         // Bootstrapped target (no gradients).
         let s2_t = net::mat(&self.dev, s2, n, d);
         let a2 = self.actor_target.forward(s2_t.clone());
+        let a2 = match bc {
+            Some(b) if b.policy_noise > 0.0 => {
+                // Target policy smoothing, reproducible per step.
+                let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed ^ self.steps.rotate_left(17));
+                let noisy: Vec<f32> = net::host(&a2)
+                    .into_iter()
+                    .map(|a| {
+                        let z: f32 = rng.sample(StandardNormal);
+                        (a + (b.policy_noise * z).clamp(-b.noise_clip, b.noise_clip))
+                            .clamp(-1.0, 1.0)
+                    })
+                    .collect();
+                net::mat(&self.dev, noisy, n, ACTION_DIM)
+            }
+            _ => a2,
+        };
         let q2 = net::host(&self.critic_target.forward(net::concat_cols(a2, s2_t)));
         let y: Vec<f32> = (0..n)
             .map(|i| batch.rewards[i] + self.cfg.gamma * (1.0 - batch.dones[i]) * q2[i])
@@ -245,10 +302,39 @@ impl Ddpg {
         // Actor (through the critic as it was before this step's update).
         let s_t = net::mat(&self.dev, s, n, d);
         let a = self.actor.forward(net::traced(s_t.clone()));
-        let q_pi = self.critic.forward(net::concat_cols(a, s_t));
-        let actor_loss = net::neg_mean(q_pi);
+        let (actor_loss, bc_loss) = match bc {
+            None => (
+                net::neg_mean(self.critic.forward(net::concat_cols(a, s_t))),
+                0.0,
+            ),
+            Some(b) => {
+                // λ / mean|Q(s, μ(s))|, detached (computed without a tape).
+                let q_pi = net::host(
+                    &self
+                        .critic
+                        .forward(net::concat_cols(net::detached(&a), s_t.clone())),
+                );
+                let mean_abs = q_pi.iter().map(|q| q.abs()).sum::<f32>() / n as f32;
+                // The scale Q will reach, Σ|r|/(1 − γ(1−done)): early in training the critic's
+                // level is still far below it (its targets move at rate τ), and dividing by that
+                // small level would let the critic's noise outweigh the BC term.
+                let level = (0..n)
+                    .map(|i| {
+                        batch.rewards[i].abs()
+                            / (1.0 - self.cfg.gamma * (1.0 - batch.dones[i])).max(1e-3)
+                    })
+                    .sum::<f32>()
+                    / n as f32;
+                check_finite("mean |Q|", &[mean_abs, level])?;
+                let scale = b.alpha / mean_abs.max(level).max(1e-6);
+                let behaviour = net::mat(&self.dev, batch.actions.clone(), n, ACTION_DIM);
+                let (loss, _, bc_v) =
+                    net::bc_actor_loss(a, s_t, &self.critic, behaviour, scale, b.bc_weight);
+                (loss, bc_v)
+            }
+        };
         let actor_loss_v = net::scalar(&actor_loss);
-        check_finite("actor loss", &[actor_loss_v])?;
+        check_finite("actor loss", &[actor_loss_v, bc_loss])?;
         let mut ag = net::backward(actor_loss);
         let actor_grad_norm = self.actor.clip_grad_norm(&mut ag, self.cfg.max_grad_norm)?;
 
@@ -264,6 +350,60 @@ impl Ddpg {
             mean_q,
             critic_grad_norm,
             actor_grad_norm,
+            bc_loss,
+        })
+    }
+
+    /// Off-policy estimate of the policy's mean per-step reward on recorded data (`batch`: the
+    /// behaviour policy's transitions). By the performance-difference lemma (Kakade & Langford
+    /// 2002) taken over the *behaviour's* state–action distribution, where it is exact for the
+    /// policy's own critic Q^π: ρ(π) − ρ(β) = E_{(s,a)∼d^β}[Q^π(s, π(s)) − Q^π(s, a)] in per-step
+    /// units. So ρ̂(π) = mean recorded reward + mean[Q(s, μ(s)) − Q(s, a)]: the recorded rewards
+    /// give the level exactly, and the critic contributes only a difference of two of its values
+    /// at the same state, in which its (slowly converging, γ-amplified) level error cancels. The
+    /// direct (1 − γ)·mean Q(s, μ(s)) is returned for comparison. Needs the normalizer fitted.
+    pub fn estimate_policy(&self, batch: &Batch) -> Result<PolicyEstimate, ModelError> {
+        check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
+        batch.validate()?;
+        let n = batch.len();
+        if n == 0 {
+            return Err(ModelError::NotEnoughSamples { len: 0, need: 1 });
+        }
+        let d = self.cfg.state_dim;
+        let s = self.normalizer.normalize_rows(&batch.states)?;
+        let s_t = net::mat(&self.dev, s, n, d);
+        let a_pi = self.actor.forward(s_t.clone());
+        let pi = net::host(&a_pi);
+        check_finite("actor output", &pi)?;
+        let q_pi = net::host(&self.critic.forward(net::concat_cols(a_pi, s_t.clone())));
+        let a_b = net::mat(&self.dev, batch.actions.clone(), n, ACTION_DIM);
+        let q_b = net::host(&self.critic.forward(net::concat_cols(a_b, s_t)));
+        check_finite("critic output", &q_pi)?;
+        check_finite("critic output", &q_b)?;
+        let nf = n as f64;
+        let behaviour_reward = batch.rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / nf;
+        let advantage = q_pi
+            .iter()
+            .zip(&q_b)
+            .map(|(p, b)| f64::from(*p) - f64::from(*b))
+            .sum::<f64>()
+            / nf;
+        let direct = (1.0 - f64::from(self.cfg.gamma))
+            * q_pi.iter().map(|&q| f64::from(q)).sum::<f64>()
+            / nf;
+        let action_gap = pi
+            .iter()
+            .zip(&batch.actions)
+            .map(|(p, a)| f64::from((p - a).abs()))
+            .sum::<f64>()
+            / (nf * ACTION_DIM as f64);
+        Ok(PolicyEstimate {
+            estimate: behaviour_reward + advantage,
+            behaviour_reward,
+            advantage,
+            direct,
+            action_gap,
+            rows: n,
         })
     }
 

@@ -5,6 +5,8 @@
 //! * [`Ddpg`] — the base-learner: actor (state → tanh action in [−1, 1]³), critic
 //!   (state, action → Q), target nets with soft updates, Adam, gradient-norm clipping,
 //!   Gaussian/OU exploration with ε-decay, running state normalization, checkpoints.
+//! * Offline training: [`Ddpg::train_step_bc`] (TD3+BC behaviour regularisation) and
+//!   [`Ddpg::estimate_policy`] (off-policy estimate of the policy's mean per-step reward).
 //! * [`ReplayBuffer`], [`Transition`], [`Batch`] — experience replay (FIFO, seeded sampling).
 //! * [`Normalizer`] — running mean/std, frozen while serving.
 //! * [`bench_training`] — throughput and latency benchmark.
@@ -20,11 +22,15 @@ mod replay;
 
 #[cfg(test)]
 mod learning_tests;
+#[cfg(test)]
+mod offline_tests;
 
 pub use bench::{bench_training, BenchReport, BENCH_BATCH};
 pub use checkpoint::{FORMAT_VERSION, MAGIC, MAX_CHECKPOINT_BYTES};
-pub use config::{DdpgConfig, NoiseConfig, NoiseKind, MAX_HIDDEN_LAYERS, MAX_STATE_DIM, MAX_WIDTH};
-pub use ddpg::{Ddpg, TrainStats};
+pub use config::{
+    BcConfig, DdpgConfig, NoiseConfig, NoiseKind, MAX_HIDDEN_LAYERS, MAX_STATE_DIM, MAX_WIDTH,
+};
+pub use ddpg::{Ddpg, PolicyEstimate, TrainStats};
 pub use error::ModelError;
 pub use normalizer::{Normalizer, STD_FLOOR};
 pub use replay::{Batch, ReplayBuffer, Transition};

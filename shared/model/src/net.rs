@@ -11,6 +11,8 @@ pub(crate) type Dev = Cpu;
 pub(crate) type Mat<T = NoneTape> = Tensor<(usize, usize), f32, Dev, T>;
 type Row = Tensor<(usize,), f32, Dev>;
 pub(crate) type Grads = Gradients<f32, Dev>;
+/// A scalar loss carrying its gradient tape.
+pub(crate) type Loss = Tensor<Rank0, f32, Dev, OwnedTape<f32, Dev>>;
 /// Adam first and second moments per parameter.
 pub(crate) type Moments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
@@ -314,4 +316,31 @@ pub(crate) fn scalar<T: Tape<f32, Dev>>(loss: &Tensor<Rank0, f32, Dev, T>) -> f3
 /// Host copy of a tensor.
 pub(crate) fn host<T: Tape<f32, Dev>>(x: &Mat<T>) -> Vec<f32> {
     x.as_vec()
+}
+
+/// The behaviour-regularised actor loss of TD3+BC (Fujimoto & Gu 2021):
+/// `−q_scale·mean(Q(s, a)) + bc_weight·mean((a − behaviour)²)` where `a = μ(s)` carries the
+/// actor's tape, `critic` scores `[a, s]`, and `q_scale` (λ / mean|Q|) is a detached constant.
+/// Returns the loss and the values of its two terms (mean Q, BC mean squared error).
+pub(crate) fn bc_actor_loss(
+    a: Mat<OwnedTape<f32, Dev>>,
+    s: Mat,
+    critic: &Mlp,
+    behaviour: Mat,
+    q_scale: f32,
+    bc_weight: f32,
+) -> (Loss, f32, f32) {
+    // The same actor output feeds both terms; gradients of both accumulate on its tape.
+    let a_bc = a.with_empty_tape();
+    let q = critic.forward(concat_cols(a, s));
+    let mean_q = q.as_vec().iter().sum::<f32>() / q.shape().0.max(1) as f32;
+    let bc = dfdx::losses::mse_loss(a_bc, behaviour);
+    let bc_v = bc.array();
+    let loss = q.negate().mean() * q_scale + bc * bc_weight;
+    (loss, mean_q, bc_v)
+}
+
+/// A copy of `x` without its tape (no gradients flow through it).
+pub(crate) fn detached<T: Tape<f32, Dev>>(x: &Mat<T>) -> Mat {
+    x.retaped::<NoneTape>()
 }
