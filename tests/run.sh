@@ -18,5 +18,6 @@ fi
 # Debian installs nats-server under /usr/sbin, which is not on every user's PATH.
 export PATH="$PATH:/usr/sbin:/usr/bin"
 
+bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast

@@ -1,0 +1,455 @@
+"""Validates the container build file, the Helm chart and every manifest in deploy/.
+
+Run through tests/validate-manifests.sh (which provides the virtualenv). Checks, each failing with
+a message naming what is wrong:
+  1. hadolint on deploy/Dockerfile;
+  2. the chart's CRD (helm/aware/crds/) equals the generated one (deploy/crd/);
+  3. `helm lint` (the real Helm library, through helm-sdkpy) of the chart with default values and
+     with tests/helm/values-full.yaml;
+  4. values.schema.json rejects tests/helm/values-bad-*.yaml (lint and install must both fail);
+  5. the chart rendered with default values and with values-full.yaml; every rendered document and
+     every file of deploy/ validates against the Kubernetes schemas (kubernetes-validate, strict);
+     AwareAutoscaler objects validate against the CRD's openAPIV3Schema (jsonschema);
+  6. policy checks on every rendered workload (non-root, read-only root filesystem, no
+     capabilities, seccomp, probes, resources, scrape annotations, RBAC of the chart);
+  7. deploy/manifests/aware.yaml equals a fresh render with default values (staleness).
+
+helm-sdkpy exposes install but not `helm template`: the chart is rendered by a real Helm install
+(HELM_DRIVER=memory) against a minimal in-process fake API server that answers discovery and
+accepts every object; the release's manifest is the rendered chart.
+
+`--update` rewrites deploy/manifests/aware.yaml and the chart's CRD copy instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "aware"
+CRD = ROOT / "deploy" / "crd" / "awareautoscalers.aware.dev.yaml"
+CHART_CRD = CHART / "crds" / "awareautoscalers.aware.dev.yaml"
+MANIFESTS = ROOT / "deploy" / "manifests"
+RENDERED = MANIFESTS / "aware.yaml"
+VALUES_DIR = ROOT / "tests" / "helm"
+RELEASE = "aware"
+NAMESPACE = "aware-system"
+# Kubernetes versions validated against: the oldest the chart supports that kubernetes-validate
+# knows well, and the newest it knows.
+K8S_VERSIONS = ["1.33", kubernetes_validate.utils.latest_version()]
+SERVICE_COMPONENTS = {
+    "controller", "metrics-collector", "recommender", "actuator", "trajectory-recorder",
+    "lifecycle-monitor", "meta-learner-trainer",
+}
+RENDER_HEADER = (
+    "# Generated from helm/aware with default values (release `aware`, namespace `aware-system`)\n"
+    "# by `bash tests/validate-manifests.sh --update`; do not edit. Apply 00-namespace.yaml first.\n"
+)
+
+failures: list[str] = []
+
+
+def fail(msg: str) -> None:
+    failures.append(msg)
+    print(f"FAIL: {msg}", flush=True)
+
+
+def ok(msg: str) -> None:
+    print(f"ok:   {msg}", flush=True)
+
+
+# --- a minimal Kubernetes API server, enough for `helm install` ------------------------------
+
+API_GROUPS = {
+    "": {"v1": [("namespaces", "Namespace", False), ("serviceaccounts", "ServiceAccount", True),
+                ("services", "Service", True), ("configmaps", "ConfigMap", True),
+                ("secrets", "Secret", True), ("persistentvolumeclaims", "PersistentVolumeClaim", True),
+                ("pods", "Pod", True), ("events", "Event", True)]},
+    "apps": {"v1": [("deployments", "Deployment", True), ("statefulsets", "StatefulSet", True)]},
+    "rbac.authorization.k8s.io": {"v1": [("roles", "Role", True), ("rolebindings", "RoleBinding", True),
+                                         ("clusterroles", "ClusterRole", False),
+                                         ("clusterrolebindings", "ClusterRoleBinding", False)]},
+    "policy": {"v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)]},
+    "networking.k8s.io": {"v1": [("networkpolicies", "NetworkPolicy", True)]},
+    "apiextensions.k8s.io": {"v1": [("customresourcedefinitions", "CustomResourceDefinition", False)]},
+    "aware.dev": {"v1alpha1": [("awareautoscalers", "AwareAutoscaler", True)]},
+}
+RESOURCE_NAMES = {r[0]: r[1] for g in API_GROUPS.values() for v in g.values() for r in v}
+
+
+class FakeApi(http.server.BaseHTTPRequestHandler):
+    store: dict[str, dict] = {}
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, code: int, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _not_found(self) -> None:
+        self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "reason": "NotFound", "code": 404, "message": "not found"})
+
+    def do_GET(self):  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/version":
+            return self._send(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0",
+                                    "platform": "linux/amd64"})
+        if path == "/api":
+            return self._send(200, {"kind": "APIVersions", "versions": ["v1"],
+                                    "serverAddressByClientCIDRs": []})
+        if path == "/apis":
+            groups = []
+            for g, versions in API_GROUPS.items():
+                if not g:
+                    continue
+                v = next(iter(versions))
+                groups.append({"name": g,
+                               "versions": [{"groupVersion": f"{g}/{x}", "version": x} for x in versions],
+                               "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}})
+            return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        m = re.fullmatch(r"/api/(v1)|/apis/([^/]+)/([^/]+)", path)
+        if m:
+            g, v = ("", m.group(1)) if m.group(1) else (m.group(2), m.group(3))
+            if v not in API_GROUPS.get(g, {}):
+                return self._not_found()
+            resources = [{"name": n, "singularName": k.lower(), "namespaced": ns, "kind": k,
+                          "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
+                         for n, k, ns in API_GROUPS[g][v]]
+            return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                    "groupVersion": f"{g}/{v}" if g else v, "resources": resources})
+        if path in self.store:
+            return self._send(200, self.store[path])
+        kind = RESOURCE_NAMES.get(path.split("/")[-1])
+        if kind:  # a collection
+            items = [o for p, o in self.store.items() if p.rsplit("/", 1)[0] == path]
+            return self._send(200, {"kind": f"{kind}List", "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": "1"}, "items": items})
+        return self._not_found()
+
+    def do_POST(self):  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if "json" not in (self.headers.get("Content-Type") or ""):
+            # Helm's release record (protobuf); never read back with HELM_DRIVER=memory.
+            return self._send(201, {"kind": "Secret", "apiVersion": "v1",
+                                    "metadata": {"name": "release", "resourceVersion": "1"}})
+        obj = json.loads(raw)
+        if obj.get("kind") == "CustomResourceDefinition":
+            obj["status"] = {"conditions": [{"type": "Established", "status": "True"},
+                                            {"type": "NamesAccepted", "status": "True"}],
+                             "acceptedNames": obj["spec"]["names"]}
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", "00000000-0000-0000-0000-000000000000")
+        meta.setdefault("resourceVersion", "1")
+        self.store[f"{path}/{meta.get('name', '')}"] = obj
+        self._send(201, obj)
+
+    def do_PATCH(self):  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if path not in self.store:
+            return self._not_found()
+        self._send(200, self.store[path])
+
+    do_PUT = do_PATCH
+
+    def do_DELETE(self):  # noqa: N802
+        self.store.pop(self.path.split("?")[0].rstrip("/"), None)
+        self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+
+class Helm:
+    """Helm (helm-sdkpy) pointed at a fresh fake API server for every render."""
+
+    def __init__(self, workdir: Path):
+        os.environ["HELM_DRIVER"] = "memory"
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            os.environ[var] = str(workdir / var.lower())
+        import helm_sdkpy  # after HELM_* are set
+
+        self.h = helm_sdkpy
+        self.workdir = workdir
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        port = self.server.server_address[1]
+        self.kubeconfig = workdir / "kubeconfig"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+            "users: [{name: fake, user: {token: fake}}]\n"
+            f"contexts: [{{name: fake, context: {{cluster: fake, user: fake, namespace: {NAMESPACE}}}}}]\n"
+            "current-context: fake\n")
+
+    def _config(self):
+        return self.h.Configuration(namespace=NAMESPACE, kubeconfig=str(self.kubeconfig))
+
+    def render(self, values: dict | None) -> str:
+        """The chart's templates rendered by `helm install` (CRDs not included)."""
+        FakeApi.store = {}
+        result = asyncio.run(self.h.Install(self._config()).run(
+            RELEASE, str(CHART), values=values or None, wait=False, timeout=60))
+        return result["manifest"]
+
+    def lint(self, values: dict | None) -> list[str]:
+        """`helm lint` with these values (a copy of the chart whose values.yaml they replace)."""
+        chart = CHART
+        if values is not None:
+            chart = self.workdir / "lint" / "aware"
+            shutil.rmtree(chart.parent, ignore_errors=True)
+            shutil.copytree(CHART, chart)
+            defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+            (chart / "values.yaml").write_text(yaml.safe_dump(merge(defaults, values)))
+        try:
+            result = asyncio.run(self.h.Lint(self._config()).run(str(chart)))
+        except self.h.HelmError as e:
+            return [str(e)]
+        # helm-sdkpy serializes lint errors as `{}`: the path is kept, the text is not (the same
+        # error's text comes from `render`, which runs the same schema and templates).
+        problems = [f"error in {m.get('Path')}" + (f": {m['Err']}" if m.get("Err") else "")
+                    for m in result.get("Messages") or [] if m.get("Severity", 0) >= 3]
+        if not problems and result.get("Errors"):
+            problems = [str(e) for e in result["Errors"]]
+        return problems
+
+
+def merge(base, override):
+    """Helm-style deep merge of values (maps merge, everything else replaces)."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = copy.deepcopy(base)
+        for k, v in override.items():
+            out[k] = merge(base.get(k), v) if k in base else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(override)
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+def docs_of(text: str, origin: str) -> list[tuple[str, dict]]:
+    out = []
+    for i, d in enumerate(yaml.safe_load_all(text)):
+        if d is None:
+            continue
+        if not isinstance(d, dict):
+            fail(f"{origin}: document {i} is not a mapping")
+            continue
+        out.append((f"{origin}: {d.get('kind')}/{(d.get('metadata') or {}).get('name')}", d))
+    return out
+
+
+def crd_schema() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def validate_doc(label: str, doc: dict, cr_schema: dict) -> bool:
+    if doc.get("apiVersion") == "aware.dev/v1alpha1" and doc.get("kind") == "AwareAutoscaler":
+        errors = sorted(jsonschema.Draft7Validator(cr_schema).iter_errors(doc), key=str)
+        # x-kubernetes-* extensions and CEL rules are the API server's; the structure is checked here.
+        if errors:
+            e = errors[0]
+            fail(f"{label}: {'/'.join(map(str, e.absolute_path))}: {e.message}")
+            return False
+        return True
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            fail(f"{label}: Kubernetes {version}: {'/'.join(map(str, e.absolute_path))}: {e.message}")
+            return False
+        except kubernetes_validate.SchemaNotFoundError as e:
+            fail(f"{label}: {e.message}")
+            return False
+    return True
+
+
+def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
+    """What the issue asks of every workload and of the RBAC, beyond schema validity."""
+    kinds = {}
+    for name, d in docs:
+        kinds.setdefault(d["kind"], []).append(d)
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        spec = d["spec"]["template"]["spec"]
+        pod_sc = spec.get("securityContext") or {}
+        component = d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        if not pod_sc.get("runAsNonRoot") or (pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            fail(f"{name}: pod must set runAsNonRoot and seccompProfile RuntimeDefault")
+        for c in spec["containers"]:
+            sc = c.get("securityContext") or {}
+            if not (sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False
+                    and (sc.get("capabilities") or {}).get("drop") == ["ALL"]):
+                fail(f"{name}/{c['name']}: needs readOnlyRootFilesystem, no privilege escalation, drop ALL")
+            r = c.get("resources") or {}
+            if not (r.get("requests") and r.get("limits")):
+                fail(f"{name}/{c['name']}: needs resource requests and limits")
+            if not (c.get("livenessProbe") and c.get("readinessProbe")):
+                fail(f"{name}/{c['name']}: needs liveness and readiness probes")
+        if component in SERVICE_COMPONENTS:
+            ann = d["spec"]["template"]["metadata"].get("annotations") or {}
+            want = {"prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}
+            if any(ann.get(k) != v for k, v in want.items()):
+                fail(f"{name}: scrape annotations {want} missing")
+            c = spec["containers"][0]
+            if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
+                fail(f"{name}: probes must be /healthz and /readyz")
+            api = component in ("controller", "actuator")
+            if bool(spec.get("automountServiceAccountToken")) != api:
+                fail(f"{name}: automountServiceAccountToken must be {api}")
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            if not {"/data", "/tmp"} <= mounts:
+                fail(f"{name}: /data and /tmp must be volumes (read-only root filesystem)")
+    roles = {r["metadata"]["name"]: r for r in kinds.get("ClusterRole", [])}
+    for r in kinds.get("Role", []):
+        fail(f"{label}: unexpected Role {r['metadata']['name']}")
+    if set(roles) != {f"{RELEASE}-controller", f"{RELEASE}-actuator"}:
+        fail(f"{label}: ClusterRoles are {sorted(roles)}, want only the controller's and the actuator's")
+    for r in roles.values():
+        for rule in r["rules"]:
+            if "*" in rule["verbs"] or "*" in rule["resources"] or "*" in rule["apiGroups"]:
+                fail(f"{label}: ClusterRole {r['metadata']['name']} has a wildcard rule")
+    if not any(p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") and not p["spec"].get("egress")
+               and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+               for p in kinds.get("NetworkPolicy", [])):
+        fail(f"{label}: no default-deny NetworkPolicy")
+
+
+def load_values(name: str) -> dict:
+    return yaml.safe_load((VALUES_DIR / name).read_text()) or {}
+
+
+def main() -> int:
+    update = "--update" in sys.argv[1:]
+    hadolint = os.environ.get("HADOLINT", "hadolint")
+    cr_schema = crd_schema()
+
+    # 1. Dockerfile
+    res = subprocess.run([hadolint, "--no-color", str(ROOT / "deploy" / "Dockerfile")], capture_output=True, text=True)
+    if res.returncode != 0:
+        fail(f"hadolint deploy/Dockerfile:\n{res.stdout}{res.stderr}")
+    else:
+        ok("hadolint deploy/Dockerfile")
+
+    # 2. The chart's CRD is the generated one.
+    if CHART_CRD.read_bytes() != CRD.read_bytes():
+        if update:
+            shutil.copyfile(CRD, CHART_CRD)
+            ok("updated helm/aware/crds/ from deploy/crd/")
+        else:
+            fail("helm/aware/crds/awareautoscalers.aware.dev.yaml differs from deploy/crd/ "
+                 "(run `bash tests/validate-manifests.sh --update`)")
+    else:
+        ok("helm/aware/crds/ equals deploy/crd/")
+
+    with tempfile.TemporaryDirectory(prefix="aware-helm-") as tmp:
+        helm = Helm(Path(tmp))
+        full = load_values("values-full.yaml")
+
+        # 3. helm lint
+        for name, values in (("default values", None), ("values-full.yaml", full)):
+            problems = helm.lint(values)
+            if problems:
+                try:
+                    helm.render(values)
+                    detail = ""
+                except helm.h.HelmError as e:
+                    detail = f"\n{e}"
+                fail(f"helm lint ({name}): " + "; ".join(problems) + detail)
+            else:
+                ok(f"helm lint ({name})")
+
+        # 4. values.schema.json rejects bad values.
+        bad_files = sorted(VALUES_DIR.glob("values-bad-*.yaml"))
+        if not bad_files:
+            fail("no tests/helm/values-bad-*.yaml")
+        for bad in bad_files:
+            values = load_values(bad.name)
+            lint_problems = helm.lint(values)
+            try:
+                helm.render(values)
+                rendered = True
+            except helm.h.HelmError as e:
+                rendered = False
+                reason = " ".join(line.strip() for line in str(e).splitlines()[-1:]) or type(e).__name__
+            if rendered or not lint_problems:
+                fail(f"{bad.name}: accepted by the chart (lint {'passed' if not lint_problems else 'failed'}, "
+                     f"install {'rendered' if rendered else 'failed'}); values.schema.json must reject it")
+            else:
+                ok(f"{bad.name} rejected: {reason[:160]}")
+
+        # 5. Render and validate.
+        renders = {}
+        for name, values in (("default values", None), ("values-full.yaml", full)):
+            try:
+                renders[name] = helm.render(values)
+            except helm.h.HelmError as e:
+                fail(f"helm install ({name}) failed: {e}")
+                continue
+            docs = docs_of(renders[name], f"render({name})")
+            valid = sum(validate_doc(label, d, cr_schema) for label, d in docs)
+            check_policies(f"render({name})", docs)
+            ok(f"render({name}): {valid}/{len(docs)} documents valid for Kubernetes {', '.join(K8S_VERSIONS)}")
+        if "values-full.yaml" in renders:
+            docs = [d for _, d in docs_of(renders["values-full.yaml"], "full")]
+            sts = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-recommender")]
+            secret = [d for d in docs if d["kind"] == "Secret"]
+            env = {e["name"]: e for e in sts[0]["spec"]["template"]["spec"]["containers"][0]["env"]} if sts else {}
+            if not sts or sts[0]["spec"]["replicas"] != full["recommender"]["shards"] \
+                    or env.get("AWARE_SHARD__COUNT", {}).get("value") != str(full["recommender"]["shards"]):
+                fail("values-full.yaml: the recommender StatefulSet does not run `shards` shards")
+            if not secret or "$(NATS_PASSWORD)@" not in env.get("AWARE_BUS__URL", {}).get("value", ""):
+                fail("values-full.yaml: NATS auth is not wired into the Secret and AWARE_BUS__URL")
+
+        # deploy/: manifests, examples, CRD
+        files = sorted(p for p in (ROOT / "deploy").rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        total = valid = 0
+        for path in files:
+            docs = docs_of(path.read_text(), str(path.relative_to(ROOT)))
+            total += len(docs)
+            valid += sum(validate_doc(label, d, cr_schema) for label, d in docs)
+        ok(f"deploy/: {valid}/{total} documents in {len(files)} files valid")
+
+        # 7. Staleness of deploy/manifests/aware.yaml
+        if "default values" in renders:
+            fresh = RENDER_HEADER + "---\n" + CHART_CRD.read_text() + renders["default values"].rstrip() + "\n"
+            current = RENDERED.read_text() if RENDERED.exists() else ""
+            if fresh != current:
+                if update:
+                    RENDERED.write_text(fresh)
+                    ok("updated deploy/manifests/aware.yaml")
+                else:
+                    fail("deploy/manifests/aware.yaml is stale: it differs from the chart rendered with "
+                         "default values (run `bash tests/validate-manifests.sh --update`)")
+            else:
+                ok("deploy/manifests/aware.yaml equals a fresh render")
+        helm.server.shutdown()
+
+    if failures:
+        print(f"\nvalidate-manifests: {len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("\nvalidate-manifests: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
