@@ -9,6 +9,7 @@ pub mod launcher;
 pub mod model_store;
 pub mod probe;
 pub mod quantity;
+pub mod registry;
 pub mod service;
 pub mod spec;
 pub mod telemetry;

@@ -54,6 +54,9 @@ pub struct ServiceMetrics {
     pub publish_errors: IntCounterVec,
     /// Targets with a live actor in this service.
     pub targets: IntGauge,
+    /// Controller registrations (`target/1`) applied, by change: registered (new or changed),
+    /// deregistered, refused (invalid spec; what was in force stays). Repeats are not counted.
+    pub registrations: IntCounterVec,
 }
 
 impl ServiceMetrics {
@@ -77,6 +80,17 @@ impl ServiceMetrics {
         let publish_errors = counter("publish_errors_total", "Failed publishes, by event kind")?;
         let targets = IntGauge::new("targets", "Targets with a live actor in this service")?;
         registry.register(Box::new(targets.clone()))?;
+        let registrations = IntCounterVec::new(
+            Opts::new(
+                "registrations_total",
+                "Controller registrations applied, by change (registered or changed, deregistered, refused)",
+            ),
+            &["change"],
+        )?;
+        registry.register(Box::new(registrations.clone()))?;
+        for change in ["registered", "deregistered", "refused"] {
+            registrations.with_label_values(&[change]);
+        }
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
             for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
@@ -91,6 +105,7 @@ impl ServiceMetrics {
             decode_errors,
             publish_errors,
             targets,
+            registrations,
         })
     }
 

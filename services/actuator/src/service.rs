@@ -12,6 +12,7 @@ use std::sync::Arc;
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{Action, Applied, Event, EventKind, Outcome, Schema, Target};
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
 use prometheus::IntCounterVec;
@@ -44,6 +45,8 @@ pub struct ActuatorMetrics {
     pub decisions: IntCounterVec,
     pub clamped: IntCounterVec,
     pub sink_errors: IntCounterVec,
+    /// The service's `registrations_total`.
+    pub registrations: IntCounterVec,
 }
 
 impl ActuatorMetrics {
@@ -68,6 +71,7 @@ impl ActuatorMetrics {
                 "dimension",
             )?,
             sink_errors: vec("actuator_sink_errors_total", "Failed sink calls", "sink")?,
+            registrations: ctx.metrics.registrations.clone(),
         })
     }
 }
@@ -115,6 +119,9 @@ pub fn applied_message(a: &Action, d: &Decision, sink: &str) -> Applied {
 /// The actor of one target.
 pub struct TargetActuator {
     spec: TargetSpec,
+    /// Registration by the controller: a deregistered target is never touched again (its
+    /// actions are rejected), so it keeps its last applied resources.
+    registered: Registered,
     state: GuardState,
     guards: Arc<Guardrails>,
     sink: Arc<SinkImpl>,
@@ -157,7 +164,35 @@ impl Handler<Deliver> for TargetActuator {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
-        let Event::Action(a) = ev else { return };
+        let a = match ev {
+            Event::Action(a) => a,
+            Event::Registration(r) => {
+                let change = self.registered.apply(&r);
+                log_change(
+                    crate::NAME,
+                    &self.metrics.registrations,
+                    &r.target,
+                    r.generation,
+                    &change,
+                );
+                if let Change::Registered { spec, .. } = change {
+                    self.spec = spec;
+                }
+                return;
+            }
+            _ => return,
+        };
+        if self.registered.is_deregistered() {
+            let d = Decision {
+                outcome: Outcome::Rejected,
+                applied: a.current,
+                recommended: a.current,
+                clamped: Vec::new(),
+                reason: Some("target deregistered: its AwareAutoscaler was deleted".to_string()),
+            };
+            self.publish(&a, &d);
+            return;
+        }
         let step = StepId {
             episode: a.episode,
             step: a.step,
@@ -225,13 +260,20 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetActuator {
         spec: config.spec_for(t),
+        registered: Registered::default(),
         state: GuardState::default(),
         guards: guards.clone(),
         sink: sink.clone(),
         outbox: outbox.clone(),
         metrics: metrics.clone(),
     });
-    run_actors(&ctx, &[EventKind::Action], false, &mut actors).await?;
+    run_actors(
+        &ctx,
+        &[EventKind::Action, EventKind::Target],
+        false,
+        &mut actors,
+    )
+    .await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
 }

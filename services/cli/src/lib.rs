@@ -16,18 +16,26 @@ pub const SERVICES: [ServiceEntry; 6] = [
     aware_metrics_collector::ENTRY,
 ];
 
+/// Services `aware run` starts only by name: the Kubernetes controller needs an API server, so
+/// `all` (which runs anywhere) leaves it out.
+pub const BY_NAME_ONLY: [ServiceEntry; 1] = [aware_controller::ENTRY];
+
 /// The services named on the command line (`all` or one service name).
 pub fn select_services(name: &str) -> Option<Vec<ServiceEntry>> {
     if name == "all" {
         return Some(SERVICES.to_vec());
     }
-    SERVICES.iter().find(|e| e.name == name).map(|e| vec![*e])
+    SERVICES
+        .iter()
+        .chain(BY_NAME_ONLY.iter())
+        .find(|e| e.name == name)
+        .map(|e| vec![*e])
 }
 
 /// Names accepted by `aware run`.
 pub fn service_names() -> Vec<&'static str> {
     std::iter::once("all")
-        .chain(SERVICES.iter().map(|e| e.name))
+        .chain(SERVICES.iter().chain(BY_NAME_ONLY.iter()).map(|e| e.name))
         .collect()
 }
 
@@ -42,7 +50,12 @@ mod tests {
             select_services("recommender").unwrap()[0].name,
             "recommender"
         );
+        assert_eq!(select_services("controller").unwrap()[0].name, "controller");
+        assert!(select_services("all")
+            .unwrap()
+            .iter()
+            .all(|e| e.name != "controller"));
         assert!(select_services("nope").is_none());
-        assert_eq!(service_names().len(), 7);
+        assert_eq!(service_names().len(), 8);
     }
 }

@@ -71,6 +71,7 @@ use aware_bus_schemas::{Obs, RawMetrics, Schema, Target};
 use aware_loadgen::cluster::{slo_preservation, utilization};
 use aware_loadgen::env::{reward, state_vector, STATE_DIM};
 use aware_shared::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
+use aware_shared::registry::{log_change, Change, Registry};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
 use futures::StreamExt;
@@ -593,38 +594,119 @@ fn now_s() -> f64 {
     aware_bus_schemas::now_ms() as f64 / 1000.0
 }
 
+/// The targets one collector instance observes: the configured ones and those the controller
+/// registers (`target/1`), restricted to this instance's shard.
+struct Targets {
+    loops: Vec<TargetLoop>,
+    registry: Registry,
+}
+
+impl Targets {
+    fn new(ctx: &ServiceContext, cfg: &PrometheusSourceConfig) -> Result<Self, ServiceError> {
+        let mut t = Targets {
+            loops: Vec::with_capacity(ctx.config.targets.len()),
+            registry: Registry::default(),
+        };
+        for spec in &ctx.config.targets {
+            aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, &spec.target())?;
+            if ctx.config.shard.owns(&spec.target()) {
+                t.upsert(cfg, spec.clone());
+            }
+        }
+        Ok(t)
+    }
+
+    fn upsert(&mut self, cfg: &PrometheusSourceConfig, spec: TargetSpec) {
+        let target = spec.target();
+        match self.loops.iter_mut().find(|l| l.target == target) {
+            Some(l) => l.spec = spec,
+            None => self.loops.push(TargetLoop {
+                queries: TargetQueries::new(cfg, &spec.namespace, &spec.name),
+                spec,
+                target,
+                step: 0,
+                prev_offered: None,
+            }),
+        }
+    }
+
+    /// Applies a registration; true when the set of observed targets changed.
+    fn apply(
+        &mut self,
+        ctx: &ServiceContext,
+        cfg: &PrometheusSourceConfig,
+        r: &aware_bus_schemas::Registration,
+    ) -> bool {
+        if !ctx.config.shard.owns(&r.target) {
+            return false;
+        }
+        let change = self.registry.apply(r);
+        log_change(
+            crate::NAME,
+            &ctx.metrics.registrations,
+            &r.target,
+            r.generation,
+            &change,
+        );
+        match change {
+            Change::Registered {
+                spec,
+                changed: true,
+                ..
+            } => {
+                self.upsert(cfg, spec);
+                true
+            }
+            Change::Deregistered => {
+                let before = self.loops.len();
+                self.loops.retain(|l| l.target != r.target);
+                before != self.loops.len()
+            }
+            Change::Registered { .. } | Change::Refused(_) => false,
+        }
+    }
+}
+
 /// Runs the Prometheus source until shutdown.
 pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
     let cfg = ctx.config.collector.prometheus.clone();
     let spe = ctx.config.collector.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
         .map_err(|e| ServiceError::Other(format!("collector.prometheus: {e}")))?;
-    let mut targets = Vec::with_capacity(ctx.config.targets.len());
-    for spec in &ctx.config.targets {
-        let target = spec.target();
-        aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, &target)?;
-        targets.push(TargetLoop {
-            queries: TargetQueries::new(&cfg, &spec.namespace, &spec.name),
-            spec: spec.clone(),
-            target,
-            step: 0,
-            prev_offered: None,
-        });
-    }
-    if targets.is_empty() {
-        tracing::warn!("prometheus source: no targets configured; nothing to collect");
+    let mut targets = Targets::new(&ctx, &cfg)?;
+    let mut registrations = ctx
+        .subscribe_events(&[aware_bus_schemas::EventKind::Target])
+        .await?;
+    if targets.loops.is_empty() {
+        tracing::info!("prometheus source: no targets configured; waiting for registrations");
     }
     metrics
         .targets
-        .set(i64::try_from(targets.len()).unwrap_or(i64::MAX));
-    tracing::info!(url = %cfg.url, targets = targets.len(), interval_s = cfg.interval_s, "collecting from Prometheus");
+        .set(i64::try_from(targets.loops.len()).unwrap_or(i64::MAX));
+    tracing::info!(url = %cfg.url, targets = targets.loops.len(), interval_s = cfg.interval_s, "collecting from Prometheus");
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(cfg.interval_s));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
+            ev = registrations.recv() => {
+                match ev {
+                    Some(aware_bus_schemas::Event::Registration(r)) => {
+                        if targets.apply(&ctx, &cfg, &r) {
+                            metrics
+                                .targets
+                                .set(i64::try_from(targets.loops.len()).unwrap_or(i64::MAX));
+                        }
+                    }
+                    Some(_) => {}
+                    // The bus subscription ended: shutting down.
+                    None => break,
+                }
+                continue;
+            }
             _ = ticker.tick() => {}
         }
+        let targets = &mut targets.loops;
         let t = now_s();
         let evaluations: Vec<Evaluation> = futures::future::join_all(targets.iter().map(|tl| {
             evaluate(

@@ -26,6 +26,7 @@ use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetA
 use aware_shared::config::stable_hash;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
+use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
 use rand::SeedableRng;
@@ -41,6 +42,7 @@ pub const CONSUMES: &[EventKind] = &[
     EventKind::Lifecycle,
     EventKind::Embedding,
     EventKind::Model,
+    EventKind::Target,
 ];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
@@ -115,6 +117,8 @@ pub struct RecommenderMetrics {
     pub models_loaded: prometheus::IntCounter,
     /// Steps where the fallback acted although the stage is RL-driven, by reason.
     pub rl_fallbacks: prometheus::IntCounterVec,
+    /// The service's `registrations_total` (shared telemetry; a detached copy in unit tests).
+    pub registrations: prometheus::IntCounterVec,
 }
 
 /// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
@@ -124,7 +128,9 @@ pub const DECISION_BUCKETS: [f64; 16] = [
 
 impl RecommenderMetrics {
     pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
-        Self::register(ctx.metrics.registry())
+        let mut m = Self::register(ctx.metrics.registry())?;
+        m.registrations = ctx.metrics.registrations.clone();
+        Ok(m)
     }
 
     /// Creates the metrics in `r`.
@@ -172,12 +178,18 @@ impl RecommenderMetrics {
             .map_err(err)?;
         r.register(Box::new(models_loaded.clone())).map_err(err)?;
         r.register(Box::new(rl_fallbacks.clone())).map_err(err)?;
+        let registrations = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("registrations_total", "Controller registrations applied"),
+            &["change"],
+        )
+        .map_err(err)?;
         Ok(RecommenderMetrics {
             decision_seconds,
             incomplete_steps,
             model_load_errors,
             models_loaded,
             rl_fallbacks,
+            registrations,
         })
     }
 }
@@ -192,6 +204,8 @@ pub struct Decider {
     policy: Option<RlPolicy>,
     rng: ChaCha8Rng,
     metrics: RecommenderMetrics,
+    /// Registration by the controller (`target/1`): a deregistered target gets no action.
+    registered: Registered,
 }
 
 impl Decider {
@@ -212,6 +226,28 @@ impl Decider {
             policy: None,
             rng,
             metrics,
+            registered: Registered::default(),
+        }
+    }
+
+    /// The spec in force (the configured one until the controller registers the target).
+    pub fn spec(&self) -> &TargetSpec {
+        &self.spec
+    }
+
+    /// Folds a registration in: a new spec applies from the next step; after a deregistration
+    /// the target gets no action until it is registered again.
+    fn on_registration(&mut self, r: &aware_bus_schemas::Registration) {
+        let change = self.registered.apply(r);
+        log_change(
+            NAME,
+            &self.metrics.registrations,
+            &r.target,
+            r.generation,
+            &change,
+        );
+        if let Change::Registered { spec, .. } = change {
+            self.spec = spec;
         }
     }
 
@@ -230,6 +266,14 @@ impl Decider {
         match ev {
             Event::Model(m) => {
                 self.on_model(m);
+                None
+            }
+            Event::Registration(r) => {
+                self.on_registration(r);
+                None
+            }
+            Event::Obs(o) if self.registered.is_deregistered() => {
+                tracing::trace!(target = %o.target, step = o.step, "deregistered target: no action");
                 None
             }
             Event::Obs(o) if !o.complete => {
@@ -543,6 +587,59 @@ mod tests {
             (b.min_replicas..=b.max_replicas).contains(&d.replicas)
                 && (b.min_cpu_millicores..=b.max_cpu_millicores).contains(&d.cpu_millicores)
                 && (b.min_memory_bytes..=b.max_memory_bytes).contains(&d.memory_bytes)
+        }
+
+        #[test]
+        fn registrations_set_the_spec_and_deregistration_stops_actions() {
+            use aware_bus_schemas::Registration;
+            use aware_shared::registry::to_registered;
+            let mut f = fixture();
+            let t = Target::new("shop", "checkout");
+            let reg = |spec: Option<&TargetSpec>, generation| {
+                Event::Registration(Registration {
+                    schema: Schema::new(),
+                    target: t.clone(),
+                    episode: 0,
+                    step: 0,
+                    ts_ms: 0,
+                    generation,
+                    source: "shop/checkout".into(),
+                    spec: spec.map(|s| to_registered(s, None)),
+                })
+            };
+            let o = Event::Obs(obs(vec![0.5; 9]));
+            // The fixture's obs asks for more replicas than 2 under heavy CPU use.
+            let free = f.decider.handle(&o).expect("an action").desired;
+            let mut narrow = TargetSpec::new(&t);
+            narrow.bounds.max_replicas = 2;
+            narrow.bounds.min_replicas = 2;
+            assert!(f.decider.handle(&reg(Some(&narrow), 1)).is_none());
+            assert_eq!(f.decider.spec(), &narrow);
+            let bounded = f.decider.handle(&o).expect("an action").desired;
+            assert_eq!(
+                bounded.replicas, 2,
+                "registered bounds apply (was {free:?})"
+            );
+            // Deregistered: no action at all, however many steps come.
+            assert!(f.decider.handle(&reg(None, 1)).is_none());
+            assert!(f.decider.handle(&o).is_none());
+            assert!(f.decider.handle(&o).is_none());
+            // An invalid registration is refused and counted; the target stays deregistered.
+            let mut bad = narrow.clone();
+            bad.bounds.min_replicas = 5;
+            assert!(f.decider.handle(&reg(Some(&bad), 2)).is_none());
+            assert!(f.decider.handle(&o).is_none());
+            assert_eq!(
+                f.decider
+                    .metrics
+                    .registrations
+                    .with_label_values(&["refused"])
+                    .get(),
+                1
+            );
+            // Registered again: acting again.
+            assert!(f.decider.handle(&reg(Some(&narrow), 3)).is_none());
+            assert!(f.decider.handle(&o).is_some());
         }
 
         #[test]
