@@ -1,17 +1,24 @@
-//! The base-learner's online training (issue [rl-agent] item 4, the learner half of the
-//! actor–learner split): one [`Learner`] per target trains a DDPG from minibatches drawn from the
-//! trajectory store and writes versioned checkpoints to the model store. Everything here is
-//! synchronous (store I/O and gradient steps); the service runs it on the blocking pool.
+//! The base-learner's training (issue [rl-agent] items 2–4, the learner half of the actor–learner
+//! split): one [`Learner`] per target trains a DDPG from minibatches drawn from the trajectory
+//! store and writes versioned checkpoints to the model store. While the target is OFFLINE a round
+//! is *offline* (TD3+BC on the fallback's transitions, then the off-policy estimate of the policy
+//! on the target's recent fallback episodes); while ONLINE it is plain DDPG (with a BC term that
+//! decays over the first `online_bc_rounds` rounds); SERVING does not train. One network per
+//! target runs through every stage, so checkpoints and versions continue across stage changes.
+//! Everything here is synchronous (store I/O and gradient steps); the service runs it on the
+//! blocking pool.
 
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{DecisionSource, Target};
+use aware_bus_schemas::{DecisionSource, Stage, Target};
 use aware_shared::config::stable_hash;
 use aware_shared::model_store::{
     model_key, model_prefix, version_of_key, ModelStore, ModelStoreError, StoredObject,
 };
 use aware_shared::spec::Bounds;
-use aware_shared_model::{Batch, Ddpg, DdpgConfig, ModelError, Transition, ACTION_DIM};
+use aware_shared_model::{
+    Batch, BcConfig, Ddpg, DdpgConfig, ModelError, PolicyEstimate, Transition, ACTION_DIM,
+};
 use aware_trajectory_recorder::store::{self as tstore, StoreError, TrajectoryStore};
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +50,22 @@ pub struct TrainerConfig {
     pub poll_ms: u64,
     /// Seed of weight initialisation and minibatch sampling (mixed with the target's hash).
     pub seed: u64,
+    /// OFFLINE: gradient steps per offline (TD3+BC) round.
+    pub offline_gradient_steps: usize,
+    /// OFFLINE: no offline round before the target has this many fallback transitions.
+    pub offline_min_transitions: u64,
+    /// TD3+BC λ: weight of the normalised Q term against the BC term (Fujimoto & Gu: 2.5).
+    pub bc_alpha: f32,
+    /// TD3+BC target policy smoothing σ (0: off) and its clip.
+    pub bc_policy_noise: f32,
+    pub bc_noise_clip: f32,
+    /// ONLINE: the BC term's weight falls linearly from 1 to 0 over this many online rounds
+    /// after each OFFLINE → ONLINE (0: plain DDPG from the first online round).
+    pub online_bc_rounds: u32,
+    /// The off-policy estimate is computed on the fallback transitions of the target's last
+    /// `eval_episodes` recorded episodes (at most `eval_max_rows` of them, the newest).
+    pub eval_episodes: usize,
+    pub eval_max_rows: usize,
 }
 
 impl Default for TrainerConfig {
@@ -56,6 +79,14 @@ impl Default for TrainerConfig {
             min_transitions: 64,
             poll_ms: 500,
             seed: 0,
+            offline_gradient_steps: 500,
+            offline_min_transitions: 300,
+            bc_alpha: 2.5,
+            bc_policy_noise: 0.2,
+            bc_noise_clip: 0.5,
+            online_bc_rounds: 20,
+            eval_episodes: 5,
+            eval_max_rows: 4_000,
         }
     }
 }
@@ -93,6 +124,16 @@ impl TrainerConfig {
         c
     }
 
+    /// The TD3+BC settings with BC weight `w`.
+    pub fn bc(&self, w: f32) -> BcConfig {
+        BcConfig {
+            alpha: self.bc_alpha,
+            bc_weight: w,
+            policy_noise: self.bc_policy_noise,
+            noise_clip: self.bc_noise_clip,
+        }
+    }
+
     /// Checks ranges; errors name the key.
     pub fn validate(&self) -> Result<(), TrainerError> {
         let bad = |key, reason: &str| {
@@ -119,6 +160,27 @@ impl TrainerConfig {
         if self.poll_ms < 10 {
             return bad("poll_ms", "must be at least 10");
         }
+        if !(1..=1_000_000).contains(&self.offline_gradient_steps) {
+            return bad("offline_gradient_steps", "must be in 1..=1000000");
+        }
+        for (key, v) in [
+            ("bc_alpha", self.bc_alpha),
+            ("bc_policy_noise", self.bc_policy_noise),
+            ("bc_noise_clip", self.bc_noise_clip),
+        ] {
+            if !(v.is_finite() && (0.0..=100.0).contains(&v)) {
+                return bad(key, "must be finite and in [0, 100]");
+            }
+        }
+        if self.bc_policy_noise > 0.0 && self.bc_noise_clip == 0.0 {
+            return bad("bc_noise_clip", "must be > 0 when bc_policy_noise > 0");
+        }
+        if !(1..=1_000).contains(&self.eval_episodes) {
+            return bad("eval_episodes", "must be in 1..=1000");
+        }
+        if !(1..=1_000_000).contains(&self.eval_max_rows) {
+            return bad("eval_max_rows", "must be in 1..=1000000");
+        }
         Ok(())
     }
 }
@@ -134,8 +196,43 @@ pub struct Published {
     /// The latest (episode, step) among the round's minibatches.
     pub latest: (u64, u32),
     pub critic_loss: f32,
-    /// Rows skipped because they could not be turned into a training transition.
+    /// Rows skipped because they could not be turned into a training transition (or, in an
+    /// offline round, were not the fallback's).
     pub skipped: usize,
+    /// Which kind of round produced it.
+    pub mode: RoundMode,
+    /// Offline rounds: the off-policy estimate of the policy on the target's recent fallback
+    /// transitions (`None` when there were none to evaluate on).
+    pub estimate: Option<PolicyEstimate>,
+    /// The BC weight used (1 offline, decaying online, 0 for plain DDPG).
+    pub bc_weight: f32,
+}
+
+/// What a round trains with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundMode {
+    /// TD3+BC on the fallback's transitions (OFFLINE).
+    Offline,
+    /// DDPG on every transition, with a decaying BC term (ONLINE).
+    Online,
+}
+
+impl RoundMode {
+    /// The round kind of a stage; `None`: no training.
+    pub fn of(stage: Stage) -> Option<Self> {
+        match stage {
+            Stage::Offline => Some(RoundMode::Offline),
+            Stage::Online => Some(RoundMode::Online),
+            Stage::Initialized | Stage::Serving => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RoundMode::Offline => "offline",
+            RoundMode::Online => "online",
+        }
+    }
 }
 
 /// The training state of one target.
@@ -149,6 +246,9 @@ pub struct Learner {
     trained_at: u64,
     last_round: Option<Instant>,
     rounds: u64,
+    /// The mode of the last round and the online rounds since the last OFFLINE → ONLINE.
+    last_mode: Option<RoundMode>,
+    online_rounds: u32,
 }
 
 impl Learner {
@@ -162,6 +262,8 @@ impl Learner {
             trained_at: 0,
             last_round: None,
             rounds: 0,
+            last_mode: None,
+            online_rounds: 0,
         }
     }
 
@@ -170,9 +272,13 @@ impl Learner {
         self.version
     }
 
-    /// Whether a round is due with `count` transitions in the store at `now`.
+    /// Whether a round is due with `count` transitions in the store at `now` (online rounds).
     pub fn due(&self, count: u64, now: Instant) -> bool {
-        if count < self.cfg.min_transitions.max(1) || count <= self.trained_at {
+        self.due_with(count, self.cfg.min_transitions, now)
+    }
+
+    fn due_with(&self, count: u64, min: u64, now: Instant) -> bool {
+        if count < min.max(1) || count <= self.trained_at {
             return false;
         }
         if count - self.trained_at >= self.cfg.train_every_transitions {
@@ -184,12 +290,26 @@ impl Learner {
             })
     }
 
-    /// Runs one round if one is due: samples minibatches, trains, writes the checkpoint.
+    /// Runs one online round if one is due (see [`Learner::maybe_train_in`]).
     pub fn maybe_train(
         &mut self,
         store: &dyn TrajectoryStore,
         models: &dyn ModelStore,
     ) -> Result<Option<Published>, TrainerError> {
+        self.maybe_train_in(Stage::Online, store, models)
+    }
+
+    /// Runs one round of the kind `stage` calls for, if one is due: samples minibatches,
+    /// trains, (offline) evaluates, writes the checkpoint. INITIALIZED and SERVING: nothing.
+    pub fn maybe_train_in(
+        &mut self,
+        stage: Stage,
+        store: &dyn TrajectoryStore,
+        models: &dyn ModelStore,
+    ) -> Result<Option<Published>, TrainerError> {
+        let Some(mode) = RoundMode::of(stage) else {
+            return Ok(None);
+        };
         let count = store
             .count(&self.target)
             .map_err(|source| TrainerError::Store {
@@ -197,14 +317,27 @@ impl Learner {
                 source: Box::new(source),
             })?;
         let now = Instant::now();
-        if !self.due(count, now) {
+        let min = match mode {
+            RoundMode::Offline => self.cfg.offline_min_transitions,
+            RoundMode::Online => self.cfg.min_transitions,
+        };
+        // The first round after a change of mode does not wait for new transitions.
+        let switched = self.last_mode.is_some_and(|m| m != mode) && count >= min.max(1);
+        if !switched && !self.due_with(count, min, now) {
             // The time trigger counts from the first moment training was possible.
-            if self.last_round.is_none() && count >= self.cfg.min_transitions.max(1) {
+            if self.last_round.is_none() && count >= min.max(1) {
                 self.last_round = Some(now);
             }
             return Ok(None);
         }
-        let published = self.train_round(store, models)?;
+        if mode == RoundMode::Online && self.last_mode != Some(RoundMode::Online) {
+            self.online_rounds = 0;
+        }
+        let published = self.train_round(mode, store, models)?;
+        self.last_mode = Some(mode);
+        if mode == RoundMode::Online {
+            self.online_rounds = self.online_rounds.saturating_add(1);
+        }
         self.trained_at = count;
         self.last_round = Some(now);
         Ok(Some(published))
@@ -265,33 +398,88 @@ impl Learner {
         }
     }
 
+    fn store_err(&self, source: StoreError) -> TrainerError {
+        TrainerError::Store {
+            target: self.target.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The BC weight of the next round of `mode`.
+    fn bc_weight(&self, mode: RoundMode) -> f32 {
+        match mode {
+            RoundMode::Offline => 1.0,
+            RoundMode::Online if self.cfg.online_bc_rounds == 0 => 0.0,
+            RoundMode::Online => {
+                (1.0 - self.online_rounds as f32 / self.cfg.online_bc_rounds as f32).max(0.0)
+            }
+        }
+    }
+
+    /// The evaluation data of the off-policy estimate: the fallback transitions of the target's
+    /// last `eval_episodes` recorded episodes (the newest `eval_max_rows`).
+    fn eval_rows(&self, store: &dyn TrajectoryStore) -> Result<Vec<Transition>, TrainerError> {
+        let eps = store
+            .episodes(&self.target, self.cfg.eval_episodes)
+            .map_err(|e| self.store_err(e))?;
+        let (Some(first), Some(last)) = (eps.first(), eps.last()) else {
+            return Ok(Vec::new());
+        };
+        let rows = store
+            .transitions(&self.target, first.episode..last.episode.saturating_add(1))
+            .map_err(|e| self.store_err(e))?;
+        let mut ts: Vec<Transition> = rows
+            .iter()
+            .filter(|r| r.source == DecisionSource::Fallback)
+            .filter_map(|r| to_training(r, &self.bounds))
+            .collect();
+        if ts.len() > self.cfg.eval_max_rows {
+            ts.drain(..ts.len() - self.cfg.eval_max_rows);
+        }
+        Ok(ts)
+    }
+
     fn train_round(
         &mut self,
+        mode: RoundMode,
         store: &dyn TrajectoryStore,
         models: &dyn ModelStore,
     ) -> Result<Published, TrainerError> {
         let target = self.target.clone();
-        let (steps, batch_size) = (self.cfg.gradient_steps, self.cfg.batch_size);
+        let batch_size = self.cfg.batch_size;
+        let steps = match mode {
+            RoundMode::Offline => self.cfg.offline_gradient_steps,
+            RoundMode::Online => self.cfg.gradient_steps,
+        };
         let seed = self.cfg.seed ^ stable_hash(&target.key()) ^ self.rounds.rotate_left(32);
         self.rounds += 1;
         // One draw for the whole round: the store scans the target's keys once per call.
         let rows = store
             .sample(Some(&target), steps * batch_size, seed)
-            .map_err(|source| TrainerError::Store {
-                target: target.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(|e| self.store_err(e))?;
         let bounds = self.bounds;
         let mut skipped = 0;
         let mut latest = (0u64, 0u32);
         let mut ts = Vec::with_capacity(rows.len());
         for r in &rows {
             latest = latest.max((r.episode, r.step));
+            // Offline rounds learn from the fallback only: rows of an RL policy that was sent
+            // back to OFFLINE are not behaviour to stay close to.
+            if mode == RoundMode::Offline && r.source != DecisionSource::Fallback {
+                skipped += 1;
+                continue;
+            }
             match to_training(r, &bounds) {
                 Some(t) => ts.push(t),
                 None => skipped += 1,
             }
         }
+        let eval = match mode {
+            RoundMode::Offline => self.eval_rows(store)?,
+            RoundMode::Online => Vec::new(),
+        };
+        let bc_weight = self.bc_weight(mode);
+        let bc = self.cfg.bc(bc_weight);
         let ddpg = self.ddpg(models)?;
         let model_err = |source| TrainerError::Model {
             target: target.clone(),
@@ -310,9 +498,21 @@ impl Learner {
             }
             let batch =
                 Batch::from_transitions(ddpg.config().state_dim, chunk).map_err(model_err)?;
-            critic_loss = ddpg.train_step(&batch).map_err(model_err)?.critic_loss;
+            let st = if bc_weight > 0.0 {
+                ddpg.train_step_bc(&batch, &bc)
+            } else {
+                ddpg.train_step(&batch)
+            };
+            critic_loss = st.map_err(model_err)?.critic_loss;
             done += 1;
         }
+        let estimate = if eval.is_empty() {
+            None
+        } else {
+            let batch =
+                Batch::from_transitions(ddpg.config().state_dim, &eval).map_err(model_err)?;
+            Some(ddpg.estimate_policy(&batch).map_err(model_err)?)
+        };
         let trained_steps = ddpg.train_steps();
         let bytes = ddpg.to_bytes().map_err(model_err)?;
         let version = self.version + 1;
@@ -331,14 +531,19 @@ impl Learner {
             latest,
             critic_loss,
             skipped,
+            mode,
+            estimate,
+            bc_weight,
         })
     }
 }
 
 /// A stored transition as a training transition: the recommender's raw action when it acted
-/// (`source: rl`), else the *behaviour action* — the allocation actually applied expressed in the
-/// policy's action space, the inverse of `loadgen::env::map_action` (default scale) from the
-/// allocation in force, which the state carries (features 0, 1 and 8 scaled by the bounds).
+/// (`source: rl`), else the *behaviour action* — the fallback's desired allocation expressed in
+/// the policy's action space, the inverse of `loadgen::env::map_action` (default scale) from the
+/// allocation in force, which the state carries (features 0, 1 and 8 scaled by the bounds),
+/// clamped to [−1, 1]. `desired` rather than `applied`: an RL row's raw action is also the
+/// intent before the actuator's guardrails, so both kinds of row mean the same thing to Q.
 /// `None` for rows that do not fit (state width, non-finite values).
 pub fn to_training(r: &tstore::Transition, bounds: &Bounds) -> Option<Transition> {
     let dim = aware_loadgen::STATE_DIM;
@@ -347,7 +552,7 @@ pub fn to_training(r: &tstore::Transition, bounds: &Bounds) -> Option<Transition
     }
     let action = match (r.source, r.action_raw.as_slice()) {
         (DecisionSource::Rl, [a, b, c]) => [*a, *b, *c],
-        _ => behaviour_action(&r.state, r.applied, bounds)?,
+        _ => behaviour_action(&r.state, r.desired, bounds)?,
     };
     if action.iter().any(|x| !x.is_finite()) {
         return None;
@@ -485,6 +690,30 @@ mod tests {
                 poll_ms: 1,
                 ..TrainerConfig::default()
             },
+            TrainerConfig {
+                offline_gradient_steps: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                bc_alpha: f32::NAN,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                bc_policy_noise: -0.1,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                bc_noise_clip: 0.0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                eval_episodes: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                eval_max_rows: 0,
+                ..TrainerConfig::default()
+            },
         ];
         for c in bad {
             assert!(
@@ -611,5 +840,180 @@ mod tests {
         // RL rows keep the recommender's raw action.
         let r = row(&t, 0, 2);
         assert_eq!(to_training(&r, &b).unwrap().action, [0.2, -0.1, 0.0]);
+    }
+
+    /// A fallback row of an OFFLINE episode: reward `reward`, desired = the allocation in force
+    /// plus one replica.
+    fn fallback_row(t: &Target, episode: u64, step: u32, reward: f64) -> tstore::Transition {
+        let mut r = row(t, episode, step);
+        r.source = DecisionSource::Fallback;
+        r.action_raw = vec![];
+        r.stage = Stage::Offline;
+        r.reward = reward;
+        r
+    }
+
+    fn summary(t: &Target, episode: u64, steps: u32) -> tstore::EpisodeSummary {
+        let Some(aware_bus_schemas::Event::Episode(e)) = aware_bus_schemas::generated::samples()
+            .into_iter()
+            .find(|e| e.kind() == aware_bus_schemas::EventKind::Episode)
+        else {
+            unreachable!()
+        };
+        let mut s = tstore::EpisodeSummary::from(&e);
+        s.target = t.clone();
+        s.episode = episode;
+        s.steps = steps;
+        s.stage = Stage::Offline;
+        s
+    }
+
+    fn offline_cfg() -> TrainerConfig {
+        TrainerConfig {
+            hidden: vec![16, 16],
+            offline_gradient_steps: 20,
+            offline_min_transitions: 40,
+            eval_episodes: 2,
+            online_bc_rounds: 2,
+            ..cfg()
+        }
+    }
+
+    #[test]
+    fn offline_rounds_train_td3bc_on_fallback_rows_and_estimate_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("shop", "cart");
+        let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
+        // Three fallback episodes of 30 steps; rewards 1.0, 1.2, 1.4 by episode.
+        for ep in 0..3u64 {
+            let reward = 1.0 + 0.2 * ep as f64;
+            store
+                .append(
+                    &(0..30)
+                        .map(|s| fallback_row(&t, ep, s, reward))
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap();
+            store.put_episode(&summary(&t, ep, 30)).unwrap();
+        }
+        // SERVING and INITIALIZED never train.
+        assert_eq!(
+            l.maybe_train_in(Stage::Serving, &store, &models).unwrap(),
+            None
+        );
+        assert_eq!(
+            l.maybe_train_in(Stage::Initialized, &store, &models)
+                .unwrap(),
+            None
+        );
+        let p = l
+            .maybe_train_in(Stage::Offline, &store, &models)
+            .unwrap()
+            .expect("an offline round");
+        assert_eq!(p.mode, RoundMode::Offline);
+        assert_eq!((p.version, p.steps, p.skipped), (1, 20, 0));
+        assert_eq!(p.bc_weight, 1.0);
+        let est = p.estimate.expect("an estimate");
+        // Evaluated on the last two episodes (60 fallback rows, rewards 1.2 and 1.4).
+        assert_eq!(est.rows, 60);
+        assert!((est.behaviour_reward - 1.3).abs() < 1e-6, "{est:?}");
+        assert!(est.estimate.is_finite() && est.direct.is_finite());
+
+        // RL rows (of a policy sent back to OFFLINE) are not trained on offline.
+        let mut rl: Vec<_> = (0..30).map(|s| row(&t, 3, s)).collect();
+        for r in &mut rl {
+            r.source = DecisionSource::Rl;
+            r.action_raw = vec![0.9, 0.9, 0.9];
+        }
+        store.append(&rl).unwrap();
+        store
+            .append(
+                &(30..80)
+                    .map(|s| fallback_row(&t, 3, s, 1.0))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let p2 = l
+            .maybe_train_in(Stage::Offline, &store, &models)
+            .unwrap()
+            .expect("a second offline round");
+        assert!(p2.skipped > 0, "RL rows skipped");
+        assert_eq!(p2.version, 2);
+
+        // ONLINE: the first online round runs at once (a change of mode), continues the same
+        // network and versions, and its BC weight decays over `online_bc_rounds`.
+        let on1 = l
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .expect("first online round");
+        assert_eq!(on1.mode, RoundMode::Online);
+        assert_eq!(on1.version, 3);
+        assert_eq!(on1.trained_steps, p2.trained_steps + on1.steps as u64);
+        assert_eq!(on1.bc_weight, 1.0);
+        assert!(on1.estimate.is_none());
+        store
+            .append(&(0..50).map(|s| row(&t, 4, s)).collect::<Vec<_>>())
+            .unwrap();
+        let on2 = l
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .unwrap();
+        assert_eq!(on2.bc_weight, 0.5);
+        store
+            .append(&(0..50).map(|s| row(&t, 5, s)).collect::<Vec<_>>())
+            .unwrap();
+        let on3 = l
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .unwrap();
+        assert_eq!(on3.bc_weight, 0.0);
+        // Back to OFFLINE: an offline round at once, from the same checkpoint.
+        let off = l
+            .maybe_train_in(Stage::Offline, &store, &models)
+            .unwrap()
+            .unwrap();
+        assert_eq!((off.mode, off.version), (RoundMode::Offline, 6));
+        assert_eq!(off.trained_steps, on3.trained_steps + off.steps as u64);
+        // And ONLINE again restarts the BC decay.
+        let again = l
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.bc_weight, 1.0);
+    }
+
+    #[test]
+    fn offline_rounds_wait_for_enough_fallback_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("a", "b");
+        let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
+        store
+            .append(
+                &(0..30)
+                    .map(|s| fallback_row(&t, 0, s, 1.0))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        assert_eq!(
+            l.maybe_train_in(Stage::Offline, &store, &models).unwrap(),
+            None
+        );
+        // No finished episode yet: the round trains but has nothing to evaluate on.
+        store
+            .append(
+                &(30..60)
+                    .map(|s| fallback_row(&t, 0, s, 1.0))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let p = l
+            .maybe_train_in(Stage::Offline, &store, &models)
+            .unwrap()
+            .unwrap();
+        assert!(p.estimate.is_none());
     }
 }

@@ -3,13 +3,16 @@
 //!
 //! One actor per target follows the target's lifecycle. At every change it reads what the
 //! trajectory store holds for it (transitions, recorded episodes, the best episode: the data the
-//! meta-learner's top-M bundle will use). While the target is ONLINE it trains the base-learner
-//! ([`learner`]): every `trainer.poll_ms` it checks whether a round is due (`train_every_transitions`
-//! new transitions or `train_every_ms`), and a round — minibatches sampled from the store,
-//! `gradient_steps` DDPG updates, the checkpoint written to the model store — runs on the blocking
-//! pool; then the actor publishes `model` (kind `base_learner`, version increasing per target).
-//! SERVING and OFFLINE do not train online. The store is the one the recorder writes (the
-//! `[recorder]` section), the model store the `[model_store]` section.
+//! meta-learner's top-M bundle will use). While the target is OFFLINE or ONLINE it trains the
+//! base-learner ([`learner`]): every `trainer.poll_ms` it checks whether a round is due
+//! (`train_every_transitions` new transitions or `train_every_ms`), and a round runs on the
+//! blocking pool — OFFLINE: `offline_gradient_steps` TD3+BC updates on the fallback's transitions,
+//! then the off-policy estimate of the policy on the target's recent fallback episodes; ONLINE:
+//! `gradient_steps` DDPG updates (BC term decaying) — and writes the checkpoint to the model
+//! store; then the actor publishes `model` (kind `base_learner`, version increasing per target;
+//! offline rounds carry `policy_estimate` and `behaviour_reward`, which the lifecycle monitor
+//! uses for OFFLINE → ONLINE). SERVING does not train. The store is the one the recorder writes
+//! (the `[recorder]` section), the model store the `[model_store]` section.
 
 pub mod learner;
 
@@ -127,16 +130,17 @@ pub struct TargetTrainer {
 
 impl TargetTrainer {
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        if self.stage != Stage::Online {
+        if learner::RoundMode::of(self.stage).is_none() {
             return;
         }
+        let stage = self.stage;
         let Some(mut learner) = self.learner.take() else {
             return; // a round is running
         };
         let (store, models) = (self.store.clone(), self.models.clone());
         let fut = tokio::task::spawn_blocking(move || {
             let t0 = std::time::Instant::now();
-            let res = learner.maybe_train(store.as_ref(), models.as_ref());
+            let res = learner.maybe_train_in(stage, store.as_ref(), models.as_ref());
             (learner, res, t0.elapsed())
         });
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
@@ -163,7 +167,8 @@ impl TargetTrainer {
                 self.metrics.rounds.inc();
                 self.metrics.gradient_steps.inc_by(p.steps as u64);
                 self.metrics.round_seconds.observe(took.as_secs_f64());
-                tracing::info!(target = %self.target, version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, skipped = p.skipped, size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
+                let est = p.estimate;
+                tracing::info!(target = %self.target, mode = p.mode.label(), version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, bc_weight = p.bc_weight, skipped = p.skipped, policy_estimate = ?est.map(|e| e.estimate), behaviour_reward = ?est.map(|e| e.behaviour_reward), direct_estimate = ?est.map(|e| e.direct), action_gap = ?est.map(|e| e.action_gap), eval_rows = ?est.map(|e| e.rows), size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
                 let ts_ms = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -180,8 +185,8 @@ impl TargetTrainer {
                     sha256: p.object.sha256,
                     size_bytes: p.object.size_bytes,
                     trained_steps: p.trained_steps,
-                    policy_estimate: None,
-                    behaviour_reward: None,
+                    policy_estimate: est.map(|e| e.estimate).filter(|x| x.is_finite()),
+                    behaviour_reward: est.map(|e| e.behaviour_reward).filter(|x| x.is_finite()),
                 });
             }
             Err(e) => {
