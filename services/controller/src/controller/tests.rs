@@ -606,3 +606,129 @@ fn configuration_is_validated() {
     let e = bad.validate().unwrap_err().to_string();
     assert!(e.contains("controller.resync_seconds"), "{e}");
 }
+
+async fn next_registration(sub: &mut Subscription) -> Registration {
+    let msg = tokio::time::timeout(Duration::from_secs(20), sub.next())
+        .await
+        .expect("no registration within 20 s")
+        .unwrap();
+    match aware_bus_schemas::decode_event(EventKind::Target, &msg.payload).unwrap() {
+        Event::Registration(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The whole controller (kube runtime: list, watch, finalizer, reconcile, status writer) against
+/// a mock API server that answers like one: an object is listed, registered over the bus; then
+/// the watch reports it deleted, the target is deregistered and the finalizer removed.
+#[tokio::test]
+async fn the_running_controller_registers_on_create_and_releases_on_delete() {
+    let obj = object(&[FINALIZER], spec());
+    let mut deleting = obj.clone();
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-11-22T21:00:00Z");
+    deleting["metadata"]["resourceVersion"] = json!("101");
+    let list = json!({
+        "apiVersion": "aware.dev/v1alpha1", "kind": "AwareAutoscalerList",
+        "metadata": {"resourceVersion": "100"},
+        "items": [obj.clone()],
+    });
+
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (release_watch, mut watch_released) = tokio::sync::oneshot::channel::<()>();
+    let (finalizer_removed_tx, finalizer_removed) = tokio::sync::oneshot::channel::<Value>();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        let mut held = Vec::new();
+        let mut first_watch = None;
+        let mut released = false;
+        let mut finalizer_removed_tx = Some(finalizer_removed_tx);
+        let respond = |send: tower_test::mock::SendResponse<Response<Body>>, v: &Value| {
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(Body::from(serde_json::to_vec(v).unwrap()))
+                    .unwrap(),
+            )
+        };
+        loop {
+            let next = tokio::select! {
+                r = handle.next_request() => r,
+                _ = &mut watch_released, if first_watch.is_some() && !released => {
+                    released = true;
+                    // The object is deleted: one MODIFIED event with deletionTimestamp.
+                    let send: tower_test::mock::SendResponse<Response<Body>> = first_watch.take().unwrap();
+                    let mut line = serde_json::to_vec(&json!({"type": "MODIFIED", "object": deleting})).unwrap();
+                    line.push(b'\n');
+                    send.send_response(Response::builder().status(200).body(Body::from(line)).unwrap());
+                    continue;
+                }
+            };
+            let Some((request, send)) = next else { break };
+            let method = request.method().clone();
+            let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or("").to_string();
+            let body = request.into_body().collect_bytes().await.unwrap();
+            match (method, path.as_str()) {
+                (Method::GET, "/apis/aware.dev/v1alpha1/awareautoscalers")
+                    if query.contains("watch=true") =>
+                {
+                    if first_watch.is_none() && !released {
+                        first_watch = Some(send);
+                    } else {
+                        held.push(send); // later watches stay open and quiet
+                    }
+                }
+                (Method::GET, "/apis/aware.dev/v1alpha1/awareautoscalers") => respond(send, &list),
+                (Method::GET, DEPLOY) => respond(send, &deployment(2, "500m", "512Mi")),
+                (Method::PATCH, p) if p.ends_with("/status") => respond(send, &obj),
+                (Method::PATCH, OBJ) => {
+                    let patch: Value = serde_json::from_slice(&body).unwrap();
+                    let mut released = deleting.clone();
+                    released["metadata"]["finalizers"] = json!([]);
+                    respond(send, &released);
+                    if let Some(tx) = finalizer_removed_tx.take() {
+                        let _ = tx.send(patch);
+                    }
+                }
+                (m, p) => panic!("unexpected request {m} {p}?{query}"),
+            }
+        }
+    });
+
+    let bus = Bus::in_process(1024);
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let ctx = ServiceContext::new(
+        "controller",
+        bus,
+        Arc::new(AppConfig::default()),
+        shutdown.clone(),
+    )
+    .unwrap();
+    let controller = tokio::spawn(run_with_client(ctx, Client::new(service, "default")));
+    let r = next_registration(&mut registrations).await;
+    assert_eq!(r.target, Target::new("shop", "web"));
+    assert!(r.spec.is_some(), "registered on create");
+    release_watch.send(()).unwrap();
+    let r = next_registration(&mut registrations).await;
+    assert!(r.spec.is_none(), "deregistered on delete");
+    let patch = tokio::time::timeout(Duration::from_secs(20), finalizer_removed)
+        .await
+        .expect("the finalizer was never removed")
+        .unwrap();
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ])
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), controller)
+        .await
+        .expect("the controller did not stop")
+        .unwrap()
+        .unwrap();
+    server.abort();
+}

@@ -966,3 +966,133 @@ fn config_deserializes_and_validates() {
         Err(KubernetesSinkConfigError::BadTargetKey("web".to_string()))
     );
 }
+
+/// Requests seen by [`serve_accepting`]: method, URI and JSON body.
+type Seen = Vec<(Method, String, Value)>;
+
+/// Answers like an API server that accepts every write: the Deployment (at `current`) for a GET,
+/// the patched object for a PATCH; records every request's method, URI and JSON body.
+fn serve_accepting(current: Resources) -> (Client, tokio::task::JoinHandle<Seen>) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        let mut seen = Vec::new();
+        let deploy = deployment(
+            i32::try_from(current.replicas).unwrap(),
+            vec![app_container(
+                &format_cpu(current.cpu_millicores),
+                &format_memory(current.memory_bytes),
+                &format_cpu(current.cpu_millicores / 2),
+                &format_memory(current.memory_bytes / 2),
+            )],
+        );
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().clone();
+            let uri = request.uri().to_string();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
+            let response = if uri.starts_with(SCALE) {
+                scale(body["spec"]["replicas"].as_i64().unwrap() as i32, 1)
+            } else {
+                deploy.clone()
+            };
+            seen.push((method, uri, body));
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
+                    .unwrap(),
+            );
+        }
+        seen
+    });
+    (Client::new(service, "default"), server)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Whatever an `action` asks for (any integers, 0 and the maxima included) and whatever the
+    /// target's bounds, what reaches the API server after the guardrails is a well-formed
+    /// Kubernetes quantity inside the bounds: replicas in [min, max], CPU and memory limits in
+    /// [min, max], requests never above limits.
+    #[test]
+    fn no_request_ever_leaves_the_bounds(
+        min_r in 1u32..50, span_r in 0u32..200,
+        min_c in 1u32..4000, span_c in 0u32..64_000,
+        min_m in 1u64..(8 * 1024 * MIB), span_m in 0u64..(256 * 1024 * MIB),
+        cur in (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>()),
+        req in (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>()),
+    ) {
+        use crate::guardrails::{GuardState, GuardrailConfig, Guardrails, StepId};
+        let bounds = aware_shared::spec::Bounds {
+            min_replicas: min_r,
+            max_replicas: min_r + span_r,
+            min_cpu_millicores: min_c,
+            max_cpu_millicores: min_c + span_c,
+            min_memory_bytes: min_m,
+            max_memory_bytes: min_m + span_m,
+        };
+        let mut spec = aware_shared::spec::TargetSpec::new(&target());
+        spec.bounds = bounds;
+        // The workload runs somewhere in its bounds (the controller refuses bounds that exclude
+        // the current allocation).
+        let current = Resources {
+            replicas: min_r + cur.0 % (span_r + 1),
+            cpu_millicores: min_c + cur.1 % (span_c + 1),
+            memory_bytes: min_m + cur.2 % (span_m + 1),
+        };
+        let requested = Resources { replicas: req.0, cpu_millicores: req.1, memory_bytes: req.2 };
+        let guards = Guardrails::new(GuardrailConfig::default()).unwrap();
+        let d = guards.decide(&spec, &GuardState::default(), current, StepId { episode: 0, step: 1 }, requested, 1);
+        proptest::prop_assert!(bounds.clamp(d.applied).1.is_empty(), "guarded {:?} outside {:?}", d.applied, bounds);
+        if !d.changes(&current) {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let seen = rt.block_on(async {
+            let (client, server) = serve_accepting(current);
+            let sink = KubernetesSink::new(client, template_mode()).unwrap();
+            sink.apply(&target(), d.applied).await.unwrap();
+            drop(sink);
+            server.await.unwrap()
+        });
+        let in_bounds_cpu = |q: &Value| {
+            let m = aware_shared::quantity::parse_cpu_millicores(q.as_str().unwrap()).unwrap();
+            (bounds.min_cpu_millicores..=bounds.max_cpu_millicores).contains(&m)
+        };
+        let in_bounds_mem = |q: &Value| {
+            let b = aware_shared::quantity::parse_memory_bytes(q.as_str().unwrap()).unwrap();
+            (bounds.min_memory_bytes..=bounds.max_memory_bytes).contains(&b)
+        };
+        let mut writes = 0;
+        for (method, uri, body) in &seen {
+            let text = body.to_string();
+            proptest::prop_assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
+            if *method != Method::PATCH {
+                continue;
+            }
+            writes += 1;
+            if uri.starts_with(SCALE) {
+                let r = body["spec"]["replicas"].as_u64().unwrap();
+                proptest::prop_assert!((u64::from(bounds.min_replicas)..=u64::from(bounds.max_replicas)).contains(&r), "replicas {r}");
+            } else {
+                let res = &body["spec"]["template"]["spec"]["containers"][0]["resources"];
+                proptest::prop_assert!(in_bounds_cpu(&res["limits"]["cpu"]), "{res}");
+                proptest::prop_assert!(in_bounds_mem(&res["limits"]["memory"]), "{res}");
+                let req_cpu = aware_shared::quantity::parse_cpu_millicores(res["requests"]["cpu"].as_str().unwrap()).unwrap();
+                let lim_cpu = aware_shared::quantity::parse_cpu_millicores(res["limits"]["cpu"].as_str().unwrap()).unwrap();
+                proptest::prop_assert!(req_cpu <= lim_cpu, "{res}");
+                let req_m = aware_shared::quantity::parse_memory_bytes(res["requests"]["memory"].as_str().unwrap()).unwrap();
+                let lim_m = aware_shared::quantity::parse_memory_bytes(res["limits"]["memory"].as_str().unwrap()).unwrap();
+                proptest::prop_assert!(req_m <= lim_m, "{res}");
+            }
+        }
+        proptest::prop_assert!(writes >= 1, "a change was decided but nothing was written");
+    }
+}
