@@ -278,8 +278,8 @@ impl ModelStoreConfig {
 }
 
 /// Opens the configured model store. `jetstream` uses the NATS server of `bus` (its own
-/// connection, with `bus_cfg`'s reconnect settings); on the in-process bus it is a configuration
-/// error.
+/// connection, with `bus_cfg`'s reconnect settings, opened in the background: see
+/// [`JetStreamStore::open`]); on the in-process bus it is a configuration error.
 pub async fn open_model_store(
     cfg: &ModelStoreConfig,
     bus: &Bus,
@@ -293,9 +293,10 @@ pub async fn open_model_store(
             Ok(Arc::new(store))
         }
         ModelStoreBackend::Jetstream => match bus {
-            Bus::Nats(nats) => Ok(Arc::new(
-                JetStreamStore::connect(nats.url(), bus_cfg, cfg).await?,
-            )),
+            Bus::Nats(nats) => {
+                tracing::info!(bucket = %cfg.bucket, url = nats.url(), "model store: JetStream object store (opening in the background)");
+                Ok(Arc::new(JetStreamStore::open(nats.url(), bus_cfg, cfg)?))
+            }
             Bus::InProc(_) => Err(ModelStoreError::Config {
                 key: "backend",
                 reason: "`jetstream` needs the NATS bus (`bus.url` = nats://…), but this process \
@@ -763,6 +764,30 @@ mod tests {
                 b"abc"
             );
             drop(store);
+        }
+
+        /// `open` returns at once; calls fail (naming the server) until it is reachable, then
+        /// work without reopening the store.
+        #[test]
+        fn open_is_lazy_and_retries_until_the_server_is_up() {
+            let port = crate::testkit::free_port().unwrap();
+            let url = format!("nats://127.0.0.1:{port}");
+            let bus = BusConfig {
+                connect_timeout_ms: 300,
+                ..Default::default()
+            };
+            let t0 = std::time::Instant::now();
+            let store = JetStreamStore::open(&url, &bus, &js_cfg("aware-models")).unwrap();
+            assert!(t0.elapsed() < std::time::Duration::from_millis(250));
+            let err = store.put("a/b.ckpt", b"x").unwrap_err();
+            assert!(err.to_string().contains(&url), "{err}");
+            let dir = tempfile::tempdir().unwrap();
+            let _server = NatsServer::start_on(port, dir.path().join("js")).unwrap();
+            let obj = store.put("a/b.ckpt", b"x").unwrap();
+            assert_eq!(
+                get_verified(&store, &obj.uri, &obj.sha256, 1).unwrap(),
+                b"x"
+            );
         }
 
         #[test]

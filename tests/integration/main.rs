@@ -7,6 +7,7 @@ mod bus_conformance;
 mod control_loop;
 mod jetstream;
 mod loop_nats;
+mod model_store_nats;
 mod prometheus_source;
 mod rl_loop;
 mod run_all;

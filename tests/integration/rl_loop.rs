@@ -1,12 +1,13 @@
 //! The actor–learner split end to end on the embedded bus: with bootstrapping disabled the
 //! targets go ONLINE at once, the trainer learns from the recorded transitions and publishes
 //! `model`, and the recommenders load the weights and act with them (`source: rl`).
+//! [`run_rl_loop`] is the same loop on any bus and model store (see `model_store_nats.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aware_bus_schemas::{subject, DecisionSource, Event, ModelKind, Stage, Target};
+use aware_bus_schemas::{subject, DecisionSource, Event, Model, ModelKind, Stage, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
 use tokio_util::sync::CancellationToken;
@@ -14,8 +15,31 @@ use tokio_util::sync::CancellationToken;
 #[actix_rt::test]
 async fn trainer_publishes_models_and_recommenders_act_with_them() {
     let dir = tempfile::tempdir().unwrap();
+    let store = serde_json::json!({ "dir": dir.path().join("models").display().to_string() });
+    let models = run_rl_loop(
+        dir.path(),
+        Bus::in_process(65_536),
+        "embedded",
+        store,
+        "file://",
+    )
+    .await;
+    assert!(!models.is_empty());
+}
+
+/// Runs the six services on `bus` (whose URL is `bus_url`) with `[model_store]` = `model_store`
+/// until every target has acted with RL weights; every `model` uri starts with `uri_prefix`.
+/// Returns the `model` messages seen.
+pub(crate) async fn run_rl_loop(
+    dir: &std::path::Path,
+    bus: Bus,
+    bus_url: &str,
+    model_store: serde_json::Value,
+    uri_prefix: &str,
+) -> Vec<Model> {
     let apps = 2usize;
     let mut cfg = AppConfig::default();
+    cfg.bus.url = bus_url.to_string();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
     cfg.collector.steps_per_episode = 20;
@@ -28,12 +52,9 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
     cfg.lifecycle.t_serving = 1e9;
     cfg.sections.insert(
         "recorder".into(),
-        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
+        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 16 }),
     );
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
-    );
+    cfg.sections.insert("model_store".into(), model_store);
     cfg.sections.insert(
         "trainer".into(),
         serde_json::json!({
@@ -41,7 +62,6 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
             "min_transitions": 32, "poll_ms": 50
         }),
     );
-    let bus = Bus::in_process(65_536);
     let mut all = bus.subscribe(subject::ALL).await.unwrap();
     let shutdown = CancellationToken::new();
     let running = aware_shared::launcher::start_on(
@@ -55,6 +75,7 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
 
     // Per target: the versions announced, and the RL actions seen after the first model.
     let mut models: BTreeMap<Target, Vec<u64>> = BTreeMap::new();
+    let mut announced = Vec::new();
     let mut rl_actions: BTreeMap<Target, u32> = BTreeMap::new();
     let mut online = std::collections::BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -73,15 +94,16 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
             }
             Event::Model(md) => {
                 assert_eq!(md.kind, ModelKind::BaseLearner);
-                assert!(md.uri.starts_with("file://"), "{}", md.uri);
+                assert!(md.uri.starts_with(uri_prefix), "{}", md.uri);
                 assert_eq!(md.sha256.len(), 64);
                 assert!(md.size_bytes > 0 && md.trained_steps > 0);
-                let v = models.entry(md.target).or_default();
+                let v = models.entry(md.target.clone()).or_default();
                 assert!(
                     v.last().is_none_or(|&last| md.version > last),
                     "versions increase"
                 );
                 v.push(md.version);
+                announced.push(md);
             }
             Event::Action(a) => {
                 assert!(a.desired.replicas >= 1 && a.desired.replicas <= 20);
@@ -109,4 +131,5 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
     running.join().await.unwrap();
     assert_eq!(online.len(), apps);
     assert!(models.len() == apps, "{models:?}");
+    announced
 }

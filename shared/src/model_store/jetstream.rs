@@ -5,7 +5,8 @@
 //! SHA-256, which the client checks on every read; [`super::get_verified`] then checks the size and
 //! SHA-256 the `model` message announced, as for the local store.
 //!
-//! [`ModelStore`] is synchronous, so the store owns a small tokio runtime (one worker thread) with
+//! [`JetStreamStore::open`] returns at once and connects in the background (a service subscribes
+//! to the bus without waiting for the bucket). [`ModelStore`] is synchronous, so the store owns a small tokio runtime (one worker thread) with
 //! its own NATS connection, and every call runs there while the caller's thread waits for the
 //! result. The connection never depends on the caller's runtime: a caller that blocks its own
 //! thread (an actix arbiter, a current-thread runtime) cannot starve it. Callers still keep these
@@ -48,10 +49,33 @@ impl Drop for OwnRuntime {
 /// The model store in a JetStream object store bucket.
 pub struct JetStreamStore {
     bucket: String,
-    store: object_store::ObjectStore,
     timeout: Duration,
+    opener: Arc<Opener>,
     // Dropped last: the connection and the bucket handle live on this runtime.
     rt: Arc<OwnRuntime>,
+}
+
+/// Connects and opens the bucket once, on first need (retried by the next call after a failure).
+struct Opener {
+    bus: BusConfig,
+    cfg: ModelStoreConfig,
+    objects: tokio::sync::OnceCell<object_store::ObjectStore>,
+}
+
+impl Opener {
+    async fn objects(&self) -> Result<object_store::ObjectStore, ModelStoreError> {
+        self.objects
+            .get_or_try_init(|| async {
+                let nats = NatsBus::connect(&self.bus, "aware-model-store")
+                    .await
+                    .map_err(|e| nats_err(&self.cfg.bucket, "connect to", &self.bus.url, e))?;
+                let objects = open_bucket(nats.client().clone(), &self.cfg).await?;
+                tracing::info!(bucket = %self.cfg.bucket, url = %self.bus.url, "model store: JetStream object store opened");
+                Ok(objects)
+            })
+            .await
+            .cloned()
+    }
 }
 
 impl std::fmt::Debug for JetStreamStore {
@@ -77,9 +101,12 @@ fn nats_err(
 }
 
 impl JetStreamStore {
-    /// Connects to the NATS server at `url` (with the reconnect settings of `bus`), and opens
-    /// bucket `cfg.bucket`, creating it with `cfg`'s limits when it does not exist.
-    pub async fn connect(
+    /// The store on the NATS server at `url` (with the connection settings of `bus`), bucket
+    /// `cfg.bucket` (created with `cfg`'s limits when it does not exist). Returns at once: the
+    /// connection and the bucket are opened in the background, so a service opening the store
+    /// subscribes to the bus without delay; calls wait for them (within `timeout_ms`), and a
+    /// failure is returned by the calls (and logged) until an attempt succeeds.
+    pub fn open(
         url: &str,
         bus: &BusConfig,
         cfg: &ModelStoreConfig,
@@ -91,31 +118,55 @@ impl JetStreamStore {
             .enable_all()
             .build()
             .map_err(|e| nats_err(&cfg.bucket, "start", "the runtime", e))?;
-        let rt = Arc::new(OwnRuntime(Some(rt)));
-        let mut bus_cfg = bus.clone();
-        bus_cfg.url = url.to_string();
+        let mut bus = bus.clone();
+        bus.url = url.to_string();
         // The bus declares its own stream; this connection only serves the bucket.
-        bus_cfg.jetstream.enabled = false;
-        let cfg2 = cfg.clone();
-        let handle = rt
-            .handle()
-            .ok_or_else(|| nats_err(&cfg.bucket, "start", "the runtime", "stopped"))?
-            .spawn(async move {
-                let nats = NatsBus::connect(&bus_cfg, "aware-model-store")
-                    .await
-                    .map_err(|e| nats_err(&cfg2.bucket, "connect", &bus_cfg.url, e))?;
-                open_bucket(nats.client().clone(), &cfg2).await
-            });
-        let store = handle
-            .await
-            .map_err(|e| nats_err(&cfg.bucket, "open", "the bucket", e))??;
-        tracing::info!(bucket = %cfg.bucket, url, "model store: JetStream object store opened");
+        bus.jetstream.enabled = false;
+        let opener = Arc::new(Opener {
+            bus,
+            cfg: cfg.clone(),
+            objects: tokio::sync::OnceCell::new(),
+        });
+        let early = opener.clone();
+        rt.spawn(async move {
+            if let Err(e) = early.objects().await {
+                tracing::error!(error = %e, "model store: cannot open the JetStream object store yet; every call retries");
+            }
+        });
         Ok(JetStreamStore {
             bucket: cfg.bucket.clone(),
-            store,
             timeout: Duration::from_millis(cfg.timeout_ms),
-            rt,
+            opener,
+            rt: Arc::new(OwnRuntime(Some(rt))),
         })
+    }
+
+    /// As [`open`](Self::open), then waits until the bucket is open.
+    pub async fn connect(
+        url: &str,
+        bus: &BusConfig,
+        cfg: &ModelStoreConfig,
+    ) -> Result<Self, ModelStoreError> {
+        let store = Self::open(url, bus, cfg)?;
+        store.ready().await?;
+        Ok(store)
+    }
+
+    /// Waits until the connection and the bucket are open (or the attempt failed).
+    pub async fn ready(&self) -> Result<(), ModelStoreError> {
+        let Some(handle) = self.rt.handle() else {
+            return Err(nats_err(
+                &self.bucket,
+                "open",
+                "the bucket",
+                "the runtime stopped",
+            ));
+        };
+        let opener = self.opener.clone();
+        handle
+            .spawn(async move { opener.objects().await.map(|_| ()) })
+            .await
+            .map_err(|e| nats_err(&self.bucket, "open", "the bucket", e))?
     }
 
     /// The bucket's name.
@@ -201,9 +252,10 @@ impl ModelStore for JetStreamStore {
         validate_key(key)?;
         let sha256 = sha256_hex(bytes);
         let size_bytes = bytes.len() as u64;
-        let (store, owned, name) = (self.store.clone(), bytes.to_vec(), key.to_string());
+        let (opener, owned, name) = (self.opener.clone(), bytes.to_vec(), key.to_string());
         let bucket = self.bucket.clone();
         let info = self.block_on("put", key, async move {
+            let store = opener.objects().await?;
             let mut reader: &[u8] = &owned;
             store
                 .put(name.as_str(), &mut reader)
@@ -227,8 +279,9 @@ impl ModelStore for JetStreamStore {
 
     fn get(&self, key: &str) -> Result<Vec<u8>, ModelStoreError> {
         validate_key(key)?;
-        let (store, name, bucket) = (self.store.clone(), key.to_string(), self.bucket.clone());
+        let (opener, name, bucket) = (self.opener.clone(), key.to_string(), self.bucket.clone());
         self.block_on("get", key, async move {
+            let store = opener.objects().await?;
             let mut object = match store.get(name.as_str()).await {
                 Ok(o) => o,
                 Err(e) if e.kind() == object_store::GetErrorKind::NotFound => {
@@ -269,9 +322,10 @@ impl ModelStore for JetStreamStore {
     }
 
     fn keys(&self, prefix: &str) -> Result<Vec<String>, ModelStoreError> {
-        let (store, bucket) = (self.store.clone(), self.bucket.clone());
+        let (opener, bucket) = (self.opener.clone(), self.bucket.clone());
         let prefix = prefix.to_string();
         self.block_on("list", "the bucket", async move {
+            let store = opener.objects().await?;
             use futures::StreamExt;
             let mut list = store
                 .list()
