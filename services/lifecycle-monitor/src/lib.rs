@@ -5,27 +5,106 @@
 //! thresholds do not depend on the episode length. The decision window holds the rewards of the
 //! last `window` episodes *of the current stage*; it is cleared on every transition and a decision
 //! needs a full window:
-//! - OFFLINE uses the trainer's off-policy estimate of the RL policy (`episode.policy_estimate`);
-//!   episodes without an estimate do not count (there is no RL policy to judge yet);
+//! - OFFLINE uses the trainer's off-policy estimate of the RL policy: the latest `model`'s
+//!   `policy_estimate` decides on its own (it already averages the recent fallback episodes), or
+//!   a full window of `episode.policy_estimate`; episodes without an estimate do not count
+//!   (there is no RL policy to judge yet). With `require_behaviour` (default) the estimate must
+//!   also not fall below the behaviour's reward (the model's `behaviour_reward`, else the mean
+//!   reward of the recent OFFLINE episodes) by more than `behaviour_margin` (relative);
 //! - ONLINE and SERVING use the rewards of episodes that ran in that stage.
+//!
+//! Probation (issue [rl-agent] item 3): after OFFLINE → ONLINE, if the mean reward of the first
+//! `probation_episodes` ONLINE episodes falls below the fallback's reward (the mean of the last
+//! `fallback_episodes` OFFLINE episodes, which the fallback earned) by more than
+//! `probation_margin` (relative), the monitor sends the target back to OFFLINE with a reason, and
+//! the recommender's fallback drives from the next step. It then waits for a model trained after
+//! the return and `readmit_after_episodes` more OFFLINE episodes before it promotes again.
+//! Settings: the `[lifecycle_monitor]` section ([`MonitorConfig`]).
 
 use std::collections::VecDeque;
 
 use actix::{Actor, Context, Handler};
-use aware_bus_schemas::{now_ms, Episode, Event, EventKind, Lifecycle, Schema, Stage, Target};
+use aware_bus_schemas::{
+    now_ms, Episode, Event, EventKind, Lifecycle, Model, ModelKind, Schema, Stage, Target,
+};
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
 use aware_shared::config::LifecycleProfile;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
+use serde::{Deserialize, Serialize};
 
 pub const NAME: &str = "lifecycle-monitor";
 /// `obs` only registers targets: the first one starts the target's agent, which announces its
-/// initial stage.
-pub const CONSUMES: &[EventKind] = &[EventKind::Episode, EventKind::Obs];
+/// initial stage. `model` carries the trainer's off-policy estimate.
+pub const CONSUMES: &[EventKind] = &[EventKind::Episode, EventKind::Model, EventKind::Obs];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
 };
+
+/// The `[lifecycle_monitor]` section: the safety rules around ONLINE.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonitorConfig {
+    /// OFFLINE → ONLINE also needs the estimate ≥ behaviour reward − `behaviour_margin`·|behaviour
+    /// reward| (besides ≥ `lifecycle.t_online`).
+    pub require_behaviour: bool,
+    pub behaviour_margin: f64,
+    /// Probation: the first this-many ONLINE episodes after OFFLINE → ONLINE (0: no probation).
+    pub probation_episodes: usize,
+    /// Back to OFFLINE when their mean reward is below the fallback's by more than this fraction.
+    pub probation_margin: f64,
+    /// The fallback's reward: the mean of this many last OFFLINE episodes.
+    pub fallback_episodes: usize,
+    /// After a return to OFFLINE: OFFLINE episodes to wait (besides a newer model) before the
+    /// next promotion.
+    pub readmit_after_episodes: usize,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            require_behaviour: true,
+            behaviour_margin: 0.05,
+            probation_episodes: 3,
+            probation_margin: 0.10,
+            fallback_episodes: 5,
+            readmit_after_episodes: 2,
+        }
+    }
+}
+
+/// A setting out of range; names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("lifecycle_monitor.{key}: {reason}")]
+pub struct MonitorConfigError {
+    pub key: &'static str,
+    pub reason: &'static str,
+}
+
+impl MonitorConfig {
+    pub fn validate(&self) -> Result<(), MonitorConfigError> {
+        let bad = |key, reason| Err(MonitorConfigError { key, reason });
+        for (key, v) in [
+            ("behaviour_margin", self.behaviour_margin),
+            ("probation_margin", self.probation_margin),
+        ] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return bad(key, "must be a fraction in [0, 1]");
+            }
+        }
+        if self.probation_episodes > 1_000 {
+            return bad("probation_episodes", "must be at most 1000");
+        }
+        if !(1..=1_000).contains(&self.fallback_episodes) {
+            return bad("fallback_episodes", "must be in 1..=1000");
+        }
+        if self.readmit_after_episodes > 1_000 {
+            return bad("readmit_after_episodes", "must be at most 1000");
+        }
+        Ok(())
+    }
+}
 
 /// A change of stage and what decided it.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,11 +121,20 @@ pub struct Transition {
 #[derive(Debug, Clone)]
 pub struct LifecycleMachine {
     profile: LifecycleProfile,
+    rules: MonitorConfig,
     stage: Stage,
     rewards: VecDeque<f64>,
     /// The newest episode taken into account: `episode` is delivered at least once, so a repeat
     /// (or an older episode) is ignored.
     last_episode: Option<u64>,
+    /// The newest model version seen (repeats and older versions are ignored).
+    last_model: Option<u64>,
+    /// Mean rewards of the last OFFLINE episodes (earned by the fallback).
+    fallback_rewards: VecDeque<f64>,
+    /// While on probation: the fallback's reward at promotion and the ONLINE rewards so far.
+    probation: Option<(f64, Vec<f64>)>,
+    /// After a return to OFFLINE: the newest model version then, and OFFLINE episodes since.
+    demoted: Option<(u64, usize)>,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -58,12 +146,85 @@ fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
 
 impl LifecycleMachine {
     pub fn new(profile: LifecycleProfile) -> Self {
+        Self::with_rules(profile, MonitorConfig::default())
+    }
+
+    pub fn with_rules(profile: LifecycleProfile, rules: MonitorConfig) -> Self {
         LifecycleMachine {
             profile,
+            rules,
             stage: Stage::Initialized,
             rewards: VecDeque::new(),
             last_episode: None,
+            last_model: None,
+            fallback_rewards: VecDeque::new(),
+            probation: None,
+            demoted: None,
         }
+    }
+
+    /// The fallback's reward: the mean of the recent OFFLINE episodes, if any.
+    pub fn fallback_reward(&self) -> Option<f64> {
+        (!self.fallback_rewards.is_empty()).then(|| mean_std(&self.fallback_rewards).0)
+    }
+
+    /// Whether the target is in its first ONLINE episodes after a promotion.
+    pub fn on_probation(&self) -> bool {
+        self.probation.is_some()
+    }
+
+    /// OFFLINE → ONLINE on `estimate` if it reaches t_online and (with `require_behaviour`) is
+    /// not below `behaviour` by more than the margin; `None` otherwise.
+    fn try_promote(
+        &mut self,
+        estimate: f64,
+        behaviour: Option<f64>,
+        source: &str,
+        stats: Option<(f64, f64)>,
+    ) -> Option<Transition> {
+        if let Some((_, episodes)) = self.demoted {
+            if episodes < self.rules.readmit_after_episodes {
+                return None;
+            }
+        }
+        let p = &self.profile;
+        if estimate < p.t_online {
+            return None;
+        }
+        let mut reason = format!("{source} {estimate:.3} >= t_online {}", p.t_online);
+        if self.rules.require_behaviour {
+            let b = behaviour.filter(|b| b.is_finite())?;
+            let floor = b - self.rules.behaviour_margin * b.abs();
+            if estimate < floor {
+                return None;
+            }
+            reason.push_str(&format!(
+                " and not below the fallback's {b:.3} by more than {:.0}%",
+                self.rules.behaviour_margin * 100.0
+            ));
+        }
+        let t = self.go(Stage::Online, reason, stats);
+        self.demoted = None;
+        if self.rules.probation_episodes > 0 {
+            if let Some(f) = self.fallback_reward() {
+                self.probation = Some((f, Vec::new()));
+            }
+        }
+        Some(t)
+    }
+
+    /// Takes the trainer's `model`: in OFFLINE its off-policy estimate may promote the target.
+    pub fn observe_model(&mut self, m: &Model) -> Option<Transition> {
+        if m.kind != ModelKind::BaseLearner || self.last_model.is_some_and(|v| m.version <= v) {
+            return None;
+        }
+        self.last_model = Some(m.version);
+        if self.stage != Stage::Offline {
+            return None;
+        }
+        let est = m.policy_estimate.filter(|e| e.is_finite())?;
+        let behaviour = m.behaviour_reward.or_else(|| self.fallback_reward());
+        self.try_promote(est, behaviour, "model estimate", Some((est, 0.0)))
     }
 
     pub fn stage(&self) -> Stage {
@@ -71,6 +232,7 @@ impl LifecycleMachine {
     }
 
     fn go(&mut self, to: Stage, reason: String, stats: Option<(f64, f64)>) -> Transition {
+        self.probation = None;
         let t = Transition {
             from: self.stage,
             to,
@@ -110,6 +272,19 @@ impl LifecycleMachine {
             return None;
         }
         self.last_episode = Some(ep.episode);
+        if self.stage == Stage::Offline && ep.stage == Stage::Offline && ep.mean_reward.is_finite()
+        {
+            self.fallback_rewards.push_back(ep.mean_reward);
+            while self.fallback_rewards.len() > self.rules.fallback_episodes {
+                self.fallback_rewards.pop_front();
+            }
+            if let Some((_, n)) = self.demoted.as_mut() {
+                *n += 1;
+            }
+        }
+        if let Some(t) = self.probation_check(ep) {
+            return Some(t);
+        }
         let sample = match self.stage {
             Stage::Initialized => return self.start(),
             Stage::Offline => ep.policy_estimate,
@@ -128,11 +303,10 @@ impl LifecycleMachine {
         let p = &self.profile;
         let stats = Some((mean, std));
         match self.stage {
-            Stage::Offline if mean >= p.t_online => Some(self.go(
-                Stage::Online,
-                format!("estimated reward {mean:.3} >= t_online {}", p.t_online),
-                stats,
-            )),
+            Stage::Offline => {
+                let behaviour = self.fallback_reward();
+                self.try_promote(mean, behaviour, "estimated reward", stats)
+            }
             Stage::Online if mean >= p.t_serving && std <= p.t_var => Some(self.go(
                 Stage::Serving,
                 format!(
@@ -151,6 +325,42 @@ impl LifecycleMachine {
             )),
             _ => None,
         }
+    }
+}
+
+impl LifecycleMachine {
+    /// The probation rule on one episode; `Some` when it sends the target back to OFFLINE.
+    fn probation_check(&mut self, ep: &Episode) -> Option<Transition> {
+        if self.stage != Stage::Online || ep.stage != Stage::Online || !ep.mean_reward.is_finite() {
+            return None;
+        }
+        let k = self.rules.probation_episodes;
+        let (fallback, seen) = self.probation.as_mut()?;
+        seen.push(ep.mean_reward);
+        if seen.len() < k {
+            return None;
+        }
+        let fallback = *fallback;
+        let n = seen.len();
+        let mean = seen.iter().sum::<f64>() / n as f64;
+        let std = (seen.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+        self.probation = None;
+        let floor = fallback - self.rules.probation_margin * fallback.abs();
+        if mean >= floor {
+            tracing::debug!(mean, fallback, "probation passed");
+            return None;
+        }
+        let reason = format!(
+            "probation failed: the first {n} ONLINE episodes' mean reward {mean:.3} is below the fallback's {fallback:.3} by more than {:.0}%; the fallback drives again",
+            self.rules.probation_margin * 100.0
+        );
+        let newest = self.last_model.unwrap_or(0);
+        let mut t = self.go(Stage::Offline, reason, Some((mean, std)));
+        t.window = u32::try_from(n).unwrap_or(u32::MAX);
+        self.demoted = Some((newest, 0));
+        // Only models trained after the return may promote again.
+        self.last_model = Some(newest);
+        Some(t)
     }
 }
 
@@ -192,11 +402,17 @@ impl Handler<Deliver> for LifecycleAgent {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
-        let Event::Episode(ep) = ev else { return };
-        if let Some(t) = self.machine.observe(&ep) {
-            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, "lifecycle transition");
-            self.outbox
-                .send(message(&self.target, ep.episode, ep.step, t));
+        let (t, episode, step) = match &ev {
+            Event::Episode(ep) => (self.machine.observe(ep), ep.episode, ep.step),
+            Event::Model(m) => {
+                tracing::debug!(target = %self.target, version = m.version, policy_estimate = ?m.policy_estimate, behaviour_reward = ?m.behaviour_reward, stage = %self.machine.stage(), "model");
+                (self.machine.observe_model(m), m.episode, m.step)
+            }
+            _ => return,
+        };
+        if let Some(t) = t {
+            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, "lifecycle transition");
+            self.outbox.send(message(&self.target, episode, step, t));
         }
     }
 }
@@ -205,9 +421,13 @@ impl Handler<Deliver> for LifecycleAgent {
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let profile = ctx.config.lifecycle.clone();
+    let rules: MonitorConfig = ctx.config.section("lifecycle_monitor")?;
+    rules
+        .validate()
+        .map_err(|e| ServiceError::Other(e.to_string()))?;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| LifecycleAgent {
         target: t.clone(),
-        machine: LifecycleMachine::new(profile.clone()),
+        machine: LifecycleMachine::with_rules(profile.clone(), rules.clone()),
         outbox: outbox.clone(),
     });
     for spec in &ctx.config.targets {
@@ -465,5 +685,307 @@ mod tests {
         assert!(m.observe(&e).is_none());
         e.episode = 9;
         assert_eq!(m.observe(&e).unwrap().to, Online);
+    }
+
+    /// One input of the machine.
+    #[derive(Clone, Copy)]
+    enum In {
+        /// An episode: stage it ran in, mean reward, episode.policy_estimate.
+        Ep(Stage, f64, Option<f64>),
+        /// A model: version, policy_estimate, behaviour_reward.
+        Model(u64, Option<f64>, Option<f64>),
+    }
+
+    fn model(version: u64, est: Option<f64>, behaviour: Option<f64>) -> Model {
+        let Some(Event::Model(mut m)) =
+            samples().into_iter().find(|e| e.kind() == EventKind::Model)
+        else {
+            panic!("sample model")
+        };
+        m.kind = ModelKind::BaseLearner;
+        m.version = version;
+        m.policy_estimate = est;
+        m.behaviour_reward = behaviour;
+        m
+    }
+
+    /// Runs a machine (bootstrapping on, window 3) through `feed`; returns the final stage and
+    /// every transition.
+    fn drive(rules: MonitorConfig, feed: &[In]) -> (Stage, Vec<Transition>) {
+        let mut m = LifecycleMachine::with_rules(profile(true), rules);
+        m.start();
+        let mut out = Vec::new();
+        let mut n = 0u64;
+        for i in feed {
+            let t = match *i {
+                In::Ep(stage, mean, est) => {
+                    n += 1;
+                    let mut e = episode(stage, mean, est);
+                    e.episode = n;
+                    m.observe(&e)
+                }
+                In::Model(v, est, b) => m.observe_model(&model(v, est, b)),
+            };
+            out.extend(t);
+        }
+        (m.stage(), out)
+    }
+
+    #[test]
+    fn model_estimates_and_probation_table() {
+        use In::{Ep, Model as M};
+        use Stage::*;
+        let on = MonitorConfig::default();
+        let no_behaviour = MonitorConfig {
+            require_behaviour: false,
+            ..MonitorConfig::default()
+        };
+        let no_probation = MonitorConfig {
+            probation_episodes: 0,
+            ..MonitorConfig::default()
+        };
+        // Two OFFLINE episodes earned 1.2 (the fallback's reward), then a promotion.
+        const FB: [In; 2] = [Ep(Offline, 1.2, None), Ep(Offline, 1.2, None)];
+        const PROMOTE: In = M(1, Some(1.25), Some(1.2));
+        let cases: Vec<(&str, &MonitorConfig, Vec<In>, Stage)> = vec![
+            (
+                "OFFLINE → ONLINE on a model estimate ≥ t_online and ≥ the behaviour's",
+                &on,
+                vec![M(1, Some(1.1), Some(1.05))],
+                Online,
+            ),
+            (
+                "a model estimate below t_online keeps OFFLINE",
+                &on,
+                vec![M(1, Some(0.95), Some(0.5))],
+                Offline,
+            ),
+            (
+                "an estimate below the behaviour's by more than the margin keeps OFFLINE",
+                &on,
+                vec![M(1, Some(1.1), Some(1.3))],
+                Offline,
+            ),
+            (
+                "within the margin (5%) of the behaviour's is enough",
+                &on,
+                vec![M(1, Some(1.1), Some(1.15))],
+                Online,
+            ),
+            (
+                "require_behaviour off: t_online alone decides",
+                &no_behaviour,
+                vec![M(1, Some(1.1), Some(1.3))],
+                Online,
+            ),
+            (
+                "no behaviour reward in the model: the OFFLINE episodes' rewards stand in",
+                &on,
+                vec![Ep(Offline, 1.5, None), M(1, Some(1.1), None)],
+                Offline,
+            ),
+            (
+                "no behaviour reward at all: no promotion while it is required",
+                &on,
+                vec![M(1, Some(1.1), None)],
+                Offline,
+            ),
+            (
+                "a model without an estimate does not count",
+                &on,
+                vec![M(1, None, Some(0.5))],
+                Offline,
+            ),
+            (
+                "a repeated or older model version is ignored",
+                &on,
+                vec![M(2, None, None), M(2, Some(5.0), Some(1.0)), M(1, Some(5.0), Some(1.0))],
+                Offline,
+            ),
+            (
+                "models do not move ONLINE or SERVING targets",
+                &on,
+                vec![
+                    M(1, Some(1.1), Some(1.0)),
+                    M(2, Some(0.0), Some(1.0)),
+                    M(3, Some(9.0), Some(1.0)),
+                ],
+                Online,
+            ),
+            (
+                "the episode-estimate window also checks the behaviour (fallback rewards 2.0)",
+                &on,
+                vec![
+                    Ep(Offline, 2.0, Some(1.1)),
+                    Ep(Offline, 2.0, Some(1.1)),
+                    Ep(Offline, 2.0, Some(1.1)),
+                ],
+                Offline,
+            ),
+            (
+                "probation passed: first 3 ONLINE episodes at the fallback's reward",
+                &on,
+                [&FB[..], &[PROMOTE, Ep(Online, 1.2, None), Ep(Online, 1.15, None), Ep(Online, 1.2, None)]].concat(),
+                Online,
+            ),
+            (
+                "probation failed: first 3 ONLINE episodes > 10% below the fallback → OFFLINE",
+                &on,
+                [&FB[..], &[PROMOTE, Ep(Online, 1.0, None), Ep(Online, 1.05, None), Ep(Online, 1.0, None)]].concat(),
+                Offline,
+            ),
+            (
+                "probation needs K episodes: two bad ones are not enough",
+                &on,
+                [&FB[..], &[PROMOTE, Ep(Online, 0.5, None), Ep(Online, 0.5, None)]].concat(),
+                Online,
+            ),
+            (
+                "exactly at the margin (1.2 − 10% = 1.08) passes",
+                &on,
+                [&FB[..], &[PROMOTE, Ep(Online, 1.08, None), Ep(Online, 1.08, None), Ep(Online, 1.08, None)]].concat(),
+                Online,
+            ),
+            (
+                "only the first K count: bad episodes after a passed probation stay ONLINE",
+                &on,
+                [&FB[..], &[
+                    PROMOTE,
+                    Ep(Online, 1.2, None),
+                    Ep(Online, 1.2, None),
+                    Ep(Online, 1.2, None),
+                    Ep(Online, 0.2, None),
+                    Ep(Online, 0.2, None),
+                    Ep(Online, 0.2, None),
+                ]].concat(),
+                Online,
+            ),
+            (
+                "probation off (K = 0)",
+                &no_probation,
+                [&FB[..], &[PROMOTE, Ep(Online, 0.1, None), Ep(Online, 0.1, None), Ep(Online, 0.1, None)]].concat(),
+                Online,
+            ),
+            (
+                "episodes of another stage do not count towards probation",
+                &on,
+                [&FB[..], &[PROMOTE, Ep(Offline, 0.1, None), Ep(Offline, 0.1, None), Ep(Offline, 0.1, None)]].concat(),
+                Online,
+            ),
+            (
+                "after a return to OFFLINE, no promotion before readmit_after_episodes OFFLINE episodes",
+                &on,
+                [&FB[..], &[
+                    PROMOTE,
+                    Ep(Online, 0.5, None),
+                    Ep(Online, 0.5, None),
+                    Ep(Online, 0.5, None),
+                    Ep(Offline, 1.2, None),
+                    M(2, Some(1.3), Some(1.2)),
+                ]].concat(),
+                Offline,
+            ),
+            (
+                "… then a newer model promotes again",
+                &on,
+                [&FB[..], &[
+                    PROMOTE,
+                    Ep(Online, 0.5, None),
+                    Ep(Online, 0.5, None),
+                    Ep(Online, 0.5, None),
+                    Ep(Offline, 1.2, None),
+                    Ep(Offline, 1.2, None),
+                    M(2, Some(1.3), Some(1.2)),
+                ]].concat(),
+                Online,
+            ),
+        ];
+        for (name, rules, feed, want) in cases {
+            let (got, _) = drive(rules.clone(), &feed);
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn probation_failure_reports_why_and_the_next_promotion_is_probed_again() {
+        use In::{Ep, Model as M};
+        use Stage::*;
+        let feed = [
+            Ep(Offline, 1.0, None),
+            Ep(Offline, 1.4, None),
+            M(1, Some(1.3), Some(1.2)),
+            Ep(Online, 0.9, None),
+            Ep(Online, 1.0, None),
+            Ep(Online, 1.1, None),
+        ];
+        let (stage, ts) = drive(MonitorConfig::default(), &feed);
+        assert_eq!(stage, Offline);
+        assert_eq!(ts.len(), 2, "{ts:?}");
+        let up = &ts[0];
+        assert_eq!((up.from, up.to), (Offline, Online));
+        assert!(up.reason.contains("model estimate 1.300"), "{}", up.reason);
+        assert_eq!(up.mean, Some(1.3));
+        let down = &ts[1];
+        assert_eq!((down.from, down.to, down.window), (Online, Offline, 3));
+        assert!(down.reason.contains("probation failed"), "{}", down.reason);
+        assert!(
+            down.reason.contains("1.000") && down.reason.contains("1.200"),
+            "{}",
+            down.reason
+        );
+        assert!((down.mean.unwrap() - 1.0).abs() < 1e-12);
+        // Readmitted later, the new ONLINE period is on probation again.
+        let mut m = LifecycleMachine::new(profile(true));
+        m.start();
+        let mut n = 0;
+        let mut ep = |stage, mean| {
+            n += 1;
+            let mut e = episode(stage, mean, None);
+            e.episode = n;
+            e
+        };
+        m.observe(&ep(Offline, 1.0));
+        m.observe_model(&model(1, Some(1.1), Some(1.0))).unwrap();
+        assert!(m.on_probation());
+        for _ in 0..3 {
+            m.observe(&ep(Online, 0.1));
+        }
+        assert_eq!(m.stage(), Offline);
+        m.observe(&ep(Offline, 1.0));
+        m.observe(&ep(Offline, 1.0));
+        assert_eq!(m.fallback_reward(), Some(1.0));
+        m.observe_model(&model(2, Some(1.1), Some(1.0))).unwrap();
+        assert!(m.on_probation());
+    }
+
+    #[test]
+    fn monitor_config_defaults_validate_and_nonsense_is_refused() {
+        let d = MonitorConfig::default();
+        d.validate().unwrap();
+        assert!(d.require_behaviour);
+        assert_eq!((d.probation_episodes, d.probation_margin), (3, 0.10));
+        for bad in [
+            MonitorConfig {
+                probation_margin: 1.5,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                behaviour_margin: f64::NAN,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                fallback_episodes: 0,
+                ..MonitorConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        let parsed: Result<MonitorConfig, _> =
+            serde_json::from_value(serde_json::json!({ "probation_episodes": 2, "nope": 1 }));
+        assert!(parsed.is_err(), "unknown keys are refused");
+        let parsed: MonitorConfig =
+            serde_json::from_value(serde_json::json!({ "probation_episodes": 5 })).unwrap();
+        assert_eq!(parsed.probation_episodes, 5);
+        assert!(parsed.require_behaviour);
     }
 }
