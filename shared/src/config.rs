@@ -443,7 +443,10 @@ impl AppConfig {
         {
             return Err(invalid(
                 "bus.url",
-                format!("`{url}` is neither `embedded` nor a nats://, tls://, ws:// or wss:// URL"),
+                format!(
+                    "`{}` is neither `embedded` nor a nats://, tls://, ws:// or wss:// URL",
+                    crate::bus::redact_url(url)
+                ),
             ));
         }
         if self.bus.channel_capacity == 0 {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use inproc::{InProcBus, InProcSubscription};
-pub use nats::{backoff, NatsBus};
+pub use nats::{backoff, redact_url, NatsBus};
 
 use crate::config::BusConfig;
 

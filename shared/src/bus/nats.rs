@@ -17,6 +17,33 @@ pub fn backoff(attempt: usize, max: Duration) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1u64 << exp)).min(max)
 }
 
+/// `url` with any credentials masked, for logs and errors: `nats://user:secret@host` →
+/// `nats://user:***@host`, `nats://token@host` → `nats://***@host` (each URL of a
+/// comma-separated list).
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let (scheme, rest) = match one.find("://") {
+                Some(i) => one.split_at(i + 3),
+                None => ("", one),
+            };
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                None => one.to_string(),
+                Some(at) => {
+                    let userinfo = &rest[..at];
+                    let masked = match userinfo.split_once(':') {
+                        Some((user, _)) => format!("{user}:***"),
+                        None => "***".to_string(),
+                    };
+                    format!("{scheme}{masked}{}", &rest[at..])
+                }
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A connection to a NATS server; clones share it.
 #[derive(Clone)]
 pub struct NatsBus {
@@ -55,11 +82,11 @@ impl NatsBus {
                     let wait = backoff(attempt, max_delay);
                     if tokio::time::Instant::now() + wait > deadline {
                         return Err(BusError::Connect {
-                            url: cfg.url.clone(),
+                            url: redact_url(&cfg.url),
                             reason: e.to_string(),
                         });
                     }
-                    tracing::warn!(url = %cfg.url, attempt, error = %e, "nats connect failed; retrying");
+                    tracing::warn!(url = %redact_url(&cfg.url), attempt, error = %e, "nats connect failed; retrying");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
@@ -137,8 +164,14 @@ impl NatsBus {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
+    /// The URL as configured, credentials included (use [`Self::redacted_url`] in logs).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The URL with credentials masked.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
     }
 
     /// The underlying client, for JetStream consumers and the object store.
@@ -156,6 +189,24 @@ pub(super) async fn next(sub: &mut async_nats::Subscriber) -> Option<Message> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn credentials_never_reach_logs() {
+        use super::redact_url;
+        assert_eq!(
+            redact_url("nats://aware:s3cret@nats:4222"),
+            "nats://aware:***@nats:4222"
+        );
+        assert_eq!(
+            redact_url("nats://tok3n@nats:4222/x"),
+            "nats://***@nats:4222/x"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact_url("nats://a:b@n1:4222,nats://a:b@n2:4222"),
+            "nats://a:***@n1:4222,nats://a:***@n2:4222"
+        );
+    }
+
     use super::*;
 
     #[test]
