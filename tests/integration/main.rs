@@ -9,6 +9,7 @@ mod jetstream;
 mod loop_nats;
 mod model_store_nats;
 mod prometheus_source;
+mod registration;
 mod rl_loop;
 mod run_all;
 mod service_http;

@@ -1,0 +1,209 @@
+//! Controller registrations (`target/1`) over a real nats-server, as the recommender and the
+//! actuator services (separate tasks, one process) receive them: the registered bounds and
+//! update mode apply; after a deregistration the recommender takes no decision for the target
+//! and the actuator rejects whatever still arrives, leaving the workload as it is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aware_bus_schemas::generated::samples;
+use aware_bus_schemas::{
+    subject, Action, Applied, Event, EventKind, Obs, Outcome, Registration, Resources, Schema,
+    Target,
+};
+use aware_shared::bus::{Bus, Subscription};
+use aware_shared::config::AppConfig;
+use aware_shared::registry::to_registered;
+use aware_shared::spec::{TargetSpec, UpdateMode};
+use aware_shared::testkit::NatsServer;
+use tokio_util::sync::CancellationToken;
+
+const MIB: u64 = 1024 * 1024;
+
+fn target() -> Target {
+    Target::new("shop", "web")
+}
+
+fn registration(spec: Option<&TargetSpec>, generation: u64) -> Registration {
+    Registration {
+        schema: Schema::new(),
+        target: target(),
+        episode: 0,
+        step: 0,
+        ts_ms: aware_bus_schemas::now_ms(),
+        generation,
+        source: "shop/web-aware".into(),
+        spec: spec.map(|s| to_registered(s, None)),
+    }
+}
+
+fn action(step: u32, replicas: u32) -> Action {
+    let Some(Event::Action(mut a)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Action)
+    else {
+        unreachable!()
+    };
+    a.target = target();
+    a.episode = 0;
+    a.step = step;
+    a.ts_ms = 1_000 * i64::from(step);
+    a.current = Resources {
+        replicas: 2,
+        cpu_millicores: 500,
+        memory_bytes: 512 * MIB,
+    };
+    a.desired = Resources {
+        replicas,
+        ..a.current
+    };
+    a
+}
+
+fn obs(step: u32) -> Obs {
+    let Some(Event::Obs(mut o)) = samples().into_iter().find(|e| e.kind() == EventKind::Obs) else {
+        unreachable!()
+    };
+    o.target = target();
+    o.episode = 0;
+    o.step = step;
+    o.ts_ms = 1_000 * i64::from(step);
+    o
+}
+
+async fn publish(bus: &Bus, ev: Event) {
+    let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+    let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+    bus.publish(&subj, bytes.into()).await.unwrap();
+    bus.flush().await.unwrap();
+}
+
+async fn next_applied(sub: &mut Subscription, step: u32) -> Option<Applied> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let m = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
+        if let Event::Applied(a) =
+            aware_bus_schemas::decode_event(EventKind::Applied, &m.payload).unwrap()
+        {
+            if a.step == step {
+                return Some(a);
+            }
+        }
+    }
+}
+
+/// Sends actions (a new step each time: the guardrails refuse repeated steps) until one is
+/// decided as `want` says — registrations and actions travel on different subjects, so the
+/// first action may overtake the registration — and returns that decision.
+async fn act_until(
+    bus: &Bus,
+    sub: &mut Subscription,
+    step: &mut u32,
+    replicas: u32,
+    want: impl Fn(&Applied) -> bool,
+) -> Applied {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        *step += 1;
+        publish(bus, action(*step, replicas).into()).await;
+        if let Some(a) = next_applied(sub, *step).await {
+            if want(&a) {
+                return a;
+            }
+        }
+    }
+    panic!("no decision as expected within 20 s");
+}
+
+#[actix_rt::test]
+async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let services = [aware_actuator::ENTRY, aware_recommender::ENTRY];
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start(Arc::new(cfg.clone()), &services, shutdown.clone())
+        .await
+        .unwrap();
+    let bus = Bus::connect(&cfg.bus, "registration-test").await.unwrap();
+    let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+    let mut actions = bus.subscribe("aware.v1.action.>").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("services ready");
+
+    let mut step = 0u32;
+    // Unregistered: the configured defaults (1–20 replicas) apply; 2 → 6 is within the step
+    // limit (max(4 pods, 100 %)).
+    let a = act_until(&bus, &mut applied, &mut step, 6, |a| {
+        a.outcome == Outcome::Applied
+    })
+    .await;
+    assert_eq!(a.applied.replicas, 6);
+
+    // Registered with at most 3 replicas: clamped to the registered bounds.
+    let mut spec = TargetSpec::new(&target());
+    spec.bounds.max_replicas = 3;
+    publish(&bus, registration(Some(&spec), 1).into()).await;
+    let a = act_until(&bus, &mut applied, &mut step, 6, |a| {
+        a.applied.replicas == 3
+    })
+    .await;
+    assert_eq!(a.outcome, Outcome::Applied);
+    assert!(a.clamped.iter().any(|c| c == "replicas"), "{a:?}");
+
+    // Recommend-only (updateMode Off): recorded, not applied.
+    spec.update_mode = UpdateMode::Off;
+    publish(&bus, registration(Some(&spec), 2).into()).await;
+    let a = act_until(&bus, &mut applied, &mut step, 3, |a| {
+        a.outcome == Outcome::RecommendOnly
+    })
+    .await;
+    assert_eq!(
+        a.applied.replicas, 2,
+        "nothing changes in recommend-only mode"
+    );
+
+    // The recommender decides for the registered target.
+    publish(&bus, obs(1).into()).await;
+    let m = tokio::time::timeout(Duration::from_secs(5), actions.next())
+        .await
+        .expect("an action for a registered target")
+        .unwrap();
+    assert!(m.subject.ends_with(".shop.web"));
+
+    // Deregistered (the AwareAutoscaler was deleted): rejected, allocation left as it is.
+    publish(&bus, registration(None, 2).into()).await;
+    let a = act_until(&bus, &mut applied, &mut step, 3, |a| {
+        a.outcome == Outcome::Rejected
+    })
+    .await;
+    assert_eq!(a.applied, action(0, 3).current);
+    assert!(
+        a.reason.as_deref().unwrap_or("").contains("deregistered"),
+        "{a:?}"
+    );
+    // … and the recommender decides nothing more for it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while tokio::time::timeout(Duration::from_millis(50), actions.next())
+        .await
+        .is_ok()
+    {}
+    for s in 2..6 {
+        publish(&bus, obs(s).into()).await;
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), actions.next())
+            .await
+            .is_err(),
+        "an action for a deregistered target"
+    );
+
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
