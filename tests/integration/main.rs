@@ -3,6 +3,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bootstrap_loop;
 mod bus_conformance;
 mod control_loop;
 mod jetstream;
