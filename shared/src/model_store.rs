@@ -294,7 +294,7 @@ pub async fn open_model_store(
         }
         ModelStoreBackend::Jetstream => match bus {
             Bus::Nats(nats) => {
-                tracing::info!(bucket = %cfg.bucket, url = nats.url(), "model store: JetStream object store (opening in the background)");
+                tracing::info!(bucket = %cfg.bucket, url = %nats.redacted_url(), "model store: JetStream object store (opening in the background)");
                 Ok(Arc::new(JetStreamStore::open(nats.url(), bus_cfg, cfg)?))
             }
             Bus::InProc(_) => Err(ModelStoreError::Config {

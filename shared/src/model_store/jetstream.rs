@@ -22,7 +22,7 @@ use tokio::io::AsyncReadExt;
 use super::{
     sha256_hex, validate_key, ModelStore, ModelStoreConfig, ModelStoreError, StoredObject,
 };
-use crate::bus::NatsBus;
+use crate::bus::{redact_url, NatsBus};
 use crate::config::{BusConfig, StorageKind};
 
 /// Scheme of the uris this backend announces.
@@ -68,9 +68,9 @@ impl Opener {
             .get_or_try_init(|| async {
                 let nats = NatsBus::connect(&self.bus, "aware-model-store")
                     .await
-                    .map_err(|e| nats_err(&self.cfg.bucket, "connect to", &self.bus.url, e))?;
+                    .map_err(|e| nats_err(&self.cfg.bucket, "connect to", &redact_url(&self.bus.url), e))?;
                 let objects = open_bucket(nats.client().clone(), &self.cfg).await?;
-                tracing::info!(bucket = %self.cfg.bucket, url = %self.bus.url, "model store: JetStream object store opened");
+                tracing::info!(bucket = %self.cfg.bucket, url = %redact_url(&self.bus.url), "model store: JetStream object store opened");
                 Ok(objects)
             })
             .await
