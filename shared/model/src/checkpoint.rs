@@ -44,7 +44,7 @@ struct Header {
     normalizer_frozen: bool,
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -53,27 +53,27 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-fn put_f32s(out: &mut Vec<u8>, xs: &[f32]) {
+pub(crate) fn put_f32s(out: &mut Vec<u8>, xs: &[f32]) {
     out.extend_from_slice(&(xs.len() as u64).to_le_bytes());
     for x in xs {
         out.extend_from_slice(&x.to_le_bytes());
     }
 }
 
-fn put_f64s(out: &mut Vec<u8>, xs: &[f64]) {
+pub(crate) fn put_f64s(out: &mut Vec<u8>, xs: &[f64]) {
     out.extend_from_slice(&(xs.len() as u64).to_le_bytes());
     for x in xs {
         out.extend_from_slice(&x.to_le_bytes());
     }
 }
 
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
+pub(crate) struct Cursor<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], ModelError> {
+    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], ModelError> {
         let end = self.pos.checked_add(n).ok_or(ModelError::Truncated(what))?;
         let s = self
             .buf
@@ -82,12 +82,12 @@ impl<'a> Cursor<'a> {
         self.pos = end;
         Ok(s)
     }
-    fn u32(&mut self, what: &'static str) -> Result<u32, ModelError> {
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, ModelError> {
         let mut b = [0u8; 4];
         b.copy_from_slice(self.take(4, what)?);
         Ok(u32::from_le_bytes(b))
     }
-    fn u64(&mut self, what: &'static str) -> Result<u64, ModelError> {
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, ModelError> {
         let mut b = [0u8; 8];
         b.copy_from_slice(self.take(8, what)?);
         Ok(u64::from_le_bytes(b))
@@ -111,7 +111,7 @@ impl<'a> Cursor<'a> {
         }
         Ok(expected)
     }
-    fn f32s(&mut self, index: usize, expected: usize) -> Result<Vec<f32>, ModelError> {
+    pub(crate) fn f32s(&mut self, index: usize, expected: usize) -> Result<Vec<f32>, ModelError> {
         let n = self.block_len(index, expected, 4)?;
         let raw = self.take(n * 4, "tensor block")?;
         Ok(raw
@@ -119,7 +119,7 @@ impl<'a> Cursor<'a> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     }
-    fn f64s(&mut self, index: usize, expected: usize) -> Result<Vec<f64>, ModelError> {
+    pub(crate) fn f64s(&mut self, index: usize, expected: usize) -> Result<Vec<f64>, ModelError> {
         let n = self.block_len(index, expected, 8)?;
         let raw = self.take(n * 8, "tensor block")?;
         Ok(raw
