@@ -9,6 +9,9 @@
 //!   [`Ddpg::estimate_policy`] (off-policy estimate of the policy's mean per-step reward).
 //! * [`ReplayBuffer`], [`Transition`], [`Batch`] — experience replay (FIFO, seeded sampling).
 //! * [`Normalizer`] — running mean/std, frozen while serving.
+//! * [`MetaLearner`], [`MetaDdpg`] — the meta-learner (bidirectional GRU over a bundle of
+//!   episodes → workload embedding) and the embedding-conditioned base-learner trained jointly
+//!   with it (`meta.rs`).
 //! * [`bench_training`] — throughput and latency benchmark.
 
 mod bench;
@@ -16,6 +19,7 @@ mod checkpoint;
 mod config;
 mod ddpg;
 mod error;
+mod meta;
 mod net;
 mod normalizer;
 mod replay;
@@ -32,6 +36,10 @@ pub use config::{
 };
 pub use ddpg::{Ddpg, PolicyEstimate, TrainStats};
 pub use error::ModelError;
+pub use meta::{
+    EmbedActivation, EpisodeBundle, MetaConfig, MetaDdpg, MetaGroup, MetaLearner, MetaTrainStats,
+    MAX_EPISODE_LEN, META_FORMAT_VERSION, META_MAGIC, STEP_EXTRA,
+};
 pub use normalizer::{Normalizer, STD_FLOOR};
 pub use replay::{Batch, ReplayBuffer, Transition};
 
