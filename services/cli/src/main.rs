@@ -125,6 +125,27 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Offline bootstrapping (paper §5.4): fallback vs bootstrapped vs no-bootstrap RL over the
+    /// early window on held-out generated apps; writes bootstrap.json.
+    Bootstrap {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 20)]
+        apps: usize,
+        #[arg(long, default_value_t = 1001)]
+        seed: u64,
+        #[arg(long, default_value_t = 20)]
+        episodes: u32,
+        #[arg(long, default_value_t = 50)]
+        steps_per_episode: u32,
+        #[arg(long, default_value_t = 4)]
+        offline_episodes: u32,
+        /// Wall-clock pause after every simulated step, ms (time for the trainer).
+        #[arg(long, default_value_t = 40)]
+        pace_ms: u64,
+        #[arg(long, default_value_t = 100)]
+        train_every_transitions: u64,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -269,6 +290,39 @@ fn main() -> anyhow::Result<()> {
                     r.median_rss_per_target_bytes
                 );
                 let path = bench::write_json(&out, "loop.json", &serde_json::to_value(&r)?)?;
+                println!("wrote {path}");
+            }
+            BenchCommand::Bootstrap {
+                out,
+                apps,
+                seed,
+                episodes,
+                steps_per_episode,
+                offline_episodes,
+                pace_ms,
+                train_every_transitions,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let opts = bench::bootstrap::BootstrapBenchOptions {
+                    apps,
+                    seed,
+                    episodes,
+                    steps_per_episode,
+                    offline_episodes,
+                    pace_ms,
+                    train_every_transitions,
+                    work: out.join("bootstrap-work"),
+                    ..Default::default()
+                };
+                let system = actix_rt::System::new();
+                let r = system.block_on(async move { bench::bootstrap::run(&opts).await })?;
+                for a in &r.arms {
+                    println!(
+                        "{:>12}: SLO violations {} ({:.2}%), CPU util {:.3}, memory util {:.3}, reward {:.4}/step = {:.1}% of oracle; RL steps {}, apps online {}, returns to OFFLINE {}",
+                        a.arm, a.slo_violations, 100.0 * a.slo_violation_rate, a.cpu_util_mean, a.memory_util_mean, a.mean_reward, a.oracle_pct, a.rl_steps, a.apps_online, a.returns_to_offline
+                    );
+                }
+                let path = bench::write_json(&out, "bootstrap.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");
             }
             BenchCommand::Sim {

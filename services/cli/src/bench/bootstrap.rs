@@ -1,0 +1,403 @@
+//! `aware bench bootstrap` (paper §5.4, Fig. 10): the early-training window of three arms on the
+//! same held-out generated apps (same seed, so the same traces), each the six services on the
+//! embedded bus in lock-step:
+//! - `fallback`: HPA/VPA throughout (bootstrapping on, `t_online` out of reach);
+//! - `bootstrap`: AWARE — OFFLINE behind the fallback while the trainer trains TD3+BC from the
+//!   fallback's first `offline_episodes` episodes, then ONLINE when the off-policy estimate
+//!   allows (and back to OFFLINE if the probation fails);
+//! - `no_bootstrap`: the same agent ONLINE from the first step, learning from scratch (the
+//!   fallback acts only until its first model exists).
+//!
+//! Per arm, over the first `episodes` episodes of every app: SLO violations, mean CPU and memory
+//! utilization, mean per-step reward, and the reward as % of the oracle's (`loadgen`'s per-step
+//! oracle run on the same apps for the same number of steps).
+//!
+//! Pacing: lock-step simulation runs a step of 20 apps in well under a millisecond, far faster
+//! than the trainer (in production a step is 10–30 s and training is never behind). The bench
+//! paces the loop the bus's own way: a subscriber to `obs` that sleeps `pace_ms` after every
+//! full step, on a bus with small per-subscription buffers, so the collector's publishes wait
+//! (the in-process bus applies back-pressure). Every arm gets the same pace; the JSON records
+//! the gradient steps each arm got.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aware_bus_schemas::{subject, Event, Stage, Target};
+use aware_loadgen::env::SimConfig;
+use aware_loadgen::run::{run_sim, AppSource, PolicySpec, RunSimOptions};
+use aware_shared::bus::Bus;
+use aware_shared::config::{AppConfig, SourceKind};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::BenchError;
+
+#[derive(Debug, Clone)]
+pub struct BootstrapBenchOptions {
+    pub apps: usize,
+    /// Generator and noise seed (held out: the tests use small seeds).
+    pub seed: u64,
+    /// The early window: episodes per app.
+    pub episodes: u32,
+    pub steps_per_episode: u32,
+    /// Fallback episodes the bootstrap arm trains offline from before it may go ONLINE.
+    pub offline_episodes: u32,
+    /// Work directory (trajectory stores and model stores of the arms).
+    pub work: PathBuf,
+    /// Per-arm wall-clock limit.
+    pub timeout: Duration,
+    /// Wall-clock pause after every simulated step (gives the trainer time).
+    pub pace_ms: u64,
+    /// `trainer.train_every_transitions` of the RL arms.
+    pub train_every_transitions: u64,
+}
+
+impl Default for BootstrapBenchOptions {
+    fn default() -> Self {
+        BootstrapBenchOptions {
+            apps: 20,
+            seed: 1001,
+            episodes: 20,
+            steps_per_episode: 50,
+            offline_episodes: 4,
+            work: PathBuf::from("bench-out/bootstrap-work"),
+            timeout: Duration::from_secs(1800),
+            pace_ms: 40,
+            train_every_transitions: 100,
+        }
+    }
+}
+
+/// One arm's figures over the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmReport {
+    pub arm: String,
+    pub episodes: usize,
+    pub steps: u64,
+    pub slo_violations: u64,
+    pub slo_violation_rate: f64,
+    pub cpu_util_mean: f64,
+    pub memory_util_mean: f64,
+    pub mean_reward: f64,
+    pub total_reward: f64,
+    /// Σ reward / Σ oracle reward over the same apps and steps, in %.
+    pub oracle_pct: f64,
+    pub rl_steps: u64,
+    pub fallback_steps: u64,
+    /// Episodes that ran mostly ONLINE.
+    pub online_episodes: usize,
+    /// Apps that reached ONLINE, and returns to OFFLINE (probation failures).
+    pub apps_online: usize,
+    pub returns_to_offline: usize,
+    /// First episode each app ran ONLINE (bootstrap arm), median.
+    pub median_first_online_episode: Option<f64>,
+    pub models_published: u64,
+    pub max_trained_steps: u64,
+    /// Mean per-step reward by episode index (mean over apps): the learning curve.
+    pub curve: Vec<f64>,
+    pub wall_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BootstrapReport {
+    pub apps: usize,
+    pub seed: u64,
+    pub episodes: u32,
+    pub steps_per_episode: u32,
+    pub offline_episodes: u32,
+    pub pace_ms: u64,
+    pub train_every_transitions: u64,
+    pub oracle_total_reward: f64,
+    pub arms: Vec<ArmReport>,
+    /// no_bootstrap SLO violations / bootstrap SLO violations.
+    pub slo_violation_ratio_no_bootstrap_vs_bootstrap: f64,
+    /// bootstrap utilization / no_bootstrap utilization − 1, in %.
+    pub cpu_util_gain_pct: f64,
+    pub memory_util_gain_pct: f64,
+    /// bootstrap SLO violations / fallback SLO violations − 1, in %.
+    pub slo_violations_vs_fallback_pct: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    Fallback,
+    Bootstrap,
+    NoBootstrap,
+}
+
+impl Arm {
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Fallback => "fallback",
+            Arm::Bootstrap => "bootstrap",
+            Arm::NoBootstrap => "no_bootstrap",
+        }
+    }
+}
+
+fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> AppConfig {
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = opts.steps_per_episode;
+    cfg.collector.simulator.apps = opts.apps;
+    cfg.collector.simulator.seed = opts.seed;
+    // One warm-up margin: the window is read from the episodes, the run stops after it.
+    cfg.collector.simulator.max_steps =
+        u64::from(opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
+    cfg.collector.simulator.step_timeout_ms = 60_000;
+    if let Ok(apps) = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator) {
+        cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
+    }
+    // The early window: nobody reaches SERVING (it would freeze exploration by timing).
+    cfg.lifecycle.t_serving = 1e9;
+    match arm {
+        Arm::Fallback => cfg.lifecycle.t_online = 1e9,
+        Arm::Bootstrap => {}
+        Arm::NoBootstrap => cfg.lifecycle.bootstrap = false,
+    }
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
+    );
+    cfg.sections.insert(
+        "trainer".into(),
+        serde_json::json!({
+            "poll_ms": 50,
+            "train_every_transitions": opts.train_every_transitions,
+            "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
+            "eval_episodes": opts.offline_episodes.max(1),
+        }),
+    );
+    cfg
+}
+
+#[derive(Default)]
+struct EpisodeRow {
+    steps: u64,
+    total_reward: f64,
+    slo_violations: u64,
+    cpu: f64,
+    mem: f64,
+    rl_steps: u64,
+    fallback_steps: u64,
+    stage: Option<Stage>,
+}
+
+async fn run_arm(
+    opts: &BootstrapBenchOptions,
+    arm: Arm,
+    oracle_total: f64,
+) -> Result<ArmReport, BenchError> {
+    let dir = opts.work.join(arm.name());
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let cfg = arm_config(opts, arm, &dir);
+    // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
+    let bus = Bus::in_process((4 * opts.apps).max(64));
+    let mut all = bus.subscribe(subject::ALL).await?;
+    let mut obs = bus.subscribe("aware.v1.obs.>").await?;
+    let (apps, pace) = (opts.apps, Duration::from_millis(opts.pace_ms));
+    let pacer = tokio::spawn(async move {
+        let mut n = 0usize;
+        while obs.next().await.is_some() {
+            n += 1;
+            if n.is_multiple_of(apps) {
+                tokio::time::sleep(pace).await;
+            }
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running =
+        aware_shared::launcher::start_on(bus, Arc::new(cfg), &crate::SERVICES, shutdown.clone())
+            .await?;
+    let want = opts.episodes as usize;
+    let mut eps: BTreeMap<Target, BTreeMap<u64, EpisodeRow>> = BTreeMap::new();
+    let mut online: BTreeSet<Target> = BTreeSet::new();
+    let mut first_online: BTreeMap<Target, u64> = BTreeMap::new();
+    let mut returns = 0usize;
+    let mut models = 0u64;
+    let mut max_trained = 0u64;
+    let deadline = tokio::time::Instant::now() + opts.timeout;
+    let done = |eps: &BTreeMap<Target, BTreeMap<u64, EpisodeRow>>| {
+        eps.len() >= opts.apps && eps.values().all(|e| e.len() >= want)
+    };
+    while !done(&eps) {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, all.next()).await else {
+            break;
+        };
+        let Ok(p) = subject::parse(&m.subject) else {
+            continue;
+        };
+        let Ok(ev) = aware_bus_schemas::decode_event(p.kind, &m.payload) else {
+            continue;
+        };
+        match ev {
+            Event::Episode(e) => {
+                let row = EpisodeRow {
+                    steps: u64::from(e.steps),
+                    total_reward: e.total_reward,
+                    slo_violations: u64::from(e.slo_violations),
+                    cpu: e.cpu_util_mean,
+                    mem: e.memory_util_mean,
+                    rl_steps: u64::from(e.rl_steps),
+                    fallback_steps: u64::from(e.fallback_steps),
+                    stage: Some(e.stage),
+                };
+                if e.stage == Stage::Online {
+                    first_online.entry(e.target.clone()).or_insert(e.episode);
+                }
+                let m = eps.entry(e.target).or_default();
+                if m.len() < want {
+                    m.insert(e.episode, row);
+                }
+            }
+            Event::Lifecycle(l) => {
+                if l.stage == Stage::Online {
+                    online.insert(l.target.clone());
+                }
+                if l.stage == Stage::Offline && l.previous == Some(Stage::Online) {
+                    returns += 1;
+                    tracing::info!(arm = arm.name(), target = %l.target, reason = %l.reason, "returned to OFFLINE");
+                }
+            }
+            Event::Model(md) => {
+                models += 1;
+                max_trained = max_trained.max(md.trained_steps);
+            }
+            _ => {}
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    pacer.abort();
+    drop(all);
+    running.join().await?;
+    if !done(&eps) {
+        return Err(BenchError::Failed(format!(
+            "arm {}: only {} apps / {:?} episodes within {:?}",
+            arm.name(),
+            eps.len(),
+            eps.values().map(|e| e.len()).min(),
+            opts.timeout
+        )));
+    }
+    let rows: Vec<&EpisodeRow> = eps.values().flat_map(|e| e.values()).collect();
+    let steps: u64 = rows.iter().map(|r| r.steps).sum();
+    let w = |f: fn(&EpisodeRow) -> f64| {
+        rows.iter().map(|r| f(r) * r.steps as f64).sum::<f64>() / steps.max(1) as f64
+    };
+    let total_reward: f64 = rows.iter().map(|r| r.total_reward).sum();
+    let slo: u64 = rows.iter().map(|r| r.slo_violations).sum();
+    let mut curve = vec![0.0; want];
+    for e in eps.values() {
+        for (i, r) in e.values().enumerate().take(want) {
+            curve[i] += r.total_reward / r.steps.max(1) as f64 / eps.len() as f64;
+        }
+    }
+    let mut firsts: Vec<f64> = eps
+        .iter()
+        .filter_map(|(t, e)| {
+            let first = *first_online.get(t)?;
+            let base = *e.keys().next()?;
+            Some(first.saturating_sub(base) as f64)
+        })
+        .collect();
+    firsts.sort_by(f64::total_cmp);
+    Ok(ArmReport {
+        arm: arm.name().into(),
+        episodes: rows.len(),
+        steps,
+        slo_violations: slo,
+        slo_violation_rate: slo as f64 / steps.max(1) as f64,
+        cpu_util_mean: w(|r| r.cpu),
+        memory_util_mean: w(|r| r.mem),
+        mean_reward: total_reward / steps.max(1) as f64,
+        total_reward,
+        oracle_pct: 100.0 * total_reward / oracle_total,
+        rl_steps: rows.iter().map(|r| r.rl_steps).sum(),
+        fallback_steps: rows.iter().map(|r| r.fallback_steps).sum(),
+        online_episodes: rows
+            .iter()
+            .filter(|r| r.stage == Some(Stage::Online))
+            .count(),
+        apps_online: online.len(),
+        returns_to_offline: returns,
+        median_first_online_episode: (!firsts.is_empty()).then(|| super::median(&firsts)),
+        models_published: models,
+        max_trained_steps: max_trained,
+        curve,
+        wall_seconds: wall,
+    })
+}
+
+/// The oracle's total reward on the same apps over the window's steps.
+fn oracle_total(opts: &BootstrapBenchOptions) -> Result<f64, BenchError> {
+    let ro = RunSimOptions {
+        apps: AppSource::Generate {
+            count: opts.apps,
+            seed: opts.seed,
+        },
+        steps: u64::from(opts.episodes) * u64::from(opts.steps_per_episode),
+        policy: PolicySpec::Oracle,
+        config: SimConfig {
+            seed: opts.seed,
+            ..SimConfig::default()
+        },
+        ..RunSimOptions::default()
+    };
+    let r = run_sim(&ro, &mut std::io::sink()).map_err(|e| BenchError::Failed(e.to_string()))?;
+    Ok(r.apps.iter().map(|a| a.total_reward).sum())
+}
+
+/// Runs the three arms one after the other.
+pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchError> {
+    let oracle = oracle_total(opts)?;
+    tracing::info!(oracle_total = oracle, "oracle computed");
+    let mut arms = Vec::new();
+    for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
+        let r = run_arm(opts, arm, oracle).await?;
+        tracing::info!(
+            arm = arm.name(),
+            slo_violations = r.slo_violations,
+            mean_reward = r.mean_reward,
+            oracle_pct = r.oracle_pct,
+            cpu = r.cpu_util_mean,
+            mem = r.memory_util_mean,
+            wall_s = r.wall_seconds,
+            "arm done"
+        );
+        arms.push(r);
+    }
+    let (fb, bs, nb) = (&arms[0], &arms[1], &arms[2]);
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+    Ok(BootstrapReport {
+        apps: opts.apps,
+        seed: opts.seed,
+        episodes: opts.episodes,
+        steps_per_episode: opts.steps_per_episode,
+        offline_episodes: opts.offline_episodes,
+        pace_ms: opts.pace_ms,
+        train_every_transitions: opts.train_every_transitions,
+        oracle_total_reward: oracle,
+        slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
+            nb.slo_violations as f64,
+            bs.slo_violations as f64,
+        ),
+        cpu_util_gain_pct: 100.0 * (ratio(bs.cpu_util_mean, nb.cpu_util_mean) - 1.0),
+        memory_util_gain_pct: 100.0 * (ratio(bs.memory_util_mean, nb.memory_util_mean) - 1.0),
+        slo_violations_vs_fallback_pct: 100.0
+            * (ratio(bs.slo_violations as f64, fb.slo_violations as f64) - 1.0),
+        arms,
+    })
+}
