@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod train_meta;
 pub mod watch;
 
 use aware_shared::launcher::ServiceEntry;

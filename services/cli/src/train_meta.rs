@@ -1,0 +1,776 @@
+//! `aware train-meta`: meta-training of the shared base-learner and the meta-learner (paper
+//! §3.2 "Meta-learner Training") on a pool of generated apps, in-process on the simulator.
+//!
+//! The pool (`loadgen::app::generate_apps(apps, seed)`) is split 8:2 by a seeded shuffle into
+//! training and held-out apps (`split.json`); only training apps are seen. Every iteration:
+//!
+//! 1. `apps_per_iteration` training apps are drawn; each runs one episode of
+//!    `steps_per_episode` steps on its own simulator (a fresh noise seed per episode), driven
+//!    either by the fallback rule or by the current agent with Gaussian noise, conditioned on the
+//!    embedding of the app's current top-M bundle. The share of fallback episodes falls from 1
+//!    to `min_fallback` over the first half of training (an app without any episode yet always
+//!    starts with the fallback).
+//! 2. The episode's transitions go into the app's replay buffer and the episode into its top-M
+//!    store (by mean reward; paper: the top-M trajectories are the representative ones).
+//! 3. `updates_per_iteration` joint updates ([`MetaDdpg::train_step`]) over the drawn apps: one
+//!    bundle (the top-m episodes of each app, m = the smallest count among them, ≤ M) and
+//!    `batch` sampled transitions per app. The actor loss trains the GRU and the FC head.
+//!
+//! The fallback here is a rule in the policy's action space — the HPA rule on replicas (70% CPU,
+//! ±10% tolerance, as `aware sim --policy hpa`) plus threshold steps on the CPU and memory limits
+//! — not the recommender's full HPA/VPA port, which needs its histories and the bus.
+//!
+//! Outputs in `--out`: `meta.ckpt` (the meta-learner), `base.ckpt` (the base-learner: a DDPG
+//! checkpoint over `state ‖ embedding`), `split.json`, `apps.json` (the pool), `train-log.json`
+//! (per-iteration rewards and losses, and a final held-out evaluation) and `resume.json` (the
+//! iteration and every app's top-M episodes; with `--resume` training continues from the last
+//! checkpoint, replay buffers rebuilt from those episodes).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use aware_loadgen::app::{generate_apps, GeneratorOptions};
+use aware_loadgen::env::ActionMap;
+use aware_loadgen::{AppSet, AppSpec, Observation, SimConfig, SimEnv, SimError, TargetAction};
+use aware_shared_model::{
+    DdpgConfig, EpisodeBundle, MetaConfig, MetaDdpg, MetaGroup, MetaLearner, ModelError,
+    ReplayBuffer, Transition, ACTION_DIM,
+};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// State width of the simulator.
+pub const STATE_DIM: usize = aware_loadgen::STATE_DIM;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainMetaError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainMetaError + '_ {
+    move |source| TrainMetaError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Options of `aware train-meta`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrainMetaOptions {
+    /// Apps in the generated pool (80% train, 20% held out).
+    pub apps: usize,
+    /// Meta-training iterations.
+    pub iterations: u64,
+    /// Seed of the pool, the split, the networks and every episode.
+    pub seed: u64,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Continue from the checkpoint in `out`.
+    pub resume: bool,
+    /// Write checkpoints every this many iterations (and at the end).
+    pub checkpoint_every: u64,
+    /// Steps per episode T.
+    pub steps_per_episode: usize,
+    /// Training apps drawn per iteration.
+    pub apps_per_iteration: usize,
+    /// Joint updates per iteration.
+    pub updates_per_iteration: usize,
+    /// Transitions per app in one update.
+    pub batch: usize,
+    /// Final share of fallback episodes.
+    pub min_fallback: f64,
+    /// Exploration noise σ of agent episodes.
+    pub sigma: f32,
+    /// Meta-learner shape (state_dim is fixed to the simulator's).
+    pub meta: MetaConfig,
+    /// Base-learner hidden widths.
+    pub base_hidden: Vec<usize>,
+    /// Progress line every this many iterations (0: none).
+    pub progress_every: u64,
+}
+
+impl Default for TrainMetaOptions {
+    fn default() -> Self {
+        TrainMetaOptions {
+            apps: 40,
+            iterations: 200,
+            seed: 0,
+            out: PathBuf::from("meta-out"),
+            resume: false,
+            checkpoint_every: 25,
+            steps_per_episode: 50,
+            apps_per_iteration: 4,
+            updates_per_iteration: 4,
+            batch: 64,
+            min_fallback: 0.2,
+            sigma: 0.2,
+            meta: MetaConfig::default(),
+            base_hidden: vec![64, 64],
+            progress_every: 10,
+        }
+    }
+}
+
+/// The seeded 8:2 split.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Split {
+    pub seed: u64,
+    pub apps: usize,
+    /// Generator seed of the pool (`generate_apps(apps, pool_seed)`).
+    pub pool_seed: u64,
+    pub train: Vec<String>,
+    pub held_out: Vec<String>,
+}
+
+/// The 8:2 split of `n` apps' indices: a seeded shuffle, the first ⌈0.8 n⌉ train.
+pub fn split_indices(n: usize, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.shuffle(&mut ChaCha8Rng::seed_from_u64(seed ^ SPLIT_SALT));
+    let n_train = (n * 8).div_ceil(10).min(n);
+    let held = idx.split_off(n_train);
+    (idx, held)
+}
+
+/// Folded into the split seed (keeps the split's shuffle apart from the pool generator's RNG).
+const SPLIT_SALT: u64 = 0x5eed_0008_0002;
+
+/// One recorded episode.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Episode {
+    /// Mean per-step reward.
+    pub reward: f64,
+    /// Whether the fallback drove it.
+    pub fallback: bool,
+    /// Row-major `T × (STATE_DIM + 4)` step vectors `[state ‖ action ‖ reward]`.
+    pub steps: Vec<f32>,
+    /// The state after the last step (to rebuild the last transition).
+    pub last_state: Vec<f32>,
+}
+
+impl Episode {
+    /// The episode's transitions.
+    pub fn transitions(&self) -> Vec<Transition> {
+        let w = STATE_DIM + ACTION_DIM + 1;
+        let rows: Vec<&[f32]> = self.steps.chunks(w).collect();
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let next = match rows.get(i + 1) {
+                    Some(n) => n[..STATE_DIM].to_vec(),
+                    None => self.last_state.clone(),
+                };
+                let mut action = [0.0; ACTION_DIM];
+                action.copy_from_slice(&r[STATE_DIM..STATE_DIM + ACTION_DIM]);
+                Transition {
+                    state: r[..STATE_DIM].to_vec(),
+                    action,
+                    reward: r[w - 1],
+                    next_state: next,
+                    done: false,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Who drives an episode.
+pub enum Driver<'a> {
+    /// The fallback rule.
+    Fallback,
+    /// The agent with this embedding and noise σ (0: deterministic).
+    Agent {
+        agent: &'a mut MetaDdpg,
+        embedding: &'a [f32],
+        sigma: f32,
+    },
+}
+
+/// The fallback rule in the policy's action space: HPA on replicas (70% CPU target, ±10%
+/// tolerance), threshold steps on the CPU (util > 0.9: +0.25, < 0.3: −0.1) and memory
+/// (util > 0.85: +0.25, < 0.3: −0.1) limits.
+pub fn fallback_action(o: &Observation, map: &ActionMap) -> [f32; ACTION_DIM] {
+    let m = &o.metrics;
+    let mut a = [0.0f32; ACTION_DIM];
+    let ratio = m.cpu_util / 0.7;
+    if (ratio - 1.0).abs() > 0.1 && m.time_s > 0.0 {
+        let desired = (f64::from(o.allocation.replicas) * ratio).ceil().max(1.0);
+        let delta = desired - f64::from(o.allocation.replicas);
+        a[0] = (delta / f64::from(map.max_replica_delta.max(1))).clamp(-1.0, 1.0) as f32;
+    }
+    a[1] = if m.cpu_util > 0.9 {
+        0.25
+    } else if m.cpu_util < 0.3 {
+        -0.1
+    } else {
+        0.0
+    };
+    a[2] = if m.memory_util > 0.85 {
+        0.25
+    } else if m.memory_util < 0.3 {
+        -0.1
+    } else {
+        0.0
+    };
+    a
+}
+
+/// Runs one episode of `steps` steps of `app` from a reset with `seed` (one warm-up step with
+/// the initial allocation first, as the collector does).
+pub fn run_episode(
+    app: &AppSpec,
+    steps: usize,
+    seed: u64,
+    driver: Driver<'_>,
+    rng: &mut ChaCha8Rng,
+) -> Result<Episode, TrainMetaError> {
+    let cfg = SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
+    let map = cfg.action_map;
+    let mut env = SimEnv::new(vec![app.clone()], cfg)?;
+    env.reset(seed)?;
+    let mut obs = first(env.step(&[TargetAction::Hold])?)?;
+    let mut out = Vec::with_capacity(steps * (STATE_DIM + ACTION_DIM + 1));
+    let mut total = 0.0;
+    let mut driver = driver;
+    for _ in 0..steps {
+        let s = obs.state;
+        let a = match &mut driver {
+            Driver::Fallback => fallback_action(&obs, &map),
+            Driver::Agent {
+                agent,
+                embedding,
+                sigma,
+            } => {
+                if *sigma > 0.0 {
+                    agent.act_noisy(&s, embedding, *sigma, rng)?
+                } else {
+                    agent.act(&s, embedding)?
+                }
+            }
+        };
+        let next = first(env.step(&[TargetAction::Raw(a)])?)?;
+        let r = next.reward as f32;
+        total += next.reward;
+        out.extend_from_slice(&EpisodeBundle::step_vector(&s, &a, r));
+        obs = next;
+    }
+    Ok(Episode {
+        reward: total / steps.max(1) as f64,
+        fallback: matches!(driver, Driver::Fallback),
+        steps: out,
+        last_state: obs.state.to_vec(),
+    })
+}
+
+fn first(v: Vec<Observation>) -> Result<Observation, TrainMetaError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| TrainMetaError::Invalid("simulator returned no observation".into()))
+}
+
+/// Keeps the best `m` episodes by mean reward.
+pub fn keep_top(store: &mut Vec<Episode>, ep: Episode, m: usize) {
+    store.push(ep);
+    store.sort_by(|a, b| b.reward.total_cmp(&a.reward));
+    store.truncate(m);
+}
+
+/// The bundle of the best `m` episodes.
+pub fn bundle_of(store: &[Episode], m: usize) -> Result<EpisodeBundle, ModelError> {
+    EpisodeBundle::truncated(
+        STATE_DIM,
+        store
+            .iter()
+            .take(m.max(1))
+            .map(|e| e.steps.clone())
+            .collect(),
+    )
+}
+
+/// One line of the training log.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IterationLog {
+    pub iteration: u64,
+    /// Mean per-step reward of this iteration's agent episodes (None: all fallback).
+    pub agent_reward: Option<f64>,
+    /// Mean per-step reward of this iteration's fallback episodes.
+    pub fallback_reward: Option<f64>,
+    pub critic_loss: f32,
+    pub actor_loss: f32,
+    pub meta_grad_norm: f32,
+    pub elapsed_s: f64,
+}
+
+/// Held-out evaluation of one app: the fallback's reward and the meta-trained agent's, with the
+/// embedding of a bundle of fallback episodes (no training on the app).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeldOutEval {
+    pub app: String,
+    pub fallback_reward: f64,
+    pub agent_reward: f64,
+}
+
+/// `train-log.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrainLog {
+    pub options: TrainMetaOptions,
+    pub iterations: Vec<IterationLog>,
+    /// Wall-clock seconds of meta-training (all runs of a resumed training).
+    pub train_seconds: f64,
+    pub meta_params: usize,
+    pub held_out: Vec<HeldOutEval>,
+    pub held_out_fallback_mean: f64,
+    pub held_out_agent_mean: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ResumeState {
+    iteration: u64,
+    episodes: Vec<Vec<Episode>>,
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainMetaError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), TrainMetaError> {
+    let text = serde_json::to_vec_pretty(v).map_err(|source| TrainMetaError::Json {
+        path: path.display().to_string(),
+        source,
+    })?;
+    write_atomic(path, &text)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainMetaError> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    serde_json::from_slice(&bytes).map_err(|source| TrainMetaError::Json {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The pool of `opts` and its split.
+pub fn pool(opts: &TrainMetaOptions) -> (Vec<AppSpec>, Split) {
+    let apps = generate_apps(opts.apps, opts.seed, &GeneratorOptions::default());
+    let (train, held) = split_indices(apps.len(), opts.seed);
+    let names = |ix: &[usize]| ix.iter().map(|&i| apps[i].name.clone()).collect();
+    let split = Split {
+        seed: opts.seed,
+        apps: opts.apps,
+        pool_seed: opts.seed,
+        train: names(&train),
+        held_out: names(&held),
+    };
+    (apps, split)
+}
+
+fn new_agent(opts: &TrainMetaOptions) -> Result<MetaDdpg, ModelError> {
+    MetaDdpg::new(
+        DdpgConfig {
+            seed: opts.seed,
+            ..DdpgConfig::with_hidden(STATE_DIM, &opts.base_hidden)
+        },
+        MetaConfig {
+            state_dim: STATE_DIM,
+            seed: opts.seed,
+            ..opts.meta.clone()
+        },
+    )
+}
+
+fn save(
+    out: &Path,
+    agent: &MetaDdpg,
+    state: &ResumeState,
+    log: &TrainLog,
+) -> Result<(), TrainMetaError> {
+    write_atomic(&out.join("meta.ckpt"), &agent.meta().to_bytes()?)?;
+    write_atomic(&out.join("base.ckpt"), &agent.base().to_bytes()?)?;
+    write_json(&out.join("resume.json"), state)?;
+    write_json(&out.join("train-log.json"), log)
+}
+
+/// Loads a trained agent from `dir` (`base.ckpt` + `meta.ckpt`).
+pub fn load_agent(dir: &Path) -> Result<MetaDdpg, TrainMetaError> {
+    let base = std::fs::read(dir.join("base.ckpt")).map_err(io_err(&dir.join("base.ckpt")))?;
+    let meta = std::fs::read(dir.join("meta.ckpt")).map_err(io_err(&dir.join("meta.ckpt")))?;
+    Ok(MetaDdpg::from_parts(
+        aware_shared_model::Ddpg::from_bytes(&base)?,
+        MetaLearner::from_bytes(&meta)?,
+    )?)
+}
+
+fn mean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+/// Meta-training; returns the log (also written to `out`).
+pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
+    if opts.apps < 2 || opts.apps_per_iteration == 0 || opts.steps_per_episode < 2 {
+        return Err(TrainMetaError::Invalid(
+            "need ≥ 2 apps, ≥ 1 app per iteration and ≥ 2 steps per episode".into(),
+        ));
+    }
+    let out = &opts.out;
+    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    let (apps, split) = pool(opts);
+    let train: Vec<&AppSpec> = apps
+        .iter()
+        .filter(|a| split.train.contains(&a.name))
+        .collect();
+    let held: Vec<&AppSpec> = apps
+        .iter()
+        .filter(|a| split.held_out.contains(&a.name))
+        .collect();
+    let m_max = opts.meta.bundle_size;
+
+    let (mut agent, mut state, mut log) = if opts.resume {
+        let old: Split = read_json(&out.join("split.json"))?;
+        if old != split {
+            return Err(TrainMetaError::Invalid(
+                "--resume with a different pool or seed than the checkpoint's split.json".into(),
+            ));
+        }
+        let agent = load_agent(out)?;
+        let state: ResumeState = read_json(&out.join("resume.json"))?;
+        let mut log: TrainLog = read_json(&out.join("train-log.json"))?;
+        if state.episodes.len() != train.len() {
+            return Err(TrainMetaError::Invalid(
+                "resume.json does not match the pool".into(),
+            ));
+        }
+        log.iterations.retain(|l| l.iteration < state.iteration);
+        log.options.iterations = opts.iterations;
+        tracing::info!(iteration = state.iteration, "resuming meta-training");
+        (agent, state, log)
+    } else {
+        write_json(&out.join("split.json"), &split)?;
+        AppSet { apps: apps.clone() }
+            .write(&out.join("apps.json"))
+            .map_err(TrainMetaError::Sim)?;
+        let agent = new_agent(opts)?;
+        let (g, h) = agent.meta().num_params();
+        let log = TrainLog {
+            options: opts.clone(),
+            iterations: Vec::new(),
+            train_seconds: 0.0,
+            meta_params: g + h,
+            held_out: Vec::new(),
+            held_out_fallback_mean: 0.0,
+            held_out_agent_mean: 0.0,
+        };
+        let state = ResumeState {
+            iteration: 0,
+            episodes: vec![Vec::new(); train.len()],
+        };
+        (agent, state, log)
+    };
+
+    // Replay buffers (rebuilt from the kept episodes on resume).
+    let mut replay: Vec<ReplayBuffer> = (0..train.len())
+        .map(|i| ReplayBuffer::new(20_000, STATE_DIM, opts.seed ^ ((i as u64) << 20)))
+        .collect::<Result<_, _>>()?;
+    for (buf, eps) in replay.iter_mut().zip(&state.episodes) {
+        for e in eps {
+            for t in e.transitions() {
+                buf.push(t)?;
+            }
+        }
+    }
+
+    let start = Instant::now();
+    let base_seconds = log.train_seconds;
+    let half = (opts.iterations / 2).max(1) as f64;
+    while state.iteration < opts.iterations {
+        let it = state.iteration;
+        let mut rng = ChaCha8Rng::seed_from_u64(opts.seed.wrapping_mul(0x9e37_79b9) ^ it);
+        let mut drawn: Vec<usize> = (0..train.len()).collect();
+        drawn.shuffle(&mut rng);
+        drawn.truncate(opts.apps_per_iteration.min(train.len()));
+        let p_fallback = (1.0 - it as f64 / half).max(opts.min_fallback);
+        let (mut agent_r, mut fb_r) = (Vec::new(), Vec::new());
+        for &i in &drawn {
+            let ep_seed = opts.seed ^ (it << 16) ^ i as u64;
+            let use_fallback = state.episodes[i].is_empty() || rng.random_bool(p_fallback);
+            let ep = if use_fallback {
+                let ep = run_episode(
+                    train[i],
+                    opts.steps_per_episode,
+                    ep_seed,
+                    Driver::Fallback,
+                    &mut rng,
+                )?;
+                for row in ep.steps.chunks(STATE_DIM + ACTION_DIM + 1) {
+                    agent.observe(&row[..STATE_DIM])?;
+                }
+                fb_r.push(ep.reward);
+                ep
+            } else {
+                let e = agent.embed(&bundle_of(&state.episodes[i], m_max)?)?;
+                let ep = run_episode(
+                    train[i],
+                    opts.steps_per_episode,
+                    ep_seed,
+                    Driver::Agent {
+                        agent: &mut agent,
+                        embedding: &e,
+                        sigma: opts.sigma,
+                    },
+                    &mut rng,
+                )?;
+                agent_r.push(ep.reward);
+                ep
+            };
+            for t in ep.transitions() {
+                replay[i].push(t)?;
+            }
+            keep_top(&mut state.episodes[i], ep, m_max);
+        }
+        let m = drawn
+            .iter()
+            .map(|&i| state.episodes[i].len())
+            .min()
+            .unwrap_or(1)
+            .clamp(1, m_max);
+        let bundles: Vec<EpisodeBundle> = drawn
+            .iter()
+            .map(|&i| bundle_of(&state.episodes[i], m))
+            .collect::<Result<_, _>>()?;
+        let mut last = None;
+        for _ in 0..opts.updates_per_iteration {
+            let batches = drawn
+                .iter()
+                .map(|&i| replay[i].sample(opts.batch))
+                .collect::<Result<Vec<_>, _>>()?;
+            let groups: Vec<MetaGroup<'_>> = bundles
+                .iter()
+                .zip(&batches)
+                .map(|(bundle, batch)| MetaGroup { bundle, batch })
+                .collect();
+            last = Some(agent.train_step(&groups)?);
+        }
+        state.iteration += 1;
+        let elapsed = base_seconds + start.elapsed().as_secs_f64();
+        let entry = IterationLog {
+            iteration: it,
+            agent_reward: mean(&agent_r),
+            fallback_reward: mean(&fb_r),
+            critic_loss: last.map_or(f32::NAN, |s| s.critic_loss),
+            actor_loss: last.map_or(f32::NAN, |s| s.actor_loss),
+            meta_grad_norm: last.map_or(f32::NAN, |s| s.meta_grad_norm),
+            elapsed_s: elapsed,
+        };
+        tracing::debug!(?entry, "meta-training iteration");
+        log.iterations.push(entry);
+        log.train_seconds = elapsed;
+        if opts.progress_every > 0
+            && (state.iteration % opts.progress_every == 0 || state.iteration == opts.iterations)
+        {
+            let recent: Vec<f64> = log
+                .iterations
+                .iter()
+                .rev()
+                .take(opts.progress_every as usize)
+                .filter_map(|l| l.agent_reward)
+                .collect();
+            let done = state.iteration as f64 / opts.iterations.max(1) as f64;
+            let eta = if done > 0.0 {
+                (start.elapsed().as_secs_f64() / done) * (1.0 - done)
+            } else {
+                0.0
+            };
+            eprintln!(
+                "[{:<30}] {:>5}/{} {:>5.1}s  ETA {:>5.0}s  agent reward {}  fallback share {:.2}",
+                "#".repeat((done * 30.0) as usize),
+                state.iteration,
+                opts.iterations,
+                elapsed,
+                eta,
+                mean(&recent).map_or("-".into(), |r| format!("{r:.3}")),
+                p_fallback,
+            );
+        }
+        if state.iteration % opts.checkpoint_every.max(1) == 0 {
+            save(out, &agent, &state, &log)?;
+        }
+    }
+
+    // Held-out evaluation: embedding from fallback episodes only, then one deterministic
+    // episode of the meta-trained agent (no gradient step on the app).
+    log.held_out.clear();
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0xe7a1);
+    for (j, app) in held.iter().enumerate() {
+        let mut store = Vec::new();
+        for k in 0..4u64 {
+            let ep = run_episode(
+                app,
+                opts.steps_per_episode,
+                opts.seed ^ (1 << 40) ^ ((j as u64) << 8) ^ k,
+                Driver::Fallback,
+                &mut rng,
+            )?;
+            keep_top(&mut store, ep, m_max);
+        }
+        let fb = mean(&store.iter().map(|e| e.reward).collect::<Vec<_>>()).unwrap_or(0.0);
+        let e = agent.embed(&bundle_of(&store, m_max)?)?;
+        let ep = run_episode(
+            app,
+            opts.steps_per_episode,
+            opts.seed ^ (1 << 41) ^ j as u64,
+            Driver::Agent {
+                agent: &mut agent,
+                embedding: &e,
+                sigma: 0.0,
+            },
+            &mut rng,
+        )?;
+        log.held_out.push(HeldOutEval {
+            app: app.name.clone(),
+            fallback_reward: fb,
+            agent_reward: ep.reward,
+        });
+    }
+    log.held_out_fallback_mean = mean(
+        &log.held_out
+            .iter()
+            .map(|h| h.fallback_reward)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0);
+    log.held_out_agent_mean = mean(
+        &log.held_out
+            .iter()
+            .map(|h| h.agent_reward)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap_or(0.0);
+    save(out, &agent, &state, &log)?;
+    Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_seeded_8_to_2_and_disjoint() {
+        let (a, b) = split_indices(10, 3);
+        assert_eq!((a.len(), b.len()), (8, 2));
+        assert_eq!(split_indices(10, 3), (a.clone(), b.clone()));
+        assert_ne!(split_indices(10, 4).0, a);
+        let mut all: Vec<usize> = a.iter().chain(&b).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        assert_eq!(split_indices(5, 0).0.len(), 4);
+    }
+
+    #[test]
+    fn episodes_rebuild_their_transitions() {
+        let app = &generate_apps(1, 1, &GeneratorOptions::default())[0];
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let ep = run_episode(app, 5, 1, Driver::Fallback, &mut rng).unwrap();
+        let ts = ep.transitions();
+        assert_eq!(ts.len(), 5);
+        assert_eq!(ts[0].next_state, ts[1].state);
+        assert_eq!(ts[4].next_state, ep.last_state);
+        let mean_r = ts.iter().map(|t| f64::from(t.reward)).sum::<f64>() / 5.0;
+        assert!((mean_r - ep.reward).abs() < 1e-5);
+        assert!(ep.fallback);
+        let mut store = Vec::new();
+        for r in [0.5, 0.9, 0.1] {
+            keep_top(
+                &mut store,
+                Episode {
+                    reward: r,
+                    ..ep.clone()
+                },
+                2,
+            );
+        }
+        assert_eq!(
+            store.iter().map(|e| e.reward).collect::<Vec<_>>(),
+            [0.9, 0.5]
+        );
+    }
+
+    #[test]
+    fn short_training_writes_outputs_and_resumes() {
+        let dir = std::env::temp_dir().join(format!("aware-train-meta-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = TrainMetaOptions {
+            apps: 5,
+            iterations: 3,
+            seed: 2,
+            out: dir.clone(),
+            checkpoint_every: 2,
+            steps_per_episode: 6,
+            apps_per_iteration: 2,
+            updates_per_iteration: 1,
+            batch: 8,
+            meta: MetaConfig {
+                hidden: 8,
+                fc_hidden: 8,
+                embed_dim: 4,
+                bundle_size: 3,
+                ..MetaConfig::default()
+            },
+            base_hidden: vec![8, 8],
+            progress_every: 0,
+            ..TrainMetaOptions::default()
+        };
+        let log = run(&opts).unwrap();
+        assert_eq!(log.iterations.len(), 3);
+        assert_eq!(log.held_out.len(), 1);
+        for f in [
+            "meta.ckpt",
+            "base.ckpt",
+            "split.json",
+            "train-log.json",
+            "apps.json",
+        ] {
+            assert!(dir.join(f).exists(), "{f}");
+        }
+        let split: Split = read_json(&dir.join("split.json")).unwrap();
+        assert_eq!((split.train.len(), split.held_out.len()), (4, 1));
+        let agent = load_agent(&dir).unwrap();
+        assert_eq!(agent.base().config().state_dim, STATE_DIM + 4);
+        // Resume to 5 iterations.
+        let more = TrainMetaOptions {
+            iterations: 5,
+            resume: true,
+            ..opts.clone()
+        };
+        let log2 = run(&more).unwrap();
+        assert_eq!(log2.iterations.len(), 5);
+        let its = |l: &TrainLog| l.iterations.iter().map(|i| i.iteration).collect::<Vec<_>>();
+        assert_eq!(its(&log2), [0, 1, 2, 3, 4]);
+        assert_eq!(its(&log), [0, 1, 2]);
+        // Resuming with another seed is refused.
+        let other = TrainMetaOptions { seed: 3, ..more };
+        assert!(run(&other).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
