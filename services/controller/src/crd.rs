@@ -555,6 +555,9 @@ pub fn crd_yaml() -> Result<String, CrdError> {
 }
 
 #[cfg(test)]
+mod cel_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::{json, Value};
