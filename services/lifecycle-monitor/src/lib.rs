@@ -8,9 +8,10 @@
 //! - OFFLINE uses the trainer's off-policy estimate of the RL policy: the latest `model`'s
 //!   `policy_estimate` decides on its own (it already averages the recent fallback episodes), or
 //!   a full window of `episode.policy_estimate`; episodes without an estimate do not count
-//!   (there is no RL policy to judge yet). With `require_behaviour` (default) the estimate must
-//!   also not fall below the behaviour's reward (the model's `behaviour_reward`, else the mean
-//!   reward of the recent OFFLINE episodes) by more than `behaviour_margin` (relative);
+//!   (there is no RL policy to judge yet). With `require_behaviour` (default) a model's estimate
+//!   must also not fall below the behaviour's reward (the model's `behaviour_reward`, else the
+//!   mean reward of the recent OFFLINE episodes) by more than `behaviour_margin` (relative); the
+//!   episode-estimate window decides on `t_online` alone;
 //! - ONLINE and SERVING use the rewards of episodes that ran in that stage.
 //!
 //! Probation (issue [rl-agent] item 3): after OFFLINE → ONLINE, if the mean reward of the first
@@ -173,11 +174,12 @@ impl LifecycleMachine {
         self.probation.is_some()
     }
 
-    /// OFFLINE → ONLINE on `estimate` if it reaches t_online and (with `require_behaviour`) is
-    /// not below `behaviour` by more than the margin; `None` otherwise.
+    /// OFFLINE → ONLINE on `estimate` if it reaches t_online and (a model's estimate, with
+    /// `require_behaviour`) is not below `behaviour` by more than the margin; `None` otherwise.
     fn try_promote(
         &mut self,
         estimate: f64,
+        from_model: bool,
         behaviour: Option<f64>,
         source: &str,
         stats: Option<(f64, f64)>,
@@ -192,7 +194,7 @@ impl LifecycleMachine {
             return None;
         }
         let mut reason = format!("{source} {estimate:.3} >= t_online {}", p.t_online);
-        if self.rules.require_behaviour {
+        if self.rules.require_behaviour && from_model {
             let b = behaviour.filter(|b| b.is_finite())?;
             let floor = b - self.rules.behaviour_margin * b.abs();
             if estimate < floor {
@@ -224,7 +226,7 @@ impl LifecycleMachine {
         }
         let est = m.policy_estimate.filter(|e| e.is_finite())?;
         let behaviour = m.behaviour_reward.or_else(|| self.fallback_reward());
-        self.try_promote(est, behaviour, "model estimate", Some((est, 0.0)))
+        self.try_promote(est, true, behaviour, "model estimate", Some((est, 0.0)))
     }
 
     pub fn stage(&self) -> Stage {
@@ -303,10 +305,9 @@ impl LifecycleMachine {
         let p = &self.profile;
         let stats = Some((mean, std));
         match self.stage {
-            Stage::Offline => {
-                let behaviour = self.fallback_reward();
-                self.try_promote(mean, behaviour, "estimated reward", stats)
-            }
+            // The episode-estimate path decides on t_online alone, as before the trainer
+            // published estimates with the behaviour's reward on the same data.
+            Stage::Offline => self.try_promote(mean, false, None, "estimated reward", stats),
             Stage::Online if mean >= p.t_serving && std <= p.t_var => Some(self.go(
                 Stage::Serving,
                 format!(
@@ -813,14 +814,14 @@ mod tests {
                 Online,
             ),
             (
-                "the episode-estimate window also checks the behaviour (fallback rewards 2.0)",
+                "the episode-estimate window decides on t_online alone",
                 &on,
                 vec![
                     Ep(Offline, 2.0, Some(1.1)),
                     Ep(Offline, 2.0, Some(1.1)),
                     Ep(Offline, 2.0, Some(1.1)),
                 ],
-                Offline,
+                Online,
             ),
             (
                 "probation passed: first 3 ONLINE episodes at the fallback's reward",
