@@ -58,7 +58,7 @@ pub struct MonitorConfig {
     /// The fallback's reward: the mean of this many last OFFLINE episodes.
     pub fallback_episodes: usize,
     /// After a return to OFFLINE: OFFLINE episodes to wait (besides a newer model) before the
-    /// next promotion.
+    /// next promotion; doubled after every further failed probation (capped at 1000).
     pub readmit_after_episodes: usize,
 }
 
@@ -136,6 +136,8 @@ pub struct LifecycleMachine {
     probation: Option<(f64, Vec<f64>)>,
     /// After a return to OFFLINE: the newest model version then, and OFFLINE episodes since.
     demoted: Option<(u64, usize)>,
+    /// Failed probations so far (the readmission wait doubles with each).
+    failures: u32,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -161,12 +163,20 @@ impl LifecycleMachine {
             fallback_rewards: VecDeque::new(),
             probation: None,
             demoted: None,
+            failures: 0,
         }
     }
 
     /// The fallback's reward: the mean of the recent OFFLINE episodes, if any.
     pub fn fallback_reward(&self) -> Option<f64> {
         (!self.fallback_rewards.is_empty()).then(|| mean_std(&self.fallback_rewards).0)
+    }
+
+    /// OFFLINE episodes to wait after the last failed probation: `readmit_after_episodes`,
+    /// doubled per earlier failure, capped at 1000.
+    pub fn readmit_wait(&self) -> usize {
+        let doublings = self.failures.saturating_sub(1).min(10);
+        (self.rules.readmit_after_episodes << doublings).min(1_000)
     }
 
     /// Whether the target is in its first ONLINE episodes after a promotion.
@@ -185,7 +195,7 @@ impl LifecycleMachine {
         stats: Option<(f64, f64)>,
     ) -> Option<Transition> {
         if let Some((_, episodes)) = self.demoted {
-            if episodes < self.rules.readmit_after_episodes {
+            if episodes < self.readmit_wait() {
                 return None;
             }
         }
@@ -359,6 +369,7 @@ impl LifecycleMachine {
         let mut t = self.go(Stage::Offline, reason, Some((mean, std)));
         t.window = u32::try_from(n).unwrap_or(u32::MAX);
         self.demoted = Some((newest, 0));
+        self.failures = self.failures.saturating_add(1);
         // Only models trained after the return may promote again.
         self.last_model = Some(newest);
         Some(t)
@@ -957,6 +968,20 @@ mod tests {
         assert_eq!(m.fallback_reward(), Some(1.0));
         m.observe_model(&model(2, Some(1.1), Some(1.0))).unwrap();
         assert!(m.on_probation());
+        // A second failure doubles the wait: 4 OFFLINE episodes before the next promotion.
+        for _ in 0..3 {
+            m.observe(&ep(Online, 0.1));
+        }
+        assert_eq!((m.stage(), m.readmit_wait()), (Offline, 4));
+        for v in 3..6 {
+            m.observe(&ep(Offline, 1.0));
+            assert!(m.observe_model(&model(v, Some(1.1), Some(1.0))).is_none());
+        }
+        m.observe(&ep(Offline, 1.0));
+        assert_eq!(
+            m.observe_model(&model(6, Some(1.1), Some(1.0))).unwrap().to,
+            Online
+        );
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub struct TrainerConfig {
     /// `eval_episodes` recorded episodes (at most `eval_max_rows` of them, the newest).
     pub eval_episodes: usize,
     pub eval_max_rows: usize,
+    /// σ of the Gaussian exploration noise the recommenders add while ONLINE (paper Table 2:
+    /// 0.2); stored in the checkpoint, so it applies to networks created after a change.
+    pub exploration_sigma: f32,
 }
 
 impl Default for TrainerConfig {
@@ -87,6 +90,7 @@ impl Default for TrainerConfig {
             online_bc_rounds: 20,
             eval_episodes: 5,
             eval_max_rows: 4_000,
+            exploration_sigma: 0.2,
         }
     }
 }
@@ -121,6 +125,7 @@ impl TrainerConfig {
     pub fn ddpg_config(&self, state_dim: usize, target: &Target) -> DdpgConfig {
         let mut c = DdpgConfig::with_hidden(state_dim, &self.hidden);
         c.seed = self.seed ^ stable_hash(&target.key());
+        c.noise.sigma = self.exploration_sigma;
         c
     }
 
@@ -177,6 +182,9 @@ impl TrainerConfig {
         }
         if !(1..=1_000).contains(&self.eval_episodes) {
             return bad("eval_episodes", "must be in 1..=1000");
+        }
+        if !(self.exploration_sigma.is_finite() && (0.0..=2.0).contains(&self.exploration_sigma)) {
+            return bad("exploration_sigma", "must be in [0, 2]");
         }
         if !(1..=1_000_000).contains(&self.eval_max_rows) {
             return bad("eval_max_rows", "must be in 1..=1000000");
@@ -712,6 +720,10 @@ mod tests {
             },
             TrainerConfig {
                 eval_max_rows: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                exploration_sigma: -0.1,
                 ..TrainerConfig::default()
             },
         ];
