@@ -92,6 +92,14 @@ impl ServiceContext {
 
     /// Subscribes to `kinds` for every target and yields decoded events. Malformed messages are
     /// counted (`decode_errors_total`) and dropped with a warning; they never end the intake.
+    ///
+    /// For the kinds that carry a target's current state ([`is_state_kind`]: `lifecycle`,
+    /// `model`, `embedding`, `target`) on NATS with the JetStream capture on, the newest captured
+    /// message of every target comes first, then the live ones: a service that starts (or
+    /// restarts) after a target's last stage change, model or registration still learns it. The
+    /// live subscription is opened before the snapshot is read and its messages wait until the
+    /// snapshot is delivered, so nothing is missed and nothing older overtakes something newer
+    /// (a message can arrive twice; every consumer of these kinds is idempotent).
     pub async fn subscribe_events(
         &self,
         kinds: &[EventKind],
@@ -99,9 +107,22 @@ impl ServiceContext {
         let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
         for &kind in kinds {
             let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
+            let snapshot = if is_state_kind(kind) {
+                self.last_per_target(kind).await
+            } else {
+                Vec::new()
+            };
             let tx = tx.clone();
             let ctx = self.clone();
             tokio::spawn(async move {
+                for (subj, payload) in snapshot {
+                    let Some(ev) = ctx.decode(kind, &subj, &payload) else {
+                        continue;
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
                 loop {
                     let msg = tokio::select! {
                         _ = ctx.shutdown.cancelled() => break,
@@ -117,6 +138,75 @@ impl ServiceContext {
             });
         }
         Ok(rx)
+    }
+
+    /// The newest captured message of `kind` for every target (subject, payload), in stream
+    /// order; empty on the embedded bus, with the capture off, or when the stream cannot be read
+    /// (logged: the service then learns state from live messages only).
+    async fn last_per_target(&self, kind: EventKind) -> Vec<(String, Bytes)> {
+        use futures::StreamExt;
+        let Bus::Nats(nats) = &self.bus else {
+            return Vec::new();
+        };
+        if !self.config.bus.jetstream.enabled {
+            return Vec::new();
+        }
+        let stream_name = self.config.bus.jetstream.stream.clone();
+        let read = async {
+            let js = async_nats::jetstream::new(nats.client().clone());
+            let stream = js
+                .get_stream(&stream_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut consumer = stream
+                .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                    filter_subject: subject::kind_filter(kind),
+                    deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            let pending = consumer
+                .info()
+                .await
+                .map_err(|e| e.to_string())?
+                .num_pending;
+            let mut out = Vec::new();
+            if pending == 0 {
+                return Ok(out);
+            }
+            let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            while let Some(m) = messages.next().await {
+                let m = m.map_err(|e| e.to_string())?;
+                let remaining = m.info().map(|i| i.pending).unwrap_or(0);
+                out.push((m.subject.to_string(), m.payload.clone()));
+                if remaining == 0 {
+                    break;
+                }
+            }
+            Ok::<_, String>(out)
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(10), read).await {
+            Ok(Ok(out)) => {
+                if !out.is_empty() {
+                    tracing::info!(
+                        service = self.name,
+                        event = kind.as_str(),
+                        targets = out.len(),
+                        "current state read from the JetStream capture"
+                    );
+                }
+                out
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(service = self.name, event = kind.as_str(), stream = %stream_name, error = %e, "cannot read the current state from JetStream; live messages only");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::warn!(service = self.name, event = kind.as_str(), stream = %stream_name, "reading the current state from JetStream timed out; live messages only");
+                Vec::new()
+            }
+        }
     }
 
     /// Like [`Self::subscribe_events`], but on NATS reads the JetStream stream in stream order
@@ -233,6 +323,15 @@ impl ServiceContext {
             Err(e) => fail(e.to_string()),
         }
     }
+}
+
+/// Kinds whose newest message per target is that target's current state (stage, weights,
+/// embedding, registration); [`ServiceContext::subscribe_events`] starts them from a snapshot.
+pub fn is_state_kind(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Lifecycle | EventKind::Model | EventKind::Embedding | EventKind::Target
+    )
 }
 
 /// Resolves on SIGINT or SIGTERM.

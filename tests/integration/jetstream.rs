@@ -105,3 +105,76 @@ async fn publish_errors_are_returned_not_swallowed() {
     assert!(matches!(err, BusError::Publish { .. }), "{err}");
     assert!(err.to_string().contains("aware.v1.model.ns.app"));
 }
+
+async fn next_stage(
+    rx: &mut tokio::sync::mpsc::Receiver<aware_bus_schemas::Event>,
+) -> (String, u64, aware_bus_schemas::Stage) {
+    match tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("an event within 5 s")
+        .unwrap()
+    {
+        aware_bus_schemas::Event::Lifecycle(l) => (l.target.name.clone(), l.episode, l.stage),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A service that starts after targets changed stage learns every target's current stage from
+/// the capture first (the newest per target, never an older one), then live messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_subscribers_start_from_every_targets_current_state() {
+    use aware_bus_schemas::{Event, EventKind, Stage, Target};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-state").await.unwrap();
+    let Some(Event::Lifecycle(proto)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    let lifecycle = |name: &str, episode: u64, stage: Stage| {
+        let mut l = proto.clone();
+        l.target = Target::new("shop", name);
+        l.episode = episode;
+        l.stage = stage;
+        Event::Lifecycle(l)
+    };
+    let publish = |ev: Event| {
+        let bus = bus.clone();
+        async move {
+            let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+            bus.publish(&subj, Bytes::from(encode_event(&ev).unwrap()))
+                .await
+                .unwrap();
+        }
+    };
+    publish(lifecycle("a", 1, Stage::Offline)).await;
+    publish(lifecycle("a", 9, Stage::Online)).await;
+    publish(lifecycle("b", 2, Stage::Offline)).await;
+    publish(lifecycle("a", 20, Stage::Serving)).await;
+    bus.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut app = AppConfig::default();
+    app.bus = bus_cfg.clone();
+    let late_bus = Bus::connect(&bus_cfg, "js-state-late").await.unwrap();
+    let ctx = ServiceContext::new(
+        "late",
+        late_bus,
+        std::sync::Arc::new(app),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    let mut rx = ctx.subscribe_events(&[EventKind::Lifecycle]).await.unwrap();
+    // The snapshot: the newest per target, in stream order.
+    assert_eq!(next_stage(&mut rx).await, ("b".into(), 2, Stage::Offline));
+    assert_eq!(next_stage(&mut rx).await, ("a".into(), 20, Stage::Serving));
+    // Then live.
+    publish(lifecycle("b", 30, Stage::Online)).await;
+    bus.flush().await.unwrap();
+    assert_eq!(next_stage(&mut rx).await, ("b".into(), 30, Stage::Online));
+}
