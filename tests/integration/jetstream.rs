@@ -159,8 +159,10 @@ async fn late_subscribers_start_from_every_targets_current_state() {
     bus.flush().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let mut app = AppConfig::default();
-    app.bus = bus_cfg.clone();
+    let app = AppConfig {
+        bus: bus_cfg.clone(),
+        ..AppConfig::default()
+    };
     let late_bus = Bus::connect(&bus_cfg, "js-state-late").await.unwrap();
     let ctx = ServiceContext::new(
         "late",
