@@ -176,6 +176,9 @@ enum BenchCommand {
         pace_ms: u64,
         #[arg(long, default_value_t = 100)]
         train_every_transitions: u64,
+        /// σ of the RL arms' exploration noise.
+        #[arg(long, default_value_t = 0.2)]
+        exploration_sigma: f32,
     },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
@@ -332,6 +335,7 @@ fn main() -> anyhow::Result<()> {
                 offline_episodes,
                 pace_ms,
                 train_every_transitions,
+                exploration_sigma,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -342,6 +346,7 @@ fn main() -> anyhow::Result<()> {
                     offline_episodes,
                     pace_ms,
                     train_every_transitions,
+                    exploration_sigma,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

@@ -52,6 +52,8 @@ pub struct BootstrapBenchOptions {
     pub pace_ms: u64,
     /// `trainer.train_every_transitions` of the RL arms.
     pub train_every_transitions: u64,
+    /// `trainer.exploration_sigma` of the RL arms.
+    pub exploration_sigma: f32,
 }
 
 impl Default for BootstrapBenchOptions {
@@ -66,6 +68,7 @@ impl Default for BootstrapBenchOptions {
             timeout: Duration::from_secs(1800),
             pace_ms: 40,
             train_every_transitions: 100,
+            exploration_sigma: 0.2,
         }
     }
 }
@@ -109,6 +112,7 @@ pub struct BootstrapReport {
     pub offline_episodes: u32,
     pub pace_ms: u64,
     pub train_every_transitions: u64,
+    pub exploration_sigma: f32,
     pub oracle_total_reward: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
@@ -171,6 +175,7 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
         serde_json::json!({
             "poll_ms": 50,
             "train_every_transitions": opts.train_every_transitions,
+            "exploration_sigma": opts.exploration_sigma,
             "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
             "eval_episodes": opts.offline_episodes.max(1),
         }),
@@ -362,7 +367,25 @@ fn oracle_total(opts: &BootstrapBenchOptions) -> Result<f64, BenchError> {
 
 /// Runs the three arms one after the other.
 pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchError> {
-    let oracle = oracle_total(opts)?;
+    // The oracle is deterministic for (apps, seed, steps) and slow: cached in the work dir.
+    let cache = opts.work.join(format!(
+        "oracle-{}-{}-{}.json",
+        opts.apps,
+        opts.seed,
+        u64::from(opts.episodes) * u64::from(opts.steps_per_episode)
+    ));
+    let oracle = match std::fs::read_to_string(&cache)
+        .ok()
+        .and_then(|t| t.trim().parse::<f64>().ok())
+    {
+        Some(v) => v,
+        None => {
+            let v = oracle_total(opts)?;
+            let _ = std::fs::create_dir_all(&opts.work);
+            let _ = std::fs::write(&cache, v.to_string());
+            v
+        }
+    };
     tracing::info!(oracle_total = oracle, "oracle computed");
     let mut arms = Vec::new();
     for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
@@ -389,6 +412,7 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         offline_episodes: opts.offline_episodes,
         pace_ms: opts.pace_ms,
         train_every_transitions: opts.train_every_transitions,
+        exploration_sigma: opts.exploration_sigma,
         oracle_total_reward: oracle,
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
