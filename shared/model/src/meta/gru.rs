@@ -231,8 +231,19 @@ pub(crate) fn concat_taped<T: AnyTape>(a: Mat<T>, b: Mat<T>) -> Mat<T> {
     (a, b).concat_along(Axis::<1>)
 }
 
-/// Σ x ⊙ w (a test loss).
-#[cfg(test)]
+/// Σ x ⊙ w: backpropagating it gives every parameter behind `x` the gradient of a loss whose
+/// gradient with respect to `x` is `w`.
 pub(crate) fn weighted_sum(x: Mat<Taped>, w: Mat) -> crate::net::Loss {
     (x * w).sum()
+}
+
+/// The gradient `grads` holds for `x` (zeros if none reached it).
+pub(crate) fn grad_of(
+    grads: &mut crate::net::Grads,
+    x: &Mat,
+) -> Result<Vec<f32>, crate::error::ModelError> {
+    Ok(grads
+        .get_or_alloc_mut(x)
+        .map_err(crate::error::backend)?
+        .to_vec())
 }

@@ -224,19 +224,35 @@ fn actor_loss_trains_the_meta_learner_and_nothing_flows_when_detached() {
             batch: &t2,
         },
     ];
-    let mut a = agent(5);
+    // The actor loss alone (critic weight 0) reaches every GRU and head parameter.
+    let mut a = MetaDdpg::new(
+        DdpgConfig {
+            seed: 5,
+            ..DdpgConfig::with_hidden(3, &[16, 16])
+        },
+        MetaConfig {
+            critic_weight: 0.0,
+            ..small(5)
+        },
+    )
+    .unwrap();
     let before = a.meta().parameters();
     let st = a.train_step(&groups).unwrap();
     assert!(st.meta_grad_norm > 0.0, "{st:?}");
     let after = a.meta().parameters();
     let changed = before.iter().zip(&after).filter(|(x, y)| x != y).count();
-    // Every GRU and head parameter receives gradient through the actor.
     assert!(
         changed > before.len() * 9 / 10,
         "{changed}/{}",
         before.len()
     );
     assert_eq!(a.meta().train_steps(), 1);
+    // With the critic's TD loss as well the gradient differs (both losses contribute).
+    let mut both = agent(5);
+    assert_eq!(both.meta().parameters(), before);
+    let st2 = both.train_step(&groups).unwrap();
+    assert!(st2.meta_grad_norm > 0.0 && st2.meta_grad_norm != st.meta_grad_norm);
+    assert_ne!(both.meta().parameters(), after);
 
     let mut frozen = agent(5);
     frozen.set_meta_trainable(false);
