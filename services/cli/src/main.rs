@@ -180,6 +180,22 @@ enum BenchCommand {
         #[arg(long, default_value_t = 0.2)]
         exploration_sigma: f32,
     },
+    /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
+    /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
+    Embed {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// An `aware train-meta` output directory (default: a short meta-training first).
+        #[arg(long)]
+        meta: Option<PathBuf>,
+        /// Fallback episodes per app (the bundle is their top-M).
+        #[arg(long, default_value_t = 8)]
+        episodes: usize,
+        #[arg(long, default_value_t = 50)]
+        steps_per_episode: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -360,6 +376,43 @@ fn main() -> anyhow::Result<()> {
                 }
                 let path = bench::write_json(&out, "bootstrap.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");
+            }
+            BenchCommand::Embed {
+                out,
+                meta,
+                episodes,
+                steps_per_episode,
+                seed,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let opts = bench::embed::EmbedBenchOptions {
+                    out: out.clone(),
+                    meta,
+                    episodes,
+                    steps_per_episode,
+                    seed,
+                    ..Default::default()
+                };
+                let r = bench::embed::run(&opts)?;
+                for (x, c) in r.relations.iter().zip(&r.centered_relations) {
+                    println!(
+                        "{:>12}: mean cosine similarity {:.4} (centered {:.3}) over {} pairs",
+                        x.relation, x.mean_cosine, c.mean_cosine, x.pairs
+                    );
+                }
+                println!(
+                    "nearest neighbour (centered) is the twin for {:.0}% of apps, same load pattern {:.0}%, same resource class {:.0}%; PCA explains {:.0}% + {:.0}%",
+                    100.0 * r.twin_nearest_fraction,
+                    100.0 * r.pattern_nearest_fraction,
+                    100.0 * r.class_nearest_fraction,
+                    100.0 * r.pca_explained[0],
+                    100.0 * r.pca_explained[1]
+                );
+                println!(
+                    "wrote {}/embed.json, {}/embed-pca.svg",
+                    out.display(),
+                    out.display()
+                );
             }
             BenchCommand::Sim {
                 out,

@@ -3,6 +3,7 @@
 pub mod bootstrap;
 pub mod bus;
 pub mod control_loop;
+pub mod embed;
 
 use std::path::Path;
 
