@@ -179,6 +179,9 @@ enum BenchCommand {
         /// σ of the RL arms' exploration noise.
         #[arg(long, default_value_t = 0.2)]
         exploration_sigma: f32,
+        /// TD3+BC λ of the RL arms.
+        #[arg(long, default_value_t = 2.5)]
+        bc_alpha: f32,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -352,6 +355,7 @@ fn main() -> anyhow::Result<()> {
                 pace_ms,
                 train_every_transitions,
                 exploration_sigma,
+                bc_alpha,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -363,6 +367,7 @@ fn main() -> anyhow::Result<()> {
                     pace_ms,
                     train_every_transitions,
                     exploration_sigma,
+                    bc_alpha,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

@@ -54,6 +54,8 @@ pub struct BootstrapBenchOptions {
     pub train_every_transitions: u64,
     /// `trainer.exploration_sigma` of the RL arms.
     pub exploration_sigma: f32,
+    /// `trainer.bc_alpha` (TD3+BC λ) of the RL arms.
+    pub bc_alpha: f32,
 }
 
 impl Default for BootstrapBenchOptions {
@@ -69,6 +71,7 @@ impl Default for BootstrapBenchOptions {
             pace_ms: 40,
             train_every_transitions: 100,
             exploration_sigma: 0.2,
+            bc_alpha: 2.5,
         }
     }
 }
@@ -113,6 +116,7 @@ pub struct BootstrapReport {
     pub pace_ms: u64,
     pub train_every_transitions: u64,
     pub exploration_sigma: f32,
+    pub bc_alpha: f32,
     pub oracle_total_reward: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
@@ -176,6 +180,7 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
             "poll_ms": 50,
             "train_every_transitions": opts.train_every_transitions,
             "exploration_sigma": opts.exploration_sigma,
+            "bc_alpha": opts.bc_alpha,
             "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
             "eval_episodes": opts.offline_episodes.max(1),
         }),
@@ -413,6 +418,7 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         pace_ms: opts.pace_ms,
         train_every_transitions: opts.train_every_transitions,
         exploration_sigma: opts.exploration_sigma,
+        bc_alpha: opts.bc_alpha,
         oracle_total_reward: oracle,
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
