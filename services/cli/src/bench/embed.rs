@@ -302,7 +302,9 @@ fn class_color(c: Class) -> &'static str {
 /// The PCA scatter as SVG: colour = resource class, marker = load pattern (circle diurnal,
 /// square bursty), labelled.
 pub fn pca_svg(apps: &[BenchApp], explained: [f64; 2]) -> String {
-    let (w, h, pad) = (640.0, 520.0, 60.0);
+    let (w, h, pad) = (780.0, 520.0, 60.0);
+    // Plot area, then room for the labels of the right-most points, then the legend.
+    let plot_w = w - 2.0 * pad - 280.0;
     let xs: Vec<f64> = apps.iter().map(|a| a.pca[0]).collect();
     let ys: Vec<f64> = apps.iter().map(|a| a.pca[1]).collect();
     let range = |v: &[f64]| {
@@ -315,7 +317,7 @@ pub fn pca_svg(apps: &[BenchApp], explained: [f64; 2]) -> String {
         }
     };
     let ((x0, x1), (y0, y1)) = (range(&xs), range(&ys));
-    let px = |x: f64| pad + (x - x0) / (x1 - x0) * (w - 2.0 * pad - 120.0);
+    let px = |x: f64| pad + (x - x0) / (x1 - x0) * plot_w;
     let py = |y: f64| h - pad - (y - y0) / (y1 - y0) * (h - 2.0 * pad);
     let mut s = String::new();
     let _ = write!(
@@ -330,8 +332,7 @@ pub fn pca_svg(apps: &[BenchApp], explained: [f64; 2]) -> String {
     );
     let _ = write!(
         s,
-        r##"<rect x="{pad}" y="{pad}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
-        w - 2.0 * pad - 120.0,
+        r##"<rect x="{pad}" y="{pad}" width="{plot_w}" height="{}" fill="none" stroke="#999"/>"##,
         h - 2.0 * pad
     );
     for a in apps {
@@ -358,7 +359,7 @@ pub fn pca_svg(apps: &[BenchApp], explained: [f64; 2]) -> String {
             a.name
         );
     }
-    let lx = w - pad - 100.0;
+    let lx = w - 130.0;
     for (i, (label, c)) in [
         ("CPU (matmul)", Class::Cpu),
         ("memory (resize)", Class::Memory),
@@ -390,7 +391,7 @@ pub fn pca_svg(apps: &[BenchApp], explained: [f64; 2]) -> String {
     let _ = write!(
         s,
         r#"<text x="{}" y="{}" text-anchor="middle">PC1</text><text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">PC2</text></svg>"#,
-        (w - 120.0) / 2.0,
+        pad + plot_w / 2.0,
         h - 20.0,
         h / 2.0,
         h / 2.0
