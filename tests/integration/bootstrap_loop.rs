@@ -72,6 +72,7 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
     let mut online: BTreeSet<Target> = BTreeSet::new();
     let mut offline_fallback_actions: BTreeMap<Target, u32> = BTreeMap::new();
     let mut rl_actions: BTreeMap<Target, u32> = BTreeMap::new();
+    let mut returns = 0u32;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while rl_actions.len() < apps || rl_actions.values().any(|&n| n < 5) {
         let m = tokio::time::timeout_at(deadline, all.next())
@@ -100,9 +101,11 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
                     );
                     online.insert(l.target);
                 } else if l.stage == Stage::Offline && l.previous == Some(Stage::Online) {
-                    // A failed probation is allowed by the rules, but not within this test's
-                    // horizon (3 ONLINE episodes are 60 steps; the test ends after 5 RL actions).
-                    panic!("unexpected return to OFFLINE: {}", l.reason);
+                    // A failed probation is the rules at work (a target that went ONLINE early
+                    // can finish its first 3 ONLINE episodes before the other acts); it is
+                    // re-promoted after newer models.
+                    assert!(l.reason.contains("probation failed"), "{}", l.reason);
+                    returns += 1;
                 }
             }
             Event::Action(a) => {
@@ -121,6 +124,7 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
     }
     shutdown.cancel();
     running.join().await.unwrap();
+    eprintln!("estimates {estimates:?}; returns to OFFLINE {returns}");
     assert_eq!(online.len(), apps);
     for t in &online {
         // The fallback drove the OFFLINE episodes the policy was trained on.
