@@ -109,9 +109,9 @@ async fn publish_errors_are_returned_not_swallowed() {
 async fn next_stage(
     rx: &mut tokio::sync::mpsc::Receiver<aware_bus_schemas::Event>,
 ) -> (String, u64, aware_bus_schemas::Stage) {
-    match tokio::time::timeout(Duration::from_secs(5), rx.recv())
+    match tokio::time::timeout(Duration::from_secs(20), rx.recv())
         .await
-        .expect("an event within 5 s")
+        .expect("an event within 20 s")
         .unwrap()
     {
         aware_bus_schemas::Event::Lifecycle(l) => (l.target.name.clone(), l.episode, l.stage),
@@ -157,7 +157,17 @@ async fn late_subscribers_start_from_every_targets_current_state() {
     publish(lifecycle("b", 2, Stage::Offline)).await;
     publish(lifecycle("a", 20, Stage::Serving)).await;
     bus.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Captured (the capture is asynchronous to the publish).
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut stream = async_nats::jetstream::new(client)
+        .get_stream("AWARE")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stream.info().await.unwrap().state.messages < 4 {
+        assert!(std::time::Instant::now() < deadline, "not captured");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let app = AppConfig {
         bus: bus_cfg.clone(),
