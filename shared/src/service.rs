@@ -140,6 +140,17 @@ impl ServiceContext {
         Ok(rx)
     }
 
+    /// The newest captured event of `kind` for every target (see [`Self::subscribe_events`]):
+    /// what a restarted service reads to restore state before it takes messages. Empty on the
+    /// embedded bus or with the capture off.
+    pub async fn current_state(&self, kind: EventKind) -> Vec<Event> {
+        self.last_per_target(kind)
+            .await
+            .into_iter()
+            .filter_map(|(subj, payload)| self.decode(kind, &subj, &payload))
+            .collect()
+    }
+
     /// The newest captured message of `kind` for every target (subject, payload), in stream
     /// order; empty on the embedded bus, with the capture off, or when the stream cannot be read
     /// (logged: the service then learns state from live messages only).

@@ -207,3 +207,110 @@ async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
     shutdown.cancel();
     running.join().await.unwrap();
 }
+
+/// The lifecycle monitor over NATS: a restarted monitor resumes a target at the stage its previous
+/// run published (read back from the JetStream capture) instead of announcing OFFLINE again, and a
+/// registered lifecycle profile that turns bootstrapping off takes a new target ONLINE.
+#[actix_rt::test]
+async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles() {
+    use aware_bus_schemas::{Lifecycle, Stage};
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let bus = Bus::connect(&cfg.bus, "lifecycle-restart-test")
+        .await
+        .unwrap();
+    // What a previous run published: shop/web is SERVING.
+    let Some(Event::Lifecycle(mut prior)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    prior.target = target();
+    prior.stage = Stage::Serving;
+    publish(&bus, prior.into()).await;
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut stream = async_nats::jetstream::new(client)
+        .get_stream("AWARE")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stream.info().await.unwrap().state.messages < 1 {
+        assert!(std::time::Instant::now() < deadline, "not captured");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start(
+        Arc::new(cfg.clone()),
+        &[aware_lifecycle_monitor::ENTRY],
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("ready");
+
+    let decode = |m: aware_shared::bus::Message| -> Lifecycle {
+        match aware_bus_schemas::decode_event(EventKind::Lifecycle, &m.payload).unwrap() {
+            Event::Lifecycle(l) => l,
+            other => panic!("{other:?}"),
+        }
+    };
+    // A target with no history is announced OFFLINE (bootstrapping) at its first obs...
+    let mut fresh = obs(1);
+    fresh.target = Target::new("shop", "fresh");
+    publish(&bus, fresh.into()).await;
+    let l = decode(
+        tokio::time::timeout(Duration::from_secs(10), lifecycle.next())
+            .await
+            .expect("the new target is announced")
+            .unwrap(),
+    );
+    assert_eq!((l.target.name.as_str(), l.stage), ("fresh", Stage::Offline));
+    // ...the restored one is not: it stays SERVING.
+    publish(&bus, obs(1).into()).await;
+    // A registration that turns bootstrapping off takes a new, still bootstrapping target ONLINE.
+    let mut spec = TargetSpec::new(&Target::new("shop", "eager"));
+    spec.namespace = "shop".into();
+    let mut reg = registration(None, 1);
+    reg.target = Target::new("shop", "eager");
+    reg.spec = Some(to_registered(
+        &spec,
+        Some(&aware_shared::config::LifecycleProfile {
+            bootstrap: false,
+            ..Default::default()
+        }),
+    ));
+    publish(&bus, reg.into()).await;
+    let mut seen = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), lifecycle.next()).await {
+        let l = decode(m);
+        seen.push((l.target.name.clone(), l.stage));
+        if l.target.name == "eager" && l.stage == Stage::Online {
+            break;
+        }
+    }
+    assert!(
+        seen.contains(&("eager".to_string(), Stage::Online)),
+        "{seen:?}"
+    );
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(1), lifecycle.next()).await {
+        let l = decode(m);
+        seen.push((l.target.name.clone(), l.stage));
+    }
+    assert!(
+        seen.iter().all(|(name, _)| name != "web"),
+        "the restored target was announced again: {seen:?}"
+    );
+    shutdown.cancel();
+    running.join().await.unwrap();
+}

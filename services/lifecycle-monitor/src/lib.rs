@@ -31,13 +31,19 @@ use aware_bus_schemas::{
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
 use aware_shared::config::LifecycleProfile;
 use aware_shared::launcher::ServiceEntry;
+use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use serde::{Deserialize, Serialize};
 
 pub const NAME: &str = "lifecycle-monitor";
 /// `obs` only registers targets: the first one starts the target's agent, which announces its
 /// initial stage. `model` carries the trainer's off-policy estimate.
-pub const CONSUMES: &[EventKind] = &[EventKind::Episode, EventKind::Model, EventKind::Obs];
+pub const CONSUMES: &[EventKind] = &[
+    EventKind::Episode,
+    EventKind::Model,
+    EventKind::Obs,
+    EventKind::Target,
+];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
@@ -258,6 +264,37 @@ impl LifecycleMachine {
         t
     }
 
+    /// Applies the profile the controller registered for the target (`AwareAutoscaler`
+    /// `spec.lifecycle`). Thresholds and the window apply from the next decision; turning
+    /// `bootstrap` off while the target is still bootstrapping with no episode seen takes it
+    /// ONLINE now.
+    pub fn set_profile(&mut self, profile: LifecycleProfile) -> Option<Transition> {
+        if self.profile == profile {
+            return None;
+        }
+        self.profile = profile;
+        while self.rewards.len() > self.profile.window {
+            self.rewards.pop_front();
+        }
+        if !self.profile.bootstrap && self.stage == Stage::Offline && self.last_episode.is_none() {
+            return Some(self.go(
+                Stage::Online,
+                "bootstrapping disabled in the registered profile".into(),
+                None,
+            ));
+        }
+        None
+    }
+
+    /// Restores the stage a previous run of the monitor published (read back from the JetStream
+    /// capture at start-up), so a restart does not send a SERVING target back to OFFLINE. The
+    /// decision window refills from the next episodes.
+    pub fn restore(&mut self, stage: Stage) {
+        if self.stage == Stage::Initialized && stage != Stage::Initialized {
+            self.stage = stage;
+        }
+    }
+
     /// Lines 4–9: leaves INITIALIZED for OFFLINE (bootstrapping) or ONLINE.
     pub fn start(&mut self) -> Option<Transition> {
         if self.stage != Stage::Initialized {
@@ -397,6 +434,8 @@ pub struct LifecycleAgent {
     target: Target,
     machine: LifecycleMachine,
     outbox: Outbox,
+    registered: Registered,
+    registrations: prometheus::IntCounterVec,
 }
 
 impl Actor for LifecycleAgent {
@@ -420,6 +459,22 @@ impl Handler<Deliver> for LifecycleAgent {
                 tracing::debug!(target = %self.target, version = m.version, policy_estimate = ?m.policy_estimate, behaviour_reward = ?m.behaviour_reward, stage = %self.machine.stage(), "model");
                 (self.machine.observe_model(m), m.episode, m.step)
             }
+            Event::Registration(r) => {
+                let change = self.registered.apply(r);
+                log_change(
+                    crate::NAME,
+                    &self.registrations,
+                    &r.target,
+                    r.generation,
+                    &change,
+                );
+                match change {
+                    Change::Registered {
+                        lifecycle: Some(p), ..
+                    } => (self.machine.set_profile(p), 0, 0),
+                    _ => return,
+                }
+            }
             _ => return,
         };
         if let Some(t) = t {
@@ -437,10 +492,33 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     rules
         .validate()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| LifecycleAgent {
-        target: t.clone(),
-        machine: LifecycleMachine::with_rules(profile.clone(), rules.clone()),
-        outbox: outbox.clone(),
+    // A restart resumes every target at the stage the previous run published (NATS with the
+    // JetStream capture; nothing to read on the embedded bus).
+    let restored: std::collections::HashMap<Target, Stage> = ctx
+        .current_state(EventKind::Lifecycle)
+        .await
+        .into_iter()
+        .filter_map(|ev| match ev {
+            Event::Lifecycle(l) => Some((l.target, l.stage)),
+            _ => None,
+        })
+        .collect();
+    if !restored.is_empty() {
+        tracing::info!(targets = restored.len(), "stages restored from the capture");
+    }
+    let registrations = ctx.metrics.registrations.clone();
+    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+        let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
+        if let Some(stage) = restored.get(t) {
+            machine.restore(*stage);
+        }
+        LifecycleAgent {
+            target: t.clone(),
+            machine,
+            outbox: outbox.clone(),
+            registered: Registered::default(),
+            registrations: registrations.clone(),
+        }
     });
     for spec in &ctx.config.targets {
         actors.get_or_start(&spec.target());
@@ -463,6 +541,52 @@ mod tests {
             t_var: 0.1,
             window: 3,
         }
+    }
+
+    #[test]
+    fn a_registered_profile_applies_and_can_switch_bootstrapping_off() {
+        let mut m = LifecycleMachine::new(profile(true));
+        assert_eq!(m.start().unwrap().to, Stage::Offline);
+        // Same profile: nothing.
+        assert!(m.set_profile(profile(true)).is_none());
+        // Bootstrapping off while nothing was seen: ONLINE now.
+        let t = m.set_profile(profile(false)).expect("a transition");
+        assert_eq!((t.from, t.to), (Stage::Offline, Stage::Online));
+        assert!(t.reason.contains("registered profile"), "{}", t.reason);
+
+        // Once episodes were seen, switching bootstrapping off changes nothing by itself, but
+        // the thresholds apply: a lower t_online promotes on an estimate that did not.
+        let mut m = LifecycleMachine::new(profile(true));
+        m.start();
+        for n in 1..=3 {
+            let mut e = episode(Stage::Offline, 1.0, Some(0.9));
+            e.episode = n;
+            assert!(m.observe(&e).is_none(), "0.9 < t_online 1.0");
+        }
+        assert!(m
+            .set_profile(LifecycleProfile {
+                bootstrap: false,
+                t_online: 0.8,
+                ..profile(true)
+            })
+            .is_none());
+        let mut e = episode(Stage::Offline, 1.0, Some(0.9));
+        e.episode = 4;
+        assert_eq!(m.observe(&e).map(|t| t.to), Some(Stage::Online));
+    }
+
+    #[test]
+    fn a_restored_stage_is_kept_and_not_announced_again() {
+        let mut m = LifecycleMachine::new(profile(true));
+        m.restore(Stage::Serving);
+        assert_eq!(m.stage(), Stage::Serving);
+        assert!(
+            m.start().is_none(),
+            "no OFFLINE announcement after a restart"
+        );
+        // Only an undecided machine is restored.
+        m.restore(Stage::Offline);
+        assert_eq!(m.stage(), Stage::Serving);
     }
 
     fn episode(stage: Stage, mean: f64, estimate: Option<f64>) -> Episode {
