@@ -429,6 +429,30 @@ def main() -> int:
             valid += sum(validate_doc(label, d, cr_schema) for label, d in docs)
         ok(f"deploy/: {valid}/{total} documents in {len(files)} files valid")
 
+        # Bad AwareAutoscalers the CRD's structural schema must reject (the CEL rules are executed
+        # by the Rust test `crd::cel_tests`; bounds against the live Deployment by the controller).
+        example = yaml.safe_load((ROOT / "deploy/examples/awareautoscaler.yaml").read_text())
+        bad_crs = {
+            "objective.alpha 1.5": (["spec", "objective", "alpha"], 1.5),
+            "objective.alpha -0.1": (["spec", "objective", "alpha"], -0.1),
+            "constraints.minReplicas 0": (["spec", "constraints", "minReplicas"], 0),
+            "updatePolicy.updateMode Sometimes": (["spec", "updatePolicy", "updateMode"], "Sometimes"),
+            "lifecycle.window 0": (["spec", "lifecycle", "window"], 0),
+            "lifecycle.tVar -1": (["spec", "lifecycle", "tVar"], -1.0),
+        }
+        rejected = 0
+        for what, (path, value) in bad_crs.items():
+            doc = json.loads(json.dumps(example))
+            node = doc
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+            if list(jsonschema.Draft7Validator(cr_schema).iter_errors(doc)):
+                rejected += 1
+            else:
+                fail(f"the CRD schema accepts an AwareAutoscaler with {what}")
+        ok(f"CRD schema rejects {rejected}/{len(bad_crs)} bad AwareAutoscalers")
+
         # 7. Staleness of deploy/manifests/aware.yaml
         if "default values" in renders:
             fresh = RENDER_HEADER + "---\n" + CHART_CRD.read_text() + renders["default values"].rstrip() + "\n"
