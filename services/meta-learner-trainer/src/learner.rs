@@ -69,6 +69,13 @@ pub struct TrainerConfig {
     /// σ of the Gaussian exploration noise the recommenders add while ONLINE (paper Table 2:
     /// 0.2); stored in the checkpoint, so it applies to networks created after a change.
     pub exploration_sigma: f32,
+    /// Meta-learning: an `aware train-meta` output directory (`meta.ckpt`, `base.ckpt`); every
+    /// target's base-learner starts from `base.ckpt` and is conditioned on the target's
+    /// embedding (see [`crate::embedding`]). Empty: no meta-learning. With it, `hidden` and
+    /// `exploration_sigma` are `base.ckpt`'s.
+    pub meta_dir: String,
+    /// Meta-learning: the embedding is recomputed after this many new recorded episodes.
+    pub embedding_refresh_episodes: usize,
 }
 
 impl Default for TrainerConfig {
@@ -91,6 +98,8 @@ impl Default for TrainerConfig {
             eval_episodes: 5,
             eval_max_rows: 4_000,
             exploration_sigma: 0.2,
+            meta_dir: String::new(),
+            embedding_refresh_episodes: 5,
         }
     }
 }
@@ -189,6 +198,9 @@ impl TrainerConfig {
         if !(1..=1_000_000).contains(&self.eval_max_rows) {
             return bad("eval_max_rows", "must be in 1..=1000000");
         }
+        if !(1..=1_000_000).contains(&self.embedding_refresh_episodes) {
+            return bad("embedding_refresh_episodes", "must be in 1..=1000000");
+        }
         Ok(())
     }
 }
@@ -257,6 +269,8 @@ pub struct Learner {
     /// The mode of the last round and the online rounds since the last OFFLINE → ONLINE.
     last_mode: Option<RoundMode>,
     online_rounds: u32,
+    /// Meta-learning: the starting point and the embedding appended to every state.
+    conditioning: Option<crate::embedding::Conditioning>,
 }
 
 impl Learner {
@@ -272,6 +286,36 @@ impl Learner {
             rounds: 0,
             last_mode: None,
             online_rounds: 0,
+            conditioning: None,
+        }
+    }
+
+    /// Meta-learning: the network starts from `c.base` (unless the model store holds a
+    /// checkpoint of the same width) and every transition gets `c.embedding` appended to its
+    /// state and next state, held fixed for a round.
+    pub fn set_conditioning(&mut self, c: crate::embedding::Conditioning) {
+        self.conditioning = Some(c);
+    }
+
+    /// The conditioning in force.
+    pub fn conditioning(&self) -> Option<&crate::embedding::Conditioning> {
+        self.conditioning.as_ref()
+    }
+
+    /// Whether the network exists yet (its width is fixed from then on).
+    pub fn has_network(&self) -> bool {
+        self.ddpg.is_some()
+    }
+
+    /// The network's input width: the state, plus the embedding when conditioned.
+    pub fn state_dim(&self) -> usize {
+        aware_loadgen::STATE_DIM + self.conditioning.as_ref().map_or(0, |c| c.embedding.len())
+    }
+
+    fn conditioned(&self, t: Transition) -> Transition {
+        match &self.conditioning {
+            Some(c) => crate::embedding::append_embedding(t, &c.embedding),
+            None => t,
         }
     }
 
@@ -374,13 +418,16 @@ impl Learner {
             .into_iter()
             .filter_map(|k| version_of_key(&k).map(|v| (v, k)))
             .max();
-        let fresh = |t: &Target| {
-            Ddpg::new(self.cfg.ddpg_config(aware_loadgen::STATE_DIM, t)).map_err(|source| {
-                TrainerError::Model {
+        let width = self.state_dim();
+        let start = self.conditioning.as_ref().map(|c| c.base.clone());
+        let fresh = |t: &Target| match &start {
+            Some(base) => Ok(base.as_ref().clone()),
+            None => {
+                Ddpg::new(self.cfg.ddpg_config(width, t)).map_err(|source| TrainerError::Model {
                     target: t.clone(),
                     source,
-                }
-            })
+                })
+            }
         };
         let Some((v, key)) = latest else {
             return fresh(&self.target);
@@ -391,7 +438,7 @@ impl Learner {
             .map_err(|e| e.to_string())
             .and_then(|b| Ddpg::from_bytes(&b).map_err(|e| e.to_string()))
         {
-            Ok(d) if d.config().state_dim == aware_loadgen::STATE_DIM => {
+            Ok(d) if d.config().state_dim == width => {
                 tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
                 Ok(d)
             }
@@ -440,6 +487,7 @@ impl Learner {
             .iter()
             .filter(|r| r.source == DecisionSource::Fallback)
             .filter_map(|r| to_training(r, &self.bounds))
+            .map(|t| self.conditioned(t))
             .collect();
         if ts.len() > self.cfg.eval_max_rows {
             ts.drain(..ts.len() - self.cfg.eval_max_rows);
@@ -478,7 +526,7 @@ impl Learner {
                 continue;
             }
             match to_training(r, &bounds) {
-                Some(t) => ts.push(t),
+                Some(t) => ts.push(self.conditioned(t)),
                 None => skipped += 1,
             }
         }
@@ -488,6 +536,7 @@ impl Learner {
         };
         let bc_weight = self.bc_weight(mode);
         let bc = self.cfg.bc(bc_weight);
+        let pinned = self.conditioning.is_some();
         let ddpg = self.ddpg(models)?;
         let model_err = |source| TrainerError::Model {
             target: target.clone(),
@@ -497,6 +546,10 @@ impl Learner {
         // the whole history.
         for t in &ts {
             ddpg.observe(&t.state).map_err(model_err)?;
+        }
+        if pinned {
+            // The embedding features keep the meta-learner's scale (mean 0, std 1).
+            ddpg.normalizer_mut().pin_identity(aware_loadgen::STATE_DIM);
         }
         let mut critic_loss = f32::NAN;
         let mut done = 0;

@@ -13,7 +13,12 @@
 //! offline rounds carry `policy_estimate` and `behaviour_reward`, which the lifecycle monitor
 //! uses for OFFLINE → ONLINE). SERVING does not train. The store is the one the recorder writes
 //! (the `[recorder]` section), the model store the `[model_store]` section.
+//!
+//! With `trainer.meta_dir` set, each actor also computes the target's workload embedding, publishes
+//! `embedding` and conditions the base-learner on it ([`embedding`]); the check runs on the same
+//! blocking task, before the round, in every stage.
 
+pub mod embedding;
 pub mod learner;
 
 use std::sync::Arc;
@@ -28,6 +33,7 @@ use aware_shared::service::{ServiceContext, ServiceError};
 use aware_trajectory_recorder::service::{open_store, RecorderConfig};
 use aware_trajectory_recorder::store::TrajectoryStore;
 
+use crate::embedding::{Checked, MetaAssets, TargetMeta};
 use crate::learner::{Learner, TrainerConfig, TrainerError};
 
 pub const NAME: &str = "meta-learner-trainer";
@@ -67,6 +73,8 @@ pub struct TrainerMetrics {
     pub round_errors: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
     pub round_seconds: prometheus::Histogram,
+    pub embeddings: prometheus::IntCounter,
+    pub embedding_errors: prometheus::IntCounter,
 }
 
 impl TrainerMetrics {
@@ -100,6 +108,19 @@ impl TrainerMetrics {
             .buckets(prometheus::exponential_buckets(0.005, 2.0, 14).map_err(err)?),
         )
         .map_err(err)?;
+        let embeddings = prometheus::IntCounter::new(
+            "trainer_embeddings_published_total",
+            "Workload embeddings computed and published (meta-learning)",
+        )
+        .map_err(err)?;
+        let embedding_errors = prometheus::IntCounter::new(
+            "trainer_embedding_errors_total",
+            "Meta-learning failures: meta dir not loadable, bad bundle or embedding, store errors",
+        )
+        .map_err(err)?;
+        r.register(Box::new(embeddings.clone())).map_err(err)?;
+        r.register(Box::new(embedding_errors.clone()))
+            .map_err(err)?;
         r.register(Box::new(transitions.clone())).map_err(err)?;
         r.register(Box::new(rounds.clone())).map_err(err)?;
         r.register(Box::new(round_errors.clone())).map_err(err)?;
@@ -111,6 +132,8 @@ impl TrainerMetrics {
             round_errors,
             gradient_steps,
             round_seconds,
+            embeddings,
+            embedding_errors,
         })
     }
 }
@@ -124,28 +147,41 @@ pub struct TargetTrainer {
     stage: Stage,
     /// `None` while a round runs on the blocking pool.
     learner: Option<Learner>,
+    /// Meta-learning (`None`: off); taken with the learner while a round runs.
+    meta: Option<TargetMeta>,
     outbox: Outbox,
     metrics: TrainerMetrics,
 }
 
 impl TargetTrainer {
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        if learner::RoundMode::of(self.stage).is_none() {
+        if learner::RoundMode::of(self.stage).is_none() && self.meta.is_none() {
             return;
         }
         let stage = self.stage;
         let Some(mut learner) = self.learner.take() else {
             return; // a round is running
         };
+        let mut meta = self.meta.take();
         let (store, models) = (self.store.clone(), self.models.clone());
         let fut = tokio::task::spawn_blocking(move || {
+            let checked = meta.as_mut().map(|m| m.check(store.as_ref(), &mut learner));
+            let ready = meta.as_ref().is_none_or(TargetMeta::ready);
             let t0 = std::time::Instant::now();
-            let res = learner.maybe_train_in(stage, store.as_ref(), models.as_ref());
-            (learner, res, t0.elapsed())
+            let res = if ready {
+                learner.maybe_train_in(stage, store.as_ref(), models.as_ref())
+            } else {
+                Ok(None) // conditioned, and no embedding yet
+            };
+            (learner, meta, checked, res, t0.elapsed())
         });
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
-            Ok((learner, res, took)) => {
+            Ok((learner, meta, checked, res, took)) => {
                 act.learner = Some(learner);
+                act.meta = meta;
+                if let Some(c) = checked {
+                    act.finish_embedding(c);
+                }
                 act.finish_round(res, took);
             }
             Err(e) => {
@@ -154,6 +190,22 @@ impl TargetTrainer {
                 tracing::error!(target = %act.target, error = %e, "training round aborted");
             }
         }));
+    }
+
+    fn finish_embedding(&mut self, c: Checked) {
+        if let Some(e) = c.error {
+            self.metrics.embedding_errors.inc();
+            if c.disabled {
+                tracing::error!(target = %self.target, error = %e, "cannot compute the embedding; the target trains without meta-learning");
+            } else {
+                tracing::warn!(target = %self.target, error = %e, "cannot compute the embedding; keeping the previous one");
+            }
+        }
+        if let Some(m) = c.published {
+            self.metrics.embeddings.inc();
+            tracing::info!(target = %self.target, model_version = m.model_version, episodes_used = m.episodes_used, episode = m.episode, dim = m.embedding.len(), "published embedding");
+            self.outbox.send(m);
+        }
     }
 
     fn finish_round(
@@ -242,6 +294,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let store = open_store(&cfg)?;
     let metrics = TrainerMetrics::register(ctx.metrics.registry())?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
+    let assets = load_assets(&trainer, &metrics);
     let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
@@ -253,6 +306,14 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             poll,
             stage: Stage::Initialized,
             learner: Some(Learner::new(t.clone(), bounds, trainer.clone())),
+            meta: assets.as_ref().map(|a| {
+                TargetMeta::new(
+                    t.clone(),
+                    bounds,
+                    a.clone(),
+                    trainer.embedding_refresh_episodes,
+                )
+            }),
             outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
@@ -260,6 +321,25 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     run_actors(&ctx, CONSUMES, false, &mut actors).await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
+}
+
+/// The meta dir's networks, or `None` (meta-learning off: no `meta_dir`, or it cannot be loaded;
+/// the latter is logged and counted, and the service trains without meta-learning).
+pub fn load_assets(cfg: &TrainerConfig, metrics: &TrainerMetrics) -> Option<Arc<MetaAssets>> {
+    if cfg.meta_dir.is_empty() {
+        return None;
+    }
+    match embedding::load_meta_dir(std::path::Path::new(&cfg.meta_dir)) {
+        Ok(a) => {
+            tracing::info!(meta_dir = %cfg.meta_dir, meta_version = a.version, embed_dim = a.embed_dim(), base_inputs = a.base.config().state_dim, "meta-learning on");
+            Some(Arc::new(a))
+        }
+        Err(e) => {
+            metrics.embedding_errors.inc();
+            tracing::error!(meta_dir = %cfg.meta_dir, error = %e, "cannot load the meta-learner; training without meta-learning");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -116,6 +116,17 @@ impl Normalizer {
         Ok(out)
     }
 
+    /// Passes the features from index `from` on through unchanged (mean 0, std 1), whatever was
+    /// folded in: an embedding appended to the state (`state ‖ embedding`) keeps the scale the
+    /// meta-learner gave it, as `MetaDdpg::observe` does. Call it after updates.
+    pub fn pin_identity(&mut self, from: usize) {
+        let count = self.count as f64;
+        for i in from..self.mean.len() {
+            self.mean[i] = 0.0;
+            self.m2[i] = count;
+        }
+    }
+
     /// Normalizes `rows` states stored back to back.
     pub(crate) fn normalize_rows(&self, xs: &[f32]) -> Result<Vec<f32>, ModelError> {
         let dim = self.dim();
@@ -133,6 +144,20 @@ impl Normalizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pinned_features_pass_through() {
+        let mut n = Normalizer::new(3, 5.0);
+        for i in 0..10 {
+            n.update(&[i as f32, 0.7, -0.3]).unwrap();
+        }
+        n.pin_identity(1);
+        assert_eq!(&n.mean()[1..], &[0.0, 0.0]);
+        assert_eq!(&n.std()[1..], &[1.0, 1.0]);
+        let out = n.normalize(&[4.5, 0.7, -0.3]).unwrap();
+        assert!(out[0].abs() < 1e-6);
+        assert!((out[1] - 0.7).abs() < 1e-6 && (out[2] + 0.3).abs() < 1e-6);
+    }
 
     #[test]
     fn statistics_match_two_pass_computation() {
