@@ -202,6 +202,8 @@ pub struct Decider {
     fallback: Fallback,
     models: Arc<dyn ModelStore>,
     policy: Option<RlPolicy>,
+    /// The latest `embedding` of the target (fed to a conditioned policy).
+    embedding: Option<Vec<f32>>,
     rng: ChaCha8Rng,
     metrics: RecommenderMetrics,
     /// Registration by the controller (`target/1`): a deregistered target gets no action.
@@ -224,6 +226,7 @@ impl Decider {
             fallback,
             models,
             policy: None,
+            embedding: None,
             rng,
             metrics,
             registered: Registered::default(),
@@ -251,6 +254,11 @@ impl Decider {
         }
     }
 
+    /// The latest embedding received for the target.
+    pub fn embedding(&self) -> Option<&[f32]> {
+        self.embedding.as_deref()
+    }
+
     /// Version of the weights in use.
     pub fn policy_version(&self) -> Option<u64> {
         self.policy.as_ref().map(|p| p.version)
@@ -270,6 +278,11 @@ impl Decider {
             }
             Event::Registration(r) => {
                 self.on_registration(r);
+                None
+            }
+            Event::Embedding(e) => {
+                tracing::debug!(target = %e.target, model_version = e.model_version, episodes_used = e.episodes_used, dim = e.embedding.len(), "embedding received");
+                self.embedding = Some(e.embedding.clone());
                 None
             }
             Event::Obs(o) if self.registered.is_deregistered() => {
@@ -360,6 +373,7 @@ impl Decider {
             Some(p) => rl_decide(
                 p,
                 &o.state,
+                self.embedding.as_deref(),
                 current,
                 &self.spec.bounds,
                 explore,
@@ -519,12 +533,19 @@ mod tests {
 
         /// A trained 64-64 base-learner stored as `version`; returns its `model` message.
         fn publish(store: &LocalDirStore, version: u64, seed: u64) -> Model {
-            let mut cfg = DdpgConfig::with_hidden(9, &[64, 64]);
+            publish_dim(store, version, seed, 9)
+        }
+
+        /// Like [`publish`] with `dim` inputs (9 + 64: conditioned on an embedding).
+        fn publish_dim(store: &LocalDirStore, version: u64, seed: u64, dim: usize) -> Model {
+            let mut cfg = DdpgConfig::with_hidden(dim, &[64, 64]);
             cfg.seed = seed;
             let mut ddpg = aware_shared_model::Ddpg::new(cfg).unwrap();
-            let mut b = Batch::with_capacity(9, 8);
+            let mut b = Batch::with_capacity(dim, 8);
             for i in 0..8 {
-                let s: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32 * 0.37).sin()).collect();
+                let s: Vec<f32> = (0..dim)
+                    .map(|j| ((i * dim + j) as f32 * 0.37).sin())
+                    .collect();
                 b.push(&aware_shared_model::Transition {
                     state: s.clone(),
                     action: [0.1, -0.2, 0.3],
@@ -702,6 +723,74 @@ mod tests {
                 (a.source, a.fallback_reason),
                 (DecisionSource::Fallback, None)
             );
+        }
+
+        #[test]
+        fn a_conditioned_policy_acts_on_state_and_embedding() {
+            let mut f = fixture();
+            let t = Target::new("shop", "checkout");
+            f.decider.state.stage = Stage::Serving;
+            let m = publish_dim(&f.store, 1, 5, 73);
+            let served = aware_shared_model::Ddpg::from_bytes(
+                &aware_shared::model_store::get_verified(
+                    f.store.as_ref(),
+                    &m.uri,
+                    &m.sha256,
+                    m.size_bytes,
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            f.decider.handle(&Event::Model(m));
+            let state = vec![0.5f32; 9];
+            let embedding = |n: usize, k: f32| {
+                Event::Embedding(aware_bus_schemas::Embedding {
+                    schema: Schema::new(),
+                    target: t.clone(),
+                    episode: 3,
+                    step: 19,
+                    ts_ms: 0,
+                    model_version: 7,
+                    embedding: (0..n).map(|i| (i as f32 * k).sin()).collect(),
+                    episodes_used: 4,
+                })
+            };
+            // No embedding yet, then one of another width: the fallback, with the reason.
+            let a = f.decider.decide(&obs(state.clone()));
+            assert_eq!(a.source, DecisionSource::Fallback);
+            assert_eq!(
+                a.fallback_reason.as_deref(),
+                Some(FallbackReason::NoEmbedding.describe())
+            );
+            f.decider.handle(&embedding(32, 0.1));
+            let a = f.decider.decide(&obs(state.clone()));
+            assert_eq!(a.source, DecisionSource::Fallback);
+            assert_eq!(
+                counter(
+                    &f.registry,
+                    "recommender_rl_fallbacks_total",
+                    Some("no_embedding")
+                ),
+                2.0
+            );
+            // A 64-d embedding: RL, the actor fed state ‖ embedding.
+            for k in [0.1f32, 0.9] {
+                let ev = embedding(64, k);
+                f.decider.handle(&ev);
+                let Event::Embedding(e) = ev else {
+                    unreachable!()
+                };
+                assert_eq!(f.decider.embedding(), Some(e.embedding.as_slice()));
+                let a = f.decider.decide(&obs(state.clone()));
+                assert_eq!((a.source, a.model_version), (DecisionSource::Rl, Some(1)));
+                let mut x = state.clone();
+                x.extend_from_slice(&e.embedding);
+                assert_eq!(a.raw, served.act(&x).unwrap().to_vec());
+            }
+            // A 9-d policy ignores the embedding.
+            f.decider.handle(&Event::Model(publish(&f.store, 2, 6)));
+            let a = f.decider.decide(&obs(state));
+            assert_eq!((a.source, a.model_version), (DecisionSource::Rl, Some(2)));
         }
 
         #[test]

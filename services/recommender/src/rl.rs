@@ -8,6 +8,13 @@
 //! [`FallbackReason`] instead of an action, and the agent acts with the fallback for that step. A
 //! model that cannot be loaded (missing, corrupt, wrong checksum) is a [`LoadError`]: the agent
 //! keeps what it had.
+//!
+//! Meta-learning (issue [meta-learner] item 3): a policy whose input is wider than the state
+//! (9 + 64 for a base-learner trained by a trainer with `meta_dir`) is conditioned on the target's
+//! workload embedding: the actor gets `state ‖ embedding`, the latest `embedding` received for the
+//! target. Without one, or with one of another width, the fallback acts
+//! ([`FallbackReason::NoEmbedding`]). While exploring, the normalizer folds in the state but keeps
+//! the embedding features at mean 0, std 1, as the trainer does. A 9-d policy ignores embeddings.
 
 use aware_bus_schemas::{Model, ModelKind, Resources};
 use aware_loadgen::app::{Allocation, Bounds as SimBounds};
@@ -64,6 +71,8 @@ pub enum FallbackReason {
     StateDim,
     /// Any other model error.
     ModelError,
+    /// The policy is conditioned on an embedding and none (of its width) has arrived.
+    NoEmbedding,
 }
 
 impl FallbackReason {
@@ -75,6 +84,7 @@ impl FallbackReason {
             FallbackReason::NonFiniteOutput => "non_finite_output",
             FallbackReason::StateDim => "state_dim",
             FallbackReason::ModelError => "model_error",
+            FallbackReason::NoEmbedding => "no_embedding",
         }
     }
 
@@ -86,15 +96,19 @@ impl FallbackReason {
             FallbackReason::NonFiniteOutput => "NaN or infinite policy output",
             FallbackReason::StateDim => "state width differs from the model's input",
             FallbackReason::ModelError => "the RL policy failed",
+            FallbackReason::NoEmbedding => {
+                "no workload embedding of the policy's width has arrived"
+            }
         }
     }
 
-    pub const ALL: [FallbackReason; 5] = [
+    pub const ALL: [FallbackReason; 6] = [
         FallbackReason::NoModel,
         FallbackReason::NonFiniteState,
         FallbackReason::NonFiniteOutput,
         FallbackReason::StateDim,
         FallbackReason::ModelError,
+        FallbackReason::NoEmbedding,
     ];
 }
 
@@ -106,11 +120,36 @@ pub struct RlDecision {
     pub exploration: bool,
 }
 
-/// The policy's action for `state`: with exploration noise (and the state folded into the
-/// normalizer) when `explore`, else deterministic with the normalizer frozen.
+/// The actor's input: `state` itself for a policy of the state's width, `state ‖ embedding`
+/// for a policy conditioned on an embedding of the remaining width.
+pub fn policy_input(
+    input_dim: usize,
+    state: &[f32],
+    embedding: Option<&[f32]>,
+) -> Result<Vec<f32>, FallbackReason> {
+    if input_dim == state.len() || state.len() != aware_loadgen::STATE_DIM {
+        // A plain policy, or a state of the wrong width (the model's error, as without
+        // meta-learning).
+        return Ok(state.to_vec());
+    }
+    match embedding {
+        Some(e) if state.len() + e.len() == input_dim && e.iter().all(|x| x.is_finite()) => {
+            let mut x = Vec::with_capacity(input_dim);
+            x.extend_from_slice(state);
+            x.extend_from_slice(e);
+            Ok(x)
+        }
+        _ => Err(FallbackReason::NoEmbedding),
+    }
+}
+
+/// The policy's action for `state` (and, for a conditioned policy, the target's `embedding`):
+/// with exploration noise (and the state folded into the normalizer) when `explore`, else
+/// deterministic with the normalizer frozen.
 pub fn rl_decide<R: Rng + ?Sized>(
     policy: &mut RlPolicy,
     state: &[f32],
+    embedding: Option<&[f32]>,
     current: Resources,
     bounds: &Bounds,
     explore: bool,
@@ -119,12 +158,23 @@ pub fn rl_decide<R: Rng + ?Sized>(
     if state.iter().any(|x| !x.is_finite()) {
         return Err(FallbackReason::NonFiniteState);
     }
-    let raw = if explore {
+    let input = policy_input(policy.ddpg.config().state_dim, state, embedding)?;
+    let conditioned = input.len() > state.len();
+    let raw = if explore && conditioned {
+        // Fold the state in, keep the embedding features at mean 0, std 1, then act on them.
+        let d = &mut policy.ddpg;
+        d.normalizer_mut().unfreeze();
+        d.observe(&input).and_then(|()| {
+            d.normalizer_mut().pin_identity(state.len());
+            d.normalizer_mut().freeze();
+            d.act_explore(&input, rng)
+        })
+    } else if explore {
         policy.ddpg.normalizer_mut().unfreeze();
-        policy.ddpg.act_explore(state, rng)
+        policy.ddpg.act_explore(&input, rng)
     } else {
         policy.ddpg.normalizer_mut().freeze();
-        policy.ddpg.act(state)
+        policy.ddpg.act(&input)
     }
     .map_err(|e| match e {
         ModelError::NonFinite { .. } => FallbackReason::NonFiniteOutput,
@@ -169,5 +219,73 @@ fn sim_bounds(b: &Bounds) -> SimBounds {
         max_cpu_millicores: b.max_cpu_millicores,
         min_memory_bytes: b.min_memory_bytes,
         max_memory_bytes: b.max_memory_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_shared_model::DdpgConfig;
+    use rand::SeedableRng;
+
+    fn policy(dim: usize) -> RlPolicy {
+        let mut c = DdpgConfig::with_hidden(dim, &[16]);
+        c.seed = 4;
+        RlPolicy {
+            ddpg: Ddpg::new(c).unwrap(),
+            version: 1,
+            trained_steps: 0,
+        }
+    }
+
+    #[test]
+    fn conditioned_policies_get_state_and_embedding() {
+        let s = vec![0.3f32; 9];
+        let e: Vec<f32> = (0..64).map(|i| (i as f32 * 0.1).sin()).collect();
+        // Plain 9-d policy: the state alone, embeddings ignored.
+        assert_eq!(policy_input(9, &s, None).unwrap(), s);
+        assert_eq!(policy_input(9, &s, Some(&e)).unwrap(), s);
+        // 73-d policy: state ‖ embedding.
+        let x = policy_input(73, &s, Some(&e)).unwrap();
+        assert_eq!((&x[..9], &x[9..]), (s.as_slice(), e.as_slice()));
+        // No embedding, one of another width, or a non-finite one: the fallback.
+        for bad in [None, Some(&e[..32]), Some(&[f32::NAN; 64][..])] {
+            assert_eq!(policy_input(73, &s, bad), Err(FallbackReason::NoEmbedding));
+        }
+        // A state of the wrong width stays the model's error.
+        assert_eq!(policy_input(73, &s[..4], Some(&e)).unwrap(), &s[..4]);
+
+        let mut p = policy(73);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let b = Bounds::default();
+        let cur = Resources {
+            replicas: 2,
+            cpu_millicores: 500,
+            memory_bytes: 512 << 20,
+        };
+        let d = rl_decide(&mut p, &s, Some(&e), cur, &b, false, &mut rng).unwrap();
+        assert_eq!(
+            d.raw,
+            p.ddpg.act(&x).unwrap(),
+            "the actor saw state ‖ embedding"
+        );
+        assert_eq!(
+            rl_decide(&mut p, &s, None, cur, &b, false, &mut rng),
+            Err(FallbackReason::NoEmbedding)
+        );
+        // Exploring folds the state in; the embedding features stay at mean 0, std 1.
+        for i in 0..20 {
+            let s: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32).cos()).collect();
+            rl_decide(&mut p, &s, Some(&e), cur, &b, true, &mut rng).unwrap();
+        }
+        let n = p.ddpg.normalizer();
+        assert_eq!(n.count(), 20);
+        assert!(n.mean()[..9].iter().any(|&m| m != 0.0));
+        assert!(n.mean()[9..].iter().all(|&m| m == 0.0));
+        assert!(n.std()[9..].iter().all(|&s| s == 1.0));
+        // A 9-d policy explores as before.
+        let mut plain = policy(9);
+        rl_decide(&mut plain, &s, Some(&e), cur, &b, true, &mut rng).unwrap();
+        assert_eq!(plain.ddpg.normalizer().count(), 1);
     }
 }
