@@ -8,6 +8,7 @@ mod bus_conformance;
 mod control_loop;
 mod jetstream;
 mod loop_nats;
+mod meta_loop;
 mod model_store_nats;
 mod prometheus_source;
 mod registration;
