@@ -183,6 +183,33 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2.5)]
         bc_alpha: f32,
     },
+    /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
+    /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
+    /// undisturbed workload and the oracle; writes serve.json and serve-curve.svg.
+    Serve {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 20)]
+        apps: usize,
+        #[arg(long, default_value_t = 1001)]
+        seed: u64,
+        /// Online-RL episodes per app before serving.
+        #[arg(long, default_value_t = 40)]
+        train_episodes: u32,
+        #[arg(long, default_value_t = 24)]
+        serve_episodes: u32,
+        #[arg(long, default_value_t = 50)]
+        steps_per_episode: u32,
+        /// Episodes between scenario injections.
+        #[arg(long, default_value_t = 3)]
+        inject_every: u32,
+        /// Algorithm 1's decision window, episodes.
+        #[arg(long, default_value_t = 3)]
+        window: usize,
+        /// Skip the oracle arms (slow: thousands of candidates per step).
+        #[arg(long)]
+        no_oracle: bool,
+    },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
     Embed {
@@ -381,6 +408,47 @@ fn main() -> anyhow::Result<()> {
                 }
                 let path = bench::write_json(&out, "bootstrap.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");
+            }
+            BenchCommand::Serve {
+                out,
+                apps,
+                seed,
+                train_episodes,
+                serve_episodes,
+                steps_per_episode,
+                inject_every,
+                window,
+                no_oracle,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let opts = bench::serve::ServeBenchOptions {
+                    apps,
+                    seed,
+                    train_episodes,
+                    serve_episodes,
+                    steps_per_episode,
+                    inject_every,
+                    window,
+                    oracle: !no_oracle,
+                    out: out.clone(),
+                    ..Default::default()
+                };
+                let r = bench::serve::run(&opts)?;
+                for a in &r.arms {
+                    println!(
+                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {}",
+                        a.arm,
+                        a.mean_reward,
+                        a.pct_of_converged,
+                        a.pct_of_oracle.map_or("-".to_string(), |p| format!("{p:.1}%")),
+                        a.slo_violations,
+                        100.0 * a.slo_violation_rate,
+                        a.retrain_triggers,
+                        a.online_episodes
+                    );
+                }
+                let path = bench::write_json(&out, "serve.json", &serde_json::to_value(&r)?)?;
+                println!("wrote {path} and {}", out.join("serve-curve.svg").display());
             }
             BenchCommand::Embed {
                 out,

@@ -4,6 +4,7 @@ pub mod bootstrap;
 pub mod bus;
 pub mod control_loop;
 pub mod embed;
+pub mod serve;
 
 use std::path::Path;
 

@@ -1,0 +1,833 @@
+//! `aware bench serve` (paper §5.3, Fig. 9): a converged agent meets the instability scenarios
+//! of §2.3, with and without the retraining trigger of Algorithm 1, against HPA/VPA and against
+//! the converged policy on the undisturbed workload.
+//!
+//! Runs in this process on the simulator (not over the bus): per held-out app, one DDPG agent
+//! (the trainer's 64-64 networks, Table 2 otherwise) learns online from scratch for
+//! `train_episodes` episodes of `steps_per_episode` steps (one gradient step of 64 per
+//! transition after the first 64). That agent, its replay buffer and the simulator at that
+//! moment are cloned into every arm, so every arm continues the same traces from the same
+//! state for `serve_episodes` episodes:
+//! - `converged`: the frozen policy (no noise, normalizer frozen), no scenario;
+//! - `without_retraining`: the frozen policy with the scenarios (lifecycle stays SERVING);
+//! - `with_retraining`: the scenarios, the lifecycle monitor's own `LifecycleMachine` (Algorithm 1)
+//!   fed with every episode, starting at SERVING: when it moves the target back to ONLINE the
+//!   agent explores and trains again (replay buffer kept) until it returns to SERVING;
+//! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
+//!   settings) with and without the scenarios;
+//! - `oracle` / `oracle_undisturbed`: `loadgen`'s per-step greedy oracle (true next-step load).
+//!
+//! Scenarios: every scenario of `loadgen::scenario` that changes something for the app, in a
+//! seeded random order, one every `inject_every` episodes from serve episode 1 on (the same
+//! schedule and payload seeds in every arm). SERVING thresholds per app: `t_serving` = the
+//! converged arm's mean episode reward − `serving_margin` (relative), `t_var` = twice its episode
+//! std + 0.02, window `window` episodes (Algorithm 1's thresholds set to what the converged policy
+//! achieves on the app, as an operator would).
+//!
+//! Differences from the services' loop, stated: no actuator guardrails (the action map's
+//! per-step limits apply to RL actions, the fallback's desired allocation is applied as is) and
+//! no bus; the SLO violation count is the simulator's per-step `slo_violation`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use aware_bus_schemas::{Episode, Schema, Stage, Target};
+use aware_lifecycle_monitor::LifecycleMachine;
+use aware_loadgen::app::{generate_apps, Allocation, AppSpec, GeneratorOptions};
+use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
+use aware_loadgen::oracle::{oracle_step, OracleGrid};
+use aware_loadgen::Scenario;
+use aware_recommender::fallback::{Fallback, FallbackConfig};
+use aware_shared::config::LifecycleProfile;
+use aware_shared_model::{Ddpg, DdpgConfig, ReplayBuffer, Transition, ACTION_DIM};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::BenchError;
+
+#[derive(Debug, Clone)]
+pub struct ServeBenchOptions {
+    pub apps: usize,
+    /// Generator and noise seed (held out: ≥ 1000).
+    pub seed: u64,
+    pub train_episodes: u32,
+    pub serve_episodes: u32,
+    pub steps_per_episode: u32,
+    /// Episodes between two scenario injections.
+    pub inject_every: u32,
+    /// Algorithm 1's decision window (episodes).
+    pub window: usize,
+    /// `t_serving` = converged mean × (1 − margin).
+    pub serving_margin: f64,
+    pub hidden: usize,
+    pub exploration_sigma: f32,
+    /// Run the oracle arms (≈ 4,000 simulated candidates per step).
+    pub oracle: bool,
+    pub out: PathBuf,
+}
+
+impl Default for ServeBenchOptions {
+    fn default() -> Self {
+        ServeBenchOptions {
+            apps: 20,
+            seed: 1001,
+            train_episodes: 40,
+            serve_episodes: 24,
+            steps_per_episode: 50,
+            inject_every: 3,
+            window: 3,
+            serving_margin: 0.05,
+            hidden: 64,
+            exploration_sigma: 0.2,
+            oracle: true,
+            out: PathBuf::from("bench-out"),
+        }
+    }
+}
+
+/// The arms, in report order.
+pub const ARMS: [&str; 7] = [
+    "converged",
+    "with_retraining",
+    "without_retraining",
+    "fallback",
+    "oracle",
+    "fallback_undisturbed",
+    "oracle_undisturbed",
+];
+
+/// One arm on one app: per-episode totals.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ArmRun {
+    pub episode_rewards: Vec<f64>,
+    pub episode_slo_violations: Vec<u64>,
+    pub steps: u64,
+    /// Episodes that ran ONLINE (retraining), `with_retraining` only.
+    pub online_episodes: u32,
+    pub retrain_triggers: u32,
+}
+
+impl ArmRun {
+    fn total_reward(&self) -> f64 {
+        self.episode_rewards.iter().sum()
+    }
+    fn slo(&self) -> u64 {
+        self.episode_slo_violations.iter().sum()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmReport {
+    pub arm: String,
+    pub apps: usize,
+    pub steps: u64,
+    pub total_reward: f64,
+    pub mean_reward: f64,
+    pub slo_violations: u64,
+    pub slo_violation_rate: f64,
+    /// Σ reward / Σ reward of `converged` (undisturbed), in %.
+    pub pct_of_converged: f64,
+    /// Σ reward / Σ reward of the oracle on the same workload (disturbed or not), in %.
+    pub pct_of_oracle: Option<f64>,
+    pub online_episodes: u32,
+    pub retrain_triggers: u32,
+    /// Mean per-step reward by serve episode (mean over apps).
+    pub curve: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConvergedVsFallback {
+    /// Undisturbed workload, % of the oracle's reward.
+    pub converged_pct_of_oracle: Option<f64>,
+    pub fallback_pct_of_oracle: Option<f64>,
+    /// converged − fallback, percentage points of oracle (target ≥ 10).
+    pub gap_pp: Option<f64>,
+    pub converged_slo_violations: u64,
+    pub fallback_slo_violations: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ServeReport {
+    pub apps: usize,
+    pub seed: u64,
+    pub train_episodes: u32,
+    pub serve_episodes: u32,
+    pub steps_per_episode: u32,
+    pub inject_every: u32,
+    pub window: usize,
+    pub serving_margin: f64,
+    pub hidden: usize,
+    pub exploration_sigma: f32,
+    pub scenarios_injected: usize,
+    /// Mean per-step reward by training episode (mean over apps; with exploration noise).
+    pub train_curve: Vec<f64>,
+    pub arms: Vec<ArmReport>,
+    /// with_retraining reward / converged reward − 1, % (target: within −3.6%).
+    pub with_retraining_vs_converged_pct: f64,
+    /// without_retraining SLO violations / with_retraining SLO violations (target ≥ 3).
+    pub slo_ratio_without_vs_with: f64,
+    pub converged_vs_fallback: ConvergedVsFallback,
+    pub wall_seconds: f64,
+}
+
+/// Per app: the training curve and every arm's run.
+#[derive(Debug, Clone, Default)]
+pub struct AppResult {
+    pub train_curve: Vec<f64>,
+    pub arms: Vec<(String, ArmRun)>,
+    pub injected: usize,
+}
+
+fn fail(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Failed(e.to_string())
+}
+
+/// The scenarios injected into `app`: every applicable one, in a seeded order, at serve steps
+/// `first_step`, `first_step + every_steps`, … (those before `serve_steps`).
+pub fn schedule(
+    app: &AppSpec,
+    seed: u64,
+    first_step: u64,
+    every_steps: u64,
+    serve_steps: u64,
+) -> Vec<(u64, Scenario)> {
+    let mut pool: Vec<Scenario> = Scenario::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.applies_to_app(app))
+        .collect();
+    pool.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    pool.into_iter()
+        .enumerate()
+        .map(|(k, s)| (first_step + k as u64 * every_steps, s))
+        .filter(|(st, _)| *st < serve_steps)
+        .collect()
+}
+
+enum Driver {
+    Frozen(Box<Ddpg>),
+    Retrain {
+        agent: Box<Ddpg>,
+        replay: Box<ReplayBuffer>,
+        machine: Box<LifecycleMachine>,
+        rng: Box<ChaCha8Rng>,
+    },
+    Fallback(Box<Fallback>, aware_shared::spec::Bounds),
+    Oracle,
+}
+
+struct Ctx<'a> {
+    opts: &'a ServeBenchOptions,
+    target: Target,
+}
+
+fn first(v: Vec<Observation>) -> Result<Observation, BenchError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| fail("simulator returned no observation"))
+}
+
+fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer) -> Result<(), BenchError> {
+    if replay.len() >= 64 {
+        let b = replay.sample(64).map_err(fail)?;
+        agent.train_step(&b).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Runs one arm from `env`/`obs` for the serve episodes.
+fn run_arm(
+    ctx: &Ctx<'_>,
+    mut env: SimEnv,
+    mut obs: Observation,
+    mut driver: Driver,
+    injections: &[(u64, Scenario)],
+    payload_seed: u64,
+) -> Result<ArmRun, BenchError> {
+    let spe = u64::from(ctx.opts.steps_per_episode);
+    let grid = OracleGrid::default();
+    let mut run = ArmRun::default();
+    let mut online = false;
+    for ep in 0..u64::from(ctx.opts.serve_episodes) {
+        let (mut total, mut slo) = (0.0, 0u64);
+        if let Driver::Retrain { agent, .. } = &mut driver {
+            if online {
+                agent.normalizer_mut().unfreeze();
+                agent.reset_noise();
+            } else {
+                agent.normalizer_mut().freeze();
+            }
+        }
+        for k in 0..spe {
+            let step = ep * spe + k;
+            for (i, (at, sc)) in injections.iter().enumerate() {
+                if *at == step {
+                    let t = env.target_mut(0).map_err(fail)?;
+                    sc.inject(t, payload_seed ^ i as u64).map_err(fail)?;
+                }
+            }
+            let s = obs.state;
+            let mut raw: Option<[f32; ACTION_DIM]> = None;
+            let action = match &mut driver {
+                Driver::Frozen(agent) => {
+                    let a = agent.act(&s).map_err(fail)?;
+                    raw = Some(a);
+                    TargetAction::Raw(a)
+                }
+                Driver::Retrain { agent, rng, .. } => {
+                    let a = if online {
+                        agent.act_explore(&s, rng).map_err(fail)?
+                    } else {
+                        agent.act(&s).map_err(fail)?
+                    };
+                    raw = Some(a);
+                    TargetAction::Raw(a)
+                }
+                Driver::Fallback(fb, bounds) => {
+                    let o = aware_metrics_collector::simulator::to_obs(
+                        &obs,
+                        &ctx.target,
+                        step,
+                        ctx.opts.steps_per_episode,
+                        0,
+                    );
+                    let current = aware_recommender::current_allocation(&o);
+                    let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, bounds);
+                    TargetAction::Desired(Allocation {
+                        replicas: r.desired.replicas,
+                        cpu_millicores: r.desired.cpu_millicores,
+                        memory_bytes: r.desired.memory_bytes,
+                    })
+                }
+                Driver::Oracle => {
+                    let t = env.target_at_next_step(0).map_err(fail)?;
+                    TargetAction::Desired(oracle_step(&t, &grid, &[]).allocation)
+                }
+            };
+            let next = first(env.step(&[action]).map_err(fail)?)?;
+            total += next.reward;
+            slo += u64::from(next.metrics.slo_violation);
+            if let (Driver::Retrain { agent, replay, .. }, Some(a)) = (&mut driver, raw) {
+                replay
+                    .push(Transition {
+                        state: s.to_vec(),
+                        action: a,
+                        reward: next.reward as f32,
+                        next_state: next.state.to_vec(),
+                        done: false,
+                    })
+                    .map_err(fail)?;
+                if online {
+                    train_round(agent, replay)?;
+                }
+            }
+            obs = next;
+        }
+        run.episode_rewards.push(total);
+        run.episode_slo_violations.push(slo);
+        run.steps += spe;
+        if let Driver::Retrain { machine, .. } = &mut driver {
+            let stage = if online {
+                Stage::Online
+            } else {
+                Stage::Serving
+            };
+            if online {
+                run.online_episodes += 1;
+            }
+            let e = Episode {
+                schema: Schema::new(),
+                target: ctx.target.clone(),
+                episode: ep,
+                step: u32::try_from((ep + 1) * spe).unwrap_or(u32::MAX),
+                ts_ms: 0,
+                steps: ctx.opts.steps_per_episode,
+                total_reward: total,
+                mean_reward: total / spe.max(1) as f64,
+                slo_violations: u32::try_from(slo).unwrap_or(u32::MAX),
+                cpu_util_mean: 0.0,
+                memory_util_mean: 0.0,
+                rl_steps: ctx.opts.steps_per_episode,
+                fallback_steps: 0,
+                stage,
+                policy_estimate: None,
+            };
+            if let Some(t) = machine.observe(&e) {
+                tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
+                if t.to == Stage::Online {
+                    run.retrain_triggers += 1;
+                }
+            }
+            online = machine.stage() == Stage::Online;
+        }
+    }
+    Ok(run)
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len().max(1) as f64;
+    let m = xs.iter().sum::<f64>() / n;
+    let v = xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n;
+    (m, v.sqrt())
+}
+
+/// Trains the agent on one app and runs every arm.
+pub fn run_app(
+    opts: &ServeBenchOptions,
+    app: &AppSpec,
+    index: usize,
+) -> Result<AppResult, BenchError> {
+    let spe = u64::from(opts.steps_per_episode);
+    let app_seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
+    let cfg = SimConfig {
+        seed: app_seed,
+        ..SimConfig::default()
+    };
+    let mut env = SimEnv::new(vec![app.clone()], cfg).map_err(fail)?;
+    env.reset(app_seed).map_err(fail)?;
+    let mut obs = first(env.step(&[TargetAction::Hold]).map_err(fail)?)?;
+    let mut dcfg =
+        DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[opts.hidden, opts.hidden]);
+    dcfg.seed = app_seed;
+    dcfg.noise.sigma = opts.exploration_sigma;
+    let mut agent = Ddpg::new(dcfg).map_err(fail)?;
+    let mut replay = ReplayBuffer::new(
+        ReplayBuffer::DEFAULT_CAPACITY,
+        aware_loadgen::env::STATE_DIM,
+        app_seed,
+    )
+    .map_err(fail)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(app_seed ^ 0x5e7e);
+    let mut result = AppResult::default();
+    for _ in 0..opts.train_episodes {
+        let mut total = 0.0;
+        for _ in 0..spe {
+            let s = obs.state;
+            let a = agent.act_explore(&s, &mut rng).map_err(fail)?;
+            let next = first(env.step(&[TargetAction::Raw(a)]).map_err(fail)?)?;
+            total += next.reward;
+            replay
+                .push(Transition {
+                    state: s.to_vec(),
+                    action: a,
+                    reward: next.reward as f32,
+                    next_state: next.state.to_vec(),
+                    done: false,
+                })
+                .map_err(fail)?;
+            train_round(&mut agent, &mut replay)?;
+            obs = next;
+        }
+        result.train_curve.push(total / spe.max(1) as f64);
+    }
+    agent.normalizer_mut().freeze();
+    let target = Target::new(app.namespace.clone(), app.name.clone());
+    let ctx = Ctx { opts, target };
+    let serve_steps = u64::from(opts.serve_episodes) * spe;
+    let injections = schedule(
+        app,
+        app_seed ^ 0x1a7e,
+        spe,
+        u64::from(opts.inject_every) * spe,
+        serve_steps,
+    );
+    result.injected = injections.len();
+    let payload_seed = app_seed ^ 0xfa70;
+    let spec = aware_metrics_collector::simulator::target_specs(std::slice::from_ref(app));
+    let bounds = spec.first().map(|s| s.bounds).unwrap_or_default();
+    let fallback = || -> Result<Driver, BenchError> {
+        Ok(Driver::Fallback(
+            Box::new(Fallback::new(FallbackConfig::default()).map_err(fail)?),
+            bounds,
+        ))
+    };
+    let converged = run_arm(
+        &ctx,
+        env.clone(),
+        obs.clone(),
+        Driver::Frozen(Box::new(agent.clone())),
+        &[],
+        payload_seed,
+    )?;
+    let (m, sd) = mean_std(&converged.episode_rewards);
+    let per_step = 1.0 / spe.max(1) as f64;
+    let profile = LifecycleProfile {
+        bootstrap: false,
+        t_online: 0.0,
+        t_serving: (m - opts.serving_margin * m.abs()) * per_step,
+        t_var: 2.0 * sd * per_step + 0.02,
+        window: opts.window,
+    };
+    let mut machine = LifecycleMachine::new(profile);
+    machine.restore(Stage::Serving);
+    let retrain = Driver::Retrain {
+        agent: Box::new(agent.clone()),
+        replay: Box::new(replay),
+        machine: Box::new(machine),
+        rng: Box::new(ChaCha8Rng::seed_from_u64(app_seed ^ 0x7e7a)),
+    };
+    let mut arms = vec![("converged".to_string(), converged)];
+    arms.push((
+        "with_retraining".into(),
+        run_arm(
+            &ctx,
+            env.clone(),
+            obs.clone(),
+            retrain,
+            &injections,
+            payload_seed,
+        )?,
+    ));
+    arms.push((
+        "without_retraining".into(),
+        run_arm(
+            &ctx,
+            env.clone(),
+            obs.clone(),
+            Driver::Frozen(Box::new(agent)),
+            &injections,
+            payload_seed,
+        )?,
+    ));
+    arms.push((
+        "fallback".into(),
+        run_arm(
+            &ctx,
+            env.clone(),
+            obs.clone(),
+            fallback()?,
+            &injections,
+            payload_seed,
+        )?,
+    ));
+    if opts.oracle {
+        arms.push((
+            "oracle".into(),
+            run_arm(
+                &ctx,
+                env.clone(),
+                obs.clone(),
+                Driver::Oracle,
+                &injections,
+                payload_seed,
+            )?,
+        ));
+    }
+    arms.push((
+        "fallback_undisturbed".into(),
+        run_arm(
+            &ctx,
+            env.clone(),
+            obs.clone(),
+            fallback()?,
+            &[],
+            payload_seed,
+        )?,
+    ));
+    if opts.oracle {
+        arms.push((
+            "oracle_undisturbed".into(),
+            run_arm(&ctx, env, obs, Driver::Oracle, &[], payload_seed)?,
+        ));
+    }
+    result.arms = arms;
+    Ok(result)
+}
+
+/// Sums the per-app runs into one report per arm (pure).
+pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport> {
+    let total = |arm: &str| -> Option<f64> {
+        let runs: Vec<&ArmRun> = results
+            .iter()
+            .filter_map(|r| r.arms.iter().find(|(n, _)| n == arm).map(|(_, a)| a))
+            .collect();
+        (!runs.is_empty() && runs.len() == results.len())
+            .then(|| runs.iter().map(|a| a.total_reward()).sum())
+    };
+    let conv = total("converged");
+    let mut out = Vec::new();
+    for arm in ARMS {
+        let runs: Vec<&ArmRun> = results
+            .iter()
+            .filter_map(|r| r.arms.iter().find(|(n, _)| n == arm).map(|(_, a)| a))
+            .collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let steps: u64 = runs.iter().map(|a| a.steps).sum();
+        let tot: f64 = runs.iter().map(|a| a.total_reward()).sum();
+        let slo: u64 = runs.iter().map(|a| a.slo()).sum();
+        let oracle = if arm.ends_with("undisturbed") || arm == "converged" {
+            total("oracle_undisturbed")
+        } else {
+            total("oracle")
+        };
+        let mut curve = vec![0.0; serve_episodes];
+        for a in &runs {
+            let spe = a.steps as f64 / a.episode_rewards.len().max(1) as f64;
+            for (c, r) in curve.iter_mut().zip(&a.episode_rewards) {
+                *c += r / spe.max(1.0) / runs.len() as f64;
+            }
+        }
+        out.push(ArmReport {
+            arm: arm.into(),
+            apps: runs.len(),
+            steps,
+            total_reward: tot,
+            mean_reward: tot / steps.max(1) as f64,
+            slo_violations: slo,
+            slo_violation_rate: slo as f64 / steps.max(1) as f64,
+            pct_of_converged: conv.map_or(f64::NAN, |c| 100.0 * tot / c),
+            pct_of_oracle: oracle.map(|o| 100.0 * tot / o),
+            online_episodes: runs.iter().map(|a| a.online_episodes).sum(),
+            retrain_triggers: runs.iter().map(|a| a.retrain_triggers).sum(),
+            curve,
+        });
+    }
+    out
+}
+
+/// The learning curves as SVG: training (with noise), then every arm over the serve episodes;
+/// dashed lines at the injection episodes.
+pub fn curve_svg(train: &[f64], arms: &[ArmReport], inject_at: &[usize]) -> String {
+    let (w, h, l, r, t, b) = (760.0, 420.0, 60.0, 190.0, 20.0, 40.0);
+    let n = train.len() + arms.iter().map(|a| a.curve.len()).max().unwrap_or(0);
+    let all = train
+        .iter()
+        .chain(arms.iter().flat_map(|a| a.curve.iter()))
+        .copied()
+        .filter(|v| v.is_finite());
+    let (mut lo, mut hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+        (a.min(v), b.max(v))
+    });
+    if !lo.is_finite() || !hi.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if hi - lo < 1e-9 {
+        hi = lo + 1.0;
+    }
+    let x = |i: usize| l + (w - l - r) * i as f64 / (n.max(2) - 1) as f64;
+    let y = |v: f64| t + (h - t - b) * (1.0 - (v - lo) / (hi - lo));
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = write!(
+        s,
+        r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
+        w - l - r,
+        h - t - b
+    );
+    for k in 0..=4 {
+        let v = lo + (hi - lo) * f64::from(k) / 4.0;
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.2}</text>"#,
+            l - 4.0,
+            y(v) + 4.0
+        );
+    }
+    for &e in inject_at {
+        let xi = x(train.len() + e);
+        let _ = write!(
+            s,
+            r##"<line x1="{xi:.1}" y1="{t}" x2="{xi:.1}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/>"##,
+            h - b
+        );
+    }
+    let colors = [
+        "#000", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
+    let mut series: Vec<(&str, usize, &[f64])> = vec![("training (noisy)", 0, train)];
+    for a in arms {
+        series.push((a.arm.as_str(), train.len(), &a.curve));
+    }
+    for (k, (name, off, vals)) in series.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let pts: Vec<String> = vals
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, v)| format!("{:.1},{:.1}", x(off + i), y(*v)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = t + 14.0 * k as f64 + 8.0;
+        let _ = write!(
+            s,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{name}</text>"#,
+            w - r + 8.0,
+            w - r + 28.0,
+            w - r + 32.0,
+            ly + 4.0
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">episode (training, then serving; dashed: scenario injections)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">reward per step</text></svg>"#,
+        (l + w - r) / 2.0,
+        h - 8.0,
+        (t + h - b) / 2.0,
+        (t + h - b) / 2.0
+    );
+    s
+}
+
+/// Runs the bench and writes `serve.json` and `serve-curve.svg` into `opts.out`.
+pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
+    let started = std::time::Instant::now();
+    let apps = generate_apps(opts.apps, opts.seed, &GeneratorOptions::default());
+    let mut results = Vec::with_capacity(apps.len());
+    for (i, app) in apps.iter().enumerate() {
+        let r = run_app(opts, app, i)?;
+        tracing::info!(
+            app = %app.name,
+            done = i + 1,
+            of = apps.len(),
+            injected = r.injected,
+            train_last = r.train_curve.last().copied().unwrap_or(f64::NAN),
+            wall_s = started.elapsed().as_secs_f64(),
+            "app done"
+        );
+        results.push(r);
+    }
+    let serve = opts.serve_episodes as usize;
+    let arms = aggregate(&results, serve);
+    let mut train_curve = vec![0.0; opts.train_episodes as usize];
+    for r in &results {
+        for (c, v) in train_curve.iter_mut().zip(&r.train_curve) {
+            *c += v / results.len().max(1) as f64;
+        }
+    }
+    let find = |n: &str| arms.iter().find(|a| a.arm == n);
+    let with = find("with_retraining");
+    let without = find("without_retraining");
+    let conv = find("converged");
+    let fbu = find("fallback_undisturbed");
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+    let cvf = ConvergedVsFallback {
+        converged_pct_of_oracle: conv.and_then(|a| a.pct_of_oracle),
+        fallback_pct_of_oracle: fbu.and_then(|a| a.pct_of_oracle),
+        gap_pp: conv
+            .and_then(|a| a.pct_of_oracle)
+            .zip(fbu.and_then(|a| a.pct_of_oracle))
+            .map(|(c, f)| c - f),
+        converged_slo_violations: conv.map_or(0, |a| a.slo_violations),
+        fallback_slo_violations: fbu.map_or(0, |a| a.slo_violations),
+    };
+    let report = ServeReport {
+        apps: results.len(),
+        seed: opts.seed,
+        train_episodes: opts.train_episodes,
+        serve_episodes: opts.serve_episodes,
+        steps_per_episode: opts.steps_per_episode,
+        inject_every: opts.inject_every,
+        window: opts.window,
+        serving_margin: opts.serving_margin,
+        hidden: opts.hidden,
+        exploration_sigma: opts.exploration_sigma,
+        scenarios_injected: results.iter().map(|r| r.injected).sum(),
+        train_curve: train_curve.clone(),
+        with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
+        slo_ratio_without_vs_with: ratio(
+            without.map_or(0, |a| a.slo_violations) as f64,
+            with.map_or(0, |a| a.slo_violations) as f64,
+        ),
+        converged_vs_fallback: cvf,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        arms,
+    };
+    let inject_at: Vec<usize> = (0..8usize)
+        .map(|k| 1 + k * opts.inject_every as usize)
+        .filter(|e| *e < serve)
+        .collect();
+    let svg = curve_svg(&train_curve, &report.arms, &inject_at);
+    let path = opts.out.join("serve-curve.svg");
+    std::fs::create_dir_all(&opts.out)
+        .and_then(|()| std::fs::write(&path, svg))
+        .map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_of(rewards: &[f64], slo: &[u64]) -> ArmRun {
+        ArmRun {
+            episode_rewards: rewards.to_vec(),
+            episode_slo_violations: slo.to_vec(),
+            steps: 10 * rewards.len() as u64,
+            online_episodes: 0,
+            retrain_triggers: 0,
+        }
+    }
+
+    #[test]
+    fn aggregate_sums_apps_and_relates_to_converged_and_oracle() {
+        let app = |c: f64, o: f64| AppResult {
+            train_curve: vec![1.0],
+            arms: vec![
+                ("converged".into(), run_of(&[c, c], &[0, 1])),
+                (
+                    "with_retraining".into(),
+                    run_of(&[c / 2.0, c / 2.0], &[2, 2]),
+                ),
+                ("oracle".into(), run_of(&[o, o], &[0, 0])),
+                ("oracle_undisturbed".into(), run_of(&[o, o], &[0, 0])),
+            ],
+            injected: 1,
+        };
+        let arms = aggregate(&[app(10.0, 20.0), app(30.0, 20.0)], 2);
+        let conv = arms.iter().find(|a| a.arm == "converged").unwrap();
+        assert_eq!(conv.total_reward, 80.0);
+        assert_eq!(conv.slo_violations, 2);
+        assert_eq!(conv.steps, 40);
+        assert!((conv.pct_of_converged - 100.0).abs() < 1e-9);
+        assert!((conv.pct_of_oracle.unwrap() - 100.0).abs() < 1e-9);
+        // curve: mean over apps of per-step reward by episode
+        assert!((conv.curve[0] - 2.0).abs() < 1e-9);
+        let w = arms.iter().find(|a| a.arm == "with_retraining").unwrap();
+        assert!((w.pct_of_converged - 50.0).abs() < 1e-9);
+        assert!((w.pct_of_oracle.unwrap() - 50.0).abs() < 1e-9);
+        assert_eq!(w.slo_violations, 8);
+        assert!(arms.iter().all(|a| a.arm != "fallback"));
+    }
+
+    #[test]
+    fn schedule_covers_applicable_scenarios_in_order_within_the_window() {
+        let app = generate_apps(1, 1001, &GeneratorOptions::default()).remove(0);
+        let s = schedule(&app, 7, 1, 150, 10_000);
+        let applicable = Scenario::ALL
+            .iter()
+            .filter(|x| x.applies_to_app(&app))
+            .count();
+        assert_eq!(s.len(), applicable);
+        assert_eq!(s[0].0, 1);
+        assert!(s.windows(2).all(|w| w[1].0 == w[0].0 + 150));
+        assert_eq!(s, schedule(&app, 7, 1, 150, 10_000));
+        assert!(schedule(&app, 7, 1, 150, 200).len() <= 2);
+    }
+
+    #[test]
+    fn svg_has_one_polyline_per_series() {
+        let arms = aggregate(
+            &[AppResult {
+                train_curve: vec![1.0, 2.0],
+                arms: vec![("converged".into(), run_of(&[10.0, 20.0], &[0, 0]))],
+                injected: 0,
+            }],
+            2,
+        );
+        let svg = curve_svg(&[1.0, 2.0], &arms, &[1]);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+    }
+}
