@@ -206,6 +206,9 @@ enum BenchCommand {
         /// Algorithm 1's decision window, episodes.
         #[arg(long, default_value_t = 3)]
         window: usize,
+        /// Gradient steps per transition while learning.
+        #[arg(long, default_value_t = 1)]
+        gradient_steps: u32,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]
         no_oracle: bool,
@@ -418,6 +421,7 @@ fn main() -> anyhow::Result<()> {
                 steps_per_episode,
                 inject_every,
                 window,
+                gradient_steps,
                 no_oracle,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
@@ -429,6 +433,7 @@ fn main() -> anyhow::Result<()> {
                     steps_per_episode,
                     inject_every,
                     window,
+                    gradient_steps,
                     oracle: !no_oracle,
                     out: out.clone(),
                     ..Default::default()

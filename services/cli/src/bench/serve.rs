@@ -63,6 +63,8 @@ pub struct ServeBenchOptions {
     pub serving_margin: f64,
     pub hidden: usize,
     pub exploration_sigma: f32,
+    /// Gradient steps (minibatch 64) per transition while learning (training and ONLINE).
+    pub gradient_steps: u32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
     pub out: PathBuf,
@@ -81,6 +83,7 @@ impl Default for ServeBenchOptions {
             serving_margin: 0.05,
             hidden: 64,
             exploration_sigma: 0.2,
+            gradient_steps: 1,
             oracle: true,
             out: PathBuf::from("bench-out"),
         }
@@ -160,6 +163,7 @@ pub struct ServeReport {
     pub serving_margin: f64,
     pub hidden: usize,
     pub exploration_sigma: f32,
+    pub gradient_steps: u32,
     pub scenarios_injected: usize,
     /// Mean per-step reward by training episode (mean over apps; with exploration noise).
     pub train_curve: Vec<f64>,
@@ -229,10 +233,12 @@ fn first(v: Vec<Observation>) -> Result<Observation, BenchError> {
         .ok_or_else(|| fail("simulator returned no observation"))
 }
 
-fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer) -> Result<(), BenchError> {
+fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer, steps: u32) -> Result<(), BenchError> {
     if replay.len() >= 64 {
-        let b = replay.sample(64).map_err(fail)?;
-        agent.train_step(&b).map_err(fail)?;
+        for _ in 0..steps {
+            let b = replay.sample(64).map_err(fail)?;
+            agent.train_step(&b).map_err(fail)?;
+        }
     }
     Ok(())
 }
@@ -320,7 +326,7 @@ fn run_arm(
                     })
                     .map_err(fail)?;
                 if online {
-                    train_round(agent, replay)?;
+                    train_round(agent, replay, ctx.opts.gradient_steps)?;
                 }
             }
             obs = next;
@@ -417,7 +423,7 @@ pub fn run_app(
                     done: false,
                 })
                 .map_err(fail)?;
-            train_round(&mut agent, &mut replay)?;
+            train_round(&mut agent, &mut replay, opts.gradient_steps)?;
             obs = next;
         }
         result.train_curve.push(total / spe.max(1) as f64);
@@ -730,6 +736,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         serving_margin: opts.serving_margin,
         hidden: opts.hidden,
         exploration_sigma: opts.exploration_sigma,
+        gradient_steps: opts.gradient_steps,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
         train_curve: train_curve.clone(),
         with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
