@@ -8,7 +8,8 @@ use std::io::Cursor;
 use serde::Deserialize;
 
 use crate::{
-    Action, Applied, BusMessage, Embedding, Episode, Event, EventKind, Lifecycle, Model, Obs, Registration,
+    Action, Applied, BusMessage, Embedding, Episode, Event, EventKind, Lifecycle, Model, Obs,
+    Registration,
 };
 
 /// Errors from encoding a message.

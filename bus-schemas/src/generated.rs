@@ -7,7 +7,8 @@ use std::path::Path;
 
 use crate::{
     codec, Action, Applied, DecisionSource, Embedding, Episode, Event, EventKind, Lifecycle, Model,
-    ModelKind, Obs, Outcome, RegisteredLifecycle, RegisteredSpec, Registration, RawMetrics, Resources, Schema, Stage, Target,
+    ModelKind, Obs, Outcome, RawMetrics, RegisteredLifecycle, RegisteredSpec, Registration,
+    Resources, Schema, Stage, Target,
 };
 
 /// The JSON Schema (draft-07, pretty-printed, trailing newline) of a message kind.

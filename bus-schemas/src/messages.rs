@@ -557,7 +557,16 @@ macro_rules! event_from {
         }
     )*};
 }
-event_from!(Obs, Action, Applied, Episode, Lifecycle, Embedding, Model, Registration);
+event_from!(
+    Obs,
+    Action,
+    Applied,
+    Episode,
+    Lifecycle,
+    Embedding,
+    Model,
+    Registration
+);
 
 /// Current time as Unix epoch milliseconds.
 pub fn now_ms() -> i64 {
