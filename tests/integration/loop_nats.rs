@@ -254,9 +254,14 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
         .into_iter()
         .chain([(collector, col_addr), (recorder2, rec2_addr)])
     {
-        let status = p
-            .terminate(Duration::from_secs(15))
-            .expect("exits on SIGTERM");
+        let status = p.terminate(Duration::from_secs(15)).unwrap_or_else(|| {
+            let err = p.stderr();
+            let tail: Vec<&str> = err.lines().rev().take(20).collect();
+            panic!(
+                "a service did not exit within 15 s of SIGTERM; its last log lines:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        });
         assert!(status.success(), "{status:?}\n{}", p.stderr());
     }
 }

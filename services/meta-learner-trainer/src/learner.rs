@@ -127,6 +127,9 @@ pub enum TrainerError {
         #[source]
         source: ModelError,
     },
+    /// The service is shutting down: the round stopped between two gradient steps.
+    #[error("{target}: round cancelled (shutting down)")]
+    Cancelled { target: Target },
 }
 
 impl TrainerConfig {
@@ -271,6 +274,9 @@ pub struct Learner {
     online_rounds: u32,
     /// Meta-learning: the starting point and the embedding appended to every state.
     conditioning: Option<crate::embedding::Conditioning>,
+    /// Cancelled at shutdown: a running round stops between two gradient steps, so the process
+    /// exits promptly instead of waiting for the blocking pool.
+    cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Learner {
@@ -287,7 +293,13 @@ impl Learner {
             last_mode: None,
             online_rounds: 0,
             conditioning: None,
+            cancel: None,
         }
+    }
+
+    /// Rounds stop early once `token` is cancelled (the service's shutdown token).
+    pub fn set_cancel(&mut self, token: tokio_util::sync::CancellationToken) {
+        self.cancel = Some(token);
     }
 
     /// Meta-learning: the network starts from `c.base` (unless the model store holds a
@@ -537,6 +549,7 @@ impl Learner {
         let bc_weight = self.bc_weight(mode);
         let bc = self.cfg.bc(bc_weight);
         let pinned = self.conditioning.is_some();
+        let cancel = self.cancel.clone();
         let ddpg = self.ddpg(models)?;
         let model_err = |source| TrainerError::Model {
             target: target.clone(),
@@ -556,6 +569,11 @@ impl Learner {
         for chunk in ts.chunks(batch_size) {
             if chunk.len() < batch_size.min(ts.len()) {
                 break;
+            }
+            if cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+                return Err(TrainerError::Cancelled {
+                    target: target.clone(),
+                });
             }
             let batch =
                 Batch::from_transitions(ddpg.config().state_dim, chunk).map_err(model_err)?;
@@ -942,6 +960,33 @@ mod tests {
             online_bc_rounds: 2,
             ..cfg()
         }
+    }
+
+    #[test]
+    fn a_cancelled_round_stops_and_publishes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("shop", "cart");
+        let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
+        for ep in 0..3u64 {
+            store
+                .append(
+                    &(0..30)
+                        .map(|s| fallback_row(&t, ep, s, 1.0))
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap();
+            store.put_episode(&summary(&t, ep, 30)).unwrap();
+        }
+        let token = tokio_util::sync::CancellationToken::new();
+        l.set_cancel(token.clone());
+        token.cancel();
+        match l.maybe_train_in(Stage::Offline, &store, &models) {
+            Err(TrainerError::Cancelled { target }) => assert_eq!(target, t),
+            other => panic!("{other:?}"),
+        }
+        assert!(models.keys("").unwrap().is_empty(), "nothing published");
     }
 
     #[test]

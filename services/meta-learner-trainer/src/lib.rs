@@ -241,6 +241,9 @@ impl TargetTrainer {
                     behaviour_reward: est.map(|e| e.behaviour_reward).filter(|x| x.is_finite()),
                 });
             }
+            Err(learner::TrainerError::Cancelled { .. }) => {
+                tracing::debug!(target = %self.target, "training round cancelled at shutdown");
+            }
             Err(e) => {
                 self.metrics.round_errors.inc();
                 tracing::warn!(target = %self.target, error = %e, "training round failed");
@@ -297,6 +300,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let assets = load_assets(&trainer, &metrics);
     let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
+    let shutdown = ctx.shutdown.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let bounds = config.spec_for(t).bounds;
         TargetTrainer {
@@ -305,7 +309,11 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             models: models.clone(),
             poll,
             stage: Stage::Initialized,
-            learner: Some(Learner::new(t.clone(), bounds, trainer.clone())),
+            learner: Some({
+                let mut l = Learner::new(t.clone(), bounds, trainer.clone());
+                l.set_cancel(shutdown.clone());
+                l
+            }),
             meta: assets.as_ref().map(|a| {
                 TargetMeta::new(
                     t.clone(),
