@@ -68,8 +68,90 @@ pub(crate) fn put_f64s(out: &mut Vec<u8>, xs: &[f64]) {
 }
 
 pub(crate) struct Cursor<'a> {
-    pub(crate) buf: &'a [u8],
-    pub(crate) pos: usize,
+    buf: &'a [u8],
+    pos: usize,
+    /// Index of the next tensor block (for error messages).
+    block: usize,
+}
+
+/// Writes the container both checkpoint formats share: magic, format version, length-prefixed
+/// JSON header, block count, the f32 blocks then the f64 blocks (each length-prefixed), and the
+/// FNV-1a checksum of everything before it.
+pub(crate) fn encode<H: Serialize>(
+    magic: &[u8],
+    version: u32,
+    header: &H,
+    f32_blocks: &[Vec<f32>],
+    f64_blocks: &[&[f64]],
+) -> Result<Vec<u8>, ModelError> {
+    let header = serde_json::to_vec(header).map_err(|e| ModelError::Header(e.to_string()))?;
+    let mut out = Vec::new();
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&((f32_blocks.len() + f64_blocks.len()) as u32).to_le_bytes());
+    for b in f32_blocks {
+        put_f32s(&mut out, b);
+    }
+    for b in f64_blocks {
+        put_f64s(&mut out, b);
+    }
+    let sum = fnv1a(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// Opens [`encode`]'s container: checks magic, size, format version and checksum, decodes the
+/// header and checks the block count against `expected_blocks(&header)`; returns the header and
+/// a cursor at the first block. Errors, never panics.
+pub(crate) fn decode<'a, H: serde::de::DeserializeOwned>(
+    buf: &'a [u8],
+    magic: &[u8],
+    version: u32,
+    expected_blocks: impl FnOnce(&H) -> Result<usize, ModelError>,
+) -> Result<(H, Cursor<'a>), ModelError> {
+    if buf.len() < magic.len() {
+        return Err(ModelError::Truncated("magic"));
+    }
+    if buf[..magic.len()] != *magic {
+        return Err(ModelError::BadMagic);
+    }
+    if buf.len() < magic.len() + 4 + 4 + 8 {
+        return Err(ModelError::Truncated("header"));
+    }
+    let (body, sum) = buf.split_at(buf.len() - 8);
+    let mut c = Cursor {
+        buf: body,
+        pos: 0,
+        block: 0,
+    };
+    c.take(magic.len(), "magic")?;
+    let found = c.u32("version")?;
+    if found != version {
+        return Err(ModelError::UnsupportedVersion {
+            found,
+            supported: version,
+        });
+    }
+    let mut sb = [0u8; 8];
+    sb.copy_from_slice(sum);
+    if fnv1a(body) != u64::from_le_bytes(sb) {
+        return Err(ModelError::Checksum);
+    }
+    let hlen = c.u32("header length")? as usize;
+    let header: H = serde_json::from_slice(c.take(hlen, "header")?)
+        .map_err(|e| ModelError::Header(e.to_string()))?;
+    let expected = expected_blocks(&header)?;
+    let blocks = c.u32("block count")? as usize;
+    if blocks != expected {
+        return Err(ModelError::ShapeMismatch {
+            index: 0,
+            expected,
+            found: blocks,
+        });
+    }
+    Ok((header, c))
 }
 
 impl<'a> Cursor<'a> {
@@ -92,6 +174,24 @@ impl<'a> Cursor<'a> {
         b.copy_from_slice(self.take(8, what)?);
         Ok(u64::from_le_bytes(b))
     }
+    fn next_block(&mut self) -> usize {
+        self.block += 1;
+        self.block - 1
+    }
+
+    /// The next blocks, one per size (the parameter blocks of one network).
+    pub(crate) fn f32_blocks(&mut self, sizes: &[usize]) -> Result<Vec<Vec<f32>>, ModelError> {
+        sizes.iter().map(|&n| self.f32s(n)).collect()
+    }
+
+    /// Ends the read: every byte before the checksum was consumed.
+    pub(crate) fn finish(&self) -> Result<(), ModelError> {
+        if self.pos != self.buf.len() {
+            return Err(ModelError::TrailingBytes(self.buf.len() - self.pos));
+        }
+        Ok(())
+    }
+
     fn block_len(
         &mut self,
         index: usize,
@@ -111,7 +211,9 @@ impl<'a> Cursor<'a> {
         }
         Ok(expected)
     }
-    pub(crate) fn f32s(&mut self, index: usize, expected: usize) -> Result<Vec<f32>, ModelError> {
+    /// The next f32 block, which must hold `expected` values.
+    pub(crate) fn f32s(&mut self, expected: usize) -> Result<Vec<f32>, ModelError> {
+        let index = self.next_block();
         let n = self.block_len(index, expected, 4)?;
         let raw = self.take(n * 4, "tensor block")?;
         Ok(raw
@@ -119,7 +221,9 @@ impl<'a> Cursor<'a> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     }
-    pub(crate) fn f64s(&mut self, index: usize, expected: usize) -> Result<Vec<f64>, ModelError> {
+    /// The next f64 block, which must hold `expected` values.
+    pub(crate) fn f64s(&mut self, expected: usize) -> Result<Vec<f64>, ModelError> {
+        let index = self.next_block();
         let n = self.block_len(index, expected, 8)?;
         let raw = self.take(n * 8, "tensor block")?;
         Ok(raw
@@ -157,12 +261,6 @@ impl Ddpg {
             normalizer_count: self.normalizer.count,
             normalizer_frozen: self.normalizer.frozen,
         };
-        let header = serde_json::to_vec(&header).map_err(|e| ModelError::Header(e.to_string()))?;
-        let mut out = Vec::new();
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        out.extend_from_slice(&header);
         let f32_blocks: Vec<Vec<f32>> = [
             self.actor.export(),
             self.actor_target.export(),
@@ -176,15 +274,13 @@ impl Ddpg {
         .into_iter()
         .flatten()
         .collect();
-        out.extend_from_slice(&((f32_blocks.len() + 2) as u32).to_le_bytes());
-        for b in &f32_blocks {
-            put_f32s(&mut out, b);
-        }
-        put_f64s(&mut out, &self.normalizer.mean);
-        put_f64s(&mut out, &self.normalizer.m2);
-        let sum = fnv1a(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        Ok(out)
+        encode(
+            &MAGIC,
+            FORMAT_VERSION,
+            &header,
+            &f32_blocks,
+            &[&self.normalizer.mean, &self.normalizer.m2],
+        )
     }
 
     /// Reads a checkpoint written by [`Ddpg::save`].
@@ -199,69 +295,30 @@ impl Ddpg {
 
     /// Decodes a checkpoint from bytes (see [`Ddpg::load`]).
     pub fn from_bytes(buf: &[u8]) -> Result<Self, ModelError> {
-        if buf.len() < MAGIC.len() {
-            return Err(ModelError::Truncated("magic"));
-        }
-        if buf[..MAGIC.len()] != MAGIC {
-            return Err(ModelError::BadMagic);
-        }
-        if buf.len() < MAGIC.len() + 4 + 4 + 8 {
-            return Err(ModelError::Truncated("header"));
-        }
-        let (body, sum) = buf.split_at(buf.len() - 8);
-        let mut c = Cursor { buf: body, pos: 0 };
-        c.take(MAGIC.len(), "magic")?;
-        let version = c.u32("version")?;
-        if version != FORMAT_VERSION {
-            return Err(ModelError::UnsupportedVersion {
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let mut sb = [0u8; 8];
-        sb.copy_from_slice(sum);
-        if fnv1a(body) != u64::from_le_bytes(sb) {
-            return Err(ModelError::Checksum);
-        }
-        let hlen = c.u32("header length")? as usize;
-        let header: Header = serde_json::from_slice(c.take(hlen, "header")?)
-            .map_err(|e| ModelError::Header(e.to_string()))?;
-        let mut agent = Ddpg::new(header.config)?;
+        let mut built = None;
+        let (header, mut c) = decode(buf, &MAGIC, FORMAT_VERSION, |h: &Header| {
+            let agent = Ddpg::new(h.config.clone())?;
+            let n = 4 * agent.actor.param_sizes().len() + 4 * agent.critic.param_sizes().len() + 2;
+            built = Some(agent);
+            Ok(n)
+        })?;
+        let Some(mut agent) = built else {
+            return Err(ModelError::Header("no configuration".into()));
+        };
         let actor_sizes = agent.actor.param_sizes();
         let critic_sizes = agent.critic.param_sizes();
-        let expected_blocks = 4 * actor_sizes.len() + 4 * critic_sizes.len() + 2;
-        let blocks = c.u32("block count")? as usize;
-        if blocks != expected_blocks {
-            return Err(ModelError::ShapeMismatch {
-                index: 0,
-                expected: expected_blocks,
-                found: blocks,
-            });
-        }
-        let mut index = 0;
-        let mut read = |c: &mut Cursor, sizes: &[usize]| -> Result<Vec<Vec<f32>>, ModelError> {
-            sizes
-                .iter()
-                .map(|&n| {
-                    index += 1;
-                    c.f32s(index - 1, n)
-                })
-                .collect()
-        };
-        let actor = read(&mut c, &actor_sizes)?;
-        let actor_target = read(&mut c, &actor_sizes)?;
-        let critic = read(&mut c, &critic_sizes)?;
-        let critic_target = read(&mut c, &critic_sizes)?;
-        let am = read(&mut c, &actor_sizes)?;
-        let av = read(&mut c, &actor_sizes)?;
-        let cm = read(&mut c, &critic_sizes)?;
-        let cv = read(&mut c, &critic_sizes)?;
+        let actor = c.f32_blocks(&actor_sizes)?;
+        let actor_target = c.f32_blocks(&actor_sizes)?;
+        let critic = c.f32_blocks(&critic_sizes)?;
+        let critic_target = c.f32_blocks(&critic_sizes)?;
+        let am = c.f32_blocks(&actor_sizes)?;
+        let av = c.f32_blocks(&actor_sizes)?;
+        let cm = c.f32_blocks(&critic_sizes)?;
+        let cv = c.f32_blocks(&critic_sizes)?;
         let d = agent.cfg.state_dim;
-        let mean = c.f64s(expected_blocks - 2, d)?;
-        let m2 = c.f64s(expected_blocks - 1, d)?;
-        if c.pos != body.len() {
-            return Err(ModelError::TrailingBytes(body.len() - c.pos));
-        }
+        let mean = c.f64s(d)?;
+        let m2 = c.f64s(d)?;
+        c.finish()?;
         agent.actor.import(&actor)?;
         agent.actor_target.import(&actor_target)?;
         agent.critic.import(&critic)?;

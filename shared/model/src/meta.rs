@@ -45,7 +45,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{fnv1a, put_f32s, Cursor};
+use crate::checkpoint::{decode, encode};
 use crate::config::{DdpgConfig, MAX_STATE_DIM, MAX_WIDTH};
 use crate::ddpg::Ddpg;
 use crate::error::{check_dim, check_finite, ModelError};
@@ -741,86 +741,35 @@ impl MetaLearner {
             gru_adam_t: self.gru_opt.t,
             head_adam_t: self.head_opt.t,
         };
-        let header = serde_json::to_vec(&header).map_err(|e| ModelError::Header(e.to_string()))?;
-        let mut out = Vec::new();
-        out.extend_from_slice(&META_MAGIC);
-        out.extend_from_slice(&META_FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        out.extend_from_slice(&header);
         let blocks: Vec<Vec<f32>> = [self.gru.export(), self.head.export(), gm, gv, hm, hv]
             .into_iter()
             .flatten()
             .collect();
-        out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-        for b in &blocks {
-            put_f32s(&mut out, b);
-        }
-        let sum = fnv1a(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        Ok(out)
+        encode(&META_MAGIC, META_FORMAT_VERSION, &header, &blocks, &[])
     }
 
     /// Decodes [`MetaLearner::to_bytes`]: size, magic, version and checksum first, then every
     /// block against the sizes the header's config implies; errors, never panics.
     pub fn from_bytes(buf: &[u8]) -> Result<Self, ModelError> {
-        if buf.len() < META_MAGIC.len() {
-            return Err(ModelError::Truncated("magic"));
-        }
-        if buf[..META_MAGIC.len()] != META_MAGIC {
-            return Err(ModelError::BadMagic);
-        }
-        if buf.len() < META_MAGIC.len() + 4 + 4 + 8 {
-            return Err(ModelError::Truncated("header"));
-        }
-        let (body, sum) = buf.split_at(buf.len() - 8);
-        let mut c = Cursor { buf: body, pos: 0 };
-        c.take(META_MAGIC.len(), "magic")?;
-        let version = c.u32("version")?;
-        if version != META_FORMAT_VERSION {
-            return Err(ModelError::UnsupportedVersion {
-                found: version,
-                supported: META_FORMAT_VERSION,
-            });
-        }
-        let mut sb = [0u8; 8];
-        sb.copy_from_slice(sum);
-        if fnv1a(body) != u64::from_le_bytes(sb) {
-            return Err(ModelError::Checksum);
-        }
-        let hlen = c.u32("header length")? as usize;
-        let header: MetaHeader = serde_json::from_slice(c.take(hlen, "header")?)
-            .map_err(|e| ModelError::Header(e.to_string()))?;
-        let mut m = MetaLearner::new(header.config)?;
+        let mut built = None;
+        let (header, mut c) = decode(buf, &META_MAGIC, META_FORMAT_VERSION, |h: &MetaHeader| {
+            let m = MetaLearner::new(h.config.clone())?;
+            let n = 3 * (m.gru.param_sizes().len() + m.head.param_sizes().len());
+            built = Some(m);
+            Ok(n)
+        })?;
+        let Some(mut m) = built else {
+            return Err(ModelError::Header("no configuration".into()));
+        };
         let gs = m.gru.param_sizes();
         let hs = m.head.param_sizes();
-        let expected = 3 * (gs.len() + hs.len());
-        let blocks = c.u32("block count")? as usize;
-        if blocks != expected {
-            return Err(ModelError::ShapeMismatch {
-                index: 0,
-                expected,
-                found: blocks,
-            });
-        }
-        let mut index = 0;
-        let mut read = |c: &mut Cursor, sizes: &[usize]| -> Result<Vec<Vec<f32>>, ModelError> {
-            sizes
-                .iter()
-                .map(|&n| {
-                    index += 1;
-                    c.f32s(index - 1, n)
-                })
-                .collect()
-        };
-        let gru_p = read(&mut c, &gs)?;
-        let head_p = read(&mut c, &hs)?;
-        let gm = read(&mut c, &gs)?;
-        let gv = read(&mut c, &gs)?;
-        let hm = read(&mut c, &hs)?;
-        let hv = read(&mut c, &hs)?;
-        if c.pos != body.len() {
-            return Err(ModelError::TrailingBytes(body.len() - c.pos));
-        }
+        let gru_p = c.f32_blocks(&gs)?;
+        let head_p = c.f32_blocks(&hs)?;
+        let gm = c.f32_blocks(&gs)?;
+        let gv = c.f32_blocks(&gs)?;
+        let hm = c.f32_blocks(&hs)?;
+        let hv = c.f32_blocks(&hs)?;
+        c.finish()?;
         m.gru.import(&gru_p)?;
         m.head.import(&head_p)?;
         m.gru_opt.import(&m.gru, header.gru_adam_t, &gm, &gv)?;

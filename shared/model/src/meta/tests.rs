@@ -1,4 +1,5 @@
 use super::*;
+use crate::checkpoint::fnv1a;
 use crate::Transition;
 
 fn small(seed: u64) -> MetaConfig {
