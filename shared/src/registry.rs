@@ -150,7 +150,8 @@ pub struct Registered {
     /// target is managed with the configured spec, as without a controller).
     pub managed: Option<bool>,
     pub generation: Option<u64>,
-    last: Option<RegisteredSpec>,
+    /// The registered spec and profile in force (while registered).
+    current: Option<(TargetSpec, Option<LifecycleProfile>)>,
 }
 
 impl Registered {
@@ -160,19 +161,19 @@ impl Registered {
             None => {
                 self.managed = Some(false);
                 self.generation = Some(r.generation);
-                self.last = None;
+                self.current = None;
                 Change::Deregistered
             }
             Some(s) => match from_registered(&r.target, s) {
                 Err(e) => Change::Refused(e),
-                Ok((spec, lifecycle)) => {
-                    let changed = self.managed != Some(true) || self.last.as_ref() != Some(s);
+                Ok(now) => {
+                    let changed = self.current.as_ref() != Some(&now);
                     self.managed = Some(true);
                     self.generation = Some(r.generation);
-                    self.last = Some(s.clone());
+                    self.current = Some(now.clone());
                     Change::Registered {
-                        spec,
-                        lifecycle,
+                        spec: now.0,
+                        lifecycle: now.1,
                         changed,
                     }
                 }
@@ -184,25 +185,23 @@ impl Registered {
     pub fn is_deregistered(&self) -> bool {
         self.managed == Some(false)
     }
+
+    /// The registered spec in force, if registered.
+    pub fn spec(&self) -> Option<&TargetSpec> {
+        self.current.as_ref().map(|(spec, _)| spec)
+    }
 }
 
 /// Registrations of every target, for services without per-target actors (the collector).
 #[derive(Debug, Default)]
 pub struct Registry {
-    targets: HashMap<Target, (Registered, Option<TargetSpec>)>,
+    targets: HashMap<Target, Registered>,
 }
 
 impl Registry {
     /// Folds one registration in and returns what changed.
     pub fn apply(&mut self, r: &Registration) -> Change {
-        let entry = self.targets.entry(r.target.clone()).or_default();
-        let change = entry.0.apply(r);
-        match &change {
-            Change::Registered { spec, .. } => entry.1 = Some(spec.clone()),
-            Change::Deregistered => entry.1 = None,
-            Change::Refused(_) => {}
-        }
-        change
+        self.targets.entry(r.target.clone()).or_default().apply(r)
     }
 
     /// Targets registered now, with their specs (sorted by target).
@@ -210,7 +209,7 @@ impl Registry {
         let mut out: Vec<TargetSpec> = self
             .targets
             .values()
-            .filter_map(|(_, spec)| spec.clone())
+            .filter_map(|r| r.spec().cloned())
             .collect();
         out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
@@ -220,7 +219,7 @@ impl Registry {
     pub fn is_deregistered(&self, target: &Target) -> bool {
         self.targets
             .get(target)
-            .is_some_and(|(r, _)| r.is_deregistered())
+            .is_some_and(Registered::is_deregistered)
     }
 }
 
