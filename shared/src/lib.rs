@@ -5,6 +5,8 @@ pub mod agents;
 pub mod bus;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "kube-mock")]
+pub mod kube_mock;
 pub mod launcher;
 pub mod model_store;
 pub mod probe;

@@ -11,8 +11,8 @@ use aware_bus_schemas::{
 };
 use aware_shared::bus::{Bus, Subscription};
 use aware_shared::config::AppConfig;
+use aware_shared::kube_mock::{self, get, Exchange};
 use aware_shared::service::ServiceContext;
-use http::header::CONTENT_TYPE;
 use http::{Method, Request, Response};
 use kube::client::Body;
 use kube::Client;
@@ -29,39 +29,12 @@ const STATUS: &str = "/apis/aware.dev/v1alpha1/namespaces/shop/awareautoscalers/
 const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
 const MIB: u64 = 1024 * 1024;
 
-/// One request the mock server expects and its answer. `body`: the expected JSON body, with
-/// every `lastTransitionTime` replaced by `"<time>"` after checking it is an RFC 3339 time.
-struct Exchange {
-    method: Method,
-    uri: String,
-    content_type: Option<&'static str>,
-    body: Option<Value>,
-    status: u16,
-    response: Value,
-}
-
-fn get(uri: &str, status: u16, response: Value) -> Exchange {
-    Exchange {
-        method: Method::GET,
-        uri: uri.to_string(),
-        content_type: None,
-        body: None,
-        status,
-        response,
-    }
-}
-
+/// A PATCH answered with 200 (the controller's writes all succeed in these scripts).
 fn patch(uri: &str, content_type: &'static str, body: Value, response: Value) -> Exchange {
-    Exchange {
-        method: Method::PATCH,
-        uri: uri.to_string(),
-        content_type: Some(content_type),
-        body: Some(body),
-        status: 200,
-        response,
-    }
+    kube_mock::patch(uri, content_type, body, 200, response)
 }
 
+/// Every `lastTransitionTime` replaced by `"<time>"` after checking it is an RFC 3339 time.
 fn normalize_times(v: &mut Value) {
     match v {
         Value::Object(m) => {
@@ -83,49 +56,9 @@ fn normalize_times(v: &mut Value) {
     }
 }
 
-/// Serves `script` in order, asserting every request, then asserts that no request follows.
+/// The scripted mock API server, timestamps normalized (see [`normalize_times`]).
 fn serve(script: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<()>) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(async move {
-        let mut handle = pin!(handle);
-        for (i, ex) in script.into_iter().enumerate() {
-            let (request, send) = handle
-                .next_request()
-                .await
-                .unwrap_or_else(|| panic!("request #{i} ({} {}) never came", ex.method, ex.uri));
-            assert_eq!(request.method(), ex.method, "method of request #{i}");
-            assert_eq!(request.uri().to_string(), ex.uri, "uri of request #{i}");
-            let content_type = request
-                .headers()
-                .get(CONTENT_TYPE)
-                .map(|v| v.to_str().unwrap().to_string());
-            assert_eq!(
-                content_type.as_deref(),
-                ex.content_type,
-                "content type of request #{i}"
-            );
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            match ex.body {
-                Some(expected) => {
-                    let mut got: Value = serde_json::from_slice(&bytes).unwrap();
-                    normalize_times(&mut got);
-                    assert_eq!(got, expected, "body of request #{i}");
-                }
-                None => assert!(bytes.is_empty(), "request #{i} has a body"),
-            }
-            send.send_response(
-                Response::builder()
-                    .status(ex.status)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Body::from(serde_json::to_vec(&ex.response).unwrap()))
-                    .unwrap(),
-            );
-        }
-        if let Some((request, _)) = handle.next_request().await {
-            panic!("unexpected request {} {}", request.method(), request.uri());
-        }
-    });
-    (Client::new(service, "default"), server)
+    kube_mock::serve_normalized(script, normalize_times)
 }
 
 struct Fixture {
@@ -643,13 +576,7 @@ async fn the_running_controller_registers_on_create_and_releases_on_delete() {
         let mut released = false;
         let mut finalizer_removed_tx = Some(finalizer_removed_tx);
         let respond = |send: tower_test::mock::SendResponse<Response<Body>>, v: &Value| {
-            send.send_response(
-                Response::builder()
-                    .status(200)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Body::from(serde_json::to_vec(v).unwrap()))
-                    .unwrap(),
-            )
+            send.send_response(kube_mock::json_response(200, v))
         };
         loop {
             let next = tokio::select! {

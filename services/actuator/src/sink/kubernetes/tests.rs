@@ -9,7 +9,7 @@ const GIB: u64 = 1024 * MIB;
 use std::pin::pin;
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
+use aware_shared::kube_mock::{get, json_response, patch, serve, Exchange};
 use http::{Method, Request, Response};
 use kube::client::Body;
 use serde_json::json;
@@ -28,88 +28,6 @@ const PODS: &str = "/api/v1/namespaces/shop/pods?&labelSelector=app%3Dweb";
 
 fn resize_uri(pod: &str) -> String {
     format!("/api/v1/namespaces/shop/pods/{pod}/resize?&fieldManager=aware-actuator")
-}
-
-/// One request the mock server expects and its answer.
-struct Exchange {
-    method: Method,
-    uri: String,
-    content_type: Option<&'static str>,
-    body: Option<Value>,
-    status: u16,
-    response: Value,
-}
-
-fn get(uri: &str, status: u16, response: Value) -> Exchange {
-    Exchange {
-        method: Method::GET,
-        uri: uri.to_string(),
-        content_type: None,
-        body: None,
-        status,
-        response,
-    }
-}
-
-fn patch(
-    uri: &str,
-    content_type: &'static str,
-    body: Value,
-    status: u16,
-    response: Value,
-) -> Exchange {
-    Exchange {
-        method: Method::PATCH,
-        uri: uri.to_string(),
-        content_type: Some(content_type),
-        body: Some(body),
-        status,
-        response,
-    }
-}
-
-/// Serves `script` in order, asserting every request, then asserts that no request follows.
-fn serve(script: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<()>) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(async move {
-        let mut handle = pin!(handle);
-        for (i, ex) in script.into_iter().enumerate() {
-            let (request, send) = handle
-                .next_request()
-                .await
-                .unwrap_or_else(|| panic!("request #{i} ({} {}) never came", ex.method, ex.uri));
-            assert_eq!(request.method(), ex.method, "method of request #{i}");
-            assert_eq!(request.uri().to_string(), ex.uri, "uri of request #{i}");
-            let content_type = request
-                .headers()
-                .get(CONTENT_TYPE)
-                .map(|v| v.to_str().unwrap().to_string());
-            assert_eq!(
-                content_type.as_deref(),
-                ex.content_type,
-                "content type of request #{i}"
-            );
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            match ex.body {
-                Some(expected) => {
-                    let got: Value = serde_json::from_slice(&bytes).unwrap();
-                    assert_eq!(got, expected, "body of request #{i}");
-                }
-                None => assert!(bytes.is_empty(), "request #{i} has a body"),
-            }
-            send.send_response(
-                Response::builder()
-                    .status(ex.status)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Body::from(serde_json::to_vec(&ex.response).unwrap()))
-                    .unwrap(),
-            );
-        }
-        if let Some((request, _)) = handle.next_request().await {
-            panic!("unexpected request {} {}", request.method(), request.uri());
-        }
-    });
-    (Client::new(service, "default"), server)
 }
 
 /// Runs `f` against the scripted server and checks the whole script was served.
@@ -1001,13 +919,7 @@ fn serve_accepting(current: Resources) -> (Client, tokio::task::JoinHandle<Seen>
                 deploy.clone()
             };
             seen.push((method, uri, body));
-            send.send_response(
-                Response::builder()
-                    .status(200)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
-                    .unwrap(),
-            );
+            send.send_response(json_response(200, &response));
         }
         seen
     });

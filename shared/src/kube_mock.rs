@@ -1,0 +1,113 @@
+//! A scripted mock Kubernetes API server for tests (`tower_test::mock::pair`): every request's
+//! method, URI (with query), content type and JSON body is asserted against the script, and the
+//! server answers with Kubernetes-shaped JSON. Used by the actuator's sink tests and the
+//! controller's tests (feature `kube-mock`, for dev-dependencies only).
+
+// Test support: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::pin::pin;
+
+use http::header::CONTENT_TYPE;
+use http::{Method, Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::Value;
+
+/// One request the mock server expects and its answer.
+pub struct Exchange {
+    pub method: Method,
+    pub uri: String,
+    pub content_type: Option<&'static str>,
+    /// The expected JSON body (after the server's normalization), `None`: no body.
+    pub body: Option<Value>,
+    pub status: u16,
+    pub response: Value,
+}
+
+/// A GET of `uri` answered with `status` and `response`.
+pub fn get(uri: &str, status: u16, response: Value) -> Exchange {
+    Exchange {
+        method: Method::GET,
+        uri: uri.to_string(),
+        content_type: None,
+        body: None,
+        status,
+        response,
+    }
+}
+
+/// A PATCH of `uri` with `content_type` and `body`, answered with `status` and `response`.
+pub fn patch(
+    uri: &str,
+    content_type: &'static str,
+    body: Value,
+    status: u16,
+    response: Value,
+) -> Exchange {
+    Exchange {
+        method: Method::PATCH,
+        uri: uri.to_string(),
+        content_type: Some(content_type),
+        body: Some(body),
+        status,
+        response,
+    }
+}
+
+/// Serves `script` in order, asserting every request, then asserts that no request follows.
+pub fn serve(script: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<()>) {
+    serve_normalized(script, |_| {})
+}
+
+/// Like [`serve`], with every request body passed through `normalize` before the comparison
+/// (e.g. to replace timestamps the client generates).
+pub fn serve_normalized(
+    script: Vec<Exchange>,
+    normalize: fn(&mut Value),
+) -> (Client, tokio::task::JoinHandle<()>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        for (i, ex) in script.into_iter().enumerate() {
+            let (request, send) = handle
+                .next_request()
+                .await
+                .unwrap_or_else(|| panic!("request #{i} ({} {}) never came", ex.method, ex.uri));
+            assert_eq!(request.method(), ex.method, "method of request #{i}");
+            assert_eq!(request.uri().to_string(), ex.uri, "uri of request #{i}");
+            let content_type = request
+                .headers()
+                .get(CONTENT_TYPE)
+                .map(|v| v.to_str().unwrap().to_string());
+            assert_eq!(
+                content_type.as_deref(),
+                ex.content_type,
+                "content type of request #{i}"
+            );
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            match ex.body {
+                Some(expected) => {
+                    let mut got: Value = serde_json::from_slice(&bytes).unwrap();
+                    normalize(&mut got);
+                    assert_eq!(got, expected, "body of request #{i}");
+                }
+                None => assert!(bytes.is_empty(), "request #{i} has a body"),
+            }
+            send.send_response(json_response(ex.status, &ex.response));
+        }
+        if let Some((request, _)) = handle.next_request().await {
+            panic!("unexpected request {} {}", request.method(), request.uri());
+        }
+    });
+    (Client::new(service, "default"), server)
+}
+
+/// A JSON response with `status`.
+pub fn json_response(status: u16, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
