@@ -340,6 +340,52 @@ fn update_status(
     entry != &before
 }
 
+/// Why a target is not managed: (condition reason, message, when to look again).
+type Problem = (&'static str, String, Action);
+
+/// The object cannot be managed: deregister what an older generation registered, report the
+/// reason in the `Registered` condition.
+async fn not_managing(
+    shared: &Shared,
+    obj: &AwareAutoscaler,
+    key: ObjectKey,
+    target: Target,
+    gen: Option<i64>,
+    (reason, message, action): Problem,
+) -> Result<Action, ControllerError> {
+    tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), %target, reason, %message, "not managing the target");
+    shared
+        .metrics
+        .reconciles
+        .with_label_values(&[if reason == "TargetNotFound" {
+            "target_missing"
+        } else {
+            "invalid"
+        }])
+        .inc();
+    // Whatever was registered before (an older, valid generation) stops being managed.
+    let was_managed = {
+        let mut t = shared.tracked();
+        let was = t.owners.get(&target) == Some(&key);
+        if was {
+            t.owners.remove(&target);
+        }
+        was
+    };
+    if was_managed {
+        publish_registration(shared, obj, None).await?;
+    }
+    let changed = update_status(shared, &key, obj.status.as_ref(), |s| {
+        set_condition(&mut s.conditions, REGISTERED, false, reason, message, gen);
+        s.observed_generation = gen;
+    });
+    if changed {
+        write_status(shared, &key).await?;
+    }
+    shared.metrics.managed.set(managed_count(shared));
+    Ok(action)
+}
+
 /// Apply: validate, register, record the owner, write conditions. Requeued after
 /// `resync_seconds`, which re-sends the registration.
 async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action, ControllerError> {
@@ -347,13 +393,13 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
     let target = target_of(&obj)?;
     let gen = obj.meta().generation;
     let resync = Action::requeue(Duration::from_secs(shared.config.resync_seconds));
-    let problem = match obj.target_spec() {
-        Err(e) => Some(("InvalidSpec", e.to_string(), Action::await_change())),
-        Ok(_) => {
+    let checked = match obj.target_spec() {
+        Err(e) => Err(("InvalidSpec", e.to_string(), Action::await_change())),
+        Ok(spec) => {
             let deployments: Api<Deployment> =
                 Api::namespaced(shared.client.clone(), &key.namespace);
             match deployments.get_opt(&target.name).await? {
-                None => Some((
+                None => Err((
                     "TargetNotFound",
                     format!(
                         "Deployment {}/{} does not exist",
@@ -375,54 +421,24 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
                                 cpu_millicores: cpu,
                                 memory_bytes: mem,
                             })
-                            .err()
-                            .map(|e: CrdError| {
+                            .map(|()| spec)
+                            .map_err(|e: CrdError| {
                                 (
                                     "BoundsExcludeCurrent",
                                     e.to_string(),
                                     Action::await_change(),
                                 )
                             }),
-                        _ => None,
+                        _ => Ok(spec),
                     }
                 }
             }
         }
     };
-    if let Some((reason, message, action)) = problem {
-        tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), %target, reason, %message, "not managing the target");
-        shared
-            .metrics
-            .reconciles
-            .with_label_values(&[if reason == "TargetNotFound" {
-                "target_missing"
-            } else {
-                "invalid"
-            }])
-            .inc();
-        // Whatever was registered before (an older, valid generation) stops being managed.
-        let was_managed = {
-            let mut t = shared.tracked();
-            let was = t.owners.get(&target) == Some(&key);
-            if was {
-                t.owners.remove(&target);
-            }
-            was
-        };
-        if was_managed {
-            publish_registration(&shared, &obj, None).await?;
-        }
-        let changed = update_status(&shared, &key, obj.status.as_ref(), |s| {
-            set_condition(&mut s.conditions, REGISTERED, false, reason, message, gen);
-            s.observed_generation = gen;
-        });
-        if changed {
-            write_status(&shared, &key).await?;
-        }
-        shared.metrics.managed.set(managed_count(&shared));
-        return Ok(action);
-    }
-    let spec = obj.target_spec().map_err(|_| ControllerError::Unnamed)?;
+    let spec = match checked {
+        Ok(spec) => spec,
+        Err(problem) => return not_managing(&shared, &obj, key, target, gen, problem).await,
+    };
     let lifecycle = obj.lifecycle_profile().ok();
     publish_registration(
         &shared,
