@@ -157,17 +157,7 @@ async fn late_subscribers_start_from_every_targets_current_state() {
     publish(lifecycle("b", 2, Stage::Offline)).await;
     publish(lifecycle("a", 20, Stage::Serving)).await;
     bus.flush().await.unwrap();
-    // Captured (the capture is asynchronous to the publish).
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let mut stream = async_nats::jetstream::new(client)
-        .get_stream("AWARE")
-        .await
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stream.info().await.unwrap().state.messages < 4 {
-        assert!(std::time::Instant::now() < deadline, "not captured");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    aware_tests::wait_captured(&server.url(), "AWARE", 4).await;
 
     let app = AppConfig {
         bus: bus_cfg.clone(),

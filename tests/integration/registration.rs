@@ -231,16 +231,7 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     prior.target = target();
     prior.stage = Stage::Serving;
     publish(&bus, prior.into()).await;
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let mut stream = async_nats::jetstream::new(client)
-        .get_stream("AWARE")
-        .await
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stream.info().await.unwrap().state.messages < 1 {
-        assert!(std::time::Instant::now() < deadline, "not captured");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
 
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
     let shutdown = CancellationToken::new();

@@ -171,3 +171,32 @@ pub fn msgpack_field(bytes: &[u8], key: &str) -> Option<rmpv::Value> {
         .find(|(k, _)| k.as_str() == Some(key))
         .map(|(_, v)| v.clone())
 }
+
+/// Waits (up to 20 s) until the JetStream stream `stream` on the server at `url` holds at least
+/// `at_least` messages: the capture is asynchronous to the publish. Panics otherwise.
+pub async fn wait_captured(url: &str, stream: &str, at_least: u64) {
+    let client = async_nats::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    let mut s = async_nats::jetstream::new(client)
+        .get_stream(stream)
+        .await
+        .unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = s
+            .info()
+            .await
+            .unwrap_or_else(|e| panic!("stream {stream} info: {e}"))
+            .state
+            .messages;
+        if held >= at_least {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stream {stream} holds {held} messages after 20 s, expected {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
