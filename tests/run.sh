@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (nats-server, prometheus) when missing, builds
+# The whole test suite: installs what the tests need (nats-server, prometheus, python3 with venv for
+# the manifest checks) when missing, builds
 # every binary (integration tests run them as separate processes), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,7 @@ need=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/bin/$1" ]; }
 have nats-server || need+=(nats-server)
 have prometheus || need+=(prometheus)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3 python3-venv python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
