@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (nats-server, prometheus, python3 with venv for
-# the manifest checks) when missing, builds
-# every binary (integration tests run them as separate processes), then runs every test.
+# The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
+# with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
+# binary (integration tests run them as separate processes), then runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
