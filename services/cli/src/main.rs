@@ -229,6 +229,45 @@ enum BenchCommand {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Adaptation to new workloads (paper §5.2, Fig. 8): AWARE's meta-learned base-learner vs
+    /// transfer learning (TL) and TL with forecast and resource-table features (TL+) on held-out
+    /// apps; episodes and CPU-seconds to 95% of the converged reward, SLO violations; writes
+    /// adapt.json and adapt-curve.svg.
+    Adapt {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// An `aware train-meta` output directory (default: a short meta-training first).
+        #[arg(long)]
+        meta: Option<PathBuf>,
+        /// Held-out apps (generated from --seed, which must differ from the pool's).
+        #[arg(long, default_value_t = 10)]
+        apps: usize,
+        #[arg(long, default_value_t = 1001)]
+        seed: u64,
+        /// Episode budget per app and arm.
+        #[arg(long, default_value_t = 100)]
+        episodes: usize,
+        #[arg(long, default_value_t = 50)]
+        steps_per_episode: usize,
+        /// Gradient steps per transition (every learning arm).
+        #[arg(long, default_value_t = 1)]
+        gradient_steps: u32,
+        /// AWARE: fallback episodes before the first embedding (counted in the budget).
+        #[arg(long, default_value_t = 3)]
+        fallback_episodes: usize,
+        /// TL/TL+ source app: index into the meta-training pool's training side.
+        #[arg(long, default_value_t = 0)]
+        source_index: usize,
+        /// Most episodes the TL/TL+ source agents train (they stop earlier on a plateau).
+        #[arg(long, default_value_t = 300)]
+        source_max_episodes: u32,
+        /// Iterations of the short meta-training run without --meta.
+        #[arg(long, default_value_t = 60)]
+        meta_iterations: u64,
+        /// Skip the learning-from-scratch reference arm.
+        #[arg(long)]
+        no_scratch: bool,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -491,6 +530,96 @@ fn main() -> anyhow::Result<()> {
                     out.display(),
                     out.display()
                 );
+            }
+            BenchCommand::Adapt {
+                out,
+                meta,
+                apps,
+                seed,
+                episodes,
+                steps_per_episode,
+                gradient_steps,
+                fallback_episodes,
+                source_index,
+                source_max_episodes,
+                meta_iterations,
+                no_scratch,
+            } => {
+                aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+                let defaults = bench::adapt::AdaptBenchOptions::default();
+                let opts = bench::adapt::AdaptBenchOptions {
+                    out: out.clone(),
+                    meta,
+                    apps,
+                    seed,
+                    episodes,
+                    steps_per_episode,
+                    gradient_steps,
+                    fallback_episodes,
+                    source_index,
+                    source_max_episodes,
+                    scratch: !no_scratch,
+                    train: aware_cli::train_meta::TrainMetaOptions {
+                        iterations: meta_iterations,
+                        ..defaults.train.clone()
+                    },
+                    ..defaults
+                };
+                let r = bench::adapt::run(&opts)?;
+                for s in &r.sources {
+                    println!(
+                        "{:>8} source agent on {}: {} episodes ({}), final reward {:.3}/step, {:.1} CPU-s",
+                        s.arm,
+                        s.app,
+                        s.episodes,
+                        if s.converged { "plateau" } else { "episode cap" },
+                        s.final_reward,
+                        s.cpu_seconds
+                    );
+                }
+                println!(
+                    "meta-learner: {} ({} iterations, {:.0} s)",
+                    r.meta.source, r.meta.iterations, r.meta.train_seconds
+                );
+                println!(
+                    "{:>8} | episodes to 95% median / mean (censored) | CPU-s median / mean | SLO viol. adapting / budget | deficit CPU / mem pp | reward/step | final % conv.",
+                    "arm"
+                );
+                for a in &r.arms {
+                    println!(
+                        "{:>8} | {:>6.1} / {:>6.1} ({:>2}/{})              | {:>6.2} / {:>6.2}     | {:>7} / {:>7}           | {:>5.1} / {:>5.1}        | {:.4}      | {:.1}",
+                        a.arm,
+                        a.median_episodes,
+                        a.mean_episodes,
+                        a.censored,
+                        a.apps,
+                        a.median_cpu_seconds,
+                        a.mean_cpu_seconds,
+                        a.slo_violations_adapting,
+                        a.slo_violations_total,
+                        a.mean_cpu_util_deficit_pp,
+                        a.mean_memory_util_deficit_pp,
+                        a.mean_reward,
+                        a.mean_final_pct_of_converged
+                    );
+                }
+                for s in &r.speed_ups {
+                    println!(
+                        "AWARE vs {:>7}: episodes ×{:.2} median, ×{:.2} mean (ratio of medians ×{:.2}); CPU-s ×{:.2} median, ×{:.2} mean; SLO violations ×{:.2} adapting, ×{:.2} budget; censored {} vs aware {}",
+                        s.vs,
+                        s.median_episodes_ratio,
+                        s.mean_episodes_ratio,
+                        s.ratio_of_median_episodes,
+                        s.median_cpu_ratio,
+                        s.mean_cpu_ratio,
+                        s.slo_ratio_adapting,
+                        s.slo_ratio_total,
+                        s.other_censored,
+                        s.aware_censored
+                    );
+                }
+                let path = bench::write_json(&out, "adapt.json", &serde_json::to_value(&r)?)?;
+                println!("wrote {path} and {}", out.join("adapt-curve.svg").display());
             }
             BenchCommand::Sim {
                 out,

@@ -364,7 +364,7 @@ fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), TrainMetaError> {
     write_atomic(path, &text)
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainMetaError> {
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainMetaError> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
     serde_json::from_slice(&bytes).map_err(|source| TrainMetaError::Json {
         path: path.display().to_string(),

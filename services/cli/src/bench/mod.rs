@@ -1,5 +1,6 @@
 //! `aware bench <name>`: benchmarks that write JSON (and plots where a person would look).
 
+pub mod adapt;
 pub mod bootstrap;
 pub mod bus;
 pub mod control_loop;

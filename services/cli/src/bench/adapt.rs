@@ -1,0 +1,1458 @@
+//! `aware bench adapt` (paper §5.2, Fig. 8): how fast a policy adapts to a workload it has never
+//! seen — AWARE's meta-learned base-learner against FIRM's transfer learning (TL) and TL with
+//! extra temporal and spatial state features (TL+).
+//!
+//! In this process on the simulator. Held-out apps: `generate_apps(apps, seed)` with a seed
+//! other than the meta-training pool's (default 1001, the pool's is `train-meta --seed`, 0 by
+//! default): apps never seen in meta-training nor by the TL source agents. Per app and arm,
+//! `episodes` episodes of `steps_per_episode` steps; episode k of an app runs on a fresh
+//! simulator reset with the same seed in every arm (the same trace, the same noise), and every
+//! learning arm takes `gradient_steps` DDPG updates (minibatch 64) per transition. Arms:
+//!
+//! - `aware`: the meta-trained base-learner and meta-learner of an `aware train-meta` output
+//!   (or a short meta-training first). The first `fallback_episodes` episodes of the budget are
+//!   driven by the fallback rule meta-training used (`train_meta::fallback_action`); their
+//!   top-M form the app's bundle, which the frozen meta-learner embeds. Then the base-learner
+//!   (DDPG over `state ‖ embedding`) acts and is fine-tuned online; the embedding is recomputed
+//!   from the app's top-M episodes every `embedding_refresh` episodes (as the trainer does). The
+//!   fallback episodes' transitions get their gradient steps when the first embedding exists
+//!   (the same number per transition as every other arm).
+//! - `tl`: a DDPG agent (64-64, Table 2) trained online to convergence on one source app of the
+//!   meta-training pool's training side ([`tl::train_source`]), copied into each app's agent
+//!   ([`tl::transfer`]) and fine-tuned online.
+//! - `tl_plus`: the same with the extended state `state ‖ TL+ features` ([`features`]), source
+//!   agent included.
+//! - `scratch`: a fresh DDPG agent learning online (reference).
+//! - `fallback`: the recommender's HPA + VPA (`Fallback`, default settings, a fresh instance per
+//!   episode since every episode restarts the simulator's clock), no learning (reference).
+//!
+//! Measures, per arm and app: the episodes until the moving average (over `window` episodes;
+//! partial windows at the start) of the learned policy's per-step episode reward first reaches
+//! `threshold` (95%) of the app's converged reward, counting every episode of the budget up to
+//! there, the fallback episodes of `aware` included — but only episodes the learned policy drove
+//! can reach it. Censored at the budget when never reached (counted as the budget and reported
+//! as censored). The converged reward of an app is the best final-`window` mean among the
+//! learning arms (the plateau the best of them reached within the budget). Also the thread CPU
+//! time of the agent's work until then (acting, TL+ features, embeddings, gradient steps; not
+//! the simulator), the SLO violations until then and over the whole budget, and the CPU/memory
+//! utilization deficit against the converged policy (that best arm's final-window utilization)
+//! over the adaptation episodes. Not counted per app: meta-training and the source agents'
+//! training (one-off costs, reported separately).
+
+pub mod features;
+pub mod tl;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use aware_bus_schemas::Target;
+use aware_loadgen::app::{generate_apps, GeneratorOptions};
+use aware_loadgen::{AppSpec, Observation, SimConfig, SimEnv, TargetAction};
+use aware_recommender::fallback::{Fallback, FallbackConfig};
+use aware_shared_model::{
+    Batch, Ddpg, EpisodeBundle, MetaDdpg, MetaLearner, ReplayBuffer, Transition, ACTION_DIM,
+};
+use cpu_time::ThreadTime;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use self::features::TlPlusFeatures;
+use super::{median, BenchError};
+use crate::train_meta::{
+    self, bundle_of, fallback_action, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
+};
+
+/// The arms, in report order.
+pub const ARMS: [&str; 5] = ["aware", "tl", "tl_plus", "scratch", "fallback"];
+/// The arms that learn (the converged reward is the best of them).
+pub const LEARNING_ARMS: [&str; 4] = ["aware", "tl", "tl_plus", "scratch"];
+
+/// Minibatch of every gradient step.
+const BATCH: usize = 64;
+/// Replay capacity per agent (more than any budget's transitions).
+const REPLAY_CAPACITY: usize = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct AdaptBenchOptions {
+    pub out: PathBuf,
+    /// An `aware train-meta` output; None: a short meta-training (`train`) into
+    /// `<out>/adapt-meta` first.
+    pub meta: Option<PathBuf>,
+    /// Held-out apps.
+    pub apps: usize,
+    /// Generator and noise seed of the held-out apps (must differ from the pool's).
+    pub seed: u64,
+    /// Episode budget per app and arm.
+    pub episodes: usize,
+    pub steps_per_episode: usize,
+    /// Gradient steps per transition (every learning arm).
+    pub gradient_steps: u32,
+    /// `aware`: fallback episodes before the first embedding (counted in the budget).
+    pub fallback_episodes: usize,
+    /// `aware`: agent episodes between embedding refreshes.
+    pub embedding_refresh: usize,
+    /// Moving-average window (episodes).
+    pub window: usize,
+    /// Share of the converged reward to reach.
+    pub threshold: f64,
+    pub hidden: usize,
+    pub exploration_sigma: f32,
+    /// Index into the pool's training side of the TL source app.
+    pub source_index: usize,
+    pub source_min_episodes: u32,
+    pub source_max_episodes: u32,
+    /// Run the `scratch` arm.
+    pub scratch: bool,
+    /// The short meta-training used without `meta`.
+    pub train: TrainMetaOptions,
+}
+
+impl Default for AdaptBenchOptions {
+    fn default() -> Self {
+        AdaptBenchOptions {
+            out: PathBuf::from("bench-out"),
+            meta: None,
+            apps: 10,
+            seed: 1001,
+            episodes: 100,
+            steps_per_episode: 50,
+            gradient_steps: 1,
+            fallback_episodes: 3,
+            embedding_refresh: 5,
+            window: 10,
+            threshold: 0.95,
+            hidden: 64,
+            exploration_sigma: 0.2,
+            source_index: 0,
+            source_min_episodes: 60,
+            source_max_episodes: 300,
+            scratch: true,
+            train: TrainMetaOptions {
+                apps: 20,
+                iterations: 60,
+                progress_every: 0,
+                ..TrainMetaOptions::default()
+            },
+        }
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Failed(e.to_string())
+}
+
+impl From<aware_loadgen::SimError> for BenchError {
+    fn from(e: aware_loadgen::SimError) -> Self {
+        fail(e)
+    }
+}
+
+/// The noise/trace seed of episode `k` of the app with seed `app_seed` (the same in every arm).
+pub(crate) fn episode_seed(app_seed: u64, k: u64) -> u64 {
+    app_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (k << 24) ^ 0xada7
+}
+
+/// Who drives an episode of a [`Learner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunEpisode {
+    /// The agent explores and trains every step.
+    Agent,
+    /// `train_meta::fallback_action` drives; transitions are stored, not trained on yet.
+    FallbackRule,
+}
+
+/// What one episode did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EpisodeOut {
+    /// Mean per-step reward.
+    pub reward: f64,
+    pub slo_violations: u64,
+    pub cpu_util: f64,
+    pub memory_util: f64,
+    /// Thread CPU time of the agent's work.
+    pub cpu_seconds: f64,
+    /// `[state ‖ action ‖ reward]` rows (the meta-learner's bundle format).
+    pub rows: Vec<f32>,
+    pub last_state: Vec<f32>,
+}
+
+impl EpisodeOut {
+    fn as_meta_episode(&self, fallback: bool) -> train_meta::Episode {
+        train_meta::Episode {
+            reward: self.reward,
+            fallback,
+            steps: self.rows.clone(),
+            last_state: self.last_state.clone(),
+        }
+    }
+}
+
+fn first(v: Vec<Observation>) -> Result<Observation, BenchError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| fail("simulator returned no observation"))
+}
+
+/// `states ‖ embedding` for every row of `b`.
+fn with_embedding(b: &Batch, e: &[f32]) -> Batch {
+    let d = b.state_dim;
+    let widen = |xs: &[f32]| -> Vec<f32> {
+        xs.chunks(d.max(1))
+            .flat_map(|row| row.iter().chain(e).copied())
+            .collect()
+    };
+    Batch {
+        state_dim: d + e.len(),
+        states: widen(&b.states),
+        actions: b.actions.clone(),
+        rewards: b.rewards.clone(),
+        next_states: widen(&b.next_states),
+        dones: b.dones.clone(),
+    }
+}
+
+/// One online-learning DDPG agent on one app: its replay buffer (states without the
+/// embedding), TL+ features (when `extended`) and, for AWARE, the embedding appended to every
+/// state it acts or trains on.
+pub(crate) struct Learner {
+    agent: Ddpg,
+    replay: ReplayBuffer,
+    extended: bool,
+    embed_dim: usize,
+    embedding: Option<Vec<f32>>,
+    features: TlPlusFeatures,
+    rng: ChaCha8Rng,
+    gradient_steps: u32,
+    updates: u64,
+}
+
+impl Learner {
+    pub(crate) fn new(
+        mut agent: Ddpg,
+        extended: bool,
+        embed_dim: usize,
+        gradient_steps: u32,
+        seed: u64,
+    ) -> Result<Self, BenchError> {
+        let base = tl::state_dim(extended);
+        if agent.config().state_dim != base + embed_dim {
+            return Err(fail(format!(
+                "agent state width {} is not {base} + {embed_dim}",
+                agent.config().state_dim
+            )));
+        }
+        agent.normalizer_mut().unfreeze();
+        agent.reset_noise();
+        Ok(Learner {
+            agent,
+            replay: ReplayBuffer::new(REPLAY_CAPACITY, base, seed ^ 0x4e91)?,
+            extended,
+            embed_dim,
+            embedding: None,
+            features: TlPlusFeatures::default(),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5e7e),
+            gradient_steps,
+            updates: 0,
+        })
+    }
+
+    pub(crate) fn into_agent(self) -> Ddpg {
+        self.agent
+    }
+
+    /// The state the agent stores: the simulator's, plus TL+'s features.
+    fn base_state(&self, obs: &Observation) -> Vec<f32> {
+        let mut s = obs.state.to_vec();
+        if self.extended {
+            s.extend_from_slice(&self.features.features(obs));
+        }
+        s
+    }
+
+    /// The agent's input: the base state, plus the embedding.
+    fn input(&self, s: &[f32]) -> Result<Vec<f32>, BenchError> {
+        if self.embed_dim == 0 {
+            return Ok(s.to_vec());
+        }
+        let e = self
+            .embedding
+            .as_ref()
+            .ok_or_else(|| fail("the agent needs an embedding before it acts"))?;
+        Ok(s.iter().chain(e).copied().collect())
+    }
+
+    /// Sets the embedding; the first time, folds the stored states into the normalizer.
+    fn set_embedding(&mut self, e: Vec<f32>) -> Result<(), BenchError> {
+        if e.len() != self.embed_dim {
+            return Err(fail(format!(
+                "embedding of width {} for a policy expecting {}",
+                e.len(),
+                self.embed_dim
+            )));
+        }
+        let first = self.embedding.is_none();
+        self.embedding = Some(e);
+        if first {
+            for i in 0..self.replay.len() {
+                if let Some(t) = self.replay.get(i) {
+                    let x = self.input(&t.state)?;
+                    self.agent.observe(&x)?;
+                }
+            }
+            self.agent
+                .normalizer_mut()
+                .pin_identity(tl::state_dim(self.extended));
+        }
+        Ok(())
+    }
+
+    /// `n` gradient steps (none before a minibatch's worth of transitions, or without the
+    /// embedding a policy needs).
+    fn train(&mut self, n: usize) -> Result<(), BenchError> {
+        if self.replay.len() < BATCH || (self.embed_dim > 0 && self.embedding.is_none()) {
+            return Ok(());
+        }
+        for _ in 0..n {
+            let b = self.replay.sample(BATCH)?;
+            let b = match &self.embedding {
+                Some(e) => with_embedding(&b, e),
+                None => b,
+            };
+            self.agent.train_step(&b)?;
+            self.updates += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs one episode of `steps` steps on a fresh simulator reset with `seed` (one warm-up
+    /// step with the initial allocation first, as `train_meta::run_episode`).
+    pub(crate) fn run_episode(
+        &mut self,
+        app: &AppSpec,
+        steps: usize,
+        seed: u64,
+        mode: RunEpisode,
+    ) -> Result<EpisodeOut, BenchError> {
+        let cfg = SimConfig {
+            seed,
+            ..SimConfig::default()
+        };
+        let map = cfg.action_map;
+        let mut env = SimEnv::new(vec![app.clone()], cfg)?;
+        env.reset(seed)?;
+        let mut obs = first(env.step(&[TargetAction::Hold])?)?;
+        let mut cpu = Duration::ZERO;
+        let t = ThreadTime::now();
+        self.features.reset_episode();
+        if self.extended {
+            self.features.observe(&obs);
+        }
+        let mut s = self.base_state(&obs);
+        cpu += t.elapsed();
+        let mut out = EpisodeOut {
+            rows: Vec::with_capacity(steps * (STATE_DIM + ACTION_DIM + 1)),
+            ..EpisodeOut::default()
+        };
+        let mut total = 0.0;
+        for _ in 0..steps {
+            let t = ThreadTime::now();
+            let a = match mode {
+                RunEpisode::Agent => {
+                    let x = self.input(&s)?;
+                    let a = self.agent.act_explore(&x, &mut self.rng)?;
+                    if self.embed_dim > 0 {
+                        self.agent
+                            .normalizer_mut()
+                            .pin_identity(tl::state_dim(self.extended));
+                    }
+                    a
+                }
+                RunEpisode::FallbackRule => fallback_action(&obs, &map),
+            };
+            cpu += t.elapsed();
+            let next = first(env.step(&[TargetAction::Raw(a)])?)?;
+            let t = ThreadTime::now();
+            if self.extended {
+                self.features.observe(&next);
+            }
+            let s2 = self.base_state(&next);
+            let r = next.reward;
+            out.rows
+                .extend_from_slice(&EpisodeBundle::step_vector(&obs.state, &a, r as f32));
+            self.replay.push(Transition {
+                state: std::mem::take(&mut s),
+                action: a,
+                reward: r as f32,
+                next_state: s2.clone(),
+                done: false,
+            })?;
+            if mode == RunEpisode::Agent {
+                self.train(self.gradient_steps as usize)?;
+            }
+            cpu += t.elapsed();
+            total += r;
+            out.slo_violations += u64::from(next.metrics.slo_violation);
+            out.cpu_util += next.metrics.cpu_util;
+            out.memory_util += next.metrics.memory_util;
+            obs = next;
+            s = s2;
+        }
+        let n = steps.max(1) as f64;
+        out.reward = total / n;
+        out.cpu_util /= n;
+        out.memory_util /= n;
+        out.cpu_seconds = cpu.as_secs_f64();
+        out.last_state = obs.state.to_vec();
+        Ok(out)
+    }
+}
+
+/// One arm on one app: per-episode figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ArmRun {
+    pub episode_rewards: Vec<f64>,
+    pub episode_slo_violations: Vec<u64>,
+    pub episode_cpu_util: Vec<f64>,
+    pub episode_memory_util: Vec<f64>,
+    pub episode_cpu_seconds: Vec<f64>,
+    /// First episode the learned policy drove (aware: the fallback episodes before).
+    pub policy_from: usize,
+    /// Whether the arm learns (fallback: no).
+    pub learns: bool,
+}
+
+impl ArmRun {
+    fn push(&mut self, e: &EpisodeOut) {
+        self.episode_rewards.push(e.reward);
+        self.episode_slo_violations.push(e.slo_violations);
+        self.episode_cpu_util.push(e.cpu_util);
+        self.episode_memory_util.push(e.memory_util);
+        self.episode_cpu_seconds.push(e.cpu_seconds);
+    }
+
+    /// Mean of the last `window` episodes of `xs`.
+    fn tail_mean(xs: &[f64], window: usize) -> f64 {
+        let w = window.clamp(1, xs.len().max(1));
+        xs.iter().rev().take(w).sum::<f64>() / w as f64
+    }
+}
+
+/// The number of episodes (1-based count, from the first of the budget) until the moving
+/// average of `rewards` over `window` episodes — partial windows at the start, only episodes from
+/// `policy_from` on — first reaches `target`; None when it never does (censored).
+pub fn episodes_to_target(
+    rewards: &[f64],
+    policy_from: usize,
+    window: usize,
+    target: f64,
+) -> Option<usize> {
+    let w = window.max(1);
+    (policy_from..rewards.len()).find_map(|e| {
+        let lo = policy_from.max((e + 1).saturating_sub(w));
+        let xs = &rewards[lo..=e];
+        let ma = xs.iter().sum::<f64>() / xs.len() as f64;
+        (ma >= target).then_some(e + 1)
+    })
+}
+
+/// How one arm adapted to one app.
+#[derive(Debug, Clone, Serialize)]
+pub struct Adaptation {
+    pub arm: String,
+    /// Episodes to the threshold (None: not within the budget).
+    pub episodes_to_target: Option<usize>,
+    /// `episodes_to_target`, or the budget when censored.
+    pub episodes: usize,
+    pub censored: bool,
+    /// Thread CPU seconds of the agent's work over those episodes.
+    pub cpu_seconds: f64,
+    /// Over the whole budget.
+    pub cpu_seconds_total: f64,
+    pub slo_violations_adapting: u64,
+    pub slo_violations_total: u64,
+    /// Converged policy's CPU utilization − this arm's, over the adaptation episodes, in
+    /// percentage points (positive: this arm used its CPU less).
+    pub cpu_util_deficit_pp: f64,
+    pub memory_util_deficit_pp: f64,
+    /// Mean per-step reward over the budget.
+    pub mean_reward: f64,
+    /// First policy episode's reward.
+    pub first_policy_reward: f64,
+    /// The last window's mean, % of the converged reward.
+    pub final_pct_of_converged: f64,
+}
+
+/// One app's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppResult {
+    pub app: String,
+    /// The best learning arm's final-window mean per-step reward.
+    pub converged_reward: f64,
+    pub converged_arm: String,
+    pub converged_cpu_util: f64,
+    pub converged_memory_util: f64,
+    pub target_reward: f64,
+    pub adaptations: Vec<Adaptation>,
+    /// Every arm's per-episode figures.
+    pub runs: Vec<(String, ArmRun)>,
+}
+
+/// Evaluates every arm of one app against its converged reward (pure).
+pub fn evaluate_app(
+    app: &str,
+    runs: Vec<(String, ArmRun)>,
+    window: usize,
+    threshold: f64,
+) -> AppResult {
+    let best = runs
+        .iter()
+        .filter(|(_, r)| r.learns && !r.episode_rewards.is_empty())
+        .max_by(|a, b| {
+            ArmRun::tail_mean(&a.1.episode_rewards, window)
+                .total_cmp(&ArmRun::tail_mean(&b.1.episode_rewards, window))
+        });
+    let (conv_arm, conv, cu, mu) = best.map_or((String::new(), f64::NAN, 0.0, 0.0), |(n, r)| {
+        (
+            n.clone(),
+            ArmRun::tail_mean(&r.episode_rewards, window),
+            ArmRun::tail_mean(&r.episode_cpu_util, window),
+            ArmRun::tail_mean(&r.episode_memory_util, window),
+        )
+    });
+    let target = threshold * conv;
+    let adaptations = runs
+        .iter()
+        .map(|(name, r)| {
+            let n = r.episode_rewards.len();
+            let hit = if r.learns {
+                episodes_to_target(&r.episode_rewards, r.policy_from, window, target)
+            } else {
+                None
+            };
+            let k = hit.unwrap_or(n);
+            let mean_of = |xs: &[f64]| xs[..k].iter().sum::<f64>() / k.max(1) as f64;
+            Adaptation {
+                arm: name.clone(),
+                episodes_to_target: hit,
+                episodes: k,
+                censored: hit.is_none(),
+                cpu_seconds: r.episode_cpu_seconds[..k].iter().sum(),
+                cpu_seconds_total: r.episode_cpu_seconds.iter().sum(),
+                slo_violations_adapting: r.episode_slo_violations[..k].iter().sum(),
+                slo_violations_total: r.episode_slo_violations.iter().sum(),
+                cpu_util_deficit_pp: 100.0 * (cu - mean_of(&r.episode_cpu_util)),
+                memory_util_deficit_pp: 100.0 * (mu - mean_of(&r.episode_memory_util)),
+                mean_reward: r.episode_rewards.iter().sum::<f64>() / n.max(1) as f64,
+                first_policy_reward: r
+                    .episode_rewards
+                    .get(r.policy_from)
+                    .copied()
+                    .unwrap_or(f64::NAN),
+                final_pct_of_converged: 100.0 * ArmRun::tail_mean(&r.episode_rewards, window)
+                    / conv,
+            }
+        })
+        .collect();
+    AppResult {
+        app: app.to_string(),
+        converged_reward: conv,
+        converged_arm: conv_arm,
+        converged_cpu_util: cu,
+        converged_memory_util: mu,
+        target_reward: target,
+        adaptations,
+        runs,
+    }
+}
+
+/// One arm over every app.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmSummary {
+    pub arm: String,
+    pub apps: usize,
+    /// Apps where the threshold was reached within the budget.
+    pub reached: usize,
+    pub censored: usize,
+    /// Episodes to the threshold (censored apps count as the budget).
+    pub median_episodes: f64,
+    pub mean_episodes: f64,
+    pub median_cpu_seconds: f64,
+    pub mean_cpu_seconds: f64,
+    pub total_cpu_seconds: f64,
+    pub slo_violations_adapting: u64,
+    pub slo_violations_total: u64,
+    pub steps_total: u64,
+    pub mean_cpu_util_deficit_pp: f64,
+    pub mean_memory_util_deficit_pp: f64,
+    /// Mean per-step reward over every budget episode.
+    pub mean_reward: f64,
+    pub mean_final_pct_of_converged: f64,
+    /// Apps where this arm set the converged reward.
+    pub best_arm_on: usize,
+    /// Mean per-step reward by episode (mean over apps).
+    pub curve: Vec<f64>,
+}
+
+/// `other` against `aware`, per app ratios `other / aware`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeedUp {
+    pub vs: String,
+    pub median_episodes_ratio: f64,
+    pub mean_episodes_ratio: f64,
+    /// median episodes of `other` / median episodes of `aware`.
+    pub ratio_of_median_episodes: f64,
+    pub median_cpu_ratio: f64,
+    pub mean_cpu_ratio: f64,
+    pub ratio_of_median_cpu: f64,
+    /// `other`'s SLO violations / aware's, during adaptation and over the budget.
+    pub slo_ratio_adapting: f64,
+    pub slo_ratio_total: f64,
+    /// Apps where `other` was censored (its ratio is a lower bound) and where `aware` was
+    /// (an upper bound).
+    pub other_censored: usize,
+    pub aware_censored: usize,
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    let v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// Per-arm summaries and AWARE's speed-ups (pure).
+pub fn aggregate(
+    results: &[AppResult],
+    steps_per_episode: usize,
+) -> (Vec<ArmSummary>, Vec<SpeedUp>) {
+    let of = |arm: &str| -> Vec<(&AppResult, &Adaptation, &ArmRun)> {
+        results
+            .iter()
+            .filter_map(|r| {
+                let a = r.adaptations.iter().find(|a| a.arm == arm)?;
+                let run = r.runs.iter().find(|(n, _)| n == arm).map(|(_, x)| x)?;
+                Some((r, a, run))
+            })
+            .collect()
+    };
+    let mut arms = Vec::new();
+    for arm in ARMS {
+        let xs = of(arm);
+        if xs.is_empty() {
+            continue;
+        }
+        let eps: Vec<f64> = xs.iter().map(|(_, a, _)| a.episodes as f64).collect();
+        let cpu: Vec<f64> = xs.iter().map(|(_, a, _)| a.cpu_seconds).collect();
+        let n_ep = xs
+            .iter()
+            .map(|(_, _, r)| r.episode_rewards.len())
+            .max()
+            .unwrap_or(0);
+        let mut curve = vec![0.0; n_ep];
+        for (_, _, r) in &xs {
+            for (c, v) in curve.iter_mut().zip(&r.episode_rewards) {
+                *c += v / xs.len() as f64;
+            }
+        }
+        let learns = xs.iter().any(|(_, _, r)| r.learns);
+        arms.push(ArmSummary {
+            arm: arm.to_string(),
+            apps: xs.len(),
+            reached: xs.iter().filter(|(_, a, _)| !a.censored).count(),
+            censored: xs.iter().filter(|(_, a, _)| a.censored).count(),
+            median_episodes: if learns { median(&eps) } else { f64::NAN },
+            mean_episodes: if learns { mean(&eps) } else { f64::NAN },
+            median_cpu_seconds: median(&cpu),
+            mean_cpu_seconds: mean(&cpu),
+            total_cpu_seconds: xs.iter().map(|(_, a, _)| a.cpu_seconds_total).sum(),
+            slo_violations_adapting: xs.iter().map(|(_, a, _)| a.slo_violations_adapting).sum(),
+            slo_violations_total: xs.iter().map(|(_, a, _)| a.slo_violations_total).sum(),
+            steps_total: xs
+                .iter()
+                .map(|(_, _, r)| (r.episode_rewards.len() * steps_per_episode) as u64)
+                .sum(),
+            mean_cpu_util_deficit_pp: mean(
+                &xs.iter()
+                    .map(|(_, a, _)| a.cpu_util_deficit_pp)
+                    .collect::<Vec<_>>(),
+            ),
+            mean_memory_util_deficit_pp: mean(
+                &xs.iter()
+                    .map(|(_, a, _)| a.memory_util_deficit_pp)
+                    .collect::<Vec<_>>(),
+            ),
+            mean_reward: mean(&xs.iter().map(|(_, a, _)| a.mean_reward).collect::<Vec<_>>()),
+            mean_final_pct_of_converged: mean(
+                &xs.iter()
+                    .map(|(_, a, _)| a.final_pct_of_converged)
+                    .collect::<Vec<_>>(),
+            ),
+            best_arm_on: xs.iter().filter(|(r, _, _)| r.converged_arm == arm).count(),
+            curve,
+        });
+    }
+    let mut speed = Vec::new();
+    for other in ["tl", "tl_plus", "scratch"] {
+        let pairs: Vec<(&Adaptation, &Adaptation)> = results
+            .iter()
+            .filter_map(|r| {
+                let a = r.adaptations.iter().find(|a| a.arm == "aware")?;
+                let o = r.adaptations.iter().find(|a| a.arm == other)?;
+                Some((a, o))
+            })
+            .collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let er: Vec<f64> = pairs
+            .iter()
+            .map(|(a, o)| ratio(o.episodes as f64, a.episodes as f64))
+            .collect();
+        let cr: Vec<f64> = pairs
+            .iter()
+            .map(|(a, o)| ratio(o.cpu_seconds, a.cpu_seconds))
+            .collect();
+        let col = |f: &dyn Fn(&Adaptation) -> f64, first: bool| -> Vec<f64> {
+            pairs
+                .iter()
+                .map(|(a, o)| if first { f(a) } else { f(o) })
+                .collect()
+        };
+        let sum_u = |f: &dyn Fn(&Adaptation) -> u64, first: bool| -> f64 {
+            pairs
+                .iter()
+                .map(|(a, o)| if first { f(a) } else { f(o) })
+                .sum::<u64>() as f64
+        };
+        speed.push(SpeedUp {
+            vs: other.to_string(),
+            median_episodes_ratio: median(&er),
+            mean_episodes_ratio: mean(&er),
+            ratio_of_median_episodes: ratio(
+                median(&col(&|x| x.episodes as f64, false)),
+                median(&col(&|x| x.episodes as f64, true)),
+            ),
+            median_cpu_ratio: median(&cr),
+            mean_cpu_ratio: mean(&cr),
+            ratio_of_median_cpu: ratio(
+                median(&col(&|x| x.cpu_seconds, false)),
+                median(&col(&|x| x.cpu_seconds, true)),
+            ),
+            slo_ratio_adapting: ratio(
+                sum_u(&|x| x.slo_violations_adapting, false),
+                sum_u(&|x| x.slo_violations_adapting, true),
+            ),
+            slo_ratio_total: ratio(
+                sum_u(&|x| x.slo_violations_total, false),
+                sum_u(&|x| x.slo_violations_total, true),
+            ),
+            other_censored: pairs.iter().filter(|(_, o)| o.censored).count(),
+            aware_censored: pairs.iter().filter(|(a, _)| a.censored).count(),
+        });
+    }
+    (arms, speed)
+}
+
+/// A TL source agent as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceReport {
+    pub arm: String,
+    pub app: String,
+    pub state_dim: usize,
+    pub episodes: u32,
+    pub converged: bool,
+    pub final_reward: f64,
+    pub cpu_seconds: f64,
+    pub curve: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MetaReport {
+    pub source: String,
+    pub pool_seed: u64,
+    pub pool_apps: usize,
+    pub iterations: u64,
+    /// Wall-clock seconds of meta-training (from its log).
+    pub train_seconds: f64,
+    pub bundle_size: usize,
+    pub embed_dim: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AdaptReport {
+    pub apps: usize,
+    pub seed: u64,
+    pub held_out: String,
+    pub episodes: usize,
+    pub steps_per_episode: usize,
+    pub gradient_steps: u32,
+    pub fallback_episodes: usize,
+    pub embedding_refresh: usize,
+    pub window: usize,
+    pub threshold: f64,
+    pub hidden: usize,
+    pub exploration_sigma: f32,
+    pub meta: MetaReport,
+    pub sources: Vec<SourceReport>,
+    pub arms: Vec<ArmSummary>,
+    pub speed_ups: Vec<SpeedUp>,
+    pub per_app: Vec<AppResult>,
+    pub wall_seconds: f64,
+}
+
+/// The meta-trained agent and its training log: from `opts.meta`, or a short meta-training.
+fn meta_agent(opts: &AdaptBenchOptions) -> Result<(MetaDdpg, TrainLog, String), BenchError> {
+    let (dir, source) = match &opts.meta {
+        Some(dir) => (dir.clone(), dir.display().to_string()),
+        None => {
+            let dir = opts.out.join("adapt-meta");
+            let t = TrainMetaOptions {
+                out: dir.clone(),
+                steps_per_episode: opts.steps_per_episode,
+                ..opts.train.clone()
+            };
+            tracing::info!(
+                iterations = t.iterations,
+                apps = t.apps,
+                "short meta-training"
+            );
+            train_meta::run(&t)?;
+            let s = format!(
+                "short meta-training: {} apps, {} iterations ({})",
+                t.apps,
+                t.iterations,
+                dir.display()
+            );
+            (dir, s)
+        }
+    };
+    let agent = train_meta::load_agent(&dir)?;
+    let log: TrainLog = train_meta::read_json(&dir.join("train-log.json"))?;
+    Ok((agent, log, source))
+}
+
+fn hpa_vpa_episode(app: &AppSpec, steps: usize, seed: u64) -> Result<EpisodeOut, BenchError> {
+    let cfg = SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
+    let mut env = SimEnv::new(vec![app.clone()], cfg)?;
+    env.reset(seed)?;
+    let mut obs = first(env.step(&[TargetAction::Hold])?)?;
+    let target = Target::new(app.namespace.clone(), app.name.clone());
+    let spec = aware_metrics_collector::simulator::target_specs(std::slice::from_ref(app));
+    let bounds = spec.first().map(|s| s.bounds).unwrap_or_default();
+    let mut fb = Fallback::new(FallbackConfig::default()).map_err(fail)?;
+    let mut out = EpisodeOut::default();
+    let mut cpu = Duration::ZERO;
+    let mut total = 0.0;
+    for k in 0..steps {
+        let t = ThreadTime::now();
+        let o = aware_metrics_collector::simulator::to_obs(
+            &obs,
+            &target,
+            k as u64,
+            u32::try_from(steps).unwrap_or(u32::MAX),
+            0,
+        );
+        let current = aware_recommender::current_allocation(&o);
+        let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, &bounds);
+        cpu += t.elapsed();
+        let next = first(env.step(&[TargetAction::Desired(aware_loadgen::Allocation {
+            replicas: r.desired.replicas,
+            cpu_millicores: r.desired.cpu_millicores,
+            memory_bytes: r.desired.memory_bytes,
+        })])?)?;
+        total += next.reward;
+        out.slo_violations += u64::from(next.metrics.slo_violation);
+        out.cpu_util += next.metrics.cpu_util;
+        out.memory_util += next.metrics.memory_util;
+        obs = next;
+    }
+    let n = steps.max(1) as f64;
+    out.reward = total / n;
+    out.cpu_util /= n;
+    out.memory_util /= n;
+    out.cpu_seconds = cpu.as_secs_f64();
+    Ok(out)
+}
+
+/// A learning arm that starts from `agent` and learns for the whole budget.
+fn run_learner(
+    opts: &AdaptBenchOptions,
+    app: &AppSpec,
+    app_seed: u64,
+    agent: Ddpg,
+    extended: bool,
+) -> Result<ArmRun, BenchError> {
+    let mut l = Learner::new(agent, extended, 0, opts.gradient_steps, app_seed)?;
+    let mut run = ArmRun {
+        learns: true,
+        ..ArmRun::default()
+    };
+    for k in 0..opts.episodes {
+        let ep = l.run_episode(
+            app,
+            opts.steps_per_episode,
+            episode_seed(app_seed, k as u64),
+            RunEpisode::Agent,
+        )?;
+        run.push(&ep);
+    }
+    Ok(run)
+}
+
+/// The `aware` arm: fallback episodes, the embedding of their top-M, then the meta-trained
+/// base-learner fine-tuned online (embedding refreshed every `embedding_refresh` episodes).
+fn run_aware(
+    opts: &AdaptBenchOptions,
+    app: &AppSpec,
+    app_seed: u64,
+    meta: &MetaDdpg,
+) -> Result<ArmRun, BenchError> {
+    let (base, learner): (Ddpg, MetaLearner) = meta.clone().into_parts();
+    let m = learner.config().bundle_size;
+    let embed_dim = learner.config().embed_dim;
+    let mut l = Learner::new(base, false, embed_dim, opts.gradient_steps, app_seed)?;
+    let mut store: Vec<train_meta::Episode> = Vec::new();
+    let mut run = ArmRun {
+        learns: true,
+        policy_from: opts.fallback_episodes,
+        ..ArmRun::default()
+    };
+    let mut fallback_transitions = 0usize;
+    for k in 0..opts.episodes {
+        let seed = episode_seed(app_seed, k as u64);
+        if k < opts.fallback_episodes {
+            let ep = l.run_episode(app, opts.steps_per_episode, seed, RunEpisode::FallbackRule)?;
+            fallback_transitions += opts.steps_per_episode;
+            keep_top(&mut store, ep.as_meta_episode(true), m);
+            run.push(&ep);
+            continue;
+        }
+        let agent_k = k - opts.fallback_episodes;
+        let t = ThreadTime::now();
+        if agent_k.is_multiple_of(opts.embedding_refresh.max(1)) {
+            let e = learner.embed(&bundle_of(&store, m)?)?;
+            l.set_embedding(e)?;
+            if agent_k == 0 {
+                // The fallback transitions' gradient steps, now that the policy has its input.
+                l.train(fallback_transitions * opts.gradient_steps as usize)?;
+            }
+        }
+        let extra = t.elapsed().as_secs_f64();
+        let mut ep = l.run_episode(app, opts.steps_per_episode, seed, RunEpisode::Agent)?;
+        ep.cpu_seconds += extra;
+        keep_top(&mut store, ep.as_meta_episode(false), m);
+        run.push(&ep);
+    }
+    Ok(run)
+}
+
+/// Runs the bench; writes `adapt.json` and `adapt-curve.svg` into `opts.out`.
+pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
+    let started = std::time::Instant::now();
+    if opts.fallback_episodes == 0 || opts.fallback_episodes >= opts.episodes {
+        return Err(fail(
+            "need 1 ≤ fallback episodes < episodes (the first embedding needs episodes of the app)",
+        ));
+    }
+    if opts.apps == 0 || opts.steps_per_episode < 2 {
+        return Err(fail("need ≥ 1 app and ≥ 2 steps per episode"));
+    }
+    let (meta, log, meta_source) = meta_agent(opts)?;
+    if log.options.seed == opts.seed {
+        return Err(fail(format!(
+            "held-out seed {} is the meta-training pool's seed: pick another (≥ 1000)",
+            opts.seed
+        )));
+    }
+    let (pool, split) = train_meta::pool(&log.options);
+    if split.train.is_empty() {
+        return Err(fail("the meta-training split has no training app"));
+    }
+    let source_name = &split.train[opts.source_index % split.train.len()];
+    let source_app = pool
+        .iter()
+        .find(|a| &a.name == source_name)
+        .ok_or_else(|| fail(format!("source app {source_name} not in the pool")))?;
+    let source_opts = tl::SourceOptions {
+        hidden: opts.hidden,
+        exploration_sigma: opts.exploration_sigma,
+        gradient_steps: opts.gradient_steps,
+        steps_per_episode: opts.steps_per_episode,
+        min_episodes: opts.source_min_episodes,
+        max_episodes: opts.source_max_episodes,
+        window: opts.window,
+        patience: 20,
+        tolerance: 0.01,
+        seed: log.options.seed.wrapping_mul(31).wrapping_add(0x7104),
+    };
+    let tl_src = tl::train_source(source_app, false, &source_opts)?;
+    let tlp_src = tl::train_source(source_app, true, &source_opts)?;
+    let sources = [("tl", &tl_src), ("tl_plus", &tlp_src)]
+        .iter()
+        .map(|(arm, s)| SourceReport {
+            arm: arm.to_string(),
+            app: s.app.clone(),
+            state_dim: s.agent.config().state_dim,
+            episodes: s.episodes,
+            converged: s.converged,
+            final_reward: s.final_reward,
+            cpu_seconds: s.cpu_seconds,
+            curve: s.curve.clone(),
+        })
+        .collect();
+
+    let apps = generate_apps(opts.apps, opts.seed, &GeneratorOptions::default());
+    let mut results = Vec::with_capacity(apps.len());
+    for (i, app) in apps.iter().enumerate() {
+        let app_seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+        let mut runs = vec![("aware".to_string(), run_aware(opts, app, app_seed, &meta)?)];
+        runs.push((
+            "tl".into(),
+            run_learner(opts, app, app_seed, tl::transfer(&tl_src.agent)?, false)?,
+        ));
+        runs.push((
+            "tl_plus".into(),
+            run_learner(opts, app, app_seed, tl::transfer(&tlp_src.agent)?, true)?,
+        ));
+        if opts.scratch {
+            let fresh = tl::new_agent(
+                false,
+                opts.hidden,
+                opts.exploration_sigma,
+                app_seed ^ 0x5c7a,
+            )?;
+            runs.push((
+                "scratch".into(),
+                run_learner(opts, app, app_seed, fresh, false)?,
+            ));
+        }
+        let mut fb = ArmRun::default();
+        for k in 0..opts.episodes {
+            fb.push(&hpa_vpa_episode(
+                app,
+                opts.steps_per_episode,
+                episode_seed(app_seed, k as u64),
+            )?);
+        }
+        runs.push(("fallback".into(), fb));
+        let r = evaluate_app(&app.name, runs, opts.window, opts.threshold);
+        let eps = |arm: &str| {
+            r.adaptations
+                .iter()
+                .find(|a| a.arm == arm)
+                .map_or("-".to_string(), |a| {
+                    format!("{}{}", a.episodes, if a.censored { "+" } else { "" })
+                })
+        };
+        tracing::info!(
+            app = %app.name,
+            done = i + 1,
+            of = apps.len(),
+            converged = r.converged_reward,
+            best = %r.converged_arm,
+            aware = %eps("aware"),
+            tl = %eps("tl"),
+            tl_plus = %eps("tl_plus"),
+            scratch = %eps("scratch"),
+            wall_s = started.elapsed().as_secs_f64(),
+            "app done"
+        );
+        results.push(r);
+    }
+    let (arms, speed_ups) = aggregate(&results, opts.steps_per_episode);
+    let cfg = meta.meta().config();
+    let report = AdaptReport {
+        apps: results.len(),
+        seed: opts.seed,
+        held_out: format!(
+            "generate_apps({}, {}): a different generator seed from the meta-training pool's ({}), never seen in meta-training or by the TL source agents",
+            opts.apps, opts.seed, log.options.seed
+        ),
+        episodes: opts.episodes,
+        steps_per_episode: opts.steps_per_episode,
+        gradient_steps: opts.gradient_steps,
+        fallback_episodes: opts.fallback_episodes,
+        embedding_refresh: opts.embedding_refresh,
+        window: opts.window,
+        threshold: opts.threshold,
+        hidden: opts.hidden,
+        exploration_sigma: opts.exploration_sigma,
+        meta: MetaReport {
+            source: meta_source,
+            pool_seed: log.options.seed,
+            pool_apps: log.options.apps,
+            iterations: log.iterations.len() as u64,
+            train_seconds: log.train_seconds,
+            bundle_size: cfg.bundle_size,
+            embed_dim: cfg.embed_dim,
+        },
+        sources,
+        arms,
+        speed_ups,
+        per_app: results,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    let target = mean(
+        &report
+            .per_app
+            .iter()
+            .map(|r| r.target_reward)
+            .collect::<Vec<_>>(),
+    );
+    let svg = curve_svg(&report.arms, target, opts.fallback_episodes);
+    let path = opts.out.join("adapt-curve.svg");
+    std::fs::create_dir_all(&opts.out)
+        .and_then(|()| std::fs::write(&path, svg))
+        .map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(report)
+}
+
+/// The learning curves (mean over apps of the per-step reward by episode) as SVG, with the mean
+/// 95% target dashed and AWARE's first policy episode marked.
+pub fn curve_svg(arms: &[ArmSummary], target: f64, policy_from: usize) -> String {
+    let (w, h, l, r, t, b) = (760.0, 420.0, 60.0, 150.0, 20.0, 40.0);
+    let n = arms.iter().map(|a| a.curve.len()).max().unwrap_or(0);
+    let (mut lo, mut hi) = arms
+        .iter()
+        .flat_map(|a| a.curve.iter())
+        .chain(std::iter::once(&target))
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(v), b.max(v))
+        });
+    if !lo.is_finite() || !hi.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if hi - lo < 1e-9 {
+        hi = lo + 1.0;
+    }
+    let x = |i: usize| l + (w - l - r) * i as f64 / (n.max(2) - 1) as f64;
+    let y = |v: f64| t + (h - t - b) * (1.0 - (v - lo) / (hi - lo));
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = write!(
+        s,
+        r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
+        w - l - r,
+        h - t - b
+    );
+    for k in 0..=4 {
+        let v = lo + (hi - lo) * f64::from(k) / 4.0;
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.2}</text>"#,
+            l - 4.0,
+            y(v) + 4.0
+        );
+    }
+    if target.is_finite() {
+        let _ = write!(
+            s,
+            r##"<line x1="{l}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="#999" stroke-dasharray="4,3"/><text x="{}" y="{:.1}">95% of converged (mean)</text>"##,
+            y(target),
+            w - r,
+            y(target),
+            w - r + 8.0,
+            y(target) + 4.0
+        );
+    }
+    let xp = x(policy_from);
+    let _ = write!(
+        s,
+        r##"<line x1="{xp:.1}" y1="{t}" x2="{xp:.1}" y2="{}" stroke="#bbb" stroke-dasharray="2,3"/>"##,
+        h - b
+    );
+    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#000"];
+    for (k, a) in arms.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let pts: Vec<String> = a
+            .curve
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = t + 14.0 * k as f64 + 30.0;
+        let _ = write!(
+            s,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
+            w - r + 8.0,
+            w - r + 28.0,
+            w - r + 32.0,
+            ly + 4.0,
+            a.arm
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">episode on the new app (dotted: AWARE's first policy episode)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">reward per step (mean over apps)</text></svg>"#,
+        (l + w - r) / 2.0,
+        h - 8.0,
+        (t + h - b) / 2.0,
+        (t + h - b) / 2.0
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_shared_model::MetaConfig;
+
+    #[test]
+    fn episodes_to_target_counts_from_the_budget_start_and_censors() {
+        let r = [0.5, 0.6, 0.9, 1.0, 1.0, 1.0];
+        // Partial windows: the average of episodes 1..=3 is 0.667, of 2..=4 (window 3) 0.833.
+        assert_eq!(episodes_to_target(&r, 0, 3, 0.8), Some(4));
+        assert_eq!(episodes_to_target(&r, 0, 1, 0.9), Some(3));
+        // Only policy episodes can reach it, but the fallback episodes before are counted.
+        let f = [1.5, 1.5, 0.2, 0.9, 1.0];
+        assert_eq!(episodes_to_target(&f, 0, 10, 0.95), Some(1));
+        assert_eq!(episodes_to_target(&f, 2, 10, 0.95), None);
+        assert_eq!(episodes_to_target(&f, 2, 1, 0.95), Some(5));
+        assert_eq!(episodes_to_target(&f, 2, 2, 0.95), Some(5));
+        assert_eq!(episodes_to_target(&f, 2, 2, 0.96), None);
+        // Never reached: censored.
+        assert_eq!(episodes_to_target(&r, 0, 10, 1.01), None);
+        assert_eq!(episodes_to_target(&[], 0, 10, 0.0), None);
+    }
+
+    fn run_of(rewards: &[f64], policy_from: usize, learns: bool) -> ArmRun {
+        ArmRun {
+            episode_rewards: rewards.to_vec(),
+            episode_slo_violations: rewards.iter().map(|r| u64::from(*r < 1.0)).collect(),
+            episode_cpu_util: rewards.iter().map(|r| r / 2.0).collect(),
+            episode_memory_util: rewards.iter().map(|r| r / 4.0).collect(),
+            episode_cpu_seconds: vec![0.5; rewards.len()],
+            policy_from,
+            learns,
+        }
+    }
+
+    #[test]
+    fn evaluation_and_aggregate_relate_arms_to_the_converged_reward() {
+        let app = |fast: &[f64], slow: &[f64]| {
+            evaluate_app(
+                "a",
+                vec![
+                    ("aware".into(), run_of(fast, 1, true)),
+                    ("tl".into(), run_of(slow, 0, true)),
+                    ("fallback".into(), run_of(&[2.0; 6], 0, false)),
+                ],
+                2,
+                0.95,
+            )
+        };
+        let a = app(
+            &[0.5, 1.0, 2.0, 2.0, 2.0, 2.0],
+            &[0.5, 0.5, 0.5, 0.5, 1.0, 2.0],
+        );
+        assert_eq!(a.converged_arm, "aware");
+        assert!((a.converged_reward - 2.0).abs() < 1e-12);
+        assert!((a.target_reward - 1.9).abs() < 1e-12);
+        let get =
+            |r: &AppResult, n: &str| r.adaptations.iter().find(|x| x.arm == n).unwrap().clone();
+        let aw = get(&a, "aware");
+        // Episodes 2..=3 average 1.5, 3..=4 average 2.0 → episode 4.
+        assert_eq!(
+            (aw.episodes_to_target, aw.episodes, aw.censored),
+            (Some(4), 4, false)
+        );
+        assert!((aw.cpu_seconds - 2.0).abs() < 1e-12 && (aw.cpu_seconds_total - 3.0).abs() < 1e-12);
+        assert_eq!(
+            (aw.slo_violations_adapting, aw.slo_violations_total),
+            (1, 1)
+        );
+        // Converged cpu util 1.0; adaptation mean (0.25 + 0.5 + 1 + 1) / 4 = 0.6875.
+        assert!((aw.cpu_util_deficit_pp - 31.25).abs() < 1e-9);
+        let tl = get(&a, "tl");
+        assert_eq!(
+            (tl.episodes_to_target, tl.episodes, tl.censored),
+            (None, 6, true)
+        );
+        assert_eq!(tl.slo_violations_adapting, 4);
+        let fb = get(&a, "fallback");
+        assert!(fb.censored, "the fallback does not learn");
+        let b = app(
+            &[0.5, 2.0, 2.0, 2.0, 2.0, 2.0],
+            &[2.0, 2.0, 2.0, 2.0, 2.0, 2.0],
+        );
+        // Episode 2 alone (the first policy episode) averages 2.0.
+        assert_eq!(get(&b, "aware").episodes, 2);
+        assert_eq!(get(&b, "tl").episodes, 1);
+        let (arms, speed) = aggregate(&[a, b], 10);
+        let aw = arms.iter().find(|s| s.arm == "aware").unwrap();
+        assert_eq!((aw.apps, aw.reached, aw.censored), (2, 2, 0));
+        assert!((aw.median_episodes - 3.0).abs() < 1e-12);
+        assert_eq!(aw.steps_total, 120);
+        assert_eq!(aw.curve.len(), 6);
+        assert!((aw.curve[1] - 1.5).abs() < 1e-12);
+        let tls = arms.iter().find(|s| s.arm == "tl").unwrap();
+        assert_eq!((tls.reached, tls.censored), (1, 1));
+        assert!(arms
+            .iter()
+            .find(|s| s.arm == "fallback")
+            .unwrap()
+            .median_episodes
+            .is_nan());
+        let s = speed.iter().find(|s| s.vs == "tl").unwrap();
+        // Ratios tl/aware: 6/4 = 1.5 and 1/2.
+        assert!((s.mean_episodes_ratio - 1.0).abs() < 1e-12);
+        assert!((s.ratio_of_median_episodes - 3.5 / 3.0).abs() < 1e-12);
+        assert_eq!((s.other_censored, s.aware_censored), (1, 0));
+        assert!(speed.iter().all(|s| s.vs != "tl_plus"));
+    }
+
+    #[test]
+    fn embedding_is_appended_to_every_row() {
+        let t = |x: f32| Transition {
+            state: vec![x, x + 1.0],
+            action: [0.0; ACTION_DIM],
+            reward: x,
+            next_state: vec![x + 2.0, x + 3.0],
+            done: false,
+        };
+        let b = Batch::from_transitions(2, &[t(0.0), t(10.0)]).unwrap();
+        let w = with_embedding(&b, &[7.0, 8.0, 9.0]);
+        assert_eq!(w.state_dim, 5);
+        assert_eq!(
+            w.states,
+            [0.0, 1.0, 7.0, 8.0, 9.0, 10.0, 11.0, 7.0, 8.0, 9.0]
+        );
+        assert_eq!(w.next_states[5..], [12.0, 13.0, 7.0, 8.0, 9.0]);
+        assert_eq!(w.rewards, b.rewards);
+    }
+
+    #[test]
+    fn tiny_bench_runs_end_to_end_with_a_consistent_report() {
+        let dir = std::env::temp_dir().join(format!("aware-bench-adapt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = AdaptBenchOptions {
+            out: dir.clone(),
+            meta: None,
+            apps: 2,
+            seed: 1001,
+            episodes: 4,
+            steps_per_episode: 12,
+            fallback_episodes: 1,
+            embedding_refresh: 2,
+            window: 2,
+            hidden: 16,
+            source_min_episodes: 2,
+            source_max_episodes: 3,
+            train: TrainMetaOptions {
+                apps: 5,
+                iterations: 2,
+                seed: 2,
+                apps_per_iteration: 2,
+                updates_per_iteration: 1,
+                batch: 8,
+                meta: MetaConfig {
+                    hidden: 8,
+                    fc_hidden: 8,
+                    embed_dim: 4,
+                    bundle_size: 3,
+                    ..MetaConfig::default()
+                },
+                base_hidden: vec![16, 16],
+                progress_every: 0,
+                ..TrainMetaOptions::default()
+            },
+            ..AdaptBenchOptions::default()
+        };
+        let r = run(&opts).unwrap();
+        assert_eq!(r.apps, 2);
+        assert_eq!(r.per_app.len(), 2);
+        assert_eq!(r.meta.embed_dim, 4);
+        assert_eq!(r.sources.len(), 2);
+        assert_eq!(r.sources[0].state_dim, STATE_DIM);
+        assert_eq!(r.sources[1].state_dim, STATE_DIM + features::EXTRA_DIM);
+        assert!(r.sources.iter().all(|s| s.episodes == 3 && !s.converged));
+        let names: Vec<&str> = r.arms.iter().map(|a| a.arm.as_str()).collect();
+        assert_eq!(names, ARMS);
+        for app in &r.per_app {
+            assert!(app.converged_reward.is_finite() && app.converged_reward > 0.0);
+            assert!(LEARNING_ARMS.contains(&app.converged_arm.as_str()));
+            assert_eq!(app.adaptations.len(), ARMS.len());
+            for a in &app.adaptations {
+                assert!((1..=4).contains(&a.episodes), "{a:?}");
+                assert_eq!(a.censored, a.episodes_to_target.is_none());
+                assert!(a.cpu_seconds.is_finite() && a.cpu_seconds >= 0.0);
+                assert!(a.cpu_seconds <= a.cpu_seconds_total + 1e-12);
+                assert!(a.slo_violations_adapting <= a.slo_violations_total);
+                assert!(a.slo_violations_total <= 4 * 12);
+                assert!(a.mean_reward.is_finite() && a.final_pct_of_converged.is_finite());
+                assert!(a.cpu_util_deficit_pp.is_finite() && a.memory_util_deficit_pp.is_finite());
+            }
+            // The best arm's final mean is the converged reward.
+            let best = app
+                .adaptations
+                .iter()
+                .find(|a| a.arm == app.converged_arm)
+                .unwrap();
+            assert!((best.final_pct_of_converged - 100.0).abs() < 1e-9);
+            assert!(app
+                .adaptations
+                .iter()
+                .filter(|a| a.arm != "fallback")
+                .all(|a| a.final_pct_of_converged <= 100.0 + 1e-9));
+            // The learning arms did their work on the agent's thread.
+            for a in app.adaptations.iter().filter(|a| a.arm != "fallback") {
+                assert!(a.cpu_seconds_total > 0.0, "{a:?}");
+            }
+            // AWARE's first episode is a fallback episode and cannot reach the target.
+            let aw = app.adaptations.iter().find(|a| a.arm == "aware").unwrap();
+            assert!(aw.episodes >= 2);
+        }
+        for a in &r.arms {
+            assert_eq!(a.apps, 2);
+            assert_eq!(a.curve.len(), 4);
+            assert!(a.curve.iter().all(|v| v.is_finite()));
+            assert_eq!(a.reached + a.censored, 2);
+            assert_eq!(a.steps_total, 2 * 4 * 12);
+        }
+        let vs: Vec<&str> = r.speed_ups.iter().map(|s| s.vs.as_str()).collect();
+        assert_eq!(vs, ["tl", "tl_plus", "scratch"]);
+        for s in &r.speed_ups {
+            assert!(s.median_episodes_ratio.is_finite() && s.median_episodes_ratio > 0.0);
+            assert!(s.mean_episodes_ratio.is_finite());
+        }
+        let svg = std::fs::read_to_string(dir.join("adapt-curve.svg")).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), ARMS.len());
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["per_app"][0]["adaptations"].is_array());
+        // The held-out seed must differ from the pool's.
+        let same = AdaptBenchOptions {
+            meta: Some(dir.join("adapt-meta")),
+            seed: 2,
+            ..opts
+        };
+        assert!(run(&same).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
