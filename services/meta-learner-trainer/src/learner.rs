@@ -619,9 +619,9 @@ impl Learner {
 
 /// A stored transition as a training transition: the recommender's raw action when it acted
 /// (`source: rl`), else the *behaviour action* — the fallback's desired allocation expressed in
-/// the policy's action space, the inverse of `loadgen::env::map_action` (default scale) from the
+/// the policy's action space, the inverse of `loadgen::env::map_action` (default map) from the
 /// allocation in force, which the state carries (features 0, 1 and 8 scaled by the bounds),
-/// clamped to [−1, 1]. `desired` rather than `applied`: an RL row's raw action is also the
+/// clamped to [−1, 1] ([`behaviour_action`]). `desired` rather than `applied`: an RL row's raw action is also the
 /// intent before the actuator's guardrails, so both kinds of row mean the same thing to Q.
 /// `None` for rows that do not fit (state width, non-finite values).
 pub fn to_training(r: &tstore::Transition, bounds: &Bounds) -> Option<Transition> {
@@ -645,35 +645,45 @@ pub fn to_training(r: &tstore::Transition, bounds: &Bounds) -> Option<Transition
     })
 }
 
-/// The raw action in [−1, 1]³ that moves the allocation encoded in `state` to `applied`.
+/// The raw action in [−1, 1]³ that asks for `applied` from the allocation encoded in `state`
+/// (features 0, 1 and 8 scaled by the bounds): `loadgen::env::action_for` under the default
+/// action map (absolute: the allocation's point of the bound range).
 pub fn behaviour_action(
     state: &[f32],
     applied: aware_bus_schemas::Resources,
     bounds: &Bounds,
 ) -> Option<[f32; ACTION_DIM]> {
-    let map = aware_loadgen::env::ActionMap::default();
+    use aware_loadgen::app::{Allocation, Bounds as SimBounds};
     let cur_cpu = f64::from(*state.first()?) * f64::from(bounds.max_cpu_millicores);
     let cur_mem = f64::from(*state.get(1)?) * bounds.max_memory_bytes as f64;
     let cur_rep = f64::from(*state.get(8)?) * f64::from(bounds.max_replicas);
-    let cpu_range = f64::from(
-        bounds
-            .max_cpu_millicores
-            .saturating_sub(bounds.min_cpu_millicores),
-    )
-    .max(1.0);
-    let mem_range = (bounds
-        .max_memory_bytes
-        .saturating_sub(bounds.min_memory_bytes) as f64)
-        .max(1.0);
-    let a = [
-        (f64::from(applied.replicas) - cur_rep) / f64::from(map.max_replica_delta.max(1)),
-        (f64::from(applied.cpu_millicores) - cur_cpu) / (map.cpu_delta_fraction * cpu_range),
-        (applied.memory_bytes as f64 - cur_mem) / (map.memory_delta_fraction * mem_range),
-    ];
-    if a.iter().any(|x| !x.is_finite()) {
+    if ![cur_cpu, cur_mem, cur_rep].iter().all(|x| x.is_finite()) {
         return None;
     }
-    Some(a.map(|x| x.clamp(-1.0, 1.0) as f32))
+    let current = Allocation {
+        replicas: cur_rep.round().max(0.0) as u32,
+        cpu_millicores: cur_cpu.round().max(0.0) as u32,
+        memory_bytes: cur_mem.round().max(0.0) as u64,
+    };
+    let desired = Allocation {
+        replicas: applied.replicas,
+        cpu_millicores: applied.cpu_millicores,
+        memory_bytes: applied.memory_bytes,
+    };
+    let sim = SimBounds {
+        min_replicas: bounds.min_replicas,
+        max_replicas: bounds.max_replicas,
+        min_cpu_millicores: bounds.min_cpu_millicores,
+        max_cpu_millicores: bounds.max_cpu_millicores,
+        min_memory_bytes: bounds.min_memory_bytes,
+        max_memory_bytes: bounds.max_memory_bytes,
+    };
+    Some(aware_loadgen::env::action_for(
+        desired,
+        current,
+        &sim,
+        &aware_loadgen::env::ActionMap::default(),
+    ))
 }
 
 #[cfg(test)]
@@ -896,17 +906,38 @@ mod tests {
         state[0] = (f64::from(cur.cpu_millicores) / f64::from(b.max_cpu_millicores)) as f32;
         state[1] = (cur.memory_bytes as f64 / b.max_memory_bytes as f64) as f32;
         state[8] = (f64::from(cur.replicas) / f64::from(b.max_replicas)) as f32;
-        // Replicas +2 (of 4 per unit), CPU +240 m (of 480 per unit), memory −176 MiB (of 704).
+        // The absolute map: the applied allocation's point of each bound range
+        // (replicas 1..20, CPU 128..2048 m, memory 256..3072 MiB).
         let applied = Resources {
             replicas: 6,
             cpu_millicores: 1264,
             memory_bytes: 1360 * MIB,
         };
         let a = behaviour_action(&state, applied, &b).unwrap();
-        for (got, want) in a.iter().zip([0.5f32, 0.5, -0.25]) {
-            assert!((got - want).abs() < 1e-3, "{a:?}");
+        let want = [
+            2.0 * 5.0 / 19.0 - 1.0,
+            2.0 * (1264.0 - 128.0) / 1920.0 - 1.0,
+            2.0 * (1360.0 - 256.0) / 2816.0 - 1.0,
+        ];
+        for (got, want) in a.iter().zip(want) {
+            assert!((f64::from(*got) - want).abs() < 1e-3, "{a:?}");
         }
-        // Beyond one unit: clamped.
+        // and the action map takes the allocation in force there
+        let (to, _) = aware_loadgen::env::map_action(
+            a,
+            aware_loadgen::app::Allocation {
+                replicas: cur.replicas,
+                cpu_millicores: cur.cpu_millicores,
+                memory_bytes: cur.memory_bytes,
+            },
+            &aware_loadgen::app::Bounds::default(),
+            &aware_loadgen::env::ActionMap::default(),
+        );
+        assert_eq!(
+            (to.replicas, to.cpu_millicores, to.memory_bytes),
+            (6, 1264, 1360 * MIB)
+        );
+        // The top of the range is +1.
         let far = Resources {
             replicas: 20,
             ..applied

@@ -191,8 +191,8 @@ pub fn rl_decide<R: Rng + ?Sized>(
     })
 }
 
-/// The concrete allocation a raw action asks for: `loadgen`'s action map (default scale) applied
-/// to the allocation in force, clamped to the target's bounds.
+/// The concrete allocation a raw action asks for: `loadgen`'s default action map (absolute, with
+/// bounded steps) applied to the allocation in force, clamped to the target's bounds.
 pub fn map_raw(raw: [f32; ACTION_DIM], current: Resources, bounds: &Bounds) -> Resources {
     let (a, _) = map_action(
         raw,
