@@ -450,6 +450,12 @@ fn main() -> anyhow::Result<()> {
                 }
                 let path = bench::write_json(&out, "bootstrap.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");
+                for (name, svg) in bench::bootstrap::plots(&r) {
+                    let p = out.join(name);
+                    std::fs::write(&p, svg)
+                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", p.display()))?;
+                    println!("wrote {}", p.display());
+                }
             }
             BenchCommand::Serve {
                 out,

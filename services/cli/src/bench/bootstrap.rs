@@ -103,6 +103,11 @@ pub struct ArmReport {
     pub max_trained_steps: u64,
     /// Mean per-step reward by episode index (mean over apps): the learning curve.
     pub curve: Vec<f64>,
+    /// SLO violations per episode by episode index (mean over apps).
+    pub slo_curve: Vec<f64>,
+    /// Mean CPU / memory utilization by episode index (mean over apps).
+    pub cpu_curve: Vec<f64>,
+    pub memory_curve: Vec<f64>,
     pub wall_seconds: f64,
 }
 
@@ -309,12 +314,19 @@ async fn run_arm(
     };
     let total_reward: f64 = rows.iter().map(|r| r.total_reward).sum();
     let slo: u64 = rows.iter().map(|r| r.slo_violations).sum();
-    let mut curve = vec![0.0; want];
-    for e in eps.values() {
-        for (i, r) in e.values().enumerate().take(want) {
-            curve[i] += r.total_reward / r.steps.max(1) as f64 / eps.len() as f64;
+    let by_episode = |f: fn(&EpisodeRow) -> f64| {
+        let mut c = vec![0.0; want];
+        for e in eps.values() {
+            for (i, r) in e.values().enumerate().take(want) {
+                c[i] += f(r) / eps.len() as f64;
+            }
         }
-    }
+        c
+    };
+    let curve = by_episode(|r| r.total_reward / r.steps.max(1) as f64);
+    let slo_curve = by_episode(|r| r.slo_violations as f64);
+    let cpu_curve = by_episode(|r| r.cpu);
+    let memory_curve = by_episode(|r| r.mem);
     let mut firsts: Vec<f64> = eps
         .iter()
         .filter_map(|(t, e)| {
@@ -347,8 +359,72 @@ async fn run_arm(
         models_published: models,
         max_trained_steps: max_trained,
         curve,
+        slo_curve,
+        cpu_curve,
+        memory_curve,
         wall_seconds: wall,
     })
+}
+
+/// The learning-curve plots of a report (paper Fig. 10): file name and SVG for the reward per
+/// step (with the oracle's mean), SLO violations per episode, CPU and memory utilization, each
+/// by episode of the window, one line per arm (mean over apps).
+pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
+    use super::chart::{line_chart, Chart, Series};
+    let steps = f64::from(r.episodes) * f64::from(r.steps_per_episode) * r.apps as f64;
+    let oracle = r.oracle_total_reward / steps.max(1.0);
+    let chart = |f: fn(&ArmReport) -> &Vec<f64>, y: &'static str, hlines: Vec<(f64, String)>| {
+        line_chart(&Chart {
+            series: r
+                .arms
+                .iter()
+                .map(|a| Series {
+                    name: a.arm.as_str(),
+                    offset: 0,
+                    values: f(a),
+                })
+                .collect(),
+            vlines: vec![r.offline_episodes as usize],
+            vline_dash: "2,3",
+            hlines,
+            x_label: "episode of the early window (dotted: offline episodes end)",
+            y_label: y,
+        })
+    };
+    vec![
+        (
+            "bootstrap-reward.svg",
+            chart(
+                |a| &a.curve,
+                "reward per step (mean over apps)",
+                vec![(oracle, "oracle (mean)".into())],
+            ),
+        ),
+        (
+            "bootstrap-slo.svg",
+            chart(
+                |a| &a.slo_curve,
+                "SLO violations per episode (mean over apps)",
+                Vec::new(),
+            ),
+        ),
+        (
+            "bootstrap-cpu.svg",
+            chart(
+                |a| &a.cpu_curve,
+                "CPU utilization (mean over apps)",
+                Vec::new(),
+            ),
+        ),
+        (
+            "bootstrap-memory.svg",
+            chart(
+                |a| &a.memory_curve,
+                "memory utilization (mean over apps)",
+                Vec::new(),
+            ),
+        ),
+    ]
 }
 
 /// The oracle's total reward on the same apps over the window's steps.
@@ -430,4 +506,82 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
             * (ratio(bs.slo_violations as f64, fb.slo_violations as f64) - 1.0),
         arms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arm(name: &str, level: f64) -> ArmReport {
+        ArmReport {
+            arm: name.into(),
+            episodes: 6,
+            steps: 300,
+            slo_violations: 10,
+            slo_violation_rate: 10.0 / 300.0,
+            cpu_util_mean: level,
+            memory_util_mean: level,
+            mean_reward: level,
+            total_reward: level * 300.0,
+            oracle_pct: 50.0,
+            rl_steps: 0,
+            fallback_steps: 300,
+            online_episodes: 0,
+            apps_online: 0,
+            returns_to_offline: 0,
+            median_first_online_episode: None,
+            models_published: 0,
+            max_trained_steps: 0,
+            curve: vec![level, level + 0.1, level + 0.2],
+            slo_curve: vec![5.0, 3.0, 2.0],
+            cpu_curve: vec![level; 3],
+            memory_curve: vec![level; 3],
+            wall_seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn plots_have_one_curve_per_arm_and_the_oracle_line() {
+        let r = BootstrapReport {
+            apps: 2,
+            seed: 1,
+            episodes: 3,
+            steps_per_episode: 50,
+            offline_episodes: 1,
+            pace_ms: 0,
+            train_every_transitions: 100,
+            exploration_sigma: 0.2,
+            bc_alpha: 2.5,
+            oracle_total_reward: 1.5 * 300.0,
+            arms: vec![
+                arm("fallback", 1.0),
+                arm("bootstrap", 1.1),
+                arm("no_bootstrap", 0.5),
+            ],
+            slo_violation_ratio_no_bootstrap_vs_bootstrap: 1.0,
+            cpu_util_gain_pct: 0.0,
+            memory_util_gain_pct: 0.0,
+            slo_violations_vs_fallback_pct: 0.0,
+        };
+        let plots = plots(&r);
+        let names: Vec<&str> = plots.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "bootstrap-reward.svg",
+                "bootstrap-slo.svg",
+                "bootstrap-cpu.svg",
+                "bootstrap-memory.svg"
+            ]
+        );
+        for (name, svg) in &plots {
+            assert_eq!(svg.matches("<polyline").count(), 3, "{name}");
+            for a in ["fallback", "bootstrap", "no_bootstrap"] {
+                assert!(svg.contains(&format!(">{a}<")), "{name}: {a}");
+            }
+        }
+        // the oracle's mean per step (1.5) is drawn on the reward plot only
+        assert!(plots[0].1.contains("oracle (mean)"));
+        assert!(!plots[1].1.contains("oracle (mean)"));
+    }
 }

@@ -3,6 +3,7 @@
 pub mod adapt;
 pub mod bootstrap;
 pub mod bus;
+pub mod chart;
 pub mod control_loop;
 pub mod embed;
 pub mod serve;

@@ -28,7 +28,6 @@
 //! per-step limits apply to RL actions, the fallback's desired allocation is applied as is) and
 //! no bus; the SLO violation count is the simulator's per-step `slo_violation`.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use aware_bus_schemas::{Episode, Schema, Stage, Target};
@@ -598,89 +597,25 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
 /// The learning curves as SVG: training (with noise), then every arm over the serve episodes;
 /// dashed lines at the injection episodes.
 pub fn curve_svg(train: &[f64], arms: &[ArmReport], inject_at: &[usize]) -> String {
-    let (w, h, l, r, t, b) = (760.0, 420.0, 60.0, 190.0, 20.0, 40.0);
-    let n = train.len() + arms.iter().map(|a| a.curve.len()).max().unwrap_or(0);
-    let all = train
-        .iter()
-        .chain(arms.iter().flat_map(|a| a.curve.iter()))
-        .copied()
-        .filter(|v| v.is_finite());
-    let (mut lo, mut hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-        (a.min(v), b.max(v))
-    });
-    if !lo.is_finite() || !hi.is_finite() {
-        (lo, hi) = (0.0, 1.0);
-    }
-    if hi - lo < 1e-9 {
-        hi = lo + 1.0;
-    }
-    let x = |i: usize| l + (w - l - r) * i as f64 / (n.max(2) - 1) as f64;
-    let y = |v: f64| t + (h - t - b) * (1.0 - (v - lo) / (hi - lo));
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = write!(
-        s,
-        r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
-        w - l - r,
-        h - t - b
-    );
-    for k in 0..=4 {
-        let v = lo + (hi - lo) * f64::from(k) / 4.0;
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.2}</text>"#,
-            l - 4.0,
-            y(v) + 4.0
-        );
-    }
-    for &e in inject_at {
-        let xi = x(train.len() + e);
-        let _ = write!(
-            s,
-            r##"<line x1="{xi:.1}" y1="{t}" x2="{xi:.1}" y2="{}" stroke="#bbb" stroke-dasharray="3,3"/>"##,
-            h - b
-        );
-    }
-    let colors = [
-        "#000", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    ];
-    let mut series: Vec<(&str, usize, &[f64])> = vec![("training (noisy)", 0, train)];
-    for a in arms {
-        series.push((a.arm.as_str(), train.len(), &a.curve));
-    }
-    for (k, (name, off, vals)) in series.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let pts: Vec<String> = vals
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, v)| format!("{:.1},{:.1}", x(off + i), y(*v)))
-            .collect();
-        let _ = write!(
-            s,
-            r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#,
-            pts.join(" ")
-        );
-        let ly = t + 14.0 * k as f64 + 8.0;
-        let _ = write!(
-            s,
-            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{name}</text>"#,
-            w - r + 8.0,
-            w - r + 28.0,
-            w - r + 32.0,
-            ly + 4.0
-        );
-    }
-    let _ = write!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">episode (training, then serving; dashed: scenario injections)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">reward per step</text></svg>"#,
-        (l + w - r) / 2.0,
-        h - 8.0,
-        (t + h - b) / 2.0,
-        (t + h - b) / 2.0
-    );
-    s
+    use super::chart::{line_chart, Chart, Series};
+    let mut series = vec![Series {
+        name: "training (noisy)",
+        offset: 0,
+        values: train,
+    }];
+    series.extend(arms.iter().map(|a| Series {
+        name: a.arm.as_str(),
+        offset: train.len(),
+        values: &a.curve,
+    }));
+    line_chart(&Chart {
+        series,
+        vlines: inject_at.iter().map(|e| train.len() + e).collect(),
+        vline_dash: "3,3",
+        hlines: Vec::new(),
+        x_label: "episode (training, then serving; dashed: scenario injections)",
+        y_label: "reward per step",
+    })
 }
 
 /// Runs the bench and writes `serve.json` and `serve-curve.svg` into `opts.out`.
