@@ -126,7 +126,7 @@ impl Default for AdaptBenchOptions {
             hidden: 64,
             exploration_sigma: 0.2,
             source_index: 0,
-            source_min_episodes: 60,
+            source_min_episodes: 150,
             source_max_episodes: 300,
             scratch: true,
             train: TrainMetaOptions {
@@ -996,7 +996,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         min_episodes: opts.source_min_episodes,
         max_episodes: opts.source_max_episodes,
         window: opts.window,
-        patience: 20,
+        patience: 30,
         tolerance: 0.01,
         seed: log.options.seed.wrapping_mul(31).wrapping_add(0x7104),
     };
