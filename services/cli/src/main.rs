@@ -255,9 +255,13 @@ enum BenchCommand {
         /// AWARE: fallback episodes before the first embedding (counted in the budget).
         #[arg(long, default_value_t = 3)]
         fallback_episodes: usize,
-        /// TL/TL+ source app: index into the meta-training pool's training side.
+        /// TL/TL+ source app: index into the meta-training pool's training side (repetition r
+        /// uses the next r-th).
         #[arg(long, default_value_t = 0)]
         source_index: usize,
+        /// Repetitions, each with another source app and other held-out apps (seed + 1000·r).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
         /// Most episodes the TL/TL+ source agents train (they stop earlier on a plateau).
         #[arg(long, default_value_t = 300)]
         source_max_episodes: u32,
@@ -547,6 +551,7 @@ fn main() -> anyhow::Result<()> {
                 gradient_steps,
                 fallback_episodes,
                 source_index,
+                repeats,
                 source_max_episodes,
                 meta_iterations,
                 no_scratch,
@@ -563,6 +568,7 @@ fn main() -> anyhow::Result<()> {
                     gradient_steps,
                     fallback_episodes,
                     source_index,
+                    repeats,
                     source_max_episodes,
                     scratch: !no_scratch,
                     train: aware_cli::train_meta::TrainMetaOptions {
@@ -574,7 +580,8 @@ fn main() -> anyhow::Result<()> {
                 let r = bench::adapt::run(&opts)?;
                 for s in &r.sources {
                     println!(
-                        "{:>8} source agent on {}: {} episodes ({}), final reward {:.3}/step, {:.1} CPU-s",
+                        "r{} {:>8} source agent on {}: {} episodes ({}), final reward {:.3}/step, {:.1} CPU-s",
+                        s.repeat,
                         s.arm,
                         s.app,
                         s.episodes,
@@ -611,7 +618,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 for s in &r.speed_ups {
                     println!(
-                        "AWARE vs {:>7}: episodes ×{:.2} median, ×{:.2} mean (ratio of medians ×{:.2}); CPU-s ×{:.2} median, ×{:.2} mean; SLO violations ×{:.2} adapting, ×{:.2} budget; censored {} vs aware {}",
+                        "AWARE vs {:>7}: episodes ×{:.3} median, ×{:.3} mean (ratio of medians ×{:.3}); CPU-s ×{:.3} median, ×{:.3} mean; SLO violations ×{:.2} adapting, ×{:.2} budget; censored {} vs aware {}",
                         s.vs,
                         s.median_episodes_ratio,
                         s.mean_episodes_ratio,

@@ -61,7 +61,7 @@ use serde::Serialize;
 use self::features::TlPlusFeatures;
 use super::{median, BenchError};
 use crate::train_meta::{
-    self, bundle_of, fallback_action, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
+    self, bundle_of, fallback_action_in, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
 };
 
 /// The arms, in report order.
@@ -99,8 +99,12 @@ pub struct AdaptBenchOptions {
     pub threshold: f64,
     pub hidden: usize,
     pub exploration_sigma: f32,
-    /// Index into the pool's training side of the TL source app.
+    /// Index into the pool's training side of the TL source app (repetition r uses
+    /// `source_index + r`).
     pub source_index: usize,
+    /// Repetitions: each with its own source app (the next one of the training side) and its
+    /// own held-out apps (seed `seed + 1000·r`), as the paper's repeated A/B tests.
+    pub repeats: usize,
     pub source_min_episodes: u32,
     pub source_max_episodes: u32,
     /// Run the `scratch` arm.
@@ -126,6 +130,7 @@ impl Default for AdaptBenchOptions {
             hidden: 64,
             exploration_sigma: 0.2,
             source_index: 0,
+            repeats: 3,
             source_min_episodes: 150,
             source_max_episodes: 300,
             scratch: true,
@@ -369,7 +374,7 @@ impl Learner {
                     }
                     a
                 }
-                RunEpisode::FallbackRule => fallback_action(&obs, &map),
+                RunEpisode::FallbackRule => fallback_action_in(&obs, &app.bounds, &map),
             };
             cpu += t.elapsed();
             let next = first(env.step(&[TargetAction::Raw(a)])?)?;
@@ -769,6 +774,7 @@ pub fn aggregate(
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceReport {
     pub arm: String,
+    pub repeat: usize,
     pub app: String,
     pub state_dim: usize,
     pub episodes: u32,
@@ -794,6 +800,7 @@ pub struct MetaReport {
 pub struct AdaptReport {
     pub apps: usize,
     pub seed: u64,
+    pub repeats: usize,
     pub held_out: String,
     pub episodes: usize,
     pub steps_per_episode: usize,
@@ -961,6 +968,55 @@ fn run_aware(
     Ok(run)
 }
 
+/// Every arm on one held-out app (index `i` of the apps generated from `held_seed`).
+fn run_app(
+    opts: &AdaptBenchOptions,
+    app: &AppSpec,
+    held_seed: u64,
+    i: usize,
+    meta: &MetaDdpg,
+    tl_src: &tl::SourceAgent,
+    tlp_src: &tl::SourceAgent,
+) -> Result<AppResult, BenchError> {
+    let app_seed = held_seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+    let mut runs = vec![("aware".to_string(), run_aware(opts, app, app_seed, meta)?)];
+    runs.push((
+        "tl".into(),
+        run_learner(opts, app, app_seed, tl::transfer(&tl_src.agent)?, false)?,
+    ));
+    runs.push((
+        "tl_plus".into(),
+        run_learner(opts, app, app_seed, tl::transfer(&tlp_src.agent)?, true)?,
+    ));
+    if opts.scratch {
+        let fresh = tl::new_agent(
+            false,
+            opts.hidden,
+            opts.exploration_sigma,
+            app_seed ^ 0x5c7a,
+        )?;
+        runs.push((
+            "scratch".into(),
+            run_learner(opts, app, app_seed, fresh, false)?,
+        ));
+    }
+    let mut fb = ArmRun::default();
+    for k in 0..opts.episodes {
+        fb.push(&hpa_vpa_episode(
+            app,
+            opts.steps_per_episode,
+            episode_seed(app_seed, k as u64),
+        )?);
+    }
+    runs.push(("fallback".into(), fb));
+    Ok(evaluate_app(&app.name, runs, opts.window, opts.threshold))
+}
+
+/// The held-out generator seed of repetition `rep`.
+pub fn repeat_seed(seed: u64, rep: usize) -> u64 {
+    seed.wrapping_add(1000 * rep as u64)
+}
+
 /// Runs the bench; writes `adapt.json` and `adapt-curve.svg` into `opts.out`.
 pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
     let started = std::time::Instant::now();
@@ -973,114 +1029,94 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         return Err(fail("need ≥ 1 app and ≥ 2 steps per episode"));
     }
     let (meta, log, meta_source) = meta_agent(opts)?;
-    if log.options.seed == opts.seed {
-        return Err(fail(format!(
-            "held-out seed {} is the meta-training pool's seed: pick another (≥ 1000)",
-            opts.seed
-        )));
-    }
     let (pool, split) = train_meta::pool(&log.options);
     if split.train.is_empty() {
         return Err(fail("the meta-training split has no training app"));
     }
-    let source_name = &split.train[opts.source_index % split.train.len()];
-    let source_app = pool
-        .iter()
-        .find(|a| &a.name == source_name)
-        .ok_or_else(|| fail(format!("source app {source_name} not in the pool")))?;
-    let source_opts = tl::SourceOptions {
-        hidden: opts.hidden,
-        exploration_sigma: opts.exploration_sigma,
-        gradient_steps: opts.gradient_steps,
-        steps_per_episode: opts.steps_per_episode,
-        min_episodes: opts.source_min_episodes,
-        max_episodes: opts.source_max_episodes,
-        window: opts.window,
-        patience: 30,
-        tolerance: 0.01,
-        seed: log.options.seed.wrapping_mul(31).wrapping_add(0x7104),
-    };
-    let tl_src = tl::train_source(source_app, false, &source_opts)?;
-    let tlp_src = tl::train_source(source_app, true, &source_opts)?;
-    let sources = [("tl", &tl_src), ("tl_plus", &tlp_src)]
-        .iter()
-        .map(|(arm, s)| SourceReport {
-            arm: arm.to_string(),
-            app: s.app.clone(),
-            state_dim: s.agent.config().state_dim,
-            episodes: s.episodes,
-            converged: s.converged,
-            final_reward: s.final_reward,
-            cpu_seconds: s.cpu_seconds,
-            curve: s.curve.clone(),
-        })
-        .collect();
-
-    let apps = generate_apps(opts.apps, opts.seed, &GeneratorOptions::default());
-    let mut results = Vec::with_capacity(apps.len());
-    for (i, app) in apps.iter().enumerate() {
-        let app_seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-        let mut runs = vec![("aware".to_string(), run_aware(opts, app, app_seed, &meta)?)];
-        runs.push((
-            "tl".into(),
-            run_learner(opts, app, app_seed, tl::transfer(&tl_src.agent)?, false)?,
-        ));
-        runs.push((
-            "tl_plus".into(),
-            run_learner(opts, app, app_seed, tl::transfer(&tlp_src.agent)?, true)?,
-        ));
-        if opts.scratch {
-            let fresh = tl::new_agent(
-                false,
-                opts.hidden,
-                opts.exploration_sigma,
-                app_seed ^ 0x5c7a,
-            )?;
-            runs.push((
-                "scratch".into(),
-                run_learner(opts, app, app_seed, fresh, false)?,
-            ));
+    let mut sources = Vec::new();
+    let mut results = Vec::new();
+    for rep in 0..opts.repeats.max(1) {
+        let held_seed = repeat_seed(opts.seed, rep);
+        if held_seed == log.options.seed {
+            return Err(fail(format!(
+                "held-out seed {held_seed} is the meta-training pool's seed: pick another (≥ 1000)"
+            )));
         }
-        let mut fb = ArmRun::default();
-        for k in 0..opts.episodes {
-            fb.push(&hpa_vpa_episode(
-                app,
-                opts.steps_per_episode,
-                episode_seed(app_seed, k as u64),
-            )?);
-        }
-        runs.push(("fallback".into(), fb));
-        let r = evaluate_app(&app.name, runs, opts.window, opts.threshold);
-        let eps = |arm: &str| {
-            r.adaptations
-                .iter()
-                .find(|a| a.arm == arm)
-                .map_or("-".to_string(), |a| {
-                    format!("{}{}", a.episodes, if a.censored { "+" } else { "" })
-                })
+        let source_name = &split.train[(opts.source_index + rep) % split.train.len()];
+        let source_app = pool
+            .iter()
+            .find(|a| &a.name == source_name)
+            .ok_or_else(|| fail(format!("source app {source_name} not in the pool")))?;
+        let source_opts = tl::SourceOptions {
+            hidden: opts.hidden,
+            exploration_sigma: opts.exploration_sigma,
+            gradient_steps: opts.gradient_steps,
+            steps_per_episode: opts.steps_per_episode,
+            min_episodes: opts.source_min_episodes,
+            max_episodes: opts.source_max_episodes,
+            window: opts.window,
+            patience: 30,
+            tolerance: 0.01,
+            seed: log
+                .options
+                .seed
+                .wrapping_mul(31)
+                .wrapping_add(0x7104 + rep as u64),
         };
-        tracing::info!(
-            app = %app.name,
-            done = i + 1,
-            of = apps.len(),
-            converged = r.converged_reward,
-            best = %r.converged_arm,
-            aware = %eps("aware"),
-            tl = %eps("tl"),
-            tl_plus = %eps("tl_plus"),
-            scratch = %eps("scratch"),
-            wall_s = started.elapsed().as_secs_f64(),
-            "app done"
-        );
-        results.push(r);
+        let tl_src = tl::train_source(source_app, false, &source_opts)?;
+        let tlp_src = tl::train_source(source_app, true, &source_opts)?;
+        for (arm, s) in [("tl", &tl_src), ("tl_plus", &tlp_src)] {
+            sources.push(SourceReport {
+                arm: arm.to_string(),
+                repeat: rep,
+                app: s.app.clone(),
+                state_dim: s.agent.config().state_dim,
+                episodes: s.episodes,
+                converged: s.converged,
+                final_reward: s.final_reward,
+                cpu_seconds: s.cpu_seconds,
+                curve: s.curve.clone(),
+            });
+        }
+        let apps = generate_apps(opts.apps, held_seed, &GeneratorOptions::default());
+        for (i, app) in apps.iter().enumerate() {
+            let r = run_app(opts, app, held_seed, i, &meta, &tl_src, &tlp_src)?;
+            let r = AppResult {
+                app: format!("r{rep}/{}", app.name),
+                ..r
+            };
+            let eps = |arm: &str| {
+                r.adaptations
+                    .iter()
+                    .find(|a| a.arm == arm)
+                    .map_or("-".to_string(), |a| {
+                        format!("{}{}", a.episodes, if a.censored { "+" } else { "" })
+                    })
+            };
+            tracing::info!(
+                app = %r.app,
+                done = i + 1,
+                of = apps.len(),
+                converged = r.converged_reward,
+                best = %r.converged_arm,
+                aware = %eps("aware"),
+                tl = %eps("tl"),
+                tl_plus = %eps("tl_plus"),
+                scratch = %eps("scratch"),
+                wall_s = started.elapsed().as_secs_f64(),
+                "app done"
+            );
+            results.push(r);
+        }
     }
     let (arms, speed_ups) = aggregate(&results, opts.steps_per_episode);
     let cfg = meta.meta().config();
     let report = AdaptReport {
         apps: results.len(),
         seed: opts.seed,
+        repeats: opts.repeats.max(1),
         held_out: format!(
-            "generate_apps({}, {}): a different generator seed from the meta-training pool's ({}), never seen in meta-training or by the TL source agents",
+            "per repetition r: generate_apps({}, {} + 1000·r), generator seeds other than the meta-training pool's ({}): apps never seen in meta-training or by the TL source agents",
             opts.apps, opts.seed, log.options.seed
         ),
         episodes: opts.episodes,
@@ -1365,6 +1401,7 @@ mod tests {
             hidden: 16,
             source_min_episodes: 2,
             source_max_episodes: 3,
+            repeats: 1,
             train: TrainMetaOptions {
                 apps: 5,
                 iterations: 2,
