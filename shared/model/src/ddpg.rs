@@ -301,7 +301,8 @@ impl Ddpg {
 
         // Actor (through the critic as it was before this step's update).
         let s_t = net::mat(&self.dev, s, n, d);
-        let a = self.actor.forward(net::traced(s_t.clone()));
+        let pre = self.actor.forward_pre(net::traced(s_t.clone()));
+        let (a, pre_copy) = net::tanh_and_pre(pre);
         let (actor_loss, bc_loss) = match bc {
             None => (
                 net::neg_mean(self.critic.forward(net::concat_cols(a, s_t))),
@@ -333,6 +334,11 @@ impl Ddpg {
                 (loss, bc_v)
             }
         };
+        let actor_loss = net::with_preactivation_penalty(
+            actor_loss,
+            pre_copy,
+            self.cfg.actor_preactivation_penalty,
+        );
         let actor_loss_v = net::scalar(&actor_loss);
         check_finite("actor loss", &[actor_loss_v, bc_loss])?;
         let mut ag = net::backward(actor_loss);

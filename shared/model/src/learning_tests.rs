@@ -80,3 +80,56 @@ fn ddpg_beats_random_policy_on_one_step_control() {
         "trained {trained} vs random {random}"
     );
 }
+
+/// Reward grows with every action component: the critic pushes the actor to +1. Without the
+/// pre-activation penalty the actor runs deep into tanh saturation (where its gradient vanishes
+/// and it could never come back if the critic changed its mind); with it, it stays just inside.
+fn saturation_after_training(penalty: f32) -> f32 {
+    let cfg = DdpgConfig {
+        seed: 7,
+        actor_lr: 1e-3,
+        actor_preactivation_penalty: penalty,
+        ..DdpgConfig::with_hidden(3, &[32, 32])
+    };
+    let mut agent = Ddpg::new(cfg).unwrap();
+    let mut env_rng = ChaCha8Rng::seed_from_u64(3);
+    let mut noise_rng = ChaCha8Rng::seed_from_u64(4);
+    let mut buf = ReplayBuffer::new(ReplayBuffer::DEFAULT_CAPACITY, 3, 5).unwrap();
+    for t in 0..2000 {
+        let s = state(&mut env_rng);
+        let a = agent.act_explore(&s, &mut noise_rng).unwrap();
+        buf.push(Transition {
+            state: s.clone(),
+            action: a,
+            reward: a.iter().sum(),
+            next_state: s,
+            done: true,
+        })
+        .unwrap();
+        if t >= 64 {
+            agent.train_step(&buf.sample(64).unwrap()).unwrap();
+        }
+    }
+    let mut eval_rng = ChaCha8Rng::seed_from_u64(9);
+    let n = 200;
+    let mut min_gap = f32::INFINITY;
+    for _ in 0..n {
+        let a = agent.act(&state(&mut eval_rng)).unwrap();
+        for x in a {
+            min_gap = min_gap.min(1.0 - x);
+        }
+    }
+    min_gap
+}
+
+#[test]
+fn the_preactivation_penalty_keeps_the_actor_out_of_saturation() {
+    let without = saturation_after_training(0.0);
+    let with = saturation_after_training(1e-2);
+    eprintln!("distance of the closest action to +1: without {without:e}, with {with:e}");
+    // both learned to push towards +1 ...
+    assert!(with < 0.1, "with penalty {with}");
+    // ... but only the unpenalized actor is saturated (tanh' ≈ 0 there)
+    assert!(without < 1e-4, "without penalty {without}");
+    assert!(with > 1e-3, "with penalty {with}");
+}

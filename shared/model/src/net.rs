@@ -12,6 +12,8 @@ pub(crate) type Mat<T = NoneTape> = Tensor<(usize, usize), f32, Dev, T>;
 type Row = Tensor<(usize,), f32, Dev>;
 pub(crate) type Grads = Gradients<f32, Dev>;
 /// A scalar loss carrying its gradient tape.
+/// A matrix carrying a gradient tape.
+pub(crate) type Traced = Mat<OwnedTape<f32, Dev>>;
 pub(crate) type Loss = Tensor<Rank0, f32, Dev, OwnedTape<f32, Dev>>;
 /// Adam first and second moments per parameter.
 pub(crate) type Moments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
@@ -63,20 +65,22 @@ impl Mlp {
     }
 
     pub(crate) fn forward<T: Tape<f32, Dev> + Merge<NoneTape>>(&self, x: Mat<T>) -> Mat<T> {
+        let z = self.forward_pre(x);
+        match self.out {
+            OutAct::Tanh => z.tanh(),
+            OutAct::Identity => z,
+        }
+    }
+
+    /// The output layer's input to its activation (the pre-activation).
+    pub(crate) fn forward_pre<T: Tape<f32, Dev> + Merge<NoneTape>>(&self, x: Mat<T>) -> Mat<T> {
         let mut h = x;
         let last = self.layers.len().saturating_sub(1);
         for (i, l) in self.layers.iter().enumerate() {
             let rows = h.shape().0;
             let cols = l.w.shape().1;
             let z = h.matmul(l.w.clone()) + l.b.clone().broadcast_like::<_, Axis<0>>(&(rows, cols));
-            h = if i < last {
-                z.relu()
-            } else {
-                match self.out {
-                    OutAct::Tanh => z.tanh(),
-                    OutAct::Identity => z,
-                }
-            };
+            h = if i < last { z.relu() } else { z };
         }
         h
     }
@@ -338,6 +342,28 @@ pub(crate) fn bc_actor_loss(
     let bc_v = bc.array();
     let loss = q.negate().mean() * q_scale + bc * bc_weight;
     (loss, mean_q, bc_v)
+}
+
+/// `(tanh(pre), pre)`: the actor's output and a copy of its pre-activation sharing the tape.
+pub(crate) fn tanh_and_pre(
+    pre: Mat<OwnedTape<f32, Dev>>,
+) -> (Mat<OwnedTape<f32, Dev>>, Mat<OwnedTape<f32, Dev>>) {
+    let copy = pre.with_empty_tape();
+    (pre.tanh(), copy)
+}
+
+/// `loss + weight·mean(pre²)` where `pre` is a copy of the actor's pre-activation sharing its
+/// tape (the gradients of both terms accumulate); `loss` unchanged for weight 0.
+pub(crate) fn with_preactivation_penalty(
+    loss: Loss,
+    pre: Mat<OwnedTape<f32, Dev>>,
+    weight: f32,
+) -> Loss {
+    if weight > 0.0 {
+        loss + pre.square().mean() * weight
+    } else {
+        loss
+    }
 }
 
 /// A copy of `x` without its tape (no gradients flow through it).
