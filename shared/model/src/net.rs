@@ -345,9 +345,7 @@ pub(crate) fn bc_actor_loss(
 }
 
 /// `(tanh(pre), pre)`: the actor's output and a copy of its pre-activation sharing the tape.
-pub(crate) fn tanh_and_pre(
-    pre: Mat<OwnedTape<f32, Dev>>,
-) -> (Mat<OwnedTape<f32, Dev>>, Mat<OwnedTape<f32, Dev>>) {
+pub(crate) fn tanh_and_pre(pre: Traced) -> (Traced, Traced) {
     let copy = pre.with_empty_tape();
     (pre.tanh(), copy)
 }
