@@ -14,7 +14,12 @@
 //!   fed with every episode, starting at SERVING: when it moves the target back to ONLINE the
 //!   agent explores and trains again (replay buffer kept) until it returns to SERVING;
 //! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
-//!   settings) with and without the scenarios;
+//!   settings) with and without the scenarios, both taking over the allocation the agent left at
+//!   the end of training;
+//! - `fallback_throughout`: HPA + VPA managing the app from its first step instead of the agent
+//!   (the same traces; its VPA history is its own), measured over the same serve window without
+//!   scenarios — what the workload gets without AWARE, the baseline of the converged-vs-HPA/VPA
+//!   comparison;
 //! - `oracle` / `oracle_undisturbed`: `loadgen`'s per-step greedy oracle (true next-step load).
 //!
 //! Scenarios: every scenario of `loadgen::scenario` that changes something for the app, in a
@@ -90,13 +95,14 @@ impl Default for ServeBenchOptions {
 }
 
 /// The arms, in report order.
-pub const ARMS: [&str; 7] = [
+pub const ARMS: [&str; 8] = [
     "converged",
     "with_retraining",
     "without_retraining",
     "fallback",
     "oracle",
     "fallback_undisturbed",
+    "fallback_throughout",
     "oracle_undisturbed",
 ];
 
@@ -143,11 +149,15 @@ pub struct ArmReport {
 pub struct ConvergedVsFallback {
     /// Undisturbed workload, % of the oracle's reward.
     pub converged_pct_of_oracle: Option<f64>,
+    /// HPA/VPA that managed the app from the first step (`fallback_throughout`): what the
+    /// workload gets without AWARE.
     pub fallback_pct_of_oracle: Option<f64>,
     /// converged − fallback, percentage points of oracle (target ≥ 10).
     pub gap_pp: Option<f64>,
     pub converged_slo_violations: u64,
     pub fallback_slo_violations: u64,
+    /// HPA/VPA taking over the allocation the agent left (`fallback_undisturbed`), for reference.
+    pub fallback_from_agent_state_pct_of_oracle: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -242,6 +252,30 @@ fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer, steps: u32) -> Resul
     Ok(())
 }
 
+/// The recommender's HPA + VPA decision for `obs`.
+fn fallback_step(
+    ctx: &Ctx<'_>,
+    fb: &mut Fallback,
+    bounds: &aware_shared::spec::Bounds,
+    obs: &Observation,
+    step: u64,
+) -> TargetAction {
+    let o = aware_metrics_collector::simulator::to_obs(
+        obs,
+        &ctx.target,
+        step,
+        ctx.opts.steps_per_episode,
+        0,
+    );
+    let current = aware_recommender::current_allocation(&o);
+    let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, bounds);
+    TargetAction::Desired(Allocation {
+        replicas: r.desired.replicas,
+        cpu_millicores: r.desired.cpu_millicores,
+        memory_bytes: r.desired.memory_bytes,
+    })
+}
+
 /// Runs one arm from `env`/`obs` for the serve episodes.
 fn run_arm(
     ctx: &Ctx<'_>,
@@ -290,22 +324,7 @@ fn run_arm(
                     raw = Some(a);
                     TargetAction::Raw(a)
                 }
-                Driver::Fallback(fb, bounds) => {
-                    let o = aware_metrics_collector::simulator::to_obs(
-                        &obs,
-                        &ctx.target,
-                        step,
-                        ctx.opts.steps_per_episode,
-                        0,
-                    );
-                    let current = aware_recommender::current_allocation(&o);
-                    let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, bounds);
-                    TargetAction::Desired(Allocation {
-                        replicas: r.desired.replicas,
-                        cpu_millicores: r.desired.cpu_millicores,
-                        memory_bytes: r.desired.memory_bytes,
-                    })
-                }
+                Driver::Fallback(fb, bounds) => fallback_step(ctx, fb, bounds, &obs, step),
                 Driver::Oracle => {
                     let t = env.target_at_next_step(0).map_err(fail)?;
                     TargetAction::Desired(oracle_step(&t, &grid, &[]).allocation)
@@ -406,6 +425,8 @@ pub fn run_app(
     .map_err(fail)?;
     let mut rng = ChaCha8Rng::seed_from_u64(app_seed ^ 0x5e7e);
     let mut result = AppResult::default();
+    // HPA/VPA managing the app from the first step instead of the agent (same traces).
+    let (mut env_fb, mut obs_fb) = (env.clone(), obs.clone());
     for _ in 0..opts.train_episodes {
         let mut total = 0.0;
         for _ in 0..spe {
@@ -448,6 +469,11 @@ pub fn run_app(
             bounds,
         ))
     };
+    let mut fb_throughout = Fallback::new(FallbackConfig::default()).map_err(fail)?;
+    for step in 0..u64::from(opts.train_episodes) * spe {
+        let a = fallback_step(&ctx, &mut fb_throughout, &bounds, &obs_fb, step);
+        obs_fb = first(env_fb.step(&[a]).map_err(fail)?)?;
+    }
     let converged = run_arm(
         &ctx,
         env.clone(),
@@ -531,6 +557,17 @@ pub fn run_app(
             payload_seed,
         )?,
     ));
+    arms.push((
+        "fallback_throughout".into(),
+        run_arm(
+            &ctx,
+            env_fb,
+            obs_fb,
+            Driver::Fallback(Box::new(fb_throughout), bounds),
+            &[],
+            payload_seed,
+        )?,
+    ));
     if opts.oracle {
         arms.push((
             "oracle_undisturbed".into(),
@@ -564,11 +601,12 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
         let steps: u64 = runs.iter().map(|a| a.steps).sum();
         let tot: f64 = runs.iter().map(|a| a.total_reward()).sum();
         let slo: u64 = runs.iter().map(|a| a.slo()).sum();
-        let oracle = if arm.ends_with("undisturbed") || arm == "converged" {
-            total("oracle_undisturbed")
-        } else {
-            total("oracle")
-        };
+        let oracle =
+            if arm.ends_with("undisturbed") || arm == "converged" || arm == "fallback_throughout" {
+                total("oracle_undisturbed")
+            } else {
+                total("oracle")
+            };
         let mut curve = vec![0.0; serve_episodes];
         for a in &runs {
             let spe = a.steps as f64 / a.episode_rewards.len().max(1) as f64;
@@ -648,7 +686,8 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
     let with = find("with_retraining");
     let without = find("without_retraining");
     let conv = find("converged");
-    let fbu = find("fallback_undisturbed");
+    let fbu = find("fallback_throughout");
+    let fb_same_state = find("fallback_undisturbed");
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
     let cvf = ConvergedVsFallback {
         converged_pct_of_oracle: conv.and_then(|a| a.pct_of_oracle),
@@ -659,6 +698,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             .map(|(c, f)| c - f),
         converged_slo_violations: conv.map_or(0, |a| a.slo_violations),
         fallback_slo_violations: fbu.map_or(0, |a| a.slo_violations),
+        fallback_from_agent_state_pct_of_oracle: fb_same_state.and_then(|a| a.pct_of_oracle),
     };
     let report = ServeReport {
         apps: results.len(),
@@ -756,6 +796,63 @@ mod tests {
         assert!(s.windows(2).all(|w| w[1].0 == w[0].0 + 150));
         assert_eq!(s, schedule(&app, 7, 1, 150, 10_000));
         assert!(schedule(&app, 7, 1, 150, 200).len() <= 2);
+    }
+
+    #[test]
+    fn fallback_throughout_is_hpa_vpa_from_the_first_step() {
+        let opts = ServeBenchOptions {
+            apps: 1,
+            train_episodes: 2,
+            serve_episodes: 2,
+            steps_per_episode: 10,
+            hidden: 8,
+            oracle: false,
+            ..ServeBenchOptions::default()
+        };
+        let app = generate_apps(1, opts.seed, &GeneratorOptions::default()).remove(0);
+        let r = run_app(&opts, &app, 0).unwrap();
+        let arm = |name: &str| r.arms.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        let got = arm("fallback_throughout");
+        // Independently: the same simulator from its reset, HPA/VPA for 4 episodes; the last 2.
+        let app_seed = opts.seed.wrapping_mul(1_000_003);
+        let mut env = SimEnv::new(
+            vec![app.clone()],
+            SimConfig {
+                seed: app_seed,
+                ..SimConfig::default()
+            },
+        )
+        .unwrap();
+        env.reset(app_seed).unwrap();
+        let mut obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+        let ctx = Ctx {
+            opts: &opts,
+            target: Target::new(app.namespace.clone(), app.name.clone()),
+        };
+        let bounds = aware_metrics_collector::simulator::target_specs(std::slice::from_ref(&app))
+            .remove(0)
+            .bounds;
+        let mut fb = Fallback::new(FallbackConfig::default()).unwrap();
+        let mut rewards = vec![0.0; 4];
+        for step in 0..40u64 {
+            let a = fallback_step(&ctx, &mut fb, &bounds, &obs, step % 20);
+            obs = first(env.step(&[a]).unwrap()).unwrap();
+            rewards[(step / 10) as usize] += obs.reward;
+        }
+        assert_eq!(got.episode_rewards.len(), 2);
+        for (g, w) in got.episode_rewards.iter().zip(&rewards[2..]) {
+            assert!(
+                (g - w).abs() < 1e-9,
+                "{:?} vs {:?}",
+                got.episode_rewards,
+                rewards
+            );
+        }
+        // not the arm that takes over the agent's allocation
+        assert_ne!(
+            arm("fallback_undisturbed").episode_rewards,
+            got.episode_rewards
+        );
     }
 
     #[test]
