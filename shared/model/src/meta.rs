@@ -672,9 +672,13 @@ impl MetaDdpg {
 
         // Actor on [s ‖ e], scored by the critic (before its update) at [μ, s ‖ e].
         let x = gru::concat_taped(gru::with_tape(net::mat(dev, s_only, n, d)), e_rows());
-        let a = self.base.actor.forward(x);
+        let (a, pre) = net::tanh_and_pre(self.base.actor.forward_pre(x));
         let s_full = net::mat(dev, s, n, full);
-        let actor_loss = net::neg_mean(self.base.critic.forward(net::concat_cols(a, s_full)));
+        let actor_loss = net::with_preactivation_penalty(
+            net::neg_mean(self.base.critic.forward(net::concat_cols(a, s_full))),
+            pre,
+            cfg.actor_preactivation_penalty,
+        );
         let actor_loss_v = net::scalar(&actor_loss);
         check_finite("actor loss", &[actor_loss_v])?;
         let mut ag = net::backward(actor_loss);
