@@ -2,16 +2,19 @@
 //! seen — AWARE's meta-learned base-learner against FIRM's transfer learning (TL) and TL with
 //! extra temporal and spatial state features (TL+).
 //!
-//! In this process on the simulator. Held-out apps: `generate_apps(apps, seed)` with a seed
-//! other than the meta-training pool's (default 1001, the pool's is `train-meta --seed`, 0 by
-//! default): apps never seen in meta-training nor by the TL source agents. Per app and arm,
+//! In this process on the simulator. `repeats` repetitions (the paper repeats its A/B test with
+//! random source and target workloads); repetition r has its own TL source app (the
+//! `source_index + r`-th of the pool's training side) and its own held-out apps,
+//! `generate_apps(apps, seed + 1000·r)` with a seed other than the meta-training pool's (default
+//! 1001, the pool's is `train-meta --seed`, 0 by default; checked): apps never seen in
+//! meta-training nor by the TL source agents. Per app and arm,
 //! `episodes` episodes of `steps_per_episode` steps; episode k of an app runs on a fresh
 //! simulator reset with the same seed in every arm (the same trace, the same noise), and every
 //! learning arm takes `gradient_steps` DDPG updates (minibatch 64) per transition. Arms:
 //!
 //! - `aware`: the meta-trained base-learner and meta-learner of an `aware train-meta` output
 //!   (or a short meta-training first). The first `fallback_episodes` episodes of the budget are
-//!   driven by the fallback rule meta-training used (`train_meta::fallback_action`); their
+//!   driven by the fallback rule meta-training used (`train_meta::fallback_action_in`); their
 //!   top-M form the app's bundle, which the frozen meta-learner embeds. Then the base-learner
 //!   (DDPG over `state ‖ embedding`) acts and is fine-tuned online; the embedding is recomputed
 //!   from the app's top-M episodes every `embedding_refresh` episodes (as the trainer does). The
@@ -164,7 +167,7 @@ pub(crate) fn episode_seed(app_seed: u64, k: u64) -> u64 {
 pub(crate) enum RunEpisode {
     /// The agent explores and trains every step.
     Agent,
-    /// `train_meta::fallback_action` drives; transitions are stored, not trained on yet.
+    /// `train_meta::fallback_action_in` drives; transitions are stored, not trained on yet.
     FallbackRule,
 }
 
