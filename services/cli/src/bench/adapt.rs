@@ -45,7 +45,6 @@
 pub mod features;
 pub mod tl;
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,7 +61,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use self::features::TlPlusFeatures;
-use super::{median, BenchError};
+use super::{fail, first, median, BenchError};
 use crate::train_meta::{
     self, bundle_of, fallback_action_in, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
 };
@@ -147,10 +146,6 @@ impl Default for AdaptBenchOptions {
     }
 }
 
-fn fail(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Failed(e.to_string())
-}
-
 impl From<aware_loadgen::SimError> for BenchError {
     fn from(e: aware_loadgen::SimError) -> Self {
         fail(e)
@@ -195,12 +190,6 @@ impl EpisodeOut {
             last_state: self.last_state.clone(),
         }
     }
-}
-
-fn first(v: Vec<Observation>) -> Result<Observation, BenchError> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| fail("simulator returned no observation"))
 }
 
 /// `states ‖ embedding` for every row of `b`.
@@ -1167,95 +1156,22 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
 /// The learning curves (mean over apps of the per-step reward by episode) as SVG, with the mean
 /// 95% target dashed and AWARE's first policy episode marked.
 pub fn curve_svg(arms: &[ArmSummary], target: f64, policy_from: usize) -> String {
-    let (w, h, l, r, t, b) = (760.0, 420.0, 60.0, 150.0, 20.0, 40.0);
-    let n = arms.iter().map(|a| a.curve.len()).max().unwrap_or(0);
-    let (mut lo, mut hi) = arms
-        .iter()
-        .flat_map(|a| a.curve.iter())
-        .chain(std::iter::once(&target))
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-            (a.min(v), b.max(v))
-        });
-    if !lo.is_finite() || !hi.is_finite() {
-        (lo, hi) = (0.0, 1.0);
-    }
-    if hi - lo < 1e-9 {
-        hi = lo + 1.0;
-    }
-    let x = |i: usize| l + (w - l - r) * i as f64 / (n.max(2) - 1) as f64;
-    let y = |v: f64| t + (h - t - b) * (1.0 - (v - lo) / (hi - lo));
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = write!(
-        s,
-        r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
-        w - l - r,
-        h - t - b
-    );
-    for k in 0..=4 {
-        let v = lo + (hi - lo) * f64::from(k) / 4.0;
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.2}</text>"#,
-            l - 4.0,
-            y(v) + 4.0
-        );
-    }
-    if target.is_finite() {
-        let _ = write!(
-            s,
-            r##"<line x1="{l}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="#999" stroke-dasharray="4,3"/><text x="{}" y="{:.1}">95% of converged (mean)</text>"##,
-            y(target),
-            w - r,
-            y(target),
-            w - r + 8.0,
-            y(target) + 4.0
-        );
-    }
-    let xp = x(policy_from);
-    let _ = write!(
-        s,
-        r##"<line x1="{xp:.1}" y1="{t}" x2="{xp:.1}" y2="{}" stroke="#bbb" stroke-dasharray="2,3"/>"##,
-        h - b
-    );
-    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#000"];
-    for (k, a) in arms.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let pts: Vec<String> = a
-            .curve
+    use super::chart::{line_chart, Chart, Series};
+    line_chart(&Chart {
+        series: arms
             .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
-            .collect();
-        let _ = write!(
-            s,
-            r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#,
-            pts.join(" ")
-        );
-        let ly = t + 14.0 * k as f64 + 30.0;
-        let _ = write!(
-            s,
-            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
-            w - r + 8.0,
-            w - r + 28.0,
-            w - r + 32.0,
-            ly + 4.0,
-            a.arm
-        );
-    }
-    let _ = write!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">episode on the new app (dotted: AWARE's first policy episode)</text><text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">reward per step (mean over apps)</text></svg>"#,
-        (l + w - r) / 2.0,
-        h - 8.0,
-        (t + h - b) / 2.0,
-        (t + h - b) / 2.0
-    );
-    s
+            .map(|a| Series {
+                name: a.arm.as_str(),
+                offset: 0,
+                values: &a.curve,
+            })
+            .collect(),
+        vlines: vec![policy_from],
+        vline_dash: "2,3",
+        hlines: vec![(target, "95% of converged (mean)".into())],
+        x_label: "episode on the new app (dotted: AWARE's first policy episode)",
+        y_label: "reward per step (mean over apps)",
+    })
 }
 
 #[cfg(test)]

@@ -28,6 +28,20 @@ pub enum BenchError {
     },
 }
 
+/// A simulator or model error as a bench failure.
+pub(crate) fn fail(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Failed(e.to_string())
+}
+
+/// The only observation of a one-target simulator step.
+pub(crate) fn first(
+    v: Vec<aware_loadgen::env::Observation>,
+) -> Result<aware_loadgen::env::Observation, BenchError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| fail("simulator returned no observation"))
+}
+
 /// Writes a pretty JSON report to `dir/name`.
 pub fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<String, BenchError> {
     let path = dir.join(name);

@@ -49,7 +49,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::BenchError;
+use super::{fail, first, BenchError};
 
 #[derive(Debug, Clone)]
 pub struct ServeBenchOptions {
@@ -193,10 +193,6 @@ pub struct AppResult {
     pub injected: usize,
 }
 
-fn fail(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Failed(e.to_string())
-}
-
 /// The scenarios injected into `app`: every applicable one, in a seeded order, at serve steps
 /// `first_step`, `first_step + every_steps`, … (those before `serve_steps`).
 pub fn schedule(
@@ -234,12 +230,6 @@ enum Driver {
 struct Ctx<'a> {
     opts: &'a ServeBenchOptions,
     target: Target,
-}
-
-fn first(v: Vec<Observation>) -> Result<Observation, BenchError> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| fail("simulator returned no observation"))
 }
 
 fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer, steps: u32) -> Result<(), BenchError> {
