@@ -182,6 +182,12 @@ enum BenchCommand {
         /// TD3+BC λ of the RL arms.
         #[arg(long, default_value_t = 2.5)]
         bc_alpha: f32,
+        /// `lifecycle_monitor.probation_margin` of the bootstrap arm.
+        #[arg(long, default_value_t = 0.10)]
+        probation_margin: f64,
+        /// `lifecycle_monitor.behaviour_margin` of the bootstrap arm.
+        #[arg(long, default_value_t = 0.05)]
+        behaviour_margin: f64,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
@@ -429,6 +435,8 @@ fn main() -> anyhow::Result<()> {
                 train_every_transitions,
                 exploration_sigma,
                 bc_alpha,
+                probation_margin,
+                behaviour_margin,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -441,6 +449,8 @@ fn main() -> anyhow::Result<()> {
                     train_every_transitions,
                     exploration_sigma,
                     bc_alpha,
+                    probation_margin,
+                    behaviour_margin,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

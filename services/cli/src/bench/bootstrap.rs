@@ -56,6 +56,10 @@ pub struct BootstrapBenchOptions {
     pub exploration_sigma: f32,
     /// `trainer.bc_alpha` (TD3+BC λ) of the RL arms.
     pub bc_alpha: f32,
+    /// `lifecycle_monitor.probation_margin` / `behaviour_margin` of the bootstrap arm (the
+    /// service defaults: 0.10 / 0.05).
+    pub probation_margin: f64,
+    pub behaviour_margin: f64,
 }
 
 impl Default for BootstrapBenchOptions {
@@ -72,6 +76,8 @@ impl Default for BootstrapBenchOptions {
             train_every_transitions: 100,
             exploration_sigma: 0.2,
             bc_alpha: 2.5,
+            probation_margin: 0.10,
+            behaviour_margin: 0.05,
         }
     }
 }
@@ -122,6 +128,8 @@ pub struct BootstrapReport {
     pub train_every_transitions: u64,
     pub exploration_sigma: f32,
     pub bc_alpha: f32,
+    pub probation_margin: f64,
+    pub behaviour_margin: f64,
     pub oracle_total_reward: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
@@ -174,6 +182,13 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
+    );
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({
+            "probation_margin": opts.probation_margin,
+            "behaviour_margin": opts.behaviour_margin,
+        }),
     );
     cfg.sections.insert(
         "model_store".into(),
@@ -495,6 +510,8 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         train_every_transitions: opts.train_every_transitions,
         exploration_sigma: opts.exploration_sigma,
         bc_alpha: opts.bc_alpha,
+        probation_margin: opts.probation_margin,
+        behaviour_margin: opts.behaviour_margin,
         oracle_total_reward: oracle,
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
@@ -552,6 +569,8 @@ mod tests {
             train_every_transitions: 100,
             exploration_sigma: 0.2,
             bc_alpha: 2.5,
+            probation_margin: 0.1,
+            behaviour_margin: 0.05,
             oracle_total_reward: 1.5 * 300.0,
             arms: vec![
                 arm("fallback", 1.0),
