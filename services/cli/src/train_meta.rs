@@ -207,14 +207,9 @@ pub enum Driver<'a> {
 /// The fallback rule in the policy's action space: HPA on replicas (70% CPU target, ±10%
 /// tolerance), threshold steps on the CPU (util > 0.9: +0.25, < 0.3: −0.1) and memory
 /// (util > 0.85: +0.25, < 0.3: −0.1) limits, in units of the map's per-step change; the
-/// allocation it asks for is expressed under `map` ([`aware_loadgen::env::action_for`]). For apps
-/// with the default bounds (every generated app); [`fallback_action_in`] takes the bounds.
-pub fn fallback_action(o: &Observation, map: &ActionMap) -> [f32; ACTION_DIM] {
-    fallback_action_in(o, &aware_loadgen::Bounds::default(), map)
-}
-
-/// [`fallback_action`] for an app with these bounds.
-pub fn fallback_action_in(
+/// allocation it asks for is expressed under `map` ([`aware_loadgen::env::action_for`]) for an
+/// app with these bounds.
+pub fn fallback_action(
     o: &Observation,
     bounds: &aware_loadgen::Bounds,
     map: &ActionMap,
@@ -272,7 +267,7 @@ pub fn run_episode(
     for _ in 0..steps {
         let s = obs.state;
         let a = match &mut driver {
-            Driver::Fallback => fallback_action_in(&obs, &app.bounds, &map),
+            Driver::Fallback => fallback_action(&obs, &app.bounds, &map),
             Driver::Agent {
                 agent,
                 embedding,

@@ -14,7 +14,7 @@
 //!
 //! - `aware`: the meta-trained base-learner and meta-learner of an `aware train-meta` output
 //!   (or a short meta-training first). The first `fallback_episodes` episodes of the budget are
-//!   driven by the fallback rule meta-training used (`train_meta::fallback_action_in`); their
+//!   driven by the fallback rule meta-training used (`train_meta::fallback_action`); their
 //!   top-M form the app's bundle, which the frozen meta-learner embeds. Then the base-learner
 //!   (DDPG over `state ‖ embedding`) acts and is fine-tuned online; the embedding is recomputed
 //!   from the app's top-M episodes every `embedding_refresh` episodes (as the trainer does). The
@@ -63,7 +63,7 @@ use serde::Serialize;
 use self::features::TlPlusFeatures;
 use super::{fail, first, median, BenchError};
 use crate::train_meta::{
-    self, bundle_of, fallback_action_in, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
+    self, bundle_of, fallback_action, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
 };
 
 /// The arms, in report order.
@@ -162,7 +162,7 @@ pub(crate) fn episode_seed(app_seed: u64, k: u64) -> u64 {
 pub(crate) enum RunEpisode {
     /// The agent explores and trains every step.
     Agent,
-    /// `train_meta::fallback_action_in` drives; transitions are stored, not trained on yet.
+    /// `train_meta::fallback_action` drives; transitions are stored, not trained on yet.
     FallbackRule,
 }
 
@@ -366,7 +366,7 @@ impl Learner {
                     }
                     a
                 }
-                RunEpisode::FallbackRule => fallback_action_in(&obs, &app.bounds, &map),
+                RunEpisode::FallbackRule => fallback_action(&obs, &app.bounds, &map),
             };
             cpu += t.elapsed();
             let next = first(env.step(&[TargetAction::Raw(a)])?)?;
