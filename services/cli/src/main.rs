@@ -74,6 +74,9 @@ enum Command {
         apps_per_iteration: usize,
         #[arg(long, default_value_t = 4)]
         updates_per_iteration: usize,
+        /// Base-learner updates per iteration with the embeddings held fixed (cheap: no GRU pass)
+        #[arg(long, default_value_t = 0)]
+        base_updates_per_iteration: usize,
     },
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
     Schemas {
@@ -511,6 +514,14 @@ fn main() -> anyhow::Result<()> {
                         a.online_episodes
                     );
                 }
+                println!(
+                    "with retraining vs converged: {:.1}% of reward ({} with the oracle's own loss taken out); SLO violations without ÷ with retraining {:.2}× (at most {:.2}× for any policy: without ÷ max_allocation)",
+                    r.with_retraining_vs_converged_pct,
+                    r.with_retraining_vs_converged_oracle_relative_pct
+                        .map_or("-".to_string(), |p| format!("{p:.1}%")),
+                    r.slo_ratio_without_vs_with,
+                    r.slo_ratio_bound
+                );
                 let path = bench::write_json(&out, "serve.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path} and {}", out.join("serve-curve.svg").display());
             }
@@ -768,6 +779,7 @@ fn main() -> anyhow::Result<()> {
             bundle,
             apps_per_iteration,
             updates_per_iteration,
+            base_updates_per_iteration,
         } => {
             aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
             let d = aware_cli::train_meta::TrainMetaOptions::default();
@@ -781,6 +793,7 @@ fn main() -> anyhow::Result<()> {
                 steps_per_episode,
                 apps_per_iteration,
                 updates_per_iteration,
+                base_updates_per_iteration,
                 meta: aware_shared_model::MetaConfig {
                     hidden,
                     fc_hidden: hidden,

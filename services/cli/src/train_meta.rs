@@ -94,6 +94,9 @@ pub struct TrainMetaOptions {
     pub apps_per_iteration: usize,
     /// Joint updates per iteration.
     pub updates_per_iteration: usize,
+    /// Base-learner updates per iteration with the drawn apps' embeddings held fixed
+    /// ([`MetaDdpg::train_base_step`]; no GRU pass, so far cheaper than a joint update).
+    pub base_updates_per_iteration: usize,
     /// Transitions per app in one update.
     pub batch: usize,
     /// Final share of fallback episodes.
@@ -120,6 +123,7 @@ impl Default for TrainMetaOptions {
             steps_per_episode: 50,
             apps_per_iteration: 4,
             updates_per_iteration: 4,
+            base_updates_per_iteration: 0,
             batch: 64,
             min_fallback: 0.2,
             sigma: 0.2,
@@ -582,6 +586,19 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
                 .map(|(bundle, batch)| MetaGroup { bundle, batch })
                 .collect();
             last = Some(agent.train_step(&groups)?);
+        }
+        if opts.base_updates_per_iteration > 0 {
+            let embeddings: Vec<Vec<f32>> = bundles
+                .iter()
+                .map(|b| agent.embed(b))
+                .collect::<Result<_, _>>()?;
+            for _ in 0..opts.base_updates_per_iteration {
+                let batches = drawn
+                    .iter()
+                    .map(|&i| replay[i].sample(opts.batch))
+                    .collect::<Result<Vec<_>, _>>()?;
+                agent.train_base_step(&embeddings, &batches)?;
+            }
         }
         state.iteration += 1;
         let elapsed = base_seconds + start.elapsed().as_secs_f64();

@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{decode, encode};
 use crate::config::{DdpgConfig, MAX_STATE_DIM, MAX_WIDTH};
-use crate::ddpg::Ddpg;
+use crate::ddpg::{Ddpg, TrainStats};
 use crate::error::{check_dim, check_finite, ModelError};
 use crate::net::{self, Adam, Dev, Mat, Mlp};
 use crate::replay::Batch;
@@ -567,6 +567,47 @@ impl MetaDdpg {
         action: &[f32; ACTION_DIM],
     ) -> Result<f32, ModelError> {
         self.base.q_value(&self.joined(state, embedding)?, action)
+    }
+
+    /// One base-learner update with the embeddings held fixed: every batch's rows are joined with
+    /// its workload's embedding (`embeddings[k]` for `batches[k]`, as [`MetaDdpg::embed`] gives
+    /// them) and the base-learner takes one DDPG step ([`Ddpg::train_step`]) on all of them; the
+    /// meta-learner does not change. Far cheaper than [`MetaDdpg::train_step`] (no GRU pass),
+    /// so meta-training can give the base-learner many of these per joint update.
+    pub fn train_base_step(
+        &mut self,
+        embeddings: &[Vec<f32>],
+        batches: &[Batch],
+    ) -> Result<TrainStats, ModelError> {
+        let d = self.state_dim;
+        let e_dim = self.meta.cfg.embed_dim;
+        if embeddings.len() != batches.len() {
+            return Err(ModelError::Dimension {
+                what: "embeddings per batch",
+                expected: batches.len(),
+                got: embeddings.len(),
+            });
+        }
+        let n: usize = batches.iter().map(Batch::len).sum();
+        if n == 0 {
+            return Err(ModelError::NotEnoughSamples { len: 0, need: 1 });
+        }
+        let mut joined = Batch::with_capacity(d + e_dim, n);
+        for (e, b) in embeddings.iter().zip(batches) {
+            check_dim("embedding", e_dim, e.len())?;
+            check_dim("batch state_dim", d, b.state_dim)?;
+            b.validate()?;
+            for (s, s2) in b.states.chunks(d).zip(b.next_states.chunks(d)) {
+                joined.states.extend_from_slice(s);
+                joined.states.extend_from_slice(e);
+                joined.next_states.extend_from_slice(s2);
+                joined.next_states.extend_from_slice(e);
+            }
+            joined.actions.extend_from_slice(&b.actions);
+            joined.rewards.extend_from_slice(&b.rewards);
+            joined.dones.extend_from_slice(&b.dones);
+        }
+        self.base.train_step(&joined)
     }
 
     /// One joint update over several workloads: every group's bundle gives its embedding (one

@@ -20,7 +20,12 @@
 //!   (the same traces; its VPA history is its own), measured over the same serve window without
 //!   scenarios — what the workload gets without AWARE, the baseline of the converged-vs-HPA/VPA
 //!   comparison;
-//! - `oracle` / `oracle_undisturbed`: `loadgen`'s per-step greedy oracle (true next-step load).
+//! - `oracle` / `oracle_undisturbed`: `loadgen`'s per-step greedy oracle (true next-step load);
+//! - `max_allocation`: every resource at its upper bound, with the scenarios. The simulator's
+//!   p99 latency does not increase with replicas, CPU or memory (`loadgen`'s property tests), so
+//!   this arm's SLO violations are the fewest any policy can have on the disturbed workload, and
+//!   `without_retraining`'s violations ÷ this arm's bound the ratio any retraining scheme can show
+//!   (`slo_ratio_bound`).
 //!
 //! Scenarios: every scenario of `loadgen::scenario` that changes something for the app, in a
 //! seeded random order, one every `inject_every` episodes from serve episode 1 on (the same
@@ -95,7 +100,7 @@ impl Default for ServeBenchOptions {
 }
 
 /// The arms, in report order.
-pub const ARMS: [&str; 8] = [
+pub const ARMS: [&str; 9] = [
     "converged",
     "with_retraining",
     "without_retraining",
@@ -104,6 +109,7 @@ pub const ARMS: [&str; 8] = [
     "fallback_undisturbed",
     "fallback_throughout",
     "oracle_undisturbed",
+    "max_allocation",
 ];
 
 /// One arm on one app: per-episode totals.
@@ -181,6 +187,14 @@ pub struct ServeReport {
     pub with_retraining_vs_converged_pct: f64,
     /// without_retraining SLO violations / with_retraining SLO violations (target ≥ 3).
     pub slo_ratio_without_vs_with: f64,
+    /// without_retraining SLO violations / max_allocation SLO violations: the largest
+    /// `slo_ratio_without_vs_with` any policy can reach on these scenarios.
+    pub slo_ratio_bound: f64,
+    /// with_retraining's and converged's rewards each as % of the oracle on its own workload
+    /// (disturbed, undisturbed): (with % / converged %) − 1, in %. The policy's degradation with
+    /// the workload's own loss (what the oracle loses to the scenarios) taken out; for reference
+    /// next to `with_retraining_vs_converged_pct`.
+    pub with_retraining_vs_converged_oracle_relative_pct: Option<f64>,
     pub converged_vs_fallback: ConvergedVsFallback,
     pub wall_seconds: f64,
 }
@@ -225,6 +239,8 @@ enum Driver {
     },
     Fallback(Box<Fallback>, aware_shared::spec::Bounds),
     Oracle,
+    /// A fixed allocation (the bounds' maximum).
+    Fixed(Allocation),
 }
 
 struct Ctx<'a> {
@@ -319,6 +335,7 @@ fn run_arm(
                     let t = env.target_at_next_step(0).map_err(fail)?;
                     TargetAction::Desired(oracle_step(&t, &grid, &[]).allocation)
                 }
+                Driver::Fixed(a) => TargetAction::Desired(*a),
             };
             let next = first(env.step(&[action]).map_err(fail)?)?;
             total += next.reward;
@@ -561,9 +578,32 @@ pub fn run_app(
     if opts.oracle {
         arms.push((
             "oracle_undisturbed".into(),
-            run_arm(&ctx, env, obs, Driver::Oracle, &[], payload_seed)?,
+            run_arm(
+                &ctx,
+                env.clone(),
+                obs.clone(),
+                Driver::Oracle,
+                &[],
+                payload_seed,
+            )?,
         ));
     }
+    let max = Allocation {
+        replicas: app.bounds.max_replicas,
+        cpu_millicores: app.bounds.max_cpu_millicores,
+        memory_bytes: app.bounds.max_memory_bytes,
+    };
+    arms.push((
+        "max_allocation".into(),
+        run_arm(
+            &ctx,
+            env,
+            obs,
+            Driver::Fixed(max),
+            &injections,
+            payload_seed,
+        )?,
+    ));
     result.arms = arms;
     Ok(result)
 }
@@ -709,6 +749,14 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             without.map_or(0, |a| a.slo_violations) as f64,
             with.map_or(0, |a| a.slo_violations) as f64,
         ),
+        slo_ratio_bound: ratio(
+            without.map_or(0, |a| a.slo_violations) as f64,
+            find("max_allocation").map_or(0, |a| a.slo_violations) as f64,
+        ),
+        with_retraining_vs_converged_oracle_relative_pct: with
+            .and_then(|a| a.pct_of_oracle)
+            .zip(conv.and_then(|a| a.pct_of_oracle))
+            .map(|(w, c)| 100.0 * (w / c - 1.0)),
         converged_vs_fallback: cvf,
         wall_seconds: started.elapsed().as_secs_f64(),
         arms,
@@ -786,6 +834,43 @@ mod tests {
         assert!(s.windows(2).all(|w| w[1].0 == w[0].0 + 150));
         assert_eq!(s, schedule(&app, 7, 1, 150, 10_000));
         assert!(schedule(&app, 7, 1, 150, 200).len() <= 2);
+    }
+
+    #[test]
+    fn max_allocation_has_the_fewest_slo_violations_under_the_scenarios() {
+        let opts = ServeBenchOptions {
+            apps: 1,
+            train_episodes: 2,
+            serve_episodes: 6,
+            steps_per_episode: 20,
+            inject_every: 1,
+            hidden: 8,
+            oracle: false,
+            ..ServeBenchOptions::default()
+        };
+        for index in 0..3 {
+            let app = generate_apps(3, opts.seed, &GeneratorOptions::default()).remove(index);
+            let r = run_app(&opts, &app, index).unwrap();
+            let slo = |name: &str| r.arms.iter().find(|(n, _)| n == name).unwrap().1.slo();
+            let max = slo("max_allocation");
+            assert_eq!(
+                r.arms
+                    .iter()
+                    .find(|(n, _)| n == "max_allocation")
+                    .unwrap()
+                    .1
+                    .steps,
+                120
+            );
+            for arm in ["with_retraining", "without_retraining", "fallback"] {
+                assert!(
+                    max <= slo(arm),
+                    "{}: max {max} > {arm} {}",
+                    app.name,
+                    slo(arm)
+                );
+            }
+        }
     }
 
     #[test]

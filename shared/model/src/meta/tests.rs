@@ -465,6 +465,64 @@ fn conditioned_policy_separates_two_workloads() {
 }
 
 #[test]
+fn base_steps_with_fixed_embeddings_train_the_base_learner_only() {
+    let (b1, b2) = (bundle(3, 6, 0.1, 1), bundle(3, 6, 0.9, 2));
+    let mut a = agent(7);
+    let (e1, e2) = (a.embed(&b1).unwrap(), a.embed(&b2).unwrap());
+    let meta_before = a.meta().parameters();
+    let s = [0.2f32, -0.1, 0.4];
+    let act_before = a.act(&s, &e1).unwrap();
+    let st = a
+        .train_base_step(
+            &[e1.clone(), e2.clone()],
+            &[batch(16, -0.5, 3), batch(16, 0.5, 4)],
+        )
+        .unwrap();
+    assert!(st.critic_loss.is_finite());
+    assert_eq!(a.base().train_steps(), 1);
+    assert_eq!(a.meta().parameters(), meta_before);
+    assert_eq!(a.meta().train_steps(), 0);
+    assert_ne!(a.act(&s, &e1).unwrap(), act_before);
+    // The same as a plain DDPG step on the joined rows.
+    let twin = agent(7);
+    let mut joined = Batch::with_capacity(3 + e1.len(), 32);
+    for (e, b) in [(&e1, batch(16, -0.5, 3)), (&e2, batch(16, 0.5, 4))] {
+        for i in 0..b.len() {
+            let mut st = b.states[i * 3..(i + 1) * 3].to_vec();
+            st.extend_from_slice(e);
+            let mut ns = b.next_states[i * 3..(i + 1) * 3].to_vec();
+            ns.extend_from_slice(e);
+            joined
+                .push(&Transition {
+                    state: st,
+                    action: [b.actions[i * 3], b.actions[i * 3 + 1], b.actions[i * 3 + 2]],
+                    reward: b.rewards[i],
+                    next_state: ns,
+                    done: false,
+                })
+                .unwrap();
+        }
+    }
+    let (mut base, _) = twin.into_parts();
+    base.train_step(&joined).unwrap();
+    let row = &joined.states[..3 + e1.len()];
+    assert_eq!(base.act(row).unwrap(), a.base().act(row).unwrap());
+    // Wrong shapes are errors and change nothing.
+    let steps = a.base().train_steps();
+    assert!(a
+        .train_base_step(
+            std::slice::from_ref(&e1),
+            &[batch(4, 0.0, 5), batch(4, 0.0, 6)]
+        )
+        .is_err());
+    assert!(a
+        .train_base_step(&[vec![0.0; 2]], &[batch(4, 0.0, 5)])
+        .is_err());
+    assert!(a.train_base_step(&[], &[]).is_err());
+    assert_eq!(a.base().train_steps(), steps);
+}
+
+#[test]
 fn agent_is_send() {
     fn is_send<T: Send + 'static>() {}
     is_send::<MetaDdpg>();
