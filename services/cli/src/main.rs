@@ -75,7 +75,7 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         updates_per_iteration: usize,
         /// Base-learner updates per iteration with the embeddings held fixed (cheap: no GRU pass)
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 32)]
         base_updates_per_iteration: usize,
     },
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
@@ -191,6 +191,10 @@ enum BenchCommand {
         /// `lifecycle_monitor.behaviour_margin` of the bootstrap arm.
         #[arg(long, default_value_t = 0.05)]
         behaviour_margin: f64,
+        /// `trainer.meta_dir` of the bootstrap arm (an `aware train-meta` output): bootstrapping
+        /// with the meta-trained, embedding-conditioned base-learner
+        #[arg(long)]
+        meta: Option<PathBuf>,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
@@ -440,6 +444,7 @@ fn main() -> anyhow::Result<()> {
                 bc_alpha,
                 probation_margin,
                 behaviour_margin,
+                meta,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -454,6 +459,7 @@ fn main() -> anyhow::Result<()> {
                     bc_alpha,
                     probation_margin,
                     behaviour_margin,
+                    meta,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

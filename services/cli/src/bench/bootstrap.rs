@@ -60,6 +60,10 @@ pub struct BootstrapBenchOptions {
     /// service defaults: 0.10 / 0.05).
     pub probation_margin: f64,
     pub behaviour_margin: f64,
+    /// `trainer.meta_dir` of the bootstrap arm (an `aware train-meta` output): AWARE with
+    /// meta-learning, its base-learner conditioned on the workload embedding of the fallback's
+    /// episodes. `None`: the plain base-learner. The other arms never use it.
+    pub meta: Option<PathBuf>,
 }
 
 impl Default for BootstrapBenchOptions {
@@ -78,6 +82,7 @@ impl Default for BootstrapBenchOptions {
             bc_alpha: 2.5,
             probation_margin: 0.10,
             behaviour_margin: 0.05,
+            meta: None,
         }
     }
 }
@@ -130,6 +135,8 @@ pub struct BootstrapReport {
     pub bc_alpha: f32,
     pub probation_margin: f64,
     pub behaviour_margin: f64,
+    /// The bootstrap arm's `trainer.meta_dir`, if any.
+    pub meta: Option<String>,
     pub oracle_total_reward: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
@@ -194,17 +201,18 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
         "model_store".into(),
         serde_json::json!({ "dir": dir.join("models").display().to_string() }),
     );
-    cfg.sections.insert(
-        "trainer".into(),
-        serde_json::json!({
-            "poll_ms": 50,
-            "train_every_transitions": opts.train_every_transitions,
-            "exploration_sigma": opts.exploration_sigma,
-            "bc_alpha": opts.bc_alpha,
-            "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
-            "eval_episodes": opts.offline_episodes.max(1),
-        }),
-    );
+    let mut trainer = serde_json::json!({
+        "poll_ms": 50,
+        "train_every_transitions": opts.train_every_transitions,
+        "exploration_sigma": opts.exploration_sigma,
+        "bc_alpha": opts.bc_alpha,
+        "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
+        "eval_episodes": opts.offline_episodes.max(1),
+    });
+    if let (Arm::Bootstrap, Some(meta), Some(t)) = (arm, &opts.meta, trainer.as_object_mut()) {
+        t.insert("meta_dir".into(), meta.display().to_string().into());
+    }
+    cfg.sections.insert("trainer".into(), trainer);
     cfg
 }
 
@@ -512,6 +520,7 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         bc_alpha: opts.bc_alpha,
         probation_margin: opts.probation_margin,
         behaviour_margin: opts.behaviour_margin,
+        meta: opts.meta.as_ref().map(|m| m.display().to_string()),
         oracle_total_reward: oracle,
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
@@ -558,6 +567,33 @@ mod tests {
     }
 
     #[test]
+    fn only_the_bootstrap_arm_gets_the_meta_dir() {
+        let opts = BootstrapBenchOptions {
+            apps: 2,
+            meta: Some(PathBuf::from("/m/meta-out")),
+            ..BootstrapBenchOptions::default()
+        };
+        let dir = std::path::Path::new("/tmp/x");
+        let meta = |arm| {
+            arm_config(&opts, arm, dir)
+                .sections
+                .get("trainer")
+                .and_then(|t| t.get("meta_dir"))
+                .cloned()
+        };
+        assert_eq!(meta(Arm::Bootstrap), Some("/m/meta-out".into()));
+        assert_eq!(meta(Arm::NoBootstrap), None);
+        assert_eq!(meta(Arm::Fallback), None);
+        let plain = BootstrapBenchOptions {
+            meta: None,
+            ..opts.clone()
+        };
+        assert!(arm_config(&plain, Arm::Bootstrap, dir).sections["trainer"]
+            .get("meta_dir")
+            .is_none());
+    }
+
+    #[test]
     fn plots_have_one_curve_per_arm_and_the_oracle_line() {
         let r = BootstrapReport {
             apps: 2,
@@ -571,6 +607,7 @@ mod tests {
             bc_alpha: 2.5,
             probation_margin: 0.1,
             behaviour_margin: 0.05,
+            meta: None,
             oracle_total_reward: 1.5 * 300.0,
             arms: vec![
                 arm("fallback", 1.0),
