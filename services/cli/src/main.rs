@@ -284,6 +284,9 @@ enum BenchCommand {
         /// Skip the learning-from-scratch reference arm.
         #[arg(long)]
         no_scratch: bool,
+        /// AWARE: recompute the embedding from the app's top-M episodes every this many episodes
+        #[arg(long, default_value_t = 5)]
+        embedding_refresh: usize,
     },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
@@ -582,6 +585,7 @@ fn main() -> anyhow::Result<()> {
                 source_max_episodes,
                 meta_iterations,
                 no_scratch,
+                embedding_refresh,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let defaults = bench::adapt::AdaptBenchOptions::default();
@@ -598,6 +602,7 @@ fn main() -> anyhow::Result<()> {
                     repeats,
                     source_max_episodes,
                     scratch: !no_scratch,
+                    embedding_refresh,
                     train: aware_cli::train_meta::TrainMetaOptions {
                         iterations: meta_iterations,
                         ..defaults.train.clone()
