@@ -597,15 +597,7 @@ impl MetaDdpg {
             check_dim("embedding", e_dim, e.len())?;
             check_dim("batch state_dim", d, b.state_dim)?;
             b.validate()?;
-            for (s, s2) in b.states.chunks(d).zip(b.next_states.chunks(d)) {
-                joined.states.extend_from_slice(s);
-                joined.states.extend_from_slice(e);
-                joined.next_states.extend_from_slice(s2);
-                joined.next_states.extend_from_slice(e);
-            }
-            joined.actions.extend_from_slice(&b.actions);
-            joined.rewards.extend_from_slice(&b.rewards);
-            joined.dones.extend_from_slice(&b.dones);
+            joined.extend(&b.with_suffix(e))?;
         }
         self.base.train_step(&joined)
     }

@@ -72,6 +72,37 @@ impl Batch {
         Ok(())
     }
 
+    /// The same transitions with `suffix` appended to every state and next state (e.g. a
+    /// workload embedding: the rows a `state ‖ embedding` policy trains on).
+    pub fn with_suffix(&self, suffix: &[f32]) -> Batch {
+        let d = self.state_dim;
+        let widen = |xs: &[f32]| -> Vec<f32> {
+            xs.chunks(d.max(1))
+                .flat_map(|row| row.iter().chain(suffix))
+                .copied()
+                .collect()
+        };
+        Batch {
+            state_dim: d + suffix.len(),
+            states: widen(&self.states),
+            actions: self.actions.clone(),
+            rewards: self.rewards.clone(),
+            next_states: widen(&self.next_states),
+            dones: self.dones.clone(),
+        }
+    }
+
+    /// Appends `other`'s transitions (same state width).
+    pub fn extend(&mut self, other: &Batch) -> Result<(), ModelError> {
+        check_dim("batch state_dim", self.state_dim, other.state_dim)?;
+        self.states.extend_from_slice(&other.states);
+        self.actions.extend_from_slice(&other.actions);
+        self.rewards.extend_from_slice(&other.rewards);
+        self.next_states.extend_from_slice(&other.next_states);
+        self.dones.extend_from_slice(&other.dones);
+        Ok(())
+    }
+
     /// Number of transitions.
     pub fn len(&self) -> usize {
         self.rewards.len()
@@ -263,6 +294,30 @@ mod tests {
             next_state: vec![x + 1.0, -x - 1.0],
             done: (x as i64) % 2 == 0,
         }
+    }
+
+    #[test]
+    fn a_suffix_is_appended_to_every_row_and_batches_extend() {
+        let b = Batch::from_transitions(2, &[t(0.0), t(10.0)]).unwrap();
+        let w = b.with_suffix(&[7.0, 8.0, 9.0]);
+        assert_eq!(w.state_dim, 5);
+        assert_eq!(
+            w.states,
+            [0.0, -0.0, 7.0, 8.0, 9.0, 10.0, -10.0, 7.0, 8.0, 9.0]
+        );
+        assert_eq!(w.next_states[5..], [11.0, -11.0, 7.0, 8.0, 9.0]);
+        assert_eq!(
+            (&w.actions, &w.rewards, &w.dones),
+            (&b.actions, &b.rewards, &b.dones)
+        );
+        w.validate().unwrap();
+        let mut both = w.clone();
+        both.extend(&w).unwrap();
+        assert_eq!(both.len(), 4);
+        both.validate().unwrap();
+        assert_eq!(both.states[10..], w.states[..]);
+        assert!(both.extend(&b).is_err(), "state widths differ");
+        assert_eq!(both.len(), 4);
     }
 
     #[test]

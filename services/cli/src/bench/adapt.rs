@@ -53,7 +53,7 @@ use aware_loadgen::app::{generate_apps, GeneratorOptions};
 use aware_loadgen::{AppSpec, Observation, SimConfig, SimEnv, TargetAction};
 use aware_recommender::fallback::{Fallback, FallbackConfig};
 use aware_shared_model::{
-    Batch, Ddpg, EpisodeBundle, MetaDdpg, MetaLearner, ReplayBuffer, Transition, ACTION_DIM,
+    Ddpg, EpisodeBundle, MetaDdpg, MetaLearner, ReplayBuffer, Transition, ACTION_DIM,
 };
 use cpu_time::ThreadTime;
 use rand::SeedableRng;
@@ -192,24 +192,6 @@ impl EpisodeOut {
     }
 }
 
-/// `states ‖ embedding` for every row of `b`.
-fn with_embedding(b: &Batch, e: &[f32]) -> Batch {
-    let d = b.state_dim;
-    let widen = |xs: &[f32]| -> Vec<f32> {
-        xs.chunks(d.max(1))
-            .flat_map(|row| row.iter().chain(e).copied())
-            .collect()
-    };
-    Batch {
-        state_dim: d + e.len(),
-        states: widen(&b.states),
-        actions: b.actions.clone(),
-        rewards: b.rewards.clone(),
-        next_states: widen(&b.next_states),
-        dones: b.dones.clone(),
-    }
-}
-
 /// One online-learning DDPG agent on one app: its replay buffer (states without the
 /// embedding), TL+ features (when `extended`) and, for AWARE, the embedding appended to every
 /// state it acts or trains on.
@@ -314,7 +296,7 @@ impl Learner {
         for _ in 0..n {
             let b = self.replay.sample(BATCH)?;
             let b = match &self.embedding {
-                Some(e) => with_embedding(&b, e),
+                Some(e) => b.with_suffix(e),
                 None => b,
             };
             self.agent.train_step(&b)?;
@@ -1281,26 +1263,6 @@ mod tests {
         assert!((s.ratio_of_median_episodes - 3.5 / 3.0).abs() < 1e-12);
         assert_eq!((s.other_censored, s.aware_censored), (1, 0));
         assert!(speed.iter().all(|s| s.vs != "tl_plus"));
-    }
-
-    #[test]
-    fn embedding_is_appended_to_every_row() {
-        let t = |x: f32| Transition {
-            state: vec![x, x + 1.0],
-            action: [0.0; ACTION_DIM],
-            reward: x,
-            next_state: vec![x + 2.0, x + 3.0],
-            done: false,
-        };
-        let b = Batch::from_transitions(2, &[t(0.0), t(10.0)]).unwrap();
-        let w = with_embedding(&b, &[7.0, 8.0, 9.0]);
-        assert_eq!(w.state_dim, 5);
-        assert_eq!(
-            w.states,
-            [0.0, 1.0, 7.0, 8.0, 9.0, 10.0, 11.0, 7.0, 8.0, 9.0]
-        );
-        assert_eq!(w.next_states[5..], [12.0, 13.0, 7.0, 8.0, 9.0]);
-        assert_eq!(w.rewards, b.rewards);
     }
 
     #[test]
