@@ -77,6 +77,10 @@ enum Command {
         /// Base-learner updates per iteration with the embeddings held fixed (cheap: no GRU pass)
         #[arg(long, default_value_t = 32)]
         base_updates_per_iteration: usize,
+        /// Exploration σ stored in base.ckpt: what the services explore with while they
+        /// fine-tune the base-learner for a new target
+        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().fine_tune_sigma)]
+        fine_tune_sigma: f32,
     },
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
     Schemas {
@@ -287,6 +291,11 @@ enum BenchCommand {
         /// AWARE: recompute the embedding from the app's top-M episodes every this many episodes
         #[arg(long, default_value_t = 5)]
         embedding_refresh: usize,
+        /// Exploration σ while fine-tuning a pre-trained policy: AWARE's meta-trained
+        /// base-learner and TL's / TL+'s transferred agents alike (`aware train-meta`'s default;
+        /// scratch and the TL sources explore with 0.2, Table 2)
+        #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().fine_tune_sigma)]
+        fine_tune_sigma: f32,
     },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
@@ -586,6 +595,7 @@ fn main() -> anyhow::Result<()> {
                 meta_iterations,
                 no_scratch,
                 embedding_refresh,
+                fine_tune_sigma,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let defaults = bench::adapt::AdaptBenchOptions::default();
@@ -603,6 +613,7 @@ fn main() -> anyhow::Result<()> {
                     source_max_episodes,
                     scratch: !no_scratch,
                     embedding_refresh,
+                    fine_tune_sigma,
                     train: aware_cli::train_meta::TrainMetaOptions {
                         iterations: meta_iterations,
                         ..defaults.train.clone()
@@ -791,6 +802,7 @@ fn main() -> anyhow::Result<()> {
             apps_per_iteration,
             updates_per_iteration,
             base_updates_per_iteration,
+            fine_tune_sigma,
         } => {
             aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
             let d = aware_cli::train_meta::TrainMetaOptions::default();
@@ -805,6 +817,7 @@ fn main() -> anyhow::Result<()> {
                 apps_per_iteration,
                 updates_per_iteration,
                 base_updates_per_iteration,
+                fine_tune_sigma,
                 meta: aware_shared_model::MetaConfig {
                     hidden,
                     fc_hidden: hidden,

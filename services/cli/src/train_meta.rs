@@ -110,6 +110,10 @@ pub struct TrainMetaOptions {
     pub min_fallback: f64,
     /// Exploration noise σ of agent episodes.
     pub sigma: f32,
+    /// The exploration σ stored in `base.ckpt`: what the recommenders explore with while the
+    /// services fine-tune this base-learner for a new target (`trainer.meta_dir`). Lower than
+    /// learning from scratch (Table 2: 0.2): the policy starts near a good one.
+    pub fine_tune_sigma: f32,
     /// Meta-learner shape (state_dim is fixed to the simulator's).
     pub meta: MetaConfig,
     /// Base-learner hidden widths.
@@ -134,6 +138,7 @@ impl Default for TrainMetaOptions {
             batch: 64,
             min_fallback: 0.2,
             sigma: 0.2,
+            fine_tune_sigma: 0.1,
             meta: MetaConfig::default(),
             base_hidden: vec![64, 64],
             progress_every: 10,
@@ -410,11 +415,13 @@ pub fn pool(opts: &TrainMetaOptions) -> (Vec<AppSpec>, Split) {
 }
 
 fn new_agent(opts: &TrainMetaOptions) -> Result<MetaDdpg, ModelError> {
+    let mut base = DdpgConfig {
+        seed: opts.seed,
+        ..DdpgConfig::with_hidden(STATE_DIM, &opts.base_hidden)
+    };
+    base.noise.sigma = opts.fine_tune_sigma;
     MetaDdpg::new(
-        DdpgConfig {
-            seed: opts.seed,
-            ..DdpgConfig::with_hidden(STATE_DIM, &opts.base_hidden)
-        },
+        base,
         MetaConfig {
             state_dim: STATE_DIM,
             seed: opts.seed,
@@ -792,6 +799,7 @@ mod tests {
         assert_eq!((split.train.len(), split.held_out.len()), (4, 1));
         let agent = load_agent(&dir).unwrap();
         assert_eq!(agent.base().config().state_dim, STATE_DIM + 4);
+        assert_eq!(agent.base().config().noise.sigma, opts.fine_tune_sigma);
         // Resume to 5 iterations.
         let more = TrainMetaOptions {
             iterations: 5,

@@ -100,7 +100,11 @@ pub struct AdaptBenchOptions {
     /// Share of the converged reward to reach.
     pub threshold: f64,
     pub hidden: usize,
+    /// Exploration σ of the TL source agents and of `scratch`.
     pub exploration_sigma: f32,
+    /// Exploration σ of every arm that fine-tunes a pre-trained policy (`aware`, `tl`,
+    /// `tl_plus`; the same for the three, so no arm gets an advantage the others lack).
+    pub fine_tune_sigma: f32,
     /// Index into the pool's training side of the TL source app (repetition r uses
     /// `source_index + r`).
     pub source_index: usize,
@@ -131,6 +135,7 @@ impl Default for AdaptBenchOptions {
             threshold: 0.95,
             hidden: 64,
             exploration_sigma: 0.2,
+            fine_tune_sigma: 0.1,
             source_index: 0,
             repeats: 3,
             source_min_episodes: 150,
@@ -785,6 +790,7 @@ pub struct AdaptReport {
     pub threshold: f64,
     pub hidden: usize,
     pub exploration_sigma: f32,
+    pub fine_tune_sigma: f32,
     pub meta: MetaReport,
     pub sources: Vec<SourceReport>,
     pub arms: Vec<ArmSummary>,
@@ -901,9 +907,9 @@ fn run_aware(
     opts: &AdaptBenchOptions,
     app: &AppSpec,
     app_seed: u64,
-    meta: &MetaDdpg,
+    base: Ddpg,
+    learner: &MetaLearner,
 ) -> Result<ArmRun, BenchError> {
-    let (base, learner): (Ddpg, MetaLearner) = meta.clone().into_parts();
     let m = learner.config().bundle_size;
     let embed_dim = learner.config().embed_dim;
     let mut l = Learner::new(base, false, embed_dim, opts.gradient_steps, app_seed)?;
@@ -942,6 +948,52 @@ fn run_aware(
     Ok(run)
 }
 
+/// The agents every learning arm starts one app from. The three that fine-tune a pre-trained
+/// policy (AWARE's meta-trained base-learner, TL's and TL+'s transferred agents) explore with
+/// the same `fine_tune_sigma`; scratch with `exploration_sigma`.
+struct StartingAgents {
+    aware: Ddpg,
+    meta_learner: MetaLearner,
+    tl: Ddpg,
+    tl_plus: Ddpg,
+    scratch: Option<Ddpg>,
+}
+
+impl StartingAgents {
+    fn new(
+        opts: &AdaptBenchOptions,
+        meta: &MetaDdpg,
+        tl_src: &tl::SourceAgent,
+        tlp_src: &tl::SourceAgent,
+        app_seed: u64,
+    ) -> Result<Self, BenchError> {
+        let (mut aware, meta_learner): (Ddpg, MetaLearner) = meta.clone().into_parts();
+        aware.set_exploration_sigma(opts.fine_tune_sigma)?;
+        let transfer = |src: &tl::SourceAgent| -> Result<Ddpg, BenchError> {
+            let mut a = tl::transfer(&src.agent)?;
+            a.set_exploration_sigma(opts.fine_tune_sigma)?;
+            Ok(a)
+        };
+        let scratch = if opts.scratch {
+            Some(tl::new_agent(
+                false,
+                opts.hidden,
+                opts.exploration_sigma,
+                app_seed ^ 0x5c7a,
+            )?)
+        } else {
+            None
+        };
+        Ok(StartingAgents {
+            aware,
+            meta_learner,
+            tl: transfer(tl_src)?,
+            tl_plus: transfer(tlp_src)?,
+            scratch,
+        })
+    }
+}
+
 /// Every arm on one held-out app (index `i` of the apps generated from `held_seed`).
 fn run_app(
     opts: &AdaptBenchOptions,
@@ -953,22 +1005,17 @@ fn run_app(
     tlp_src: &tl::SourceAgent,
 ) -> Result<AppResult, BenchError> {
     let app_seed = held_seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-    let mut runs = vec![("aware".to_string(), run_aware(opts, app, app_seed, meta)?)];
-    runs.push((
-        "tl".into(),
-        run_learner(opts, app, app_seed, tl::transfer(&tl_src.agent)?, false)?,
-    ));
+    let s = StartingAgents::new(opts, meta, tl_src, tlp_src, app_seed)?;
+    let mut runs = vec![(
+        "aware".to_string(),
+        run_aware(opts, app, app_seed, s.aware, &s.meta_learner)?,
+    )];
+    runs.push(("tl".into(), run_learner(opts, app, app_seed, s.tl, false)?));
     runs.push((
         "tl_plus".into(),
-        run_learner(opts, app, app_seed, tl::transfer(&tlp_src.agent)?, true)?,
+        run_learner(opts, app, app_seed, s.tl_plus, true)?,
     ));
-    if opts.scratch {
-        let fresh = tl::new_agent(
-            false,
-            opts.hidden,
-            opts.exploration_sigma,
-            app_seed ^ 0x5c7a,
-        )?;
+    if let Some(fresh) = s.scratch {
         runs.push((
             "scratch".into(),
             run_learner(opts, app, app_seed, fresh, false)?,
@@ -1102,6 +1149,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         threshold: opts.threshold,
         hidden: opts.hidden,
         exploration_sigma: opts.exploration_sigma,
+        fine_tune_sigma: opts.fine_tune_sigma,
         meta: MetaReport {
             source: meta_source,
             pool_seed: log.options.seed,
@@ -1159,7 +1207,7 @@ pub fn curve_svg(arms: &[ArmSummary], target: f64, policy_from: usize) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aware_shared_model::MetaConfig;
+    use aware_shared_model::{DdpgConfig, MetaConfig};
 
     #[test]
     fn episodes_to_target_counts_from_the_budget_start_and_censors() {
@@ -1263,6 +1311,64 @@ mod tests {
         assert!((s.ratio_of_median_episodes - 3.5 / 3.0).abs() < 1e-12);
         assert_eq!((s.other_censored, s.aware_censored), (1, 0));
         assert!(speed.iter().all(|s| s.vs != "tl_plus"));
+    }
+
+    #[test]
+    fn every_pretrained_arm_fine_tunes_with_the_same_sigma_and_scratch_explores_more() {
+        let src = |extended: bool| tl::SourceAgent {
+            agent: tl::new_agent(extended, 8, 0.2, 3).unwrap(),
+            app: "src".into(),
+            extended,
+            episodes: 0,
+            converged: false,
+            curve: Vec::new(),
+            final_reward: 0.0,
+            cpu_seconds: 0.0,
+        };
+        let mut base = DdpgConfig::with_hidden(STATE_DIM, &[8, 8]);
+        base.noise.sigma = 0.3;
+        let meta = MetaDdpg::new(
+            base,
+            MetaConfig {
+                state_dim: STATE_DIM,
+                hidden: 8,
+                fc_hidden: 8,
+                embed_dim: 4,
+                bundle_size: 3,
+                ..MetaConfig::default()
+            },
+        )
+        .unwrap();
+        let opts = AdaptBenchOptions {
+            fine_tune_sigma: 0.07,
+            exploration_sigma: 0.2,
+            hidden: 8,
+            ..AdaptBenchOptions::default()
+        };
+        let s = StartingAgents::new(&opts, &meta, &src(false), &src(true), 5).unwrap();
+        for (arm, a) in [("aware", &s.aware), ("tl", &s.tl), ("tl_plus", &s.tl_plus)] {
+            assert_eq!(a.config().noise.sigma, 0.07, "{arm}");
+        }
+        assert_eq!(s.aware.config().state_dim, STATE_DIM + 4);
+        assert_eq!(s.tl_plus.config().state_dim, tl::state_dim(true));
+        assert_eq!(s.scratch.unwrap().config().noise.sigma, 0.2);
+        let none = StartingAgents::new(
+            &AdaptBenchOptions {
+                scratch: false,
+                ..opts.clone()
+            },
+            &meta,
+            &src(false),
+            &src(true),
+            5,
+        )
+        .unwrap();
+        assert!(none.scratch.is_none());
+        let bad = AdaptBenchOptions {
+            fine_tune_sigma: f32::NAN,
+            ..opts
+        };
+        assert!(StartingAgents::new(&bad, &meta, &src(false), &src(true), 5).is_err());
     }
 
     #[test]
