@@ -269,8 +269,9 @@ enum BenchCommand {
         /// Gradient steps per transition (every learning arm).
         #[arg(long, default_value_t = 1)]
         gradient_steps: u32,
-        /// AWARE: fallback episodes before the first embedding (counted in the budget).
-        #[arg(long, default_value_t = 3)]
+        /// AWARE: fallback episodes before the first embedding (counted in the budget; 1, as
+        /// the trainer, which embeds a target after its first recorded episode).
+        #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().fallback_episodes)]
         fallback_episodes: usize,
         /// TL/TL+ source app: index into the meta-training pool's training side (repetition r
         /// uses the next r-th).

@@ -91,7 +91,8 @@ pub struct AdaptBenchOptions {
     pub steps_per_episode: usize,
     /// Gradient steps per transition (every learning arm).
     pub gradient_steps: u32,
-    /// `aware`: fallback episodes before the first embedding (counted in the budget).
+    /// `aware`: fallback episodes before the first embedding (counted in the budget). 1 by
+    /// default, as in the services: the trainer embeds a target after its first recorded episode.
     pub fallback_episodes: usize,
     /// `aware`: agent episodes between embedding refreshes.
     pub embedding_refresh: usize,
@@ -129,7 +130,7 @@ impl Default for AdaptBenchOptions {
             episodes: 100,
             steps_per_episode: 50,
             gradient_steps: 1,
-            fallback_episodes: 3,
+            fallback_episodes: 1,
             embedding_refresh: 5,
             window: 10,
             threshold: 0.95,
