@@ -662,13 +662,15 @@ fn main() -> anyhow::Result<()> {
                 }
                 for s in &r.speed_ups {
                     println!(
-                        "AWARE vs {:>7}: episodes ×{:.3} median, ×{:.3} mean (ratio of medians ×{:.3}); CPU-s ×{:.3} median, ×{:.3} mean; SLO violations ×{:.2} adapting, ×{:.2} budget; censored {} vs aware {}",
+                        "AWARE vs {:>7}: episodes ×{:.3} median, ×{:.3} mean (ratio of medians ×{:.3}, of means ×{:.3}); CPU-s ×{:.3} median, ×{:.3} mean (ratio of means ×{:.3}); SLO violations ×{:.2} adapting, ×{:.2} budget; censored {} vs aware {}",
                         s.vs,
                         s.median_episodes_ratio,
                         s.mean_episodes_ratio,
                         s.ratio_of_median_episodes,
+                        s.ratio_of_mean_episodes,
                         s.median_cpu_ratio,
                         s.mean_cpu_ratio,
+                        s.ratio_of_mean_cpu,
                         s.slo_ratio_adapting,
                         s.slo_ratio_total,
                         s.other_censored,

@@ -588,9 +588,13 @@ pub struct SpeedUp {
     pub mean_episodes_ratio: f64,
     /// median episodes of `other` / median episodes of `aware`.
     pub ratio_of_median_episodes: f64,
+    /// mean episodes of `other` / mean episodes of `aware` (censored apps at the budget): the
+    /// statistic most sensitive to each arm's slowest apps.
+    pub ratio_of_mean_episodes: f64,
     pub median_cpu_ratio: f64,
     pub mean_cpu_ratio: f64,
     pub ratio_of_median_cpu: f64,
+    pub ratio_of_mean_cpu: f64,
     /// `other`'s SLO violations / aware's, during adaptation and over the budget.
     pub slo_ratio_adapting: f64,
     pub slo_ratio_total: f64,
@@ -729,8 +733,16 @@ pub fn aggregate(
                 median(&col(&|x| x.episodes as f64, false)),
                 median(&col(&|x| x.episodes as f64, true)),
             ),
+            ratio_of_mean_episodes: ratio(
+                mean(&col(&|x| x.episodes as f64, false)),
+                mean(&col(&|x| x.episodes as f64, true)),
+            ),
             median_cpu_ratio: median(&cr),
             mean_cpu_ratio: mean(&cr),
+            ratio_of_mean_cpu: ratio(
+                mean(&col(&|x| x.cpu_seconds, false)),
+                mean(&col(&|x| x.cpu_seconds, true)),
+            ),
             ratio_of_median_cpu: ratio(
                 median(&col(&|x| x.cpu_seconds, false)),
                 median(&col(&|x| x.cpu_seconds, true)),
@@ -1310,6 +1322,8 @@ mod tests {
         // Ratios tl/aware: 6/4 = 1.5 and 1/2.
         assert!((s.mean_episodes_ratio - 1.0).abs() < 1e-12);
         assert!((s.ratio_of_median_episodes - 3.5 / 3.0).abs() < 1e-12);
+        assert!((s.ratio_of_mean_episodes - 3.5 / 3.0).abs() < 1e-12);
+        assert!(s.ratio_of_mean_cpu.is_finite() && s.ratio_of_mean_cpu > 0.0);
         assert_eq!((s.other_censored, s.aware_censored), (1, 0));
         assert!(speed.iter().all(|s| s.vs != "tl_plus"));
     }
