@@ -48,10 +48,10 @@ enum Command {
     /// (8:2 train/held-out split); writes meta.ckpt, base.ckpt, split.json, train-log.json.
     TrainMeta {
         /// Apps in the generated pool.
-        #[arg(long, default_value_t = 40)]
+        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().apps)]
         apps: usize,
         /// Meta-training iterations.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().iterations)]
         iterations: u64,
         #[arg(long, default_value_t = 0)]
         seed: u64,

@@ -125,8 +125,8 @@ pub struct TrainMetaOptions {
 impl Default for TrainMetaOptions {
     fn default() -> Self {
         TrainMetaOptions {
-            apps: 40,
-            iterations: 200,
+            apps: 100,
+            iterations: 300,
             seed: 0,
             out: PathBuf::from("meta-out"),
             resume: false,
