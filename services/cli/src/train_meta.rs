@@ -18,10 +18,10 @@
 //! 4. `base_updates_per_iteration` base-learner updates ([`MetaDdpg::train_base_step`]) with the
 //!    drawn apps' embeddings computed once and held fixed: `batch` transitions per app, no GRU
 //!    pass. Four joint updates per iteration alone leave the base-learner far behind a per-app
-//!    DDPG (800 updates over the default run); 32 more per iteration lift the held-out
-//!    evaluation's zero-shot reward from 1.37 to 1.49 per step (fallback rule 1.33) at little
-//!    extra cost (the default run: 106 s wall here, under load), and 128 overfit (1.46, and slower
-//!    adaptation in `aware bench adapt`).
+//!    DDPG (800 updates over a 200-iteration run); on a 40-app pool, 32 more per iteration lift
+//!    the held-out evaluation's zero-shot reward from 1.37 to 1.49 per step (fallback rule 1.33)
+//!    at little extra cost (200 iterations: 106 s wall here, under load), and 128 overfit (1.46,
+//!    and slower adaptation in `aware bench adapt`).
 //!
 //! The fallback here is a rule in the policy's action space — the HPA rule on replicas (70% CPU,
 //! ±10% tolerance, as `aware sim --policy hpa`) plus threshold steps on the CPU and memory limits

@@ -138,12 +138,10 @@ impl Ddpg {
     /// Sets the exploration noise σ (for fine-tuning a pre-trained policy, which needs less
     /// exploration than learning from scratch). Not finite or negative: an error, σ unchanged.
     pub fn set_exploration_sigma(&mut self, sigma: f32) -> Result<(), ModelError> {
-        if !(sigma.is_finite() && sigma >= 0.0) {
-            return Err(ModelError::InvalidConfig(format!(
-                "exploration sigma must be finite and ≥ 0, got {sigma}"
-            )));
-        }
-        self.cfg.noise.sigma = sigma;
+        let mut cfg = self.cfg.clone();
+        cfg.noise.sigma = sigma;
+        cfg.validate()?;
+        self.cfg = cfg;
         Ok(())
     }
 
