@@ -285,6 +285,9 @@ pub fn action_for(
     }
 }
 
+/// The range of [`reward`]: `[0, 2]` (SP, RU_cpu, RU_mem each in [0, 1], α in [0, 1]).
+pub const REWARD_RANGE: [f64; 2] = [0.0, 2.0];
+
 /// The paper's reward: `α·SP·|R| + (1−α)·(RU_cpu + RU_mem)`, |R| = 2.
 pub fn reward(alpha: f64, slo_preservation: f64, cpu_util: f64, memory_util: f64) -> f64 {
     alpha * slo_preservation * 2.0 + (1.0 - alpha) * (cpu_util + memory_util)

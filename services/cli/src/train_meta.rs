@@ -27,11 +27,26 @@
 //! ±10% tolerance, as `aware sim --policy hpa`) plus threshold steps on the CPU and memory limits
 //! — not the recommender's full HPA/VPA port, which needs its histories and the bus.
 //!
-//! Outputs in `--out`: `meta.ckpt` (the meta-learner), `base.ckpt` (the base-learner: a DDPG
-//! checkpoint over `state ‖ embedding`), `split.json`, `apps.json` (the pool), `train-log.json`
-//! (per-iteration rewards and losses, and a final held-out evaluation) and `resume.json` (the
-//! iteration and every app's top-M episodes; with `--resume` training continues from the last
-//! checkpoint, replay buffers rebuilt from those episodes).
+//! The critic's bootstrapped target is clamped to the range of the discounted return,
+//! `[0, 2/(1−γ)]` (rewards lie in [`aware_loadgen::env::REWARD_RANGE`]; `DdpgConfig::target_bounds`,
+//! stored in `base.ckpt`, so fine-tuning keeps it): without it the joint training's Q ran past
+//! that bound (actor loss −386 against a ceiling of 200) after ~300 iterations on a 100-app pool
+//! and the embedding's tanh saturated (meta-gradient norm 0.01).
+//!
+//! Every `checkpoint_every` iterations (and at the end) a checkpoint saves the latest agent for
+//! `--resume` and validates it on the held-out apps ([`validate`]: one fallback episode, as the
+//! services, then two deterministic episodes of the agent with that embedding, no gradient step).
+//! The output agent is the best-validated one, not the last: joint training is not monotone
+//! (validations of one 200-app run ranged from 0.26 to 1.43 reward/step between checkpoints).
+//! The held-out apps thereby act as a validation set; `aware bench adapt` evaluates on apps from
+//! other generator seeds, never seen here.
+//!
+//! Outputs in `--out`: `meta.ckpt` (the meta-learner) and `base.ckpt` (the base-learner: a DDPG
+//! checkpoint over `state ‖ embedding`) of the kept agent, `split.json`, `apps.json` (the pool),
+//! `train-log.json` (per-iteration rewards and losses, every validation, the kept iteration and
+//! its held-out evaluation), `last/` (the latest agent) and `resume.json` (the iteration and
+//! every app's top-M episodes; with `--resume` training continues from `last/`, replay buffers
+//! rebuilt from those episodes).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -369,6 +384,20 @@ pub struct TrainLog {
     pub held_out: Vec<HeldOutEval>,
     pub held_out_fallback_mean: f64,
     pub held_out_agent_mean: f64,
+    /// The held-out evaluation at every checkpoint (the validation that picks the kept one).
+    #[serde(default)]
+    pub validations: Vec<ValidationLog>,
+    /// The iteration count of the kept (best-validated) checkpoint: `base.ckpt`, `meta.ckpt`.
+    #[serde(default)]
+    pub best_iteration: u64,
+}
+
+/// One validation: the held-out apps' mean zero-shot reward after `iteration` iterations.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ValidationLog {
+    pub iteration: u64,
+    pub agent_mean: f64,
+    pub fallback_mean: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -420,6 +449,12 @@ fn new_agent(opts: &TrainMetaOptions) -> Result<MetaDdpg, ModelError> {
         ..DdpgConfig::with_hidden(STATE_DIM, &opts.base_hidden)
     };
     base.noise.sigma = opts.fine_tune_sigma;
+    // The simulator's rewards are bounded, so is the true value: clamping the critic's target to
+    // that range keeps the joint training's overestimation from running away (without it, the
+    // critic's Q passed the bound 2/(1−γ) = 200 after ~300 iterations of a 100-app pool and the
+    // embedding saturated).
+    let [r_lo, r_hi] = aware_loadgen::env::REWARD_RANGE;
+    base.target_bounds = base.value_bounds_for_rewards(r_lo as f32, r_hi as f32);
     MetaDdpg::new(
         base,
         MetaConfig {
@@ -430,17 +465,21 @@ fn new_agent(opts: &TrainMetaOptions) -> Result<MetaDdpg, ModelError> {
     )
 }
 
-fn save(
-    out: &Path,
-    agent: &MetaDdpg,
-    state: &ResumeState,
-    log: &TrainLog,
-) -> Result<(), TrainMetaError> {
-    write_atomic(&out.join("meta.ckpt"), &agent.meta().to_bytes()?)?;
-    write_atomic(&out.join("base.ckpt"), &agent.base().to_bytes()?)?;
-    write_json(&out.join("resume.json"), state)?;
-    write_json(&out.join("train-log.json"), log)
+/// The latest state, for `--resume`: `last/` (the agent) and `resume.json`.
+fn save_last(out: &Path, agent: &MetaDdpg, state: &ResumeState) -> Result<(), TrainMetaError> {
+    let last = out.join(LAST_DIR);
+    std::fs::create_dir_all(&last).map_err(io_err(&last))?;
+    save_agent(&last, agent)?;
+    write_json(&out.join("resume.json"), state)
 }
+
+fn save_agent(dir: &Path, agent: &MetaDdpg) -> Result<(), TrainMetaError> {
+    write_atomic(&dir.join("meta.ckpt"), &agent.meta().to_bytes()?)?;
+    write_atomic(&dir.join("base.ckpt"), &agent.base().to_bytes()?)
+}
+
+/// Where the latest (not necessarily the kept) agent is saved for `--resume`.
+pub const LAST_DIR: &str = "last";
 
 /// Loads a trained agent from `dir` (`base.ckpt` + `meta.ckpt`).
 pub fn load_agent(dir: &Path) -> Result<MetaDdpg, TrainMetaError> {
@@ -483,7 +522,8 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
                 "--resume with a different pool or seed than the checkpoint's split.json".into(),
             ));
         }
-        let agent = load_agent(out)?;
+        let last = out.join(LAST_DIR);
+        let agent = load_agent(if last.is_dir() { &last } else { out })?;
         let state: ResumeState = read_json(&out.join("resume.json"))?;
         let mut log: TrainLog = read_json(&out.join("train-log.json"))?;
         if state.episodes.len() != train.len() {
@@ -492,6 +532,7 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
             ));
         }
         log.iterations.retain(|l| l.iteration < state.iteration);
+        log.validations.retain(|v| v.iteration <= state.iteration);
         log.options.iterations = opts.iterations;
         tracing::info!(iteration = state.iteration, "resuming meta-training");
         (agent, state, log)
@@ -510,6 +551,8 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
             held_out: Vec::new(),
             held_out_fallback_mean: 0.0,
             held_out_agent_mean: 0.0,
+            validations: Vec::new(),
+            best_iteration: 0,
         };
         let state = ResumeState {
             iteration: 0,
@@ -655,18 +698,47 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
                 p_fallback,
             );
         }
-        if state.iteration % opts.checkpoint_every.max(1) == 0 {
-            save(out, &agent, &state, &log)?;
+        if state.iteration % opts.checkpoint_every.max(1) == 0 || state.iteration == opts.iterations
+        {
+            checkpoint(out, &mut agent, &state, &mut log, &held, opts)?;
         }
     }
+    if log.validations.is_empty() {
+        // Resumed at or past the requested iterations: validate what is there.
+        checkpoint(out, &mut agent, &state, &mut log, &held, opts)?;
+    }
 
-    // Held-out evaluation: embedding from fallback episodes only, then one deterministic
-    // episode of the meta-trained agent (no gradient step on the app).
-    log.held_out.clear();
+    // The kept agent's held-out evaluation (the validation that chose it).
+    let mut kept = load_agent(out)?;
+    log.held_out = validate(&mut kept, &held, opts)?;
+    let (fb, ag) = held_out_means(&log.held_out);
+    log.held_out_fallback_mean = fb;
+    log.held_out_agent_mean = ag;
+    write_json(&out.join("train-log.json"), &log)?;
+    Ok(log)
+}
+
+/// Fallback episodes before a held-out app's embedding in [`validate`]: one, as the services do
+/// (the trainer embeds a target after its first recorded episode).
+pub const VALIDATION_FALLBACK_EPISODES: u64 = 1;
+/// Deterministic agent episodes per held-out app in [`validate`].
+pub const VALIDATION_AGENT_EPISODES: u64 = 2;
+
+/// The zero-shot evaluation on the held-out apps: per app, the embedding of
+/// [`VALIDATION_FALLBACK_EPISODES`] fallback episodes, then [`VALIDATION_AGENT_EPISODES`]
+/// deterministic episodes of the agent (no gradient step on the app). Seeds depend only on
+/// `opts.seed` and the app, so every checkpoint meets the same episodes.
+pub fn validate(
+    agent: &mut MetaDdpg,
+    held: &[&AppSpec],
+    opts: &TrainMetaOptions,
+) -> Result<Vec<HeldOutEval>, TrainMetaError> {
+    let m_max = opts.meta.bundle_size;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0xe7a1);
+    let mut out = Vec::with_capacity(held.len());
     for (j, app) in held.iter().enumerate() {
         let mut store = Vec::new();
-        for k in 0..4u64 {
+        for k in 0..VALIDATION_FALLBACK_EPISODES {
             let ep = run_episode(
                 app,
                 opts.steps_per_episode,
@@ -678,39 +750,78 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
         }
         let fb = mean(&store.iter().map(|e| e.reward).collect::<Vec<_>>()).unwrap_or(0.0);
         let e = agent.embed(&bundle_of(&store, m_max)?)?;
-        let ep = run_episode(
-            app,
-            opts.steps_per_episode,
-            opts.seed ^ (1 << 41) ^ j as u64,
-            Driver::Agent {
-                agent: &mut agent,
-                embedding: &e,
-                sigma: 0.0,
-            },
-            &mut rng,
-        )?;
-        log.held_out.push(HeldOutEval {
+        let mut rewards = Vec::new();
+        for k in 0..VALIDATION_AGENT_EPISODES {
+            let ep = run_episode(
+                app,
+                opts.steps_per_episode,
+                opts.seed ^ (1 << 41) ^ ((j as u64) << 8) ^ k,
+                Driver::Agent {
+                    agent,
+                    embedding: &e,
+                    sigma: 0.0,
+                },
+                &mut rng,
+            )?;
+            rewards.push(ep.reward);
+        }
+        out.push(HeldOutEval {
             app: app.name.clone(),
             fallback_reward: fb,
-            agent_reward: ep.reward,
+            agent_reward: mean(&rewards).unwrap_or(0.0),
         });
     }
-    log.held_out_fallback_mean = mean(
-        &log.held_out
-            .iter()
-            .map(|h| h.fallback_reward)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap_or(0.0);
-    log.held_out_agent_mean = mean(
-        &log.held_out
-            .iter()
-            .map(|h| h.agent_reward)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap_or(0.0);
-    save(out, &agent, &state, &log)?;
-    Ok(log)
+    Ok(out)
+}
+
+/// Mean fallback and agent rewards of an evaluation (0 when empty).
+fn held_out_means(evals: &[HeldOutEval]) -> (f64, f64) {
+    let fb: Vec<f64> = evals.iter().map(|h| h.fallback_reward).collect();
+    let ag: Vec<f64> = evals.iter().map(|h| h.agent_reward).collect();
+    (mean(&fb).unwrap_or(0.0), mean(&ag).unwrap_or(0.0))
+}
+
+/// A checkpoint: the latest agent and state for `--resume` (`last/`, `resume.json`), then the
+/// held-out validation; the agent becomes the kept one (`base.ckpt`, `meta.ckpt` in `out`)
+/// when it beats every earlier validation (always, without held-out apps). Joint DDPG training
+/// of the meta-learner is not monotone (on a 100-app pool the critic's Q ran away after ~300
+/// iterations and the embedding saturated), so the output is the best-validated agent, not
+/// the last.
+fn checkpoint(
+    out: &Path,
+    agent: &mut MetaDdpg,
+    state: &ResumeState,
+    log: &mut TrainLog,
+    held: &[&AppSpec],
+    opts: &TrainMetaOptions,
+) -> Result<(), TrainMetaError> {
+    save_last(out, agent, state)?;
+    let evals = validate(agent, held, opts)?;
+    let (fallback_mean, agent_mean) = held_out_means(&evals);
+    let best = log
+        .validations
+        .iter()
+        .find(|v| v.iteration == log.best_iteration)
+        .map(|v| v.agent_mean);
+    let improves = held.is_empty() || best.is_none_or(|b| agent_mean > b);
+    log.validations.retain(|v| v.iteration != state.iteration);
+    log.validations.push(ValidationLog {
+        iteration: state.iteration,
+        agent_mean,
+        fallback_mean,
+    });
+    if improves {
+        save_agent(out, agent)?;
+        log.best_iteration = state.iteration;
+    }
+    tracing::debug!(
+        iteration = state.iteration,
+        agent_mean,
+        fallback_mean,
+        kept = improves,
+        "meta-training validation"
+    );
+    write_json(&out.join("train-log.json"), log)
 }
 
 #[cfg(test)]
@@ -795,6 +906,23 @@ mod tests {
         ] {
             assert!(dir.join(f).exists(), "{f}");
         }
+        assert!(dir.join(LAST_DIR).join("base.ckpt").exists());
+        let vit = |l: &TrainLog| {
+            l.validations
+                .iter()
+                .map(|v| v.iteration)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(vit(&log), [2, 3]);
+        let best_of = |l: &TrainLog| {
+            l.validations
+                .iter()
+                .max_by(|a, b| a.agent_mean.total_cmp(&b.agent_mean))
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(log.best_iteration, best_of(&log).iteration);
+        assert_eq!(log.held_out_agent_mean, best_of(&log).agent_mean);
         let split: Split = read_json(&dir.join("split.json")).unwrap();
         assert_eq!((split.train.len(), split.held_out.len()), (4, 1));
         let agent = load_agent(&dir).unwrap();
@@ -811,9 +939,103 @@ mod tests {
         let its = |l: &TrainLog| l.iterations.iter().map(|i| i.iteration).collect::<Vec<_>>();
         assert_eq!(its(&log2), [0, 1, 2, 3, 4]);
         assert_eq!(its(&log), [0, 1, 2]);
+        assert_eq!(vit(&log2), [2, 3, 4, 5]);
+        assert_eq!(log2.best_iteration, best_of(&log2).iteration);
         // Resuming with another seed is refused.
         let other = TrainMetaOptions { seed: 3, ..more };
         assert!(run(&other).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_kept_agent_is_the_best_validated_and_last_holds_the_latest() {
+        let dir =
+            std::env::temp_dir().join(format!("aware-train-meta-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = TrainMetaOptions {
+            apps: 10,
+            seed: 5,
+            out: dir.clone(),
+            steps_per_episode: 8,
+            meta: MetaConfig {
+                hidden: 8,
+                fc_hidden: 8,
+                embed_dim: 4,
+                bundle_size: 3,
+                ..MetaConfig::default()
+            },
+            base_hidden: vec![8, 8],
+            progress_every: 0,
+            ..TrainMetaOptions::default()
+        };
+        let (apps, split) = pool(&opts);
+        let held: Vec<&AppSpec> = apps
+            .iter()
+            .filter(|a| split.held_out.contains(&a.name))
+            .collect();
+        assert_eq!(held.len(), 2);
+        // Two differently initialised agents; the better-validated one goes first.
+        let mut agents: Vec<(f64, MetaDdpg)> = [1u64, 2, 3]
+            .iter()
+            .map(|&seed| {
+                let mut a = new_agent(&TrainMetaOptions {
+                    seed,
+                    ..opts.clone()
+                })
+                .unwrap();
+                let score = held_out_means(&validate(&mut a, &held, &opts).unwrap()).1;
+                (score, a)
+            })
+            .collect();
+        agents.sort_by(|a, b| b.0.total_cmp(&a.0));
+        assert!(
+            agents[0].0 > agents[2].0,
+            "the seeds must give different scores"
+        );
+        let (best_score, mut best) = agents.remove(0);
+        let (worse_score, mut worse) = agents.pop().unwrap();
+        let mut log = TrainLog {
+            options: opts.clone(),
+            iterations: Vec::new(),
+            train_seconds: 0.0,
+            meta_params: 0,
+            held_out: Vec::new(),
+            held_out_fallback_mean: 0.0,
+            held_out_agent_mean: 0.0,
+            validations: Vec::new(),
+            best_iteration: 0,
+        };
+        let state = |iteration| ResumeState {
+            iteration,
+            episodes: Vec::new(),
+        };
+        checkpoint(&dir, &mut best, &state(25), &mut log, &held, &opts).unwrap();
+        checkpoint(&dir, &mut worse, &state(50), &mut log, &held, &opts).unwrap();
+        assert_eq!(log.best_iteration, 25);
+        assert_eq!(
+            log.validations
+                .iter()
+                .map(|v| (v.iteration, v.agent_mean))
+                .collect::<Vec<_>>(),
+            [(25, best_score), (50, worse_score)]
+        );
+        let score_of = |d: &Path| {
+            let mut a = load_agent(d).unwrap();
+            held_out_means(&validate(&mut a, &held, &opts).unwrap()).1
+        };
+        assert_eq!(
+            score_of(&dir),
+            best_score,
+            "out/ must keep the best-validated agent"
+        );
+        assert_eq!(
+            score_of(&dir.join(LAST_DIR)),
+            worse_score,
+            "last/ holds the latest"
+        );
+        let logged: TrainLog = read_json(&dir.join("train-log.json")).unwrap();
+        assert_eq!(logged.best_iteration, 25);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

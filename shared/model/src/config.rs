@@ -79,6 +79,13 @@ pub struct DdpgConfig {
     /// simulator ends at |a| > 0.9999 on most apps). 0 turns it off.
     #[serde(default = "default_preactivation_penalty")]
     pub actor_preactivation_penalty: f32,
+    /// Bounds `[lo, hi]` the critic's bootstrapped target `r + γ(1−done)·Q'` is clamped to.
+    /// With rewards bounded in `[r_min, r_max]` the true value lies in
+    /// `[r_min/(1−γ), r_max/(1−γ)]` ([`DdpgConfig::value_bounds_for_rewards`]); clamping the
+    /// target there stops the overestimation feedback (Q' too high ⇒ target too high ⇒ Q' higher)
+    /// from running away. None: no clamp.
+    #[serde(default)]
+    pub target_bounds: Option<[f32; 2]>,
 }
 
 fn default_preactivation_penalty() -> f32 {
@@ -107,6 +114,7 @@ impl Default for DdpgConfig {
             noise: NoiseConfig::default(),
             seed: 0,
             actor_preactivation_penalty: default_preactivation_penalty(),
+            target_bounds: None,
         }
     }
 }
@@ -119,6 +127,24 @@ impl DdpgConfig {
             actor_hidden: hidden.to_vec(),
             critic_hidden: hidden.to_vec(),
             ..Self::default()
+        }
+    }
+
+    /// The range of the discounted return when every reward lies in `[r_min, r_max]`:
+    /// `[r_min/(1−γ), r_max/(1−γ)]` (for γ = 1 none, the return is unbounded).
+    pub fn value_bounds_for_rewards(&self, r_min: f32, r_max: f32) -> Option<[f32; 2]> {
+        (self.gamma < 1.0).then(|| {
+            let k = 1.0 / (1.0 - self.gamma);
+            [r_min * k, r_max * k]
+        })
+    }
+
+    /// A critic target clamped to `target_bounds` (as is without them; NaN stays NaN, for the
+    /// caller's finiteness check).
+    pub fn clamp_target(&self, y: f32) -> f32 {
+        match self.target_bounds {
+            Some([lo, hi]) => y.clamp(lo, hi),
+            None => y,
         }
     }
 
@@ -166,6 +192,13 @@ impl DdpgConfig {
         }
         if !(self.state_clip.is_finite() && self.state_clip > 0.0) {
             return bad("state_clip must be finite and > 0".into());
+        }
+        if let Some([lo, hi]) = self.target_bounds {
+            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                return bad(format!(
+                    "target_bounds [{lo}, {hi}] must be finite with lo < hi"
+                ));
+            }
         }
         let n = &self.noise;
         let fin = [

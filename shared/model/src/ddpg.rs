@@ -287,7 +287,11 @@ impl Ddpg {
         };
         let q2 = net::host(&self.critic_target.forward(net::concat_cols(a2, s2_t)));
         let y: Vec<f32> = (0..n)
-            .map(|i| batch.rewards[i] + self.cfg.gamma * (1.0 - batch.dones[i]) * q2[i])
+            .map(|i| {
+                self.cfg.clamp_target(
+                    batch.rewards[i] + self.cfg.gamma * (1.0 - batch.dones[i]) * q2[i],
+                )
+            })
             .collect();
         check_finite("critic target", &y)?;
 
@@ -470,6 +474,69 @@ mod tests {
             .unwrap();
         }
         b
+    }
+
+    /// A constant, never-ending transition with reward 1: the true value is 1/(1−γ) = 100.
+    fn endless_reward_one(n: usize) -> Batch {
+        let mut b = Batch::with_capacity(3, n);
+        for i in 0..n {
+            let s = vec![0.1 * (i % 5) as f32, 0.2, -0.3];
+            b.push(&crate::Transition {
+                state: s.clone(),
+                next_state: s,
+                action: [0.0, 0.5, -0.5],
+                reward: 1.0,
+                done: false,
+            })
+            .unwrap();
+        }
+        b
+    }
+
+    #[test]
+    fn target_bounds_cap_the_critic_and_bad_bounds_are_refused() {
+        let cfg = small(11);
+        let [lo, hi] = cfg.value_bounds_for_rewards(0.0, 2.0).unwrap();
+        assert!(lo == 0.0 && (hi - 200.0).abs() < 1e-2, "[{lo}, {hi}]");
+        assert_eq!(
+            DdpgConfig {
+                gamma: 1.0,
+                ..small(11)
+            }
+            .value_bounds_for_rewards(0.0, 2.0),
+            None
+        );
+        for bad in [
+            [1.0, 1.0],
+            [2.0, 1.0],
+            [f32::NAN, 1.0],
+            [0.0, f32::INFINITY],
+        ] {
+            let c = DdpgConfig {
+                target_bounds: Some(bad),
+                ..small(11)
+            };
+            assert!(Ddpg::new(c).is_err(), "{bad:?} accepted");
+        }
+        let b = endless_reward_one(64);
+        let run = |bounds: Option<[f32; 2]>| {
+            let mut agent = Ddpg::new(DdpgConfig {
+                tau: 0.5,
+                target_bounds: bounds,
+                ..small(11)
+            })
+            .unwrap();
+            let mut q = 0.0;
+            for _ in 0..600 {
+                q = agent.train_step(&b).unwrap().mean_q;
+            }
+            q
+        };
+        let free = run(None);
+        let capped = run(Some([0.0, 10.0]));
+        assert!(free > 20.0, "unclamped Q {free} should climb towards 100");
+        assert!(capped <= 10.5, "clamped Q {capped} passed its bound 10");
+        assert!(capped > 8.0, "clamped Q {capped} should reach its bound");
     }
 
     #[test]

@@ -670,7 +670,7 @@ impl MetaDdpg {
         let a2 = self.base.actor_target.forward(s2_t.clone());
         let q2 = net::host(&self.base.critic_target.forward(net::concat_cols(a2, s2_t)));
         let y: Vec<f32> = (0..n)
-            .map(|i| rewards[i] + cfg.gamma * (1.0 - dones[i]) * q2[i])
+            .map(|i| cfg.clamp_target(rewards[i] + cfg.gamma * (1.0 - dones[i]) * q2[i]))
             .collect();
         check_finite("critic target", &y)?;
 
