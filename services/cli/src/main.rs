@@ -297,6 +297,10 @@ enum BenchCommand {
         /// scratch and the TL sources explore with 0.2, Table 2)
         #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().fine_tune_sigma)]
         fine_tune_sigma: f32,
+        /// TL's and TL+'s own fine-tuning σ (default: --fine-tune-sigma), to compare every arm
+        /// at the σ it does best with
+        #[arg(long)]
+        tl_fine_tune_sigma: Option<f32>,
     },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
@@ -597,6 +601,7 @@ fn main() -> anyhow::Result<()> {
                 no_scratch,
                 embedding_refresh,
                 fine_tune_sigma,
+                tl_fine_tune_sigma,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let defaults = bench::adapt::AdaptBenchOptions::default();
@@ -615,6 +620,7 @@ fn main() -> anyhow::Result<()> {
                     scratch: !no_scratch,
                     embedding_refresh,
                     fine_tune_sigma,
+                    tl_fine_tune_sigma,
                     train: aware_cli::train_meta::TrainMetaOptions {
                         iterations: meta_iterations,
                         ..defaults.train.clone()

@@ -106,6 +106,10 @@ pub struct AdaptBenchOptions {
     /// Exploration σ of every arm that fine-tunes a pre-trained policy (`aware`, `tl`,
     /// `tl_plus`; the same for the three, so no arm gets an advantage the others lack).
     pub fine_tune_sigma: f32,
+    /// Exploration σ of TL and TL+ only, when it should differ from `fine_tune_sigma` (None:
+    /// the same). TL's transferred policy starts further from the app's optimum than AWARE's and
+    /// may need more exploration: this lets each arm run at the σ it does best with.
+    pub tl_fine_tune_sigma: Option<f32>,
     /// Index into the pool's training side of the TL source app (repetition r uses
     /// `source_index + r`).
     pub source_index: usize,
@@ -136,7 +140,8 @@ impl Default for AdaptBenchOptions {
             threshold: 0.95,
             hidden: 64,
             exploration_sigma: 0.2,
-            fine_tune_sigma: 0.1,
+            fine_tune_sigma: 0.05,
+            tl_fine_tune_sigma: None,
             source_index: 0,
             repeats: 3,
             source_min_episodes: 150,
@@ -804,6 +809,8 @@ pub struct AdaptReport {
     pub hidden: usize,
     pub exploration_sigma: f32,
     pub fine_tune_sigma: f32,
+    /// TL's and TL+'s σ (`fine_tune_sigma` unless `--tl-fine-tune-sigma`).
+    pub tl_fine_tune_sigma: f32,
     pub meta: MetaReport,
     pub sources: Vec<SourceReport>,
     pub arms: Vec<ArmSummary>,
@@ -982,9 +989,10 @@ impl StartingAgents {
     ) -> Result<Self, BenchError> {
         let (mut aware, meta_learner): (Ddpg, MetaLearner) = meta.clone().into_parts();
         aware.set_exploration_sigma(opts.fine_tune_sigma)?;
+        let tl_sigma = opts.tl_fine_tune_sigma.unwrap_or(opts.fine_tune_sigma);
         let transfer = |src: &tl::SourceAgent| -> Result<Ddpg, BenchError> {
             let mut a = tl::transfer(&src.agent)?;
-            a.set_exploration_sigma(opts.fine_tune_sigma)?;
+            a.set_exploration_sigma(tl_sigma)?;
             Ok(a)
         };
         let scratch = if opts.scratch {
@@ -1163,6 +1171,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         hidden: opts.hidden,
         exploration_sigma: opts.exploration_sigma,
         fine_tune_sigma: opts.fine_tune_sigma,
+        tl_fine_tune_sigma: opts.tl_fine_tune_sigma.unwrap_or(opts.fine_tune_sigma),
         meta: MetaReport {
             source: meta_source,
             pool_seed: log.options.seed,
@@ -1329,7 +1338,8 @@ mod tests {
     }
 
     #[test]
-    fn every_pretrained_arm_fine_tunes_with_the_same_sigma_and_scratch_explores_more() {
+    fn pretrained_arms_fine_tune_with_the_same_sigma_unless_tl_has_its_own_and_scratch_explores_more(
+    ) {
         let src = |extended: bool| tl::SourceAgent {
             agent: tl::new_agent(extended, 8, 0.2, 3).unwrap(),
             app: "src".into(),
@@ -1379,6 +1389,25 @@ mod tests {
         )
         .unwrap();
         assert!(none.scratch.is_none());
+        let own = StartingAgents::new(
+            &AdaptBenchOptions {
+                tl_fine_tune_sigma: Some(0.11),
+                ..opts.clone()
+            },
+            &meta,
+            &src(false),
+            &src(true),
+            5,
+        )
+        .unwrap();
+        assert_eq!(own.aware.config().noise.sigma, 0.07);
+        assert_eq!(own.tl.config().noise.sigma, 0.11);
+        assert_eq!(own.tl_plus.config().noise.sigma, 0.11);
+        let bad_tl = AdaptBenchOptions {
+            tl_fine_tune_sigma: Some(-1.0),
+            ..opts.clone()
+        };
+        assert!(StartingAgents::new(&bad_tl, &meta, &src(false), &src(true), 5).is_err());
         let bad = AdaptBenchOptions {
             fine_tune_sigma: f32::NAN,
             ..opts
