@@ -709,14 +709,7 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
         // Resumed at or past the requested iterations: validate what is there.
         checkpoint(out, &mut agent, &state, &mut log, &held, opts)?;
     }
-
-    // The kept agent's held-out evaluation (the validation that chose it).
-    let mut kept = load_agent(out)?;
-    log.held_out = validate(&mut kept, &held, opts)?;
-    let (fb, ag) = held_out_means(&log.held_out);
-    log.held_out_fallback_mean = fb;
-    log.held_out_agent_mean = ag;
-    write_json(&out.join("train-log.json"), &log)?;
+    // `log.held_out` is the kept agent's evaluation: the validation that chose it.
     Ok(log)
 }
 
@@ -784,8 +777,9 @@ fn held_out_means(evals: &[HeldOutEval]) -> (f64, f64) {
 }
 
 /// A checkpoint: the latest agent and state for `--resume` (`last/`, `resume.json`), then the
-/// held-out validation; the agent becomes the kept one (`base.ckpt`, `meta.ckpt` in `out`)
-/// when it beats every earlier validation (always, without held-out apps). Joint DDPG training
+/// held-out validation; the agent becomes the kept one (`base.ckpt`, `meta.ckpt` in `out`, its
+/// evaluation `log.held_out`) when it beats every earlier validation (always, without held-out
+/// apps). Joint DDPG training
 /// of the meta-learner is not monotone (on a 100-app pool the critic's Q ran away after ~300
 /// iterations and the embedding saturated), so the output is the best-validated agent, not
 /// the last.
@@ -815,6 +809,9 @@ fn checkpoint(
     if improves {
         save_agent(out, agent)?;
         log.best_iteration = state.iteration;
+        log.held_out = evals;
+        log.held_out_fallback_mean = fallback_mean;
+        log.held_out_agent_mean = agent_mean;
     }
     tracing::debug!(
         iteration = state.iteration,
@@ -824,6 +821,18 @@ fn checkpoint(
         "meta-training validation"
     );
     write_json(&out.join("train-log.json"), log)
+}
+
+/// A meta-learner small enough for unit tests (H 8, FC 8, E 4, M 3).
+#[cfg(test)]
+pub(crate) fn tiny_meta() -> MetaConfig {
+    MetaConfig {
+        hidden: 8,
+        fc_hidden: 8,
+        embed_dim: 4,
+        bundle_size: 3,
+        ..MetaConfig::default()
+    }
 }
 
 #[cfg(test)]
@@ -885,13 +894,7 @@ mod tests {
             apps_per_iteration: 2,
             updates_per_iteration: 1,
             batch: 8,
-            meta: MetaConfig {
-                hidden: 8,
-                fc_hidden: 8,
-                embed_dim: 4,
-                bundle_size: 3,
-                ..MetaConfig::default()
-            },
+            meta: tiny_meta(),
             base_hidden: vec![8, 8],
             progress_every: 0,
             ..TrainMetaOptions::default()
@@ -960,13 +963,7 @@ mod tests {
             seed: 5,
             out: dir.clone(),
             steps_per_episode: 8,
-            meta: MetaConfig {
-                hidden: 8,
-                fc_hidden: 8,
-                embed_dim: 4,
-                bundle_size: 3,
-                ..MetaConfig::default()
-            },
+            meta: tiny_meta(),
             base_hidden: vec![8, 8],
             progress_every: 0,
             ..TrainMetaOptions::default()

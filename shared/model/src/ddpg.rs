@@ -444,7 +444,7 @@ impl Ddpg {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn small(seed: u64) -> DdpgConfig {
@@ -476,8 +476,9 @@ mod tests {
         b
     }
 
-    /// A constant, never-ending transition with reward 1: the true value is 1/(1−γ) = 100.
-    fn endless_reward_one(n: usize) -> Batch {
+    /// A constant, never-ending transition with reward 1 (state width 3): the true value is
+    /// 1/(1−γ) = 100. Also used by the meta-learner's tests.
+    pub(crate) fn endless_reward_one(n: usize) -> Batch {
         let mut b = Batch::with_capacity(3, n);
         for i in 0..n {
             let s = vec![0.1 * (i % 5) as f32, 0.2, -0.3];

@@ -124,6 +124,13 @@ pub struct AdaptBenchOptions {
     pub train: TrainMetaOptions,
 }
 
+impl AdaptBenchOptions {
+    /// TL's and TL+'s fine-tuning σ: `tl_fine_tune_sigma`, else `fine_tune_sigma`.
+    pub fn tl_sigma(&self) -> f32 {
+        self.tl_fine_tune_sigma.unwrap_or(self.fine_tune_sigma)
+    }
+}
+
 impl Default for AdaptBenchOptions {
     fn default() -> Self {
         AdaptBenchOptions {
@@ -989,7 +996,7 @@ impl StartingAgents {
     ) -> Result<Self, BenchError> {
         let (mut aware, meta_learner): (Ddpg, MetaLearner) = meta.clone().into_parts();
         aware.set_exploration_sigma(opts.fine_tune_sigma)?;
-        let tl_sigma = opts.tl_fine_tune_sigma.unwrap_or(opts.fine_tune_sigma);
+        let tl_sigma = opts.tl_sigma();
         let transfer = |src: &tl::SourceAgent| -> Result<Ddpg, BenchError> {
             let mut a = tl::transfer(&src.agent)?;
             a.set_exploration_sigma(tl_sigma)?;
@@ -1171,7 +1178,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         hidden: opts.hidden,
         exploration_sigma: opts.exploration_sigma,
         fine_tune_sigma: opts.fine_tune_sigma,
-        tl_fine_tune_sigma: opts.tl_fine_tune_sigma.unwrap_or(opts.fine_tune_sigma),
+        tl_fine_tune_sigma: opts.tl_sigma(),
         meta: MetaReport {
             source: meta_source,
             pool_seed: log.options.seed,
@@ -1356,11 +1363,7 @@ mod tests {
             base,
             MetaConfig {
                 state_dim: STATE_DIM,
-                hidden: 8,
-                fc_hidden: 8,
-                embed_dim: 4,
-                bundle_size: 3,
-                ..MetaConfig::default()
+                ..crate::train_meta::tiny_meta()
             },
         )
         .unwrap();
@@ -1440,13 +1443,7 @@ mod tests {
                 apps_per_iteration: 2,
                 updates_per_iteration: 1,
                 batch: 8,
-                meta: MetaConfig {
-                    hidden: 8,
-                    fc_hidden: 8,
-                    embed_dim: 4,
-                    bundle_size: 3,
-                    ..MetaConfig::default()
-                },
+                meta: crate::train_meta::tiny_meta(),
                 base_hidden: vec![16, 16],
                 progress_every: 0,
                 ..TrainMetaOptions::default()

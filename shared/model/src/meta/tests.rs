@@ -533,21 +533,6 @@ fn agent_is_send() {
 fn joint_updates_respect_the_target_bounds() {
     // Never-ending reward 1 (true value 100): the joint update's critic target is clamped to the
     // configured bounds, so Q settles at the bound instead of climbing past it.
-    let endless = |n: usize| {
-        let mut b = Batch::with_capacity(3, n);
-        for i in 0..n {
-            let s = vec![0.1 * (i % 5) as f32, 0.2, -0.3];
-            b.push(&Transition {
-                state: s.clone(),
-                next_state: s,
-                action: [0.0, 0.5, -0.5],
-                reward: 1.0,
-                done: false,
-            })
-            .unwrap();
-        }
-        b
-    };
     let run = |bounds: Option<[f32; 2]>| {
         let mut a = MetaDdpg::new(
             DdpgConfig {
@@ -559,7 +544,10 @@ fn joint_updates_respect_the_target_bounds() {
             small(4),
         )
         .unwrap();
-        let (bu, ba) = (bundle(2, 5, 0.3, 1), endless(32));
+        let (bu, ba) = (
+            bundle(2, 5, 0.3, 1),
+            crate::ddpg::tests::endless_reward_one(32),
+        );
         let mut q = 0.0;
         for _ in 0..400 {
             q = a
