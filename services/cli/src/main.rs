@@ -81,6 +81,10 @@ enum Command {
         /// fine-tune the base-learner for a new target
         #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().fine_tune_sigma)]
         fine_tune_sigma: f32,
+        /// Independent trainings on the same pool (in --out/restart-N, as many at once as there
+        /// are cores); --out gets the best-validated agent of all
+        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().restarts)]
+        restarts: u64,
     },
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
     Schemas {
@@ -812,6 +816,7 @@ fn main() -> anyhow::Result<()> {
             updates_per_iteration,
             base_updates_per_iteration,
             fine_tune_sigma,
+            restarts,
         } => {
             aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
             let d = aware_cli::train_meta::TrainMetaOptions::default();
@@ -827,6 +832,7 @@ fn main() -> anyhow::Result<()> {
                 updates_per_iteration,
                 base_updates_per_iteration,
                 fine_tune_sigma,
+                restarts,
                 meta: aware_shared_model::MetaConfig {
                     hidden,
                     fc_hidden: hidden,
