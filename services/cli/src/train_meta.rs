@@ -547,6 +547,17 @@ fn mean(xs: &[f64]) -> Option<f64> {
     (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
 }
 
+/// Refuses to resume `out` with another pool or seed than its `split.json`'s.
+fn resumes_split(out: &Path, split: &Split) -> Result<(), TrainMetaError> {
+    let old: Split = read_json(&out.join("split.json"))?;
+    if &old != split {
+        return Err(TrainMetaError::Invalid(
+            "--resume with a different pool or seed than the checkpoint's split.json".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The directory of restart `r` under `out` (with `restarts` > 1).
 pub fn restart_dir(out: &Path, r: u64) -> PathBuf {
     out.join(format!("restart-{r}"))
@@ -573,15 +584,8 @@ pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
     let out = &opts.out;
     std::fs::create_dir_all(out).map_err(io_err(out))?;
     let (apps, split) = pool(opts);
-    if opts.resume {
-        if let Ok(old) = read_json::<Split>(&out.join("split.json")) {
-            if old != split {
-                return Err(TrainMetaError::Invalid(
-                    "--resume with a different pool or seed than the checkpoint's split.json"
-                        .into(),
-                ));
-            }
-        }
+    if opts.resume && out.join("split.json").is_file() {
+        resumes_split(out, &split)?;
     }
     write_json(&out.join("split.json"), &split)?;
     AppSet { apps }
@@ -674,12 +678,7 @@ fn run_one(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
     let m_max = opts.meta.bundle_size;
 
     let (mut agent, mut state, mut log) = if opts.resume {
-        let old: Split = read_json(&out.join("split.json"))?;
-        if old != split {
-            return Err(TrainMetaError::Invalid(
-                "--resume with a different pool or seed than the checkpoint's split.json".into(),
-            ));
-        }
+        resumes_split(out, &split)?;
         let last = out.join(LAST_DIR);
         let agent = load_agent(if last.is_dir() { &last } else { out })?;
         let state: ResumeState = read_json(&out.join("resume.json"))?;
@@ -1003,6 +1002,22 @@ pub(crate) fn tiny_meta() -> MetaConfig {
 mod tests {
     use super::*;
 
+    /// Tiny networks, 6-step episodes, a checkpoint every 2 iterations, into `out`.
+    fn short_training(out: PathBuf) -> TrainMetaOptions {
+        TrainMetaOptions {
+            out,
+            checkpoint_every: 2,
+            steps_per_episode: 6,
+            apps_per_iteration: 2,
+            updates_per_iteration: 1,
+            batch: 8,
+            meta: tiny_meta(),
+            base_hidden: vec![8, 8],
+            progress_every: 0,
+            ..TrainMetaOptions::default()
+        }
+    }
+
     #[test]
     fn split_is_seeded_8_to_2_and_disjoint() {
         let (a, b) = split_indices(10, 3);
@@ -1052,16 +1067,7 @@ mod tests {
             apps: 5,
             iterations: 3,
             seed: 2,
-            out: dir.clone(),
-            checkpoint_every: 2,
-            steps_per_episode: 6,
-            apps_per_iteration: 2,
-            updates_per_iteration: 1,
-            batch: 8,
-            meta: tiny_meta(),
-            base_hidden: vec![8, 8],
-            progress_every: 0,
-            ..TrainMetaOptions::default()
+            ..short_training(dir.clone())
         };
         let log = run(&opts).unwrap();
         assert_eq!(log.iterations.len(), 3);
@@ -1124,17 +1130,8 @@ mod tests {
             apps: 10,
             iterations: 4,
             seed: 7,
-            out: root.join("single"),
-            checkpoint_every: 2,
-            steps_per_episode: 6,
-            apps_per_iteration: 2,
-            updates_per_iteration: 1,
             base_updates_per_iteration: 2,
-            batch: 8,
-            meta: tiny_meta(),
-            base_hidden: vec![8, 8],
-            progress_every: 0,
-            ..TrainMetaOptions::default()
+            ..short_training(root.join("single"))
         };
         let single = run(&opts).unwrap();
         let multi_dir = root.join("multi");
