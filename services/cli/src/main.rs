@@ -305,6 +305,10 @@ enum BenchCommand {
         /// at the σ it does best with
         #[arg(long)]
         tl_fine_tune_sigma: Option<f32>,
+        /// Critic warm-up of AWARE, TL and TL+ alike: the gradient steps of the first this many
+        /// episodes' transitions train the critic only (0: none)
+        #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().critic_warmup_episodes)]
+        critic_warmup: usize,
     },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
@@ -606,6 +610,7 @@ fn main() -> anyhow::Result<()> {
                 embedding_refresh,
                 fine_tune_sigma,
                 tl_fine_tune_sigma,
+                critic_warmup,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let defaults = bench::adapt::AdaptBenchOptions::default();
@@ -625,6 +630,7 @@ fn main() -> anyhow::Result<()> {
                     embedding_refresh,
                     fine_tune_sigma,
                     tl_fine_tune_sigma,
+                    critic_warmup_episodes: critic_warmup,
                     train: aware_cli::train_meta::TrainMetaOptions {
                         iterations: meta_iterations,
                         ..defaults.train.clone()
@@ -686,6 +692,17 @@ fn main() -> anyhow::Result<()> {
                         s.other_censored,
                         s.aware_censored
                     );
+                    if let Some([lo, hi]) = s.ratio_of_mean_episodes_ci95 {
+                        let per: Vec<String> = s
+                            .per_repeat_ratio_of_mean_episodes
+                            .iter()
+                            .map(|x| format!("{x:.2}"))
+                            .collect();
+                        println!(
+                            "             ratio of means per repetition [{}], 95% interval over repetitions ×{lo:.2}–×{hi:.2}",
+                            per.join(", ")
+                        );
+                    }
                 }
                 let path = bench::write_json(&out, "adapt.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path} and {}", out.join("adapt-curve.svg").display());

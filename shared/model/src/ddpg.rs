@@ -236,7 +236,17 @@ impl Ddpg {
     /// ∇ₐQ, then soft target updates. A non-finite batch, loss or gradient is an error and
     /// leaves every weight unchanged.
     pub fn train_step(&mut self, batch: &Batch) -> Result<TrainStats, ModelError> {
-        self.update(batch, None)
+        self.update(batch, None, true)
+    }
+
+    /// The critic half of [`Ddpg::train_step`] only: the critic moves towards the same
+    /// bootstrapped target, the actor keeps its weights (`actor_loss` and `actor_grad_norm` are
+    /// reported as 0), then the soft target updates. For fine-tuning a pre-trained policy on a
+    /// new workload: its critic has never seen the workload's returns, and an actor that follows
+    /// the gradient of such a critic can lose the reward it started with; a critic warm-up fits
+    /// the critic to the new workload first. Same error guarantees as `train_step`.
+    pub fn train_critic_step(&mut self, batch: &Batch) -> Result<TrainStats, ModelError> {
+        self.update(batch, None, false)
     }
 
     /// One TD3+BC update (offline training without extrapolation error): the critic as in
@@ -252,10 +262,15 @@ impl Ddpg {
         bc: &BcConfig,
     ) -> Result<TrainStats, ModelError> {
         bc.validate()?;
-        self.update(batch, Some(bc))
+        self.update(batch, Some(bc), true)
     }
 
-    fn update(&mut self, batch: &Batch, bc: Option<&BcConfig>) -> Result<TrainStats, ModelError> {
+    fn update(
+        &mut self,
+        batch: &Batch,
+        bc: Option<&BcConfig>,
+        train_actor: bool,
+    ) -> Result<TrainStats, ModelError> {
         check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
         batch.validate()?;
         let n = batch.len();
@@ -312,6 +327,21 @@ impl Ddpg {
         let critic_grad_norm = self
             .critic
             .clip_grad_norm(&mut cg, self.cfg.max_grad_norm)?;
+
+        if !train_actor {
+            self.critic_opt.step(&mut self.critic, &mut cg)?;
+            self.soft_update();
+            self.steps += 1;
+            return Ok(TrainStats {
+                step: self.steps,
+                critic_loss: critic_loss_v,
+                actor_loss: 0.0,
+                mean_q,
+                critic_grad_norm,
+                actor_grad_norm: 0.0,
+                bc_loss: 0.0,
+            });
+        }
 
         // Actor (through the critic as it was before this step's update).
         let s_t = net::mat(&self.dev, s, n, d);
@@ -592,6 +622,34 @@ pub(crate) mod tests {
             last = agent.train_step(&b).unwrap().critic_loss;
         }
         assert!(last < st.critic_loss * 0.5, "{last} vs {}", st.critic_loss);
+    }
+
+    #[test]
+    fn critic_step_trains_the_critic_and_leaves_the_actor() {
+        let mut agent = Ddpg::new(small(3)).unwrap();
+        let actor = agent.actor.export();
+        let critic = agent.critic.export();
+        let b = batch(64, 4);
+        let first = agent.train_critic_step(&b).unwrap();
+        assert_eq!(first.step, 1);
+        assert_eq!((first.actor_loss, first.actor_grad_norm), (0.0, 0.0));
+        assert!(first.critic_grad_norm > 0.0);
+        assert_eq!(agent.actor.export(), actor, "the actor keeps its weights");
+        assert_ne!(agent.critic.export(), critic);
+        let mut last = first.critic_loss;
+        for _ in 0..50 {
+            last = agent.train_critic_step(&b).unwrap().critic_loss;
+        }
+        assert!(
+            last < first.critic_loss * 0.5,
+            "{last} vs {}",
+            first.critic_loss
+        );
+        assert_eq!(agent.actor.export(), actor);
+        assert_eq!(agent.train_steps(), 51);
+        // A full step afterwards moves the actor.
+        agent.train_step(&b).unwrap();
+        assert_ne!(agent.actor.export(), actor);
     }
 
     #[test]

@@ -56,7 +56,7 @@ use aware_shared_model::{
     Ddpg, EpisodeBundle, MetaDdpg, MetaLearner, ReplayBuffer, Transition, ACTION_DIM,
 };
 use cpu_time::ThreadTime;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -110,6 +110,12 @@ pub struct AdaptBenchOptions {
     /// the same). TL's transferred policy starts further from the app's optimum than AWARE's and
     /// may need more exploration: this lets each arm run at the σ it does best with.
     pub tl_fine_tune_sigma: Option<f32>,
+    /// Critic warm-up of every arm that fine-tunes a pre-trained policy (`aware`, `tl`,
+    /// `tl_plus`, the same for the three): the gradient steps of the first this many episodes'
+    /// transitions train the critic only ([`Ddpg::train_critic_step`]), so the actor does not
+    /// follow a critic that has not yet seen the new app's returns. 0: none. `scratch` has
+    /// nothing to keep and never warms up.
+    pub critic_warmup_episodes: usize,
     /// Index into the pool's training side of the TL source app (repetition r uses
     /// `source_index + r`).
     pub source_index: usize,
@@ -126,6 +132,12 @@ pub struct AdaptBenchOptions {
 
 impl AdaptBenchOptions {
     /// TL's and TL+'s fine-tuning σ: `tl_fine_tune_sigma`, else `fine_tune_sigma`.
+    /// Critic-only gradient steps at the start of a pre-trained arm's fine-tuning.
+    pub fn critic_warmup_updates(&self) -> u64 {
+        (self.critic_warmup_episodes * self.steps_per_episode) as u64
+            * u64::from(self.gradient_steps)
+    }
+
     pub fn tl_sigma(&self) -> f32 {
         self.tl_fine_tune_sigma.unwrap_or(self.fine_tune_sigma)
     }
@@ -149,6 +161,7 @@ impl Default for AdaptBenchOptions {
             exploration_sigma: 0.2,
             fine_tune_sigma: 0.05,
             tl_fine_tune_sigma: None,
+            critic_warmup_episodes: 0,
             source_index: 0,
             repeats: 3,
             source_min_episodes: 150,
@@ -223,6 +236,8 @@ pub(crate) struct Learner {
     rng: ChaCha8Rng,
     gradient_steps: u32,
     updates: u64,
+    /// The first this many gradient steps train the critic only.
+    critic_warmup: u64,
 }
 
 impl Learner {
@@ -252,7 +267,14 @@ impl Learner {
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5e7e),
             gradient_steps,
             updates: 0,
+            critic_warmup: 0,
         })
+    }
+
+    /// The first `updates` gradient steps train the critic only.
+    pub(crate) fn with_critic_warmup(mut self, updates: u64) -> Self {
+        self.critic_warmup = updates;
+        self
     }
 
     pub(crate) fn into_agent(self) -> Ddpg {
@@ -317,7 +339,11 @@ impl Learner {
                 Some(e) => b.with_suffix(e),
                 None => b,
             };
-            self.agent.train_step(&b)?;
+            if self.updates < self.critic_warmup {
+                self.agent.train_critic_step(&b)?;
+            } else {
+                self.agent.train_step(&b)?;
+            }
             self.updates += 1;
         }
         Ok(())
@@ -485,6 +511,8 @@ pub struct Adaptation {
 #[derive(Debug, Clone, Serialize)]
 pub struct AppResult {
     pub app: String,
+    /// The repetition the app belongs to (its TL source and generator seed).
+    pub repeat: usize,
     /// The best learning arm's final-window mean per-step reward.
     pub converged_reward: f64,
     pub converged_arm: String,
@@ -554,6 +582,7 @@ pub fn evaluate_app(
         .collect();
     AppResult {
         app: app.to_string(),
+        repeat: 0,
         converged_reward: conv,
         converged_arm: conv_arm,
         converged_cpu_util: cu,
@@ -614,6 +643,59 @@ pub struct SpeedUp {
     /// (an upper bound).
     pub other_censored: usize,
     pub aware_censored: usize,
+    /// `ratio_of_mean_episodes` within each repetition (one TL source and its apps each): how
+    /// much the headline figure moves with the source draw.
+    pub per_repeat_ratio_of_mean_episodes: Vec<f64>,
+    /// 95% interval of `ratio_of_mean_episodes` from a cluster bootstrap over the repetitions
+    /// (whole repetitions resampled with replacement, [`BOOTSTRAP_RESAMPLES`] times, fixed
+    /// seed; the source draw is the largest shared factor between an arm's apps). None with
+    /// one repetition.
+    pub ratio_of_mean_episodes_ci95: Option<[f64; 2]>,
+}
+
+/// Resamples of the cluster bootstrap behind [`SpeedUp::ratio_of_mean_episodes_ci95`].
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+
+/// Ratio of the mean episodes (`other` / `aware`) over `pairs`, by repetition (pure): per
+/// repetition, and the 95% percentile interval of a cluster bootstrap that resamples whole
+/// repetitions (None with fewer than two).
+pub fn repeat_spread(pairs: &[(usize, f64, f64)]) -> (Vec<f64>, Option<[f64; 2]>) {
+    let mut reps: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+    reps.sort_unstable();
+    reps.dedup();
+    // Per repetition: (Σ aware, Σ other, apps).
+    let sums: Vec<(f64, f64, usize)> = reps
+        .iter()
+        .map(|&r| {
+            pairs
+                .iter()
+                .filter(|p| p.0 == r)
+                .fold((0.0, 0.0, 0), |(a, o, n), p| (a + p.1, o + p.2, n + 1))
+        })
+        .collect();
+    let per: Vec<f64> = sums.iter().map(|&(a, o, _)| ratio(o, a)).collect();
+    if sums.len() < 2 {
+        return (per, None);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(0xb007_5747);
+    let mut stats: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            let (mut a, mut o) = (0.0, 0.0);
+            for _ in 0..sums.len() {
+                let (sa, so, _) = sums[rng.random_range(0..sums.len())];
+                a += sa;
+                o += so;
+            }
+            ratio(o, a)
+        })
+        .filter(|x| x.is_finite())
+        .collect();
+    if stats.is_empty() {
+        return (per, None);
+    }
+    stats.sort_by(f64::total_cmp);
+    let at = |q: f64| stats[((stats.len() - 1) as f64 * q).round() as usize];
+    (per, Some([at(0.025), at(0.975)]))
 }
 
 fn mean(xs: &[f64]) -> f64 {
@@ -706,17 +788,25 @@ pub fn aggregate(
     }
     let mut speed = Vec::new();
     for other in ["tl", "tl_plus", "scratch"] {
-        let pairs: Vec<(&Adaptation, &Adaptation)> = results
+        let with_repeat: Vec<(usize, &Adaptation, &Adaptation)> = results
             .iter()
             .filter_map(|r| {
                 let a = r.adaptations.iter().find(|a| a.arm == "aware")?;
                 let o = r.adaptations.iter().find(|a| a.arm == other)?;
-                Some((a, o))
+                Some((r.repeat, a, o))
             })
             .collect();
-        if pairs.is_empty() {
+        if with_repeat.is_empty() {
             continue;
         }
+        let (per_repeat, ci) = repeat_spread(
+            &with_repeat
+                .iter()
+                .map(|(r, a, o)| (*r, a.episodes as f64, o.episodes as f64))
+                .collect::<Vec<_>>(),
+        );
+        let pairs: Vec<(&Adaptation, &Adaptation)> =
+            with_repeat.iter().map(|(_, a, o)| (*a, *o)).collect();
         let er: Vec<f64> = pairs
             .iter()
             .map(|(a, o)| ratio(o.episodes as f64, a.episodes as f64))
@@ -769,6 +859,8 @@ pub fn aggregate(
             ),
             other_censored: pairs.iter().filter(|(_, o)| o.censored).count(),
             aware_censored: pairs.iter().filter(|(a, _)| a.censored).count(),
+            per_repeat_ratio_of_mean_episodes: per_repeat,
+            ratio_of_mean_episodes_ci95: ci,
         });
     }
     (arms, speed)
@@ -818,6 +910,8 @@ pub struct AdaptReport {
     pub fine_tune_sigma: f32,
     /// TL's and TL+'s σ (`fine_tune_sigma` unless `--tl-fine-tune-sigma`).
     pub tl_fine_tune_sigma: f32,
+    /// Critic-only episodes at the start of AWARE's, TL's and TL+'s fine-tuning.
+    pub critic_warmup_episodes: usize,
     pub meta: MetaReport,
     pub sources: Vec<SourceReport>,
     pub arms: Vec<ArmSummary>,
@@ -910,8 +1004,10 @@ fn run_learner(
     app_seed: u64,
     agent: Ddpg,
     extended: bool,
+    critic_warmup: u64,
 ) -> Result<ArmRun, BenchError> {
-    let mut l = Learner::new(agent, extended, 0, opts.gradient_steps, app_seed)?;
+    let mut l = Learner::new(agent, extended, 0, opts.gradient_steps, app_seed)?
+        .with_critic_warmup(critic_warmup);
     let mut run = ArmRun {
         learns: true,
         ..ArmRun::default()
@@ -939,7 +1035,8 @@ fn run_aware(
 ) -> Result<ArmRun, BenchError> {
     let m = learner.config().bundle_size;
     let embed_dim = learner.config().embed_dim;
-    let mut l = Learner::new(base, false, embed_dim, opts.gradient_steps, app_seed)?;
+    let mut l = Learner::new(base, false, embed_dim, opts.gradient_steps, app_seed)?
+        .with_critic_warmup(opts.critic_warmup_updates());
     let mut store: Vec<train_meta::Episode> = Vec::new();
     let mut run = ArmRun {
         learns: true,
@@ -1038,15 +1135,19 @@ fn run_app(
         "aware".to_string(),
         run_aware(opts, app, app_seed, s.aware, &s.meta_learner)?,
     )];
-    runs.push(("tl".into(), run_learner(opts, app, app_seed, s.tl, false)?));
+    let warmup = opts.critic_warmup_updates();
+    runs.push((
+        "tl".into(),
+        run_learner(opts, app, app_seed, s.tl, false, warmup)?,
+    ));
     runs.push((
         "tl_plus".into(),
-        run_learner(opts, app, app_seed, s.tl_plus, true)?,
+        run_learner(opts, app, app_seed, s.tl_plus, true, warmup)?,
     ));
     if let Some(fresh) = s.scratch {
         runs.push((
             "scratch".into(),
-            run_learner(opts, app, app_seed, fresh, false)?,
+            run_learner(opts, app, app_seed, fresh, false, 0)?,
         ));
     }
     let mut fb = ArmRun::default();
@@ -1132,6 +1233,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
             let r = run_app(opts, app, held_seed, i, &meta, &tl_src, &tlp_src)?;
             let r = AppResult {
                 app: format!("r{rep}/{}", app.name),
+                repeat: rep,
                 ..r
             };
             let eps = |arm: &str| {
@@ -1179,6 +1281,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         exploration_sigma: opts.exploration_sigma,
         fine_tune_sigma: opts.fine_tune_sigma,
         tl_fine_tune_sigma: opts.tl_sigma(),
+        critic_warmup_episodes: opts.critic_warmup_episodes,
         meta: MetaReport {
             source: meta_source,
             pool_seed: log.options.seed,
@@ -1342,6 +1445,41 @@ mod tests {
         assert!(s.ratio_of_mean_cpu.is_finite() && s.ratio_of_mean_cpu > 0.0);
         assert_eq!((s.other_censored, s.aware_censored), (1, 0));
         assert!(speed.iter().all(|s| s.vs != "tl_plus"));
+        // Both apps in repetition 0: one repetition, no interval.
+        assert_eq!(s.per_repeat_ratio_of_mean_episodes.len(), 1);
+        assert!((s.per_repeat_ratio_of_mean_episodes[0] - 7.0 / 6.0).abs() < 1e-12);
+        assert_eq!(s.ratio_of_mean_episodes_ci95, None);
+    }
+
+    #[test]
+    fn repeat_spread_gives_each_repetition_and_a_bootstrap_interval_over_them() {
+        // (repeat, aware episodes, other episodes): repetition 0 ×10, 1 ×2, 2 ×4.
+        let pairs = [
+            (0, 2.0, 20.0),
+            (0, 4.0, 40.0),
+            (1, 5.0, 10.0),
+            (2, 3.0, 12.0),
+            (2, 1.0, 4.0),
+        ];
+        let (per, ci) = repeat_spread(&pairs);
+        assert_eq!(per.len(), 3);
+        for (p, want) in per.iter().zip([10.0, 2.0, 4.0]) {
+            assert!((p - want).abs() < 1e-12, "{per:?}");
+        }
+        // With three repetitions, all-repetition-1 and all-repetition-0 resamples each have
+        // probability 1/27 > 2.5%: the interval spans the extremes.
+        assert_eq!(ci, Some([2.0, 10.0]));
+        // Eight repetitions (ratios 2..=9, 10 aware episodes each): strictly inside the extremes,
+        // around the pooled ratio 5.5.
+        let many: Vec<(usize, f64, f64)> =
+            (0..8).map(|r| (r, 10.0, 10.0 * (r + 2) as f64)).collect();
+        let [lo, hi] = repeat_spread(&many).1.expect("eight repetitions");
+        assert!(2.0 < lo && lo < 5.5 && 5.5 < hi && hi < 9.0, "{lo} {hi}");
+        // Fixed seed: the same interval every time.
+        assert_eq!(repeat_spread(&pairs).1, ci);
+        // One repetition: its ratio, no interval.
+        let (per, ci) = repeat_spread(&pairs[..2]);
+        assert_eq!((per, ci), (vec![10.0], None));
     }
 
     #[test]
@@ -1416,6 +1554,42 @@ mod tests {
             ..opts
         };
         assert!(StartingAgents::new(&bad, &meta, &src(false), &src(true), 5).is_err());
+    }
+
+    #[test]
+    fn critic_warm_up_keeps_the_actor_for_its_gradient_steps_then_fine_tunes_it() {
+        let app = generate_apps(1, 1001, &GeneratorOptions::default()).remove(0);
+        let agent = tl::new_agent(false, 16, 0.05, 3).unwrap();
+        let probe = vec![0.3; STATE_DIM];
+        let before = agent.act(&probe).unwrap();
+        // Two 50-step episodes: training starts at the 64th transition, 37 updates, all within
+        // the 50 of the warm-up.
+        let mut l = Learner::new(agent, false, 0, 1, 9)
+            .unwrap()
+            .with_critic_warmup(50);
+        // A frozen normalizer: the probe's action changes only with the actor's weights.
+        l.agent.normalizer_mut().freeze();
+        for k in 0..2 {
+            l.run_episode(&app, 50, k, RunEpisode::Agent).unwrap();
+        }
+        assert_eq!(l.updates, 37);
+        assert_eq!(
+            l.agent.act(&probe).unwrap(),
+            before,
+            "the actor is untouched"
+        );
+        // The third episode passes the warm-up: the actor moves.
+        l.run_episode(&app, 50, 2, RunEpisode::Agent).unwrap();
+        assert_eq!(l.updates, 87);
+        assert_ne!(l.agent.act(&probe).unwrap(), before);
+        // Options: warm-up episodes × steps × gradient steps; scratch never warms up.
+        let opts = AdaptBenchOptions {
+            critic_warmup_episodes: 2,
+            gradient_steps: 3,
+            ..AdaptBenchOptions::default()
+        };
+        assert_eq!(opts.critic_warmup_updates(), 300);
+        assert_eq!(AdaptBenchOptions::default().critic_warmup_updates(), 0);
     }
 
     #[test]
