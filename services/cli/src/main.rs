@@ -83,7 +83,7 @@ enum Command {
         fine_tune_sigma: f32,
         /// Independent trainings on the same pool (in --out/restart-N, as many at once as there
         /// are cores); --out gets the best-validated agent of all
-        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().restarts)]
+        #[arg(long, default_value_t = aware_cli::train_meta::DEFAULT_RESTARTS)]
         restarts: u64,
     },
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
@@ -281,8 +281,10 @@ enum BenchCommand {
         /// uses the next r-th).
         #[arg(long, default_value_t = 0)]
         source_index: usize,
-        /// Repetitions, each with another source app and other held-out apps (seed + 1000·r).
-        #[arg(long, default_value_t = 3)]
+        /// Repetitions, each with another source app and other held-out apps (seed + 1000·r);
+        /// the TL source draw moves the speed-ups more than anything else, so the default
+        /// averages over ten sources
+        #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().repeats)]
         repeats: usize,
         /// Most episodes the TL/TL+ source agents train (they stop earlier on a plateau).
         #[arg(long, default_value_t = 300)]

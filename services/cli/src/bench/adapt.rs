@@ -163,7 +163,7 @@ impl Default for AdaptBenchOptions {
             tl_fine_tune_sigma: None,
             critic_warmup_episodes: 0,
             source_index: 0,
-            repeats: 3,
+            repeats: 10,
             source_min_episodes: 150,
             source_max_episodes: 300,
             scratch: true,
