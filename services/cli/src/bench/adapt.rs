@@ -131,13 +131,13 @@ pub struct AdaptBenchOptions {
 }
 
 impl AdaptBenchOptions {
-    /// TL's and TL+'s fine-tuning σ: `tl_fine_tune_sigma`, else `fine_tune_sigma`.
     /// Critic-only gradient steps at the start of a pre-trained arm's fine-tuning.
     pub fn critic_warmup_updates(&self) -> u64 {
         (self.critic_warmup_episodes * self.steps_per_episode) as u64
             * u64::from(self.gradient_steps)
     }
 
+    /// TL's and TL+'s fine-tuning σ: `tl_fine_tune_sigma`, else `fine_tune_sigma`.
     pub fn tl_sigma(&self) -> f32 {
         self.tl_fine_tune_sigma.unwrap_or(self.fine_tune_sigma)
     }
@@ -663,17 +663,17 @@ pub fn repeat_spread(pairs: &[(usize, f64, f64)]) -> (Vec<f64>, Option<[f64; 2]>
     let mut reps: Vec<usize> = pairs.iter().map(|p| p.0).collect();
     reps.sort_unstable();
     reps.dedup();
-    // Per repetition: (Σ aware, Σ other, apps).
-    let sums: Vec<(f64, f64, usize)> = reps
+    // Per repetition: (Σ aware, Σ other).
+    let sums: Vec<(f64, f64)> = reps
         .iter()
         .map(|&r| {
             pairs
                 .iter()
                 .filter(|p| p.0 == r)
-                .fold((0.0, 0.0, 0), |(a, o, n), p| (a + p.1, o + p.2, n + 1))
+                .fold((0.0, 0.0), |(a, o), p| (a + p.1, o + p.2))
         })
         .collect();
-    let per: Vec<f64> = sums.iter().map(|&(a, o, _)| ratio(o, a)).collect();
+    let per: Vec<f64> = sums.iter().map(|&(a, o)| ratio(o, a)).collect();
     if sums.len() < 2 {
         return (per, None);
     }
@@ -682,7 +682,7 @@ pub fn repeat_spread(pairs: &[(usize, f64, f64)]) -> (Vec<f64>, Option<[f64; 2]>
         .map(|_| {
             let (mut a, mut o) = (0.0, 0.0);
             for _ in 0..sums.len() {
-                let (sa, so, _) = sums[rng.random_range(0..sums.len())];
+                let (sa, so) = sums[rng.random_range(0..sums.len())];
                 a += sa;
                 o += so;
             }
