@@ -96,7 +96,8 @@ impl Bounds {
     }
 }
 
-/// Service-level objective. Both may be set; none means best-effort (SP = 1).
+/// Service-level objective. Both may be set; none means best-effort (nothing to violate; SP is
+/// the share of the offered load served).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Slo {
     /// p99 latency objective, ms.

@@ -220,7 +220,8 @@ pub struct RawMetrics {
     pub failed_requests: f64,
     /// Requests queued at the end of the step.
     pub backlog: f64,
-    /// SLO preservation SP = min(SLO/measured, 1) (1 with no SLO).
+    /// SLO preservation SP = min(SLO/measured, 1) (with no SLO: the share of the offered load
+    /// served).
     pub slo_preservation: f64,
     /// p99 > latency SLO, or throughput < min(throughput SLO, offered).
     pub slo_violation: bool,
@@ -235,9 +236,12 @@ pub fn utilization(used: f64, capacity: f64) -> f64 {
     }
 }
 
-/// SLO preservation `SP = min(SLO / measured, 1)` (1 with no SLO) and whether the SLO was
-/// violated: p99 above the latency SLO, or throughput below `min(throughput SLO, offered)`.
-/// A p99 of +∞ (nothing served) gives SP 0 for a latency SLO.
+/// SLO preservation `SP = min(SLO / measured, 1)` and whether the SLO was violated: p99 above
+/// the latency SLO, or throughput below `min(throughput SLO, offered)`. A p99 of +∞ (nothing
+/// served) gives SP 0 for a latency SLO. A best-effort app (no SLO) has nothing to violate, but
+/// its SP is the share of the offered load it served, `min(throughput / offered, 1)` (1 when
+/// nothing is offered): otherwise the reward would pay for starving it (one replica at full
+/// utilization dropping most requests earns the top reward).
 pub fn slo_preservation(
     slo: &crate::app::Slo,
     p99_ms: f64,
@@ -246,6 +250,12 @@ pub fn slo_preservation(
 ) -> (f64, bool) {
     let mut sp: f64 = 1.0;
     let mut violation = false;
+    if slo.latency_p99_ms.is_none() && slo.throughput_rps.is_none() {
+        if offered_rps > 0.0 && throughput_rps.is_finite() {
+            sp = (throughput_rps / offered_rps).clamp(0.0, 1.0);
+        }
+        return (sp, violation);
+    }
     if let Some(l) = slo.latency_p99_ms {
         sp = sp.min((l / p99_ms.max(1e-9)).min(1.0));
         violation |= p99_ms > l;
@@ -958,6 +968,51 @@ mod tests {
                 prop_assert!(x.ready_replicas <= x.replicas);
             }
         }
+    }
+
+    #[test]
+    fn best_effort_sp_is_the_served_share_and_never_a_violation() {
+        let none = Slo::default();
+        assert_eq!(
+            slo_preservation(&none, 30_000.0, 60.0, 400.0),
+            (0.15, false)
+        );
+        assert_eq!(slo_preservation(&none, 50.0, 420.0, 400.0), (1.0, false));
+        assert_eq!(slo_preservation(&none, 0.0, 0.0, 0.0), (1.0, false));
+        assert_eq!(slo_preservation(&none, 0.0, f64::NAN, 10.0), (1.0, false));
+        // an SLO keeps its own definition: throughput above its target is SP 1
+        let tp = Slo {
+            latency_p99_ms: None,
+            throughput_rps: Some(100.0),
+        };
+        assert_eq!(slo_preservation(&tp, 30_000.0, 150.0, 400.0), (1.0, false));
+        // a starved best-effort app: SP falls with the dropped requests, so the reward does
+        // not pay for one overloaded replica; provisioned, it serves everything
+        let kinds = [SegmentKind::MatrixMultiply];
+        let mut app = app_with(&kinds, alloc(1, 250, 3072), VerticalMode::InPlace);
+        app.slo = Slo::default();
+        let mut t = TargetSim::new(
+            Arc::new(app),
+            Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
+            10.0,
+            3,
+            0,
+            NodeShare::default(),
+        )
+        .unwrap();
+        let mut starved = t.advance_with(200.0 * 10.0);
+        for _ in 0..5 {
+            starved = t.advance_with(200.0 * 10.0);
+        }
+        assert!(!starved.slo_violation, "{starved:?}");
+        assert!(starved.slo_preservation < 0.5, "{starved:?}");
+        t.apply(alloc(10, 4000, 3072));
+        let mut fed = t.advance_with(20.0 * 10.0);
+        for _ in 0..10 {
+            fed = t.advance_with(20.0 * 10.0);
+        }
+        assert!(fed.slo_preservation > 0.95, "{fed:?}");
+        assert!(!fed.slo_violation);
     }
 
     #[test]

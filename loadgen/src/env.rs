@@ -12,7 +12,7 @@
 //! | 3 | `memory_util` | working set / Σ memory limits, in \[0, 1\] |
 //! | 4 | `io_util` | disk bandwidth used / available, in \[0, 1\] |
 //! | 5 | `network_util` | network bandwidth used / available, in \[0, 1\] |
-//! | 6 | `slo_preservation` | SP = min(SLO/measured, 1), 1 with no SLO |
+//! | 6 | `slo_preservation` | SP = min(SLO/measured, 1); with no SLO, min(served/offered, 1) |
 //! | 7 | `load_change` | (λ_t − λ_{t−1}) / max(λ_t, λ_{t−1}, 1), in [−1, 1] |
 //! | 8 | `replicas` | replicas / max replicas |
 //!

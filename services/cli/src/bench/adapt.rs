@@ -513,6 +513,8 @@ pub struct AppResult {
     pub app: String,
     /// The repetition the app belongs to (its TL source and generator seed).
     pub repeat: usize,
+    /// The app's kind of SLO ([`slo_class`]).
+    pub slo_class: String,
     /// The best learning arm's final-window mean per-step reward.
     pub converged_reward: f64,
     pub converged_arm: String,
@@ -583,6 +585,7 @@ pub fn evaluate_app(
     AppResult {
         app: app.to_string(),
         repeat: 0,
+        slo_class: String::new(),
         converged_reward: conv,
         converged_arm: conv_arm,
         converged_cpu_util: cu,
@@ -916,8 +919,53 @@ pub struct AdaptReport {
     pub sources: Vec<SourceReport>,
     pub arms: Vec<ArmSummary>,
     pub speed_ups: Vec<SpeedUp>,
+    /// The same comparisons within each kind of SLO.
+    pub by_slo_class: Vec<ClassSpeedUps>,
     pub per_app: Vec<AppResult>,
     pub wall_seconds: f64,
+}
+
+/// The speed-ups over the apps of one kind of SLO.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassSpeedUps {
+    pub slo_class: String,
+    pub apps: usize,
+    pub arms: Vec<ArmSummary>,
+    pub speed_ups: Vec<SpeedUp>,
+}
+
+/// An app's kind of SLO: `latency` (a p99 objective, with or without a throughput one),
+/// `throughput`, or `best_effort` (none).
+pub fn slo_class(slo: &aware_loadgen::app::Slo) -> &'static str {
+    match (slo.latency_p99_ms, slo.throughput_rps) {
+        (Some(_), _) => "latency",
+        (None, Some(_)) => "throughput",
+        (None, None) => "best_effort",
+    }
+}
+
+/// [`aggregate`] within each SLO class present, in a fixed order.
+fn by_slo_class(results: &[AppResult], steps_per_episode: usize) -> Vec<ClassSpeedUps> {
+    ["latency", "throughput", "best_effort"]
+        .iter()
+        .filter_map(|class| {
+            let rs: Vec<AppResult> = results
+                .iter()
+                .filter(|r| r.slo_class == *class)
+                .cloned()
+                .collect();
+            if rs.is_empty() {
+                return None;
+            }
+            let (arms, speed_ups) = aggregate(&rs, steps_per_episode);
+            Some(ClassSpeedUps {
+                slo_class: class.to_string(),
+                apps: rs.len(),
+                arms,
+                speed_ups,
+            })
+        })
+        .collect()
 }
 
 /// The meta-trained agent and its training log: from `opts.meta`, or a short meta-training.
@@ -1234,6 +1282,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
             let r = AppResult {
                 app: format!("r{rep}/{}", app.name),
                 repeat: rep,
+                slo_class: slo_class(&app.slo).to_string(),
                 ..r
             };
             let eps = |arm: &str| {
@@ -1261,6 +1310,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         }
     }
     let (arms, speed_ups) = aggregate(&results, opts.steps_per_episode);
+    let by_slo_class = by_slo_class(&results, opts.steps_per_episode);
     let cfg = meta.meta().config();
     let report = AdaptReport {
         apps: results.len(),
@@ -1294,6 +1344,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
         sources,
         arms,
         speed_ups,
+        by_slo_class,
         per_app: results,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
@@ -1369,6 +1420,55 @@ mod tests {
             policy_from,
             learns,
         }
+    }
+
+    #[test]
+    fn speed_ups_split_by_slo_class_match_aggregates_over_each_class() {
+        use aware_loadgen::app::Slo;
+        assert_eq!(
+            slo_class(&Slo {
+                latency_p99_ms: Some(100.0),
+                throughput_rps: Some(5.0)
+            }),
+            "latency"
+        );
+        assert_eq!(
+            slo_class(&Slo {
+                latency_p99_ms: None,
+                throughput_rps: Some(5.0)
+            }),
+            "throughput"
+        );
+        assert_eq!(slo_class(&Slo::default()), "best_effort");
+        let app = |name: &str, class: &str, slow: &[f64]| AppResult {
+            slo_class: class.into(),
+            ..evaluate_app(
+                name,
+                vec![
+                    ("aware".into(), run_of(&[2.0; 6], 0, true)),
+                    ("tl".into(), run_of(slow, 0, true)),
+                ],
+                1,
+                0.95,
+            )
+        };
+        let results = vec![
+            app("a", "latency", &[0.5, 0.5, 0.5, 2.0, 2.0, 2.0]),
+            app("b", "best_effort", &[0.5, 2.0, 2.0, 2.0, 2.0, 2.0]),
+            app("c", "latency", &[0.5, 0.5, 2.0, 2.0, 2.0, 2.0]),
+        ];
+        let classes = by_slo_class(&results, 50);
+        let names: Vec<(&str, usize)> = classes
+            .iter()
+            .map(|c| (c.slo_class.as_str(), c.apps))
+            .collect();
+        assert_eq!(names, [("latency", 2), ("best_effort", 1)]);
+        let ratio = |c: &ClassSpeedUps| c.speed_ups[0].ratio_of_mean_episodes;
+        // latency: TL needs 4 and 3 episodes against AWARE's 1 and 1; best effort 2 against 1
+        assert!((ratio(&classes[0]) - 3.5).abs() < 1e-12, "{:?}", classes[0]);
+        assert!((ratio(&classes[1]) - 2.0).abs() < 1e-12, "{:?}", classes[1]);
+        let (_, all) = aggregate(&results, 50);
+        assert!((all[0].ratio_of_mean_episodes - 3.0).abs() < 1e-12);
     }
 
     #[test]
