@@ -888,7 +888,11 @@ mod tests {
     }
 
     fn sim(kinds: &[SegmentKind], alloc: Allocation, seed: u64) -> TargetSim {
-        let app = app_with(kinds, alloc, VerticalMode::InPlace);
+        sim_of(app_with(kinds, alloc, VerticalMode::InPlace), seed)
+    }
+
+    /// `app` on a 10 s step, its load given per step through `advance_with`.
+    fn sim_of(app: AppSpec, seed: u64) -> TargetSim {
         TargetSim::new(
             Arc::new(app),
             Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
@@ -991,15 +995,7 @@ mod tests {
         let kinds = [SegmentKind::MatrixMultiply];
         let mut app = app_with(&kinds, alloc(1, 250, 3072), VerticalMode::InPlace);
         app.slo = Slo::default();
-        let mut t = TargetSim::new(
-            Arc::new(app),
-            Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
-            10.0,
-            3,
-            0,
-            NodeShare::default(),
-        )
-        .unwrap();
+        let mut t = sim_of(app, 3);
         let mut starved = t.advance_with(200.0 * 10.0);
         for _ in 0..5 {
             starved = t.advance_with(200.0 * 10.0);

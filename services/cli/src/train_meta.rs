@@ -161,9 +161,8 @@ fn one() -> u64 {
 /// `aware train-meta`'s default `--restarts` (the library's [`TrainMetaOptions::default`] stays
 /// at one training, for the short trainings of the benches and tests). Four reseeded trainings,
 /// the best-validated kept: on the seed-2 and seed-3 pools AWARE's mean episodes to 95% in
-/// `aware bench adapt` fell from 36.8 to 15.9 and from 17.2 to 13.8 (seed 1001, 3 × 10 apps);
-/// on the default (seed-0) pool the single training validates best of four, so the default
-/// output is the same agent, byte for byte, at about 2.5–4× the wall time on two cores.
+/// `aware bench adapt` fell from 36.8 to 15.9 and from 17.2 to 13.8 (seed 1001, 3 × 10 apps).
+/// About 2.5–4× the wall time of one training on two cores (459 s for the default pool).
 pub const DEFAULT_RESTARTS: u64 = 4;
 
 impl TrainMetaOptions {

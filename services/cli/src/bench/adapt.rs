@@ -513,8 +513,8 @@ pub struct AppResult {
     pub app: String,
     /// The repetition the app belongs to (its TL source and generator seed).
     pub repeat: usize,
-    /// The app's kind of SLO ([`slo_class`]).
-    pub slo_class: String,
+    /// The app's kind of SLO (None only for an app evaluated without its spec).
+    pub slo_class: Option<SloClass>,
     /// The best learning arm's final-window mean per-step reward.
     pub converged_reward: f64,
     pub converged_arm: String,
@@ -585,7 +585,7 @@ pub fn evaluate_app(
     AppResult {
         app: app.to_string(),
         repeat: 0,
-        slo_class: String::new(),
+        slo_class: None,
         converged_reward: conv,
         converged_arm: conv_arm,
         converged_cpu_util: cu,
@@ -928,30 +928,48 @@ pub struct AdaptReport {
 /// The speed-ups over the apps of one kind of SLO.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClassSpeedUps {
-    pub slo_class: String,
+    pub slo_class: SloClass,
     pub apps: usize,
     pub arms: Vec<ArmSummary>,
     pub speed_ups: Vec<SpeedUp>,
 }
 
-/// An app's kind of SLO: `latency` (a p99 objective, with or without a throughput one),
-/// `throughput`, or `best_effort` (none).
-pub fn slo_class(slo: &aware_loadgen::app::Slo) -> &'static str {
-    match (slo.latency_p99_ms, slo.throughput_rps) {
-        (Some(_), _) => "latency",
-        (None, Some(_)) => "throughput",
-        (None, None) => "best_effort",
+/// An app's kind of SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloClass {
+    /// A p99 objective, with or without a throughput one.
+    Latency,
+    /// A throughput objective only.
+    Throughput,
+    /// None.
+    BestEffort,
+}
+
+impl SloClass {
+    pub const ALL: [SloClass; 3] = [
+        SloClass::Latency,
+        SloClass::Throughput,
+        SloClass::BestEffort,
+    ];
+
+    pub fn of(slo: &aware_loadgen::app::Slo) -> Self {
+        match (slo.latency_p99_ms, slo.throughput_rps) {
+            (Some(_), _) => SloClass::Latency,
+            (None, Some(_)) => SloClass::Throughput,
+            (None, None) => SloClass::BestEffort,
+        }
     }
 }
 
-/// [`aggregate`] within each SLO class present, in a fixed order.
+/// [`aggregate`] within each SLO class present, in [`SloClass::ALL`]'s order.
 fn by_slo_class(results: &[AppResult], steps_per_episode: usize) -> Vec<ClassSpeedUps> {
-    ["latency", "throughput", "best_effort"]
-        .iter()
+    SloClass::ALL
+        .into_iter()
         .filter_map(|class| {
             let rs: Vec<AppResult> = results
                 .iter()
-                .filter(|r| r.slo_class == *class)
+                .filter(|r| r.slo_class == Some(class))
                 .cloned()
                 .collect();
             if rs.is_empty() {
@@ -959,7 +977,7 @@ fn by_slo_class(results: &[AppResult], steps_per_episode: usize) -> Vec<ClassSpe
             }
             let (arms, speed_ups) = aggregate(&rs, steps_per_episode);
             Some(ClassSpeedUps {
-                slo_class: class.to_string(),
+                slo_class: class,
                 apps: rs.len(),
                 arms,
                 speed_ups,
@@ -1282,7 +1300,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
             let r = AppResult {
                 app: format!("r{rep}/{}", app.name),
                 repeat: rep,
-                slo_class: slo_class(&app.slo).to_string(),
+                slo_class: Some(SloClass::of(&app.slo)),
                 ..r
             };
             let eps = |arm: &str| {
@@ -1426,22 +1444,26 @@ mod tests {
     fn speed_ups_split_by_slo_class_match_aggregates_over_each_class() {
         use aware_loadgen::app::Slo;
         assert_eq!(
-            slo_class(&Slo {
+            SloClass::of(&Slo {
                 latency_p99_ms: Some(100.0),
                 throughput_rps: Some(5.0)
             }),
-            "latency"
+            SloClass::Latency
         );
         assert_eq!(
-            slo_class(&Slo {
+            SloClass::of(&Slo {
                 latency_p99_ms: None,
                 throughput_rps: Some(5.0)
             }),
-            "throughput"
+            SloClass::Throughput
         );
-        assert_eq!(slo_class(&Slo::default()), "best_effort");
-        let app = |name: &str, class: &str, slow: &[f64]| AppResult {
-            slo_class: class.into(),
+        assert_eq!(SloClass::of(&Slo::default()), SloClass::BestEffort);
+        assert_eq!(
+            serde_json::to_string(&SloClass::BestEffort).unwrap(),
+            "\"best_effort\""
+        );
+        let app = |name: &str, class: SloClass, slow: &[f64]| AppResult {
+            slo_class: Some(class),
             ..evaluate_app(
                 name,
                 vec![
@@ -1453,16 +1475,13 @@ mod tests {
             )
         };
         let results = vec![
-            app("a", "latency", &[0.5, 0.5, 0.5, 2.0, 2.0, 2.0]),
-            app("b", "best_effort", &[0.5, 2.0, 2.0, 2.0, 2.0, 2.0]),
-            app("c", "latency", &[0.5, 0.5, 2.0, 2.0, 2.0, 2.0]),
+            app("a", SloClass::Latency, &[0.5, 0.5, 0.5, 2.0, 2.0, 2.0]),
+            app("b", SloClass::BestEffort, &[0.5, 2.0, 2.0, 2.0, 2.0, 2.0]),
+            app("c", SloClass::Latency, &[0.5, 0.5, 2.0, 2.0, 2.0, 2.0]),
         ];
         let classes = by_slo_class(&results, 50);
-        let names: Vec<(&str, usize)> = classes
-            .iter()
-            .map(|c| (c.slo_class.as_str(), c.apps))
-            .collect();
-        assert_eq!(names, [("latency", 2), ("best_effort", 1)]);
+        let names: Vec<(SloClass, usize)> = classes.iter().map(|c| (c.slo_class, c.apps)).collect();
+        assert_eq!(names, [(SloClass::Latency, 2), (SloClass::BestEffort, 1)]);
         let ratio = |c: &ClassSpeedUps| c.speed_ups[0].ratio_of_mean_episodes;
         // latency: TL needs 4 and 3 episodes against AWARE's 1 and 1; best effort 2 against 1
         assert!((ratio(&classes[0]) - 3.5).abs() < 1e-12, "{:?}", classes[0]);
