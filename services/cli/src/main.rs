@@ -230,9 +230,23 @@ enum BenchCommand {
         /// Gradient steps per transition while learning.
         #[arg(long, default_value_t = 1)]
         gradient_steps: u32,
+        /// Gradient steps per transition while retraining (with_retraining, ONLINE).
+        #[arg(long, default_value_t = 1)]
+        retrain_gradient_steps: u32,
+        /// Share of each retraining minibatch drawn from the newest --retrain-recent transitions.
+        #[arg(long, default_value_t = 0.0)]
+        retrain_recent_fraction: f32,
+        #[arg(long, default_value_t = 0)]
+        retrain_recent: usize,
+        /// Exploration σ while retraining.
+        #[arg(long, default_value_t = 0.2)]
+        retrain_sigma: f32,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]
         no_oracle: bool,
+        /// Also train a reference agent on the fully disturbed app (converged_disturbed).
+        #[arg(long)]
+        disturbed_reference: bool,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -517,7 +531,12 @@ fn main() -> anyhow::Result<()> {
                 inject_every,
                 window,
                 gradient_steps,
+                retrain_gradient_steps,
+                retrain_recent_fraction,
+                retrain_recent,
+                retrain_sigma,
                 no_oracle,
+                disturbed_reference,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::serve::ServeBenchOptions {
@@ -529,7 +548,12 @@ fn main() -> anyhow::Result<()> {
                     inject_every,
                     window,
                     gradient_steps,
+                    retrain_gradient_steps,
+                    retrain_recent_fraction,
+                    retrain_recent,
+                    retrain_sigma,
                     oracle: !no_oracle,
+                    disturbed_reference,
                     out: out.clone(),
                     ..Default::default()
                 };
@@ -555,6 +579,19 @@ fn main() -> anyhow::Result<()> {
                     r.slo_ratio_without_vs_with,
                     r.slo_ratio_bound
                 );
+                if let Some(f) = &r.final_regime {
+                    println!(
+                        "final regime ({} episodes, every scenario in force) vs RL converged on it ({:.4}/step, {:.1}% against undisturbed): with retraining {:.1}%, without {:.1}%; SLO violations reference {}, with {}, without {}",
+                        f.episodes,
+                        f.converged_disturbed_reward,
+                        f.reference_vs_undisturbed_pct,
+                        f.with_retraining_vs_reference_pct,
+                        f.without_retraining_vs_reference_pct,
+                        f.converged_disturbed_slo_violations,
+                        f.with_retraining_slo_violations,
+                        f.without_retraining_slo_violations
+                    );
+                }
                 let path = bench::write_json(&out, "serve.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path} and {}", out.join("serve-curve.svg").display());
             }

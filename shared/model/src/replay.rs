@@ -254,6 +254,37 @@ impl ReplayBuffer {
 
     /// Samples `n` transitions into `out` (reusing its allocations).
     pub fn sample_into(&mut self, n: usize, out: &mut Batch) -> Result<(), ModelError> {
+        self.sample_recent_into(n, 0, 0.0, out)
+    }
+
+    /// Samples `n` transitions with replacement, each drawn with probability `fraction` from
+    /// the newest `recent` transitions and otherwise uniformly from the whole buffer (the
+    /// recency-mixed replay retraining uses after a workload change, so new-regime data is not
+    /// drowned by the old regime's). `recent` 0 or `fraction` 0: uniform.
+    pub fn sample_recent(
+        &mut self,
+        n: usize,
+        recent: usize,
+        fraction: f32,
+    ) -> Result<Batch, ModelError> {
+        let mut b = Batch::with_capacity(self.state_dim, n);
+        self.sample_recent_into(n, recent, fraction, &mut b)?;
+        Ok(b)
+    }
+
+    /// [`ReplayBuffer::sample_recent`] into `out` (reusing its allocations).
+    pub fn sample_recent_into(
+        &mut self,
+        n: usize,
+        recent: usize,
+        fraction: f32,
+        out: &mut Batch,
+    ) -> Result<(), ModelError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(ModelError::InvalidConfig(format!(
+                "recent fraction {fraction} is not in [0, 1]"
+            )));
+        }
         if self.len == 0 || n == 0 {
             return Err(ModelError::NotEnoughSamples {
                 len: self.len,
@@ -267,8 +298,15 @@ impl ReplayBuffer {
         out.rewards.clear();
         out.next_states.clear();
         out.dones.clear();
+        let recent = recent.min(self.len);
         for _ in 0..n {
-            let i = self.rng.random_range(0..self.len);
+            let i = if recent > 0 && fraction > 0.0 && self.rng.random::<f32>() < fraction {
+                // The k-th newest transition sits k slots before `next` (FIFO ring).
+                let k = self.rng.random_range(0..recent);
+                (self.next + self.capacity - 1 - k) % self.capacity
+            } else {
+                self.rng.random_range(0..self.len)
+            };
             out.states
                 .extend_from_slice(&self.states[i * d..(i + 1) * d]);
             out.actions
@@ -385,5 +423,43 @@ mod tests {
         assert!(matches!(b.push(bad), Err(ModelError::Dimension { .. })));
         assert!(b.is_empty());
         assert!(ReplayBuffer::new(0, 2, 1).is_err());
+    }
+
+    #[test]
+    fn recent_sampling_draws_the_newest_transitions_across_the_ring() {
+        // Capacity 10 after 25 pushes: slots hold 15..=24, the newest three are 22, 23, 24.
+        let mut b = ReplayBuffer::new(10, 2, 3).unwrap();
+        for x in 0..25 {
+            b.push(t(x as f32)).unwrap();
+        }
+        let only_recent = b.sample_recent(2_000, 3, 1.0).unwrap();
+        assert!(only_recent
+            .rewards
+            .iter()
+            .all(|r| [22.0, 23.0, 24.0].contains(r)));
+        for r in [22.0, 23.0, 24.0] {
+            assert!(only_recent.rewards.contains(&r), "{r} never drawn");
+        }
+        // Half recent: the newest three (30% of the buffer under uniform draws) come up about
+        // 0.5 + 0.5 × 0.3 = 65% of the time; everything else in the buffer still appears.
+        let mixed = b.sample_recent(20_000, 3, 0.5).unwrap();
+        let share = mixed.rewards.iter().filter(|r| **r >= 22.0).count() as f64 / 20_000.0;
+        assert!((share - 0.65).abs() < 0.02, "recent share {share}");
+        assert!(mixed.rewards.contains(&15.0));
+        assert!(mixed.rewards.iter().all(|r| (15.0..=24.0).contains(r)));
+        // Not yet full: the newest are the last pushed, not the end of the storage.
+        let mut c = ReplayBuffer::new(100, 2, 4).unwrap();
+        for x in 0..5 {
+            c.push(t(x as f32)).unwrap();
+        }
+        let r = c.sample_recent(500, 2, 1.0).unwrap();
+        assert!(r.rewards.iter().all(|x| *x == 3.0 || *x == 4.0));
+        // `recent` larger than the buffer is the whole buffer; fraction outside [0, 1] refused.
+        assert_eq!(c.sample_recent(8, 1_000, 1.0).unwrap().len(), 8);
+        assert!(matches!(
+            c.sample_recent(8, 2, 1.5),
+            Err(ModelError::InvalidConfig(_))
+        ));
+        assert!(c.sample_recent(8, 2, f32::NAN).is_err());
     }
 }

@@ -12,7 +12,10 @@
 //! - `without_retraining`: the frozen policy with the scenarios (lifecycle stays SERVING);
 //! - `with_retraining`: the scenarios, the lifecycle monitor's own `LifecycleMachine` (Algorithm 1)
 //!   fed with every episode, starting at SERVING: when it moves the target back to ONLINE the
-//!   agent explores and trains again (replay buffer kept) until it returns to SERVING;
+//!   agent explores (σ `retrain_sigma`) and trains again (replay buffer kept;
+//!   `retrain_gradient_steps` per transition, each minibatch drawing `retrain_recent_fraction`
+//!   of its rows from the newest `retrain_recent` transitions, so the new regime's data is not
+//!   drowned by the old one's) until it returns to SERVING;
 //! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
 //!   settings) with and without the scenarios, both taking over the allocation the agent left at
 //!   the end of training;
@@ -74,8 +77,18 @@ pub struct ServeBenchOptions {
     pub exploration_sigma: f32,
     /// Gradient steps (minibatch 64) per transition while learning (training and ONLINE).
     pub gradient_steps: u32,
+    /// Retraining (`with_retraining` while ONLINE): gradient steps per transition.
+    pub retrain_gradient_steps: u32,
+    /// Retraining: share of each minibatch drawn from the newest `retrain_recent` transitions
+    /// (recency-mixed replay; 0: uniform over the whole buffer, as in training).
+    pub retrain_recent_fraction: f32,
+    pub retrain_recent: usize,
+    /// Retraining: exploration σ while ONLINE.
+    pub retrain_sigma: f32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
+    /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
+    pub disturbed_reference: bool,
     pub out: PathBuf,
 }
 
@@ -93,14 +106,19 @@ impl Default for ServeBenchOptions {
             hidden: 64,
             exploration_sigma: 0.2,
             gradient_steps: 1,
+            retrain_gradient_steps: 1,
+            retrain_recent_fraction: 0.0,
+            retrain_recent: 0,
+            retrain_sigma: 0.2,
             oracle: true,
+            disturbed_reference: false,
             out: PathBuf::from("bench-out"),
         }
     }
 }
 
 /// The arms, in report order.
-pub const ARMS: [&str; 9] = [
+pub const ARMS: [&str; 10] = [
     "converged",
     "with_retraining",
     "without_retraining",
@@ -110,6 +128,7 @@ pub const ARMS: [&str; 9] = [
     "fallback_throughout",
     "oracle_undisturbed",
     "max_allocation",
+    "converged_disturbed",
 ];
 
 /// One arm on one app: per-episode totals.
@@ -179,6 +198,10 @@ pub struct ServeReport {
     pub hidden: usize,
     pub exploration_sigma: f32,
     pub gradient_steps: u32,
+    pub retrain_gradient_steps: u32,
+    pub retrain_recent_fraction: f32,
+    pub retrain_recent: usize,
+    pub retrain_sigma: f32,
     pub scenarios_injected: usize,
     /// Mean per-step reward by training episode (mean over apps; with exploration noise).
     pub train_curve: Vec<f64>,
@@ -196,6 +219,8 @@ pub struct ServeReport {
     /// next to `with_retraining_vs_converged_pct`.
     pub with_retraining_vs_converged_oracle_relative_pct: Option<f64>,
     pub converged_vs_fallback: ConvergedVsFallback,
+    /// With `disturbed_reference`: the final regime against RL converged on it.
+    pub final_regime: Option<FinalRegime>,
     pub wall_seconds: f64,
 }
 
@@ -205,6 +230,79 @@ pub struct AppResult {
     pub train_curve: Vec<f64>,
     pub arms: Vec<(String, ArmRun)>,
     pub injected: usize,
+    /// First serve episode with every scheduled scenario in force (the episode of the last
+    /// injection; 0 without injections).
+    pub final_regime_from: usize,
+}
+
+/// The serve episodes in which every app's scenarios are all in force, compared with
+/// `converged_disturbed` (RL trained as long as the main agent on that final workload): what
+/// retraining recovers of what RL can reach on the changed workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalRegime {
+    /// Episodes counted (Σ over apps).
+    pub episodes: usize,
+    /// Mean per-step reward per arm over those episodes.
+    pub converged_disturbed_reward: f64,
+    pub with_retraining_reward: f64,
+    pub without_retraining_reward: f64,
+    pub converged_undisturbed_reward: f64,
+    /// with_retraining / converged_disturbed − 1, % (over the same episodes).
+    pub with_retraining_vs_reference_pct: f64,
+    pub without_retraining_vs_reference_pct: f64,
+    /// converged_disturbed / converged (undisturbed) − 1, %: what the changed workload itself
+    /// costs RL once converged on it.
+    pub reference_vs_undisturbed_pct: f64,
+    pub converged_disturbed_slo_violations: u64,
+    pub with_retraining_slo_violations: u64,
+    pub without_retraining_slo_violations: u64,
+}
+
+/// [`FinalRegime`] over `results` (pure); `None` without a `converged_disturbed` arm on every app.
+pub fn final_regime(results: &[AppResult]) -> Option<FinalRegime> {
+    let arms = [
+        "converged_disturbed",
+        "with_retraining",
+        "without_retraining",
+        "converged",
+    ];
+    let mut reward = [0.0f64; 4];
+    let mut slo = [0u64; 4];
+    let mut steps = 0u64;
+    let mut episodes = 0usize;
+    for r in results {
+        let runs: Vec<&ArmRun> = arms
+            .iter()
+            .map(|n| r.arms.iter().find(|(a, _)| a == n).map(|(_, run)| run))
+            .collect::<Option<_>>()?;
+        let n = runs[0].episode_rewards.len();
+        let spe = runs[0].steps / n.max(1) as u64;
+        let from = r.final_regime_from.min(n);
+        for (k, run) in runs.iter().enumerate() {
+            reward[k] += run.episode_rewards.iter().skip(from).sum::<f64>();
+            slo[k] += run.episode_slo_violations.iter().skip(from).sum::<u64>();
+        }
+        episodes += n - from;
+        steps += (n - from) as u64 * spe;
+    }
+    if steps == 0 {
+        return None;
+    }
+    let per_step = |x: f64| x / steps as f64;
+    let pct = |a: f64, b: f64| 100.0 * (a / b - 1.0);
+    Some(FinalRegime {
+        episodes,
+        converged_disturbed_reward: per_step(reward[0]),
+        with_retraining_reward: per_step(reward[1]),
+        without_retraining_reward: per_step(reward[2]),
+        converged_undisturbed_reward: per_step(reward[3]),
+        with_retraining_vs_reference_pct: pct(reward[1], reward[0]),
+        without_retraining_vs_reference_pct: pct(reward[2], reward[0]),
+        reference_vs_undisturbed_pct: pct(reward[0], reward[3]),
+        converged_disturbed_slo_violations: slo[0],
+        with_retraining_slo_violations: slo[1],
+        without_retraining_slo_violations: slo[2],
+    })
 }
 
 /// The scenarios injected into `app`: every applicable one, in a seeded order, at serve steps
@@ -248,10 +346,16 @@ struct Ctx<'a> {
     target: Target,
 }
 
-fn train_round(agent: &mut Ddpg, replay: &mut ReplayBuffer, steps: u32) -> Result<(), BenchError> {
+fn train_round(
+    agent: &mut Ddpg,
+    replay: &mut ReplayBuffer,
+    steps: u32,
+    recent: usize,
+    fraction: f32,
+) -> Result<(), BenchError> {
     if replay.len() >= 64 {
         for _ in 0..steps {
-            let b = replay.sample(64).map_err(fail)?;
+            let b = replay.sample_recent(64, recent, fraction).map_err(fail)?;
             agent.train_step(&b).map_err(fail)?;
         }
     }
@@ -351,7 +455,14 @@ fn run_arm(
                     })
                     .map_err(fail)?;
                 if online {
-                    train_round(agent, replay, ctx.opts.gradient_steps)?;
+                    let o = ctx.opts;
+                    train_round(
+                        agent,
+                        replay,
+                        o.retrain_gradient_steps,
+                        o.retrain_recent,
+                        o.retrain_recent_fraction,
+                    )?;
                 }
             }
             obs = next;
@@ -404,21 +515,23 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (m, v.sqrt())
 }
 
-/// Trains the agent on one app and runs every arm.
-pub fn run_app(
+/// An agent after online training from scratch.
+struct Trained {
+    agent: Ddpg,
+    replay: ReplayBuffer,
+    obs: Observation,
+    curve: Vec<f64>,
+}
+
+/// Online DDPG from scratch on `env` for `train_episodes` (exploration σ, one round of
+/// `gradient_steps` per transition); the normalizer is frozen at the end.
+fn train_agent(
     opts: &ServeBenchOptions,
-    app: &AppSpec,
-    index: usize,
-) -> Result<AppResult, BenchError> {
+    app_seed: u64,
+    env: &mut SimEnv,
+    mut obs: Observation,
+) -> Result<Trained, BenchError> {
     let spe = u64::from(opts.steps_per_episode);
-    let app_seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
-    let cfg = SimConfig {
-        seed: app_seed,
-        ..SimConfig::default()
-    };
-    let mut env = SimEnv::new(vec![app.clone()], cfg).map_err(fail)?;
-    env.reset(app_seed).map_err(fail)?;
-    let mut obs = first(env.step(&[TargetAction::Hold]).map_err(fail)?)?;
     let mut dcfg =
         DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[opts.hidden, opts.hidden]);
     dcfg.seed = app_seed;
@@ -431,9 +544,7 @@ pub fn run_app(
     )
     .map_err(fail)?;
     let mut rng = ChaCha8Rng::seed_from_u64(app_seed ^ 0x5e7e);
-    let mut result = AppResult::default();
-    // HPA/VPA managing the app from the first step instead of the agent (same traces).
-    let (mut env_fb, mut obs_fb) = (env.clone(), obs.clone());
+    let mut curve = Vec::with_capacity(opts.train_episodes as usize);
     for _ in 0..opts.train_episodes {
         let mut total = 0.0;
         for _ in 0..spe {
@@ -450,12 +561,43 @@ pub fn run_app(
                     done: false,
                 })
                 .map_err(fail)?;
-            train_round(&mut agent, &mut replay, opts.gradient_steps)?;
+            train_round(&mut agent, &mut replay, opts.gradient_steps, 0, 0.0)?;
             obs = next;
         }
-        result.train_curve.push(total / spe.max(1) as f64);
+        curve.push(total / spe.max(1) as f64);
     }
     agent.normalizer_mut().freeze();
+    Ok(Trained {
+        agent,
+        replay,
+        obs,
+        curve,
+    })
+}
+
+/// Trains the agent on one app and runs every arm.
+pub fn run_app(
+    opts: &ServeBenchOptions,
+    app: &AppSpec,
+    index: usize,
+) -> Result<AppResult, BenchError> {
+    let spe = u64::from(opts.steps_per_episode);
+    let app_seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
+    let cfg = SimConfig {
+        seed: app_seed,
+        ..SimConfig::default()
+    };
+    let mut env = SimEnv::new(vec![app.clone()], cfg).map_err(fail)?;
+    env.reset(app_seed).map_err(fail)?;
+    let obs = first(env.step(&[TargetAction::Hold]).map_err(fail)?)?;
+    let mut result = AppResult::default();
+    // The app before any training: HPA/VPA managing it from the first step instead of the agent
+    // (same traces), and the disturbed reference's start.
+    let (env0, obs0) = (env.clone(), obs.clone());
+    let (mut env_fb, mut obs_fb) = (env0.clone(), obs0.clone());
+    let trained = train_agent(opts, app_seed, &mut env, obs)?;
+    let (agent, replay, obs) = (trained.agent, trained.replay, trained.obs);
+    result.train_curve = trained.curve;
     let target = Target::new(app.namespace.clone(), app.name.clone());
     let ctx = Ctx { opts, target };
     let serve_steps = u64::from(opts.serve_episodes) * spe;
@@ -467,6 +609,9 @@ pub fn run_app(
         serve_steps,
     );
     result.injected = injections.len();
+    result.final_regime_from = injections.last().map_or(0, |(at, _)| {
+        usize::try_from(at / spe.max(1)).unwrap_or(usize::MAX)
+    });
     let payload_seed = app_seed ^ 0xfa70;
     let spec = aware_metrics_collector::simulator::target_specs(std::slice::from_ref(app));
     let bounds = spec.first().map(|s| s.bounds).unwrap_or_default();
@@ -500,8 +645,12 @@ pub fn run_app(
     };
     let mut machine = LifecycleMachine::new(profile);
     machine.restore(Stage::Serving);
+    let mut retrain_agent = agent.clone();
+    retrain_agent
+        .set_exploration_sigma(opts.retrain_sigma)
+        .map_err(fail)?;
     let retrain = Driver::Retrain {
-        agent: Box::new(agent.clone()),
+        agent: Box::new(retrain_agent),
         replay: Box::new(replay),
         machine: Box::new(machine),
         rng: Box::new(ChaCha8Rng::seed_from_u64(app_seed ^ 0x7e7a)),
@@ -604,6 +753,28 @@ pub fn run_app(
             payload_seed,
         )?,
     ));
+    if opts.disturbed_reference {
+        // A fresh agent trained as long as the main one on the app with every scheduled
+        // scenario in force from its first step, then frozen: what RL converges to on the
+        // workload the scenarios leave behind.
+        let mut env_d = env0;
+        for (i, (_, sc)) in injections.iter().enumerate() {
+            let t = env_d.target_mut(0).map_err(fail)?;
+            sc.inject(t, payload_seed ^ i as u64).map_err(fail)?;
+        }
+        let t = train_agent(opts, app_seed, &mut env_d, obs0)?;
+        arms.push((
+            "converged_disturbed".into(),
+            run_arm(
+                &ctx,
+                env_d,
+                t.obs,
+                Driver::Frozen(Box::new(t.agent)),
+                &[],
+                payload_seed,
+            )?,
+        ));
+    }
     result.arms = arms;
     Ok(result)
 }
@@ -742,6 +913,10 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         hidden: opts.hidden,
         exploration_sigma: opts.exploration_sigma,
         gradient_steps: opts.gradient_steps,
+        retrain_gradient_steps: opts.retrain_gradient_steps,
+        retrain_recent_fraction: opts.retrain_recent_fraction,
+        retrain_recent: opts.retrain_recent,
+        retrain_sigma: opts.retrain_sigma,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
         train_curve: train_curve.clone(),
         with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
@@ -758,6 +933,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             .zip(conv.and_then(|a| a.pct_of_oracle))
             .map(|(w, c)| 100.0 * (w / c - 1.0)),
         converged_vs_fallback: cvf,
+        final_regime: final_regime(&results),
         wall_seconds: started.elapsed().as_secs_f64(),
         arms,
     };
@@ -804,6 +980,7 @@ mod tests {
                 ("oracle_undisturbed".into(), run_of(&[o, o], &[0, 0])),
             ],
             injected: 1,
+            final_regime_from: 1,
         };
         let arms = aggregate(&[app(10.0, 20.0), app(30.0, 20.0)], 2);
         let conv = arms.iter().find(|a| a.arm == "converged").unwrap();
@@ -819,6 +996,95 @@ mod tests {
         assert!((w.pct_of_oracle.unwrap() - 50.0).abs() < 1e-9);
         assert_eq!(w.slo_violations, 8);
         assert!(arms.iter().all(|a| a.arm != "fallback"));
+    }
+
+    #[test]
+    fn final_regime_counts_only_episodes_after_the_last_injection() {
+        // Episode rewards per 10-step episode; app A's last injection at episode 2, B's at 1.
+        let app = |from: usize, d: [f64; 3], w: [f64; 3], wo: [f64; 3], c: [f64; 3]| AppResult {
+            train_curve: vec![],
+            arms: vec![
+                ("converged".into(), run_of(&c, &[0, 0, 0])),
+                ("with_retraining".into(), run_of(&w, &[1, 2, 3])),
+                ("without_retraining".into(), run_of(&wo, &[4, 5, 6])),
+                ("converged_disturbed".into(), run_of(&d, &[7, 8, 9])),
+            ],
+            injected: 2,
+            final_regime_from: from,
+        };
+        let a = app(
+            2,
+            [0.0, 0.0, 10.0],
+            [99.0, 99.0, 8.0],
+            [99.0, 99.0, 5.0],
+            [20.0; 3],
+        );
+        let b = app(
+            1,
+            [0.0, 10.0, 10.0],
+            [99.0, 6.0, 6.0],
+            [99.0, 5.0, 5.0],
+            [20.0; 3],
+        );
+        let f = final_regime(&[a.clone(), b]).unwrap();
+        assert_eq!(f.episodes, 3);
+        // Σ over episodes {A: 2; B: 1, 2} of 10 steps each.
+        assert!((f.converged_disturbed_reward - 30.0 / 30.0).abs() < 1e-12);
+        assert!((f.with_retraining_reward - 20.0 / 30.0).abs() < 1e-12);
+        assert!((f.without_retraining_reward - 15.0 / 30.0).abs() < 1e-12);
+        assert!((f.with_retraining_vs_reference_pct + 100.0 / 3.0).abs() < 1e-9);
+        assert!((f.without_retraining_vs_reference_pct + 50.0).abs() < 1e-9);
+        assert!((f.reference_vs_undisturbed_pct + 50.0).abs() < 1e-9);
+        assert_eq!(f.converged_disturbed_slo_violations, 9 + 8 + 9);
+        assert_eq!(f.with_retraining_slo_violations, 3 + 2 + 3);
+        assert_eq!(f.without_retraining_slo_violations, 6 + 5 + 6);
+        // No reference arm on an app: no comparison.
+        let mut c = a;
+        c.arms.retain(|(n, _)| n != "converged_disturbed");
+        assert!(final_regime(&[c]).is_none());
+    }
+
+    #[test]
+    fn disturbed_reference_is_trained_on_the_final_workload() {
+        let opts = ServeBenchOptions {
+            apps: 1,
+            train_episodes: 2,
+            serve_episodes: 4,
+            steps_per_episode: 10,
+            inject_every: 1,
+            hidden: 8,
+            oracle: false,
+            disturbed_reference: true,
+            ..ServeBenchOptions::default()
+        };
+        let app = generate_apps(1, opts.seed, &GeneratorOptions::default()).remove(0);
+        let r = run_app(&opts, &app, 0).unwrap();
+        let arm = |name: &str| {
+            r.arms
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, a)| a.clone())
+        };
+        let d = arm("converged_disturbed").unwrap();
+        assert_eq!(d.episode_rewards.len(), 4);
+        assert_eq!(d.steps, 40);
+        assert!(r.injected >= 1);
+        // The last injection's serve episode (one every episode from episode 1).
+        assert_eq!(r.final_regime_from, r.injected.min(3));
+        // Its workload is the disturbed one from its first serve step: it differs from the
+        // frozen main agent on the undisturbed workload.
+        assert_ne!(d.episode_rewards, arm("converged").unwrap().episode_rewards);
+        assert!(final_regime(std::slice::from_ref(&r)).is_some());
+        let off = run_app(
+            &ServeBenchOptions {
+                disturbed_reference: false,
+                ..opts
+            },
+            &app,
+            0,
+        )
+        .unwrap();
+        assert!(off.arms.iter().all(|(n, _)| n != "converged_disturbed"));
     }
 
     #[test]
@@ -937,6 +1203,7 @@ mod tests {
                 train_curve: vec![1.0, 2.0],
                 arms: vec![("converged".into(), run_of(&[10.0, 20.0], &[0, 0]))],
                 injected: 0,
+                final_regime_from: 0,
             }],
             2,
         );
