@@ -20,6 +20,9 @@ use aware_shared_model::{
     Batch, BcConfig, Ddpg, DdpgConfig, ModelError, PolicyEstimate, Transition, ACTION_DIM,
 };
 use aware_trajectory_recorder::store::{self as tstore, StoreError, TrajectoryStore};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 /// The model kind in keys and `model` messages.
@@ -76,6 +79,12 @@ pub struct TrainerConfig {
     pub meta_dir: String,
     /// Meta-learning: the embedding is recomputed after this many new recorded episodes.
     pub embedding_refresh_episodes: usize,
+    /// ONLINE: share of each round's minibatch rows drawn from the target's last
+    /// `recent_episodes` episodes (recency-mixed replay, so after a workload change the new
+    /// regime's transitions are not drowned by the old ones); the rest uniformly from its whole
+    /// history. 0: uniform only. OFFLINE rounds always sample uniformly.
+    pub recent_fraction: f32,
+    pub recent_episodes: usize,
 }
 
 impl Default for TrainerConfig {
@@ -100,6 +109,8 @@ impl Default for TrainerConfig {
             exploration_sigma: 0.2,
             meta_dir: String::new(),
             embedding_refresh_episodes: 5,
+            recent_fraction: 0.0,
+            recent_episodes: 20,
         }
     }
 }
@@ -203,6 +214,12 @@ impl TrainerConfig {
         }
         if !(1..=1_000_000).contains(&self.embedding_refresh_episodes) {
             return bad("embedding_refresh_episodes", "must be in 1..=1000000");
+        }
+        if !(self.recent_fraction.is_finite() && (0.0..=1.0).contains(&self.recent_fraction)) {
+            return bad("recent_fraction", "must be in [0, 1]");
+        }
+        if !(1..=100_000).contains(&self.recent_episodes) {
+            return bad("recent_episodes", "must be in 1..=100000");
         }
         Ok(())
     }
@@ -507,6 +524,41 @@ impl Learner {
         Ok(ts)
     }
 
+    /// `n` rows for an ONLINE round: `recent_fraction` of them drawn uniformly with replacement
+    /// from the target's last `recent_episodes` episodes (the one in progress included), the
+    /// rest from [`TrajectoryStore::sample`] over its whole history, shuffled together so every
+    /// minibatch mixes both; seeded. Without recent episodes: uniform only.
+    fn recency_mixed_rows(
+        &self,
+        store: &dyn TrajectoryStore,
+        n: usize,
+        seed: u64,
+    ) -> Result<Vec<tstore::Transition>, TrainerError> {
+        let eps = store
+            .episodes(&self.target, self.cfg.recent_episodes)
+            .map_err(|e| self.store_err(e))?;
+        let recent = match eps.first() {
+            Some(first) => store
+                .transitions(&self.target, first.episode..u64::MAX)
+                .map_err(|e| self.store_err(e))?,
+            None => Vec::new(),
+        };
+        let n_recent = if recent.is_empty() {
+            0
+        } else {
+            ((n as f64) * f64::from(self.cfg.recent_fraction)).round() as usize
+        };
+        let mut rows = store
+            .sample(Some(&self.target), n - n_recent.min(n), seed)
+            .map_err(|e| self.store_err(e))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2ece_0e7a);
+        for _ in 0..n_recent.min(n) {
+            rows.push(recent[rng.random_range(0..recent.len())].clone());
+        }
+        rows.shuffle(&mut rng);
+        Ok(rows)
+    }
+
     fn train_round(
         &mut self,
         mode: RoundMode,
@@ -522,9 +574,14 @@ impl Learner {
         let seed = self.cfg.seed ^ stable_hash(&target.key()) ^ self.rounds.rotate_left(32);
         self.rounds += 1;
         // One draw for the whole round: the store scans the target's keys once per call.
-        let rows = store
-            .sample(Some(&target), steps * batch_size, seed)
-            .map_err(|e| self.store_err(e))?;
+        let rows = match mode {
+            RoundMode::Online if self.cfg.recent_fraction > 0.0 => {
+                self.recency_mixed_rows(store, steps * batch_size, seed)?
+            }
+            _ => store
+                .sample(Some(&target), steps * batch_size, seed)
+                .map_err(|e| self.store_err(e))?,
+        };
         let bounds = self.bounds;
         let mut skipped = 0;
         let mut latest = (0u64, 0u32);
@@ -807,6 +864,18 @@ mod tests {
                 exploration_sigma: -0.1,
                 ..TrainerConfig::default()
             },
+            TrainerConfig {
+                recent_fraction: 1.5,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                recent_fraction: f32::NAN,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                recent_episodes: 0,
+                ..TrainerConfig::default()
+            },
         ];
         for c in bad {
             assert!(
@@ -991,6 +1060,65 @@ mod tests {
             online_bc_rounds: 2,
             ..cfg()
         }
+    }
+
+    #[test]
+    fn online_rounds_draw_the_recent_share_from_the_last_episodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("shop", "cart");
+        let c = TrainerConfig {
+            hidden: vec![16, 16],
+            recent_fraction: 0.5,
+            recent_episodes: 2,
+            ..cfg()
+        };
+        let l = Learner::new(t.clone(), Bounds::default(), c.clone());
+        // No episode closed yet: uniform draws only, still n of them.
+        store
+            .append(&(0..50).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(l.recency_mixed_rows(&store, 300, 1).unwrap().len(), 300);
+        // Ten closed episodes of 50 rows and one in progress (20 rows, no summary yet).
+        for ep in 1..10u64 {
+            store
+                .append(&(0..50).map(|s| row(&t, ep, s)).collect::<Vec<_>>())
+                .unwrap();
+        }
+        for ep in 0..10u64 {
+            store.put_episode(&summary(&t, ep, 50)).unwrap();
+        }
+        store
+            .append(&(0..20).map(|s| row(&t, 10, s)).collect::<Vec<_>>())
+            .unwrap();
+        let n = 8_000;
+        let rows = l.recency_mixed_rows(&store, n, 7).unwrap();
+        assert_eq!(rows.len(), n);
+        // Recent = episodes 8, 9 and the one in progress: 120 of 520 rows, so their share is
+        // 0.5 + 0.5 × 120 / 520 ≈ 0.615 (uniform alone: 0.23).
+        let share = rows.iter().filter(|r| r.episode >= 8).count() as f64 / n as f64;
+        assert!((share - 0.615).abs() < 0.025, "recent share {share}");
+        assert!(
+            rows.iter().any(|r| r.episode == 10),
+            "the episode in progress counts"
+        );
+        assert!(
+            rows.iter().any(|r| r.episode == 0),
+            "the old history still appears"
+        );
+        // Shuffled: the recent draws are spread over the minibatches, not appended at the end.
+        let first_half = rows[..n / 2].iter().filter(|r| r.episode >= 8).count() as f64;
+        assert!((first_half / (n / 2) as f64 - share).abs() < 0.05);
+        assert_eq!(rows, l.recency_mixed_rows(&store, n, 7).unwrap(), "seeded");
+        // An ONLINE round trains on them; an OFFLINE one stays uniform over fallback rows.
+        let mut l = Learner::new(t.clone(), Bounds::default(), c);
+        let p = l
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .expect("an online round");
+        assert_eq!(p.steps, 5);
+        assert!(p.critic_loss.is_finite());
     }
 
     #[test]
