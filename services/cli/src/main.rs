@@ -236,6 +236,7 @@ enum BenchCommand {
         /// Share of each retraining minibatch drawn from the newest --retrain-recent transitions.
         #[arg(long, default_value_t = 0.0)]
         retrain_recent_fraction: f32,
+        /// Newest transitions that share is drawn from (0: uniform over the whole buffer).
         #[arg(long, default_value_t = 0)]
         retrain_recent: usize,
         /// Exploration σ while retraining.

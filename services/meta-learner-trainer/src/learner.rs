@@ -546,13 +546,13 @@ impl Learner {
         let n_recent = if recent.is_empty() {
             0
         } else {
-            ((n as f64) * f64::from(self.cfg.recent_fraction)).round() as usize
+            (((n as f64) * f64::from(self.cfg.recent_fraction)).round() as usize).min(n)
         };
         let mut rows = store
-            .sample(Some(&self.target), n - n_recent.min(n), seed)
+            .sample(Some(&self.target), n - n_recent, seed)
             .map_err(|e| self.store_err(e))?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2ece_0e7a);
-        for _ in 0..n_recent.min(n) {
+        for _ in 0..n_recent {
             rows.push(recent[rng.random_range(0..recent.len())].clone());
         }
         rows.shuffle(&mut rng);

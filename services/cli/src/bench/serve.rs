@@ -593,8 +593,8 @@ pub fn run_app(
     let mut result = AppResult::default();
     // The app before any training: HPA/VPA managing it from the first step instead of the agent
     // (same traces), and the disturbed reference's start.
-    let (env0, obs0) = (env.clone(), obs.clone());
-    let (mut env_fb, mut obs_fb) = (env0.clone(), obs0.clone());
+    let (mut env_fb, mut obs_fb) = (env.clone(), obs.clone());
+    let reference_start = opts.disturbed_reference.then(|| (env.clone(), obs.clone()));
     let trained = train_agent(opts, app_seed, &mut env, obs)?;
     let (agent, replay, obs) = (trained.agent, trained.replay, trained.obs);
     result.train_curve = trained.curve;
@@ -753,11 +753,10 @@ pub fn run_app(
             payload_seed,
         )?,
     ));
-    if opts.disturbed_reference {
+    if let Some((mut env_d, obs0)) = reference_start {
         // A fresh agent trained as long as the main one on the app with every scheduled
         // scenario in force from its first step, then frozen: what RL converges to on the
         // workload the scenarios leave behind.
-        let mut env_d = env0;
         for (i, (_, sc)) in injections.iter().enumerate() {
             let t = env_d.target_mut(0).map_err(fail)?;
             sc.inject(t, payload_seed ^ i as u64).map_err(fail)?;
@@ -802,12 +801,14 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
         let steps: u64 = runs.iter().map(|a| a.steps).sum();
         let tot: f64 = runs.iter().map(|a| a.total_reward()).sum();
         let slo: u64 = runs.iter().map(|a| a.slo()).sum();
-        let oracle =
-            if arm.ends_with("undisturbed") || arm == "converged" || arm == "fallback_throughout" {
-                total("oracle_undisturbed")
-            } else {
-                total("oracle")
-            };
+        // The oracle on the same workload; none runs on the reference's (fully disturbed from
+        // its first step).
+        let oracle = match arm {
+            "converged_disturbed" => None,
+            "converged" | "fallback_throughout" => total("oracle_undisturbed"),
+            a if a.ends_with("undisturbed") => total("oracle_undisturbed"),
+            _ => total("oracle"),
+        };
         let mut curve = vec![0.0; serve_episodes];
         for a in &runs {
             let spe = a.steps as f64 / a.episode_rewards.len().max(1) as f64;
@@ -978,6 +979,7 @@ mod tests {
                 ),
                 ("oracle".into(), run_of(&[o, o], &[0, 0])),
                 ("oracle_undisturbed".into(), run_of(&[o, o], &[0, 0])),
+                ("converged_disturbed".into(), run_of(&[c, c], &[0, 0])),
             ],
             injected: 1,
             final_regime_from: 1,
@@ -996,6 +998,13 @@ mod tests {
         assert!((w.pct_of_oracle.unwrap() - 50.0).abs() < 1e-9);
         assert_eq!(w.slo_violations, 8);
         assert!(arms.iter().all(|a| a.arm != "fallback"));
+        // No oracle ran on the reference's workload: no % of oracle for it.
+        let d = arms
+            .iter()
+            .find(|a| a.arm == "converged_disturbed")
+            .unwrap();
+        assert!(d.pct_of_oracle.is_none());
+        assert!((d.pct_of_converged - 100.0).abs() < 1e-9);
     }
 
     #[test]
