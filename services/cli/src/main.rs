@@ -242,6 +242,17 @@ enum BenchCommand {
         /// Exploration σ while retraining.
         #[arg(long, default_value_t = 0.2)]
         retrain_sigma: f32,
+        /// Re-baselining of with_retraining's Algorithm 1 (lifecycle_monitor.
+        /// rebaseline_after_episodes; 0: off): ONLINE episodes whose rewards no longer improve
+        /// before it serves at the level they settled at.
+        #[arg(long, default_value_t = 0)]
+        rebaseline_after: usize,
+        /// lifecycle_monitor.rebaseline_tolerance: relative improvement that still counts as settled.
+        #[arg(long, default_value_t = 0.02)]
+        rebaseline_tolerance: f64,
+        /// lifecycle_monitor.rebaseline_margin: relative drop below the settled level that retrains.
+        #[arg(long, default_value_t = 0.05)]
+        rebaseline_margin: f64,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]
         no_oracle: bool,
@@ -536,6 +547,9 @@ fn main() -> anyhow::Result<()> {
                 retrain_recent_fraction,
                 retrain_recent,
                 retrain_sigma,
+                rebaseline_after,
+                rebaseline_tolerance,
+                rebaseline_margin,
                 no_oracle,
                 disturbed_reference,
             } => {
@@ -553,6 +567,9 @@ fn main() -> anyhow::Result<()> {
                     retrain_recent_fraction,
                     retrain_recent,
                     retrain_sigma,
+                    rebaseline_after,
+                    rebaseline_tolerance,
+                    rebaseline_margin,
                     oracle: !no_oracle,
                     disturbed_reference,
                     out: out.clone(),
@@ -561,7 +578,7 @@ fn main() -> anyhow::Result<()> {
                 let r = bench::serve::run(&opts)?;
                 for a in &r.arms {
                     println!(
-                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {}",
+                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {}, re-baselines {}",
                         a.arm,
                         a.mean_reward,
                         a.pct_of_converged,
@@ -569,7 +586,8 @@ fn main() -> anyhow::Result<()> {
                         a.slo_violations,
                         100.0 * a.slo_violation_rate,
                         a.retrain_triggers,
-                        a.online_episodes
+                        a.online_episodes,
+                        a.rebaselines
                     );
                 }
                 println!(

@@ -66,6 +66,17 @@ pub struct MonitorConfig {
     /// After a return to OFFLINE: OFFLINE episodes to wait (besides a newer model) before the
     /// next promotion; doubled after every further failed probation (capped at 1000).
     pub readmit_after_episodes: usize,
+    /// Re-baselining (0: off, Algorithm 1 as in the paper). When the last this-many ONLINE
+    /// episodes no longer improve (the newer half's mean reward is above the older half's by at
+    /// most `rebaseline_tolerance`, relative) while the window's std is within `t_var` and the
+    /// level is at least `t_online`, the target goes SERVING at the level it reached: it stays
+    /// SERVING while the window's mean is at least that level less `rebaseline_margin`
+    /// (relative; never above `t_serving`). A workload change that lowers what any policy can
+    /// earn then ends in SERVING instead of exploring for ever below a `t_serving` it can no
+    /// longer reach. The level is not persisted: after a restart `t_serving` applies again.
+    pub rebaseline_after_episodes: usize,
+    pub rebaseline_tolerance: f64,
+    pub rebaseline_margin: f64,
 }
 
 impl Default for MonitorConfig {
@@ -77,6 +88,9 @@ impl Default for MonitorConfig {
             probation_margin: 0.10,
             fallback_episodes: 5,
             readmit_after_episodes: 2,
+            rebaseline_after_episodes: 0,
+            rebaseline_tolerance: 0.02,
+            rebaseline_margin: 0.05,
         }
     }
 }
@@ -95,6 +109,8 @@ impl MonitorConfig {
         for (key, v) in [
             ("behaviour_margin", self.behaviour_margin),
             ("probation_margin", self.probation_margin),
+            ("rebaseline_tolerance", self.rebaseline_tolerance),
+            ("rebaseline_margin", self.rebaseline_margin),
         ] {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
                 return bad(key, "must be a fraction in [0, 1]");
@@ -108,6 +124,12 @@ impl MonitorConfig {
         }
         if self.readmit_after_episodes > 1_000 {
             return bad("readmit_after_episodes", "must be at most 1000");
+        }
+        if self.rebaseline_after_episodes == 1 || self.rebaseline_after_episodes > 1_000 {
+            return bad(
+                "rebaseline_after_episodes",
+                "must be 0 (off) or in 2..=1000 (an older and a newer half)",
+            );
         }
         Ok(())
     }
@@ -144,6 +166,11 @@ pub struct LifecycleMachine {
     demoted: Option<(u64, usize)>,
     /// Failed probations so far (the readmission wait doubles with each).
     failures: u32,
+    /// Rewards of the ONLINE episodes since the last transition (the last
+    /// `rebaseline_after_episodes`), for re-baselining.
+    online_rewards: VecDeque<f64>,
+    /// SERVING after a re-baseline: the mean reward below which the target retrains.
+    serving_floor: Option<f64>,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -170,7 +197,21 @@ impl LifecycleMachine {
             probation: None,
             demoted: None,
             failures: 0,
+            online_rewards: VecDeque::new(),
+            serving_floor: None,
         }
+    }
+
+    /// The mean reward below which a SERVING target goes back to ONLINE: `t_serving`, or the
+    /// re-baselined level if that is lower.
+    pub fn serving_bar(&self) -> f64 {
+        self.serving_floor
+            .map_or(self.profile.t_serving, |f| f.min(self.profile.t_serving))
+    }
+
+    /// Whether the target is SERVING at a re-baselined level.
+    pub fn rebaselined(&self) -> bool {
+        self.stage == Stage::Serving && self.serving_floor.is_some()
     }
 
     /// The fallback's reward: the mean of the recent OFFLINE episodes, if any.
@@ -261,7 +302,37 @@ impl LifecycleMachine {
         };
         self.stage = to;
         self.rewards.clear();
+        self.online_rewards.clear();
+        self.serving_floor = None;
         t
+    }
+
+    /// Re-baselining (see [`MonitorConfig::rebaseline_after_episodes`]): ONLINE → SERVING at the
+    /// level the last ONLINE episodes settled at; `std` is the decision window's.
+    fn try_rebaseline(&mut self, std: f64) -> Option<Transition> {
+        let n = self.rules.rebaseline_after_episodes;
+        if n < 2 || self.online_rewards.len() < n || self.probation.is_some() {
+            return None;
+        }
+        let p = &self.profile;
+        if std > p.t_var {
+            return None;
+        }
+        let half = n / 2;
+        let len = self.online_rewards.len();
+        let older = self.online_rewards.iter().take(half).sum::<f64>() / half as f64;
+        let newer = self.online_rewards.iter().skip(len - half).sum::<f64>() / half as f64;
+        if newer - older > self.rules.rebaseline_tolerance * older.abs() || newer < p.t_online {
+            return None;
+        }
+        let floor = (newer - self.rules.rebaseline_margin * newer.abs()).min(p.t_serving);
+        let reason = format!(
+            "re-baselined: the last {n} ONLINE episodes settled at {newer:.3} (older half {older:.3}, t_serving {} out of reach) with std {std:.3} <= t_var {}; serving while the mean stays >= {floor:.3}",
+            p.t_serving, p.t_var
+        );
+        let t = self.go(Stage::Serving, reason, Some((newer, std)));
+        self.serving_floor = Some(floor);
+        Some(t)
     }
 
     /// Applies the profile the controller registered for the target (`AwareAutoscaler`
@@ -345,6 +416,12 @@ impl LifecycleMachine {
         while self.rewards.len() > self.profile.window {
             self.rewards.pop_front();
         }
+        if self.stage == Stage::Online && self.rules.rebaseline_after_episodes > 0 {
+            self.online_rewards.push_back(r);
+            while self.online_rewards.len() > self.rules.rebaseline_after_episodes {
+                self.online_rewards.pop_front();
+            }
+        }
         if self.rewards.len() < self.profile.window {
             return None;
         }
@@ -363,14 +440,21 @@ impl LifecycleMachine {
                 ),
                 stats,
             )),
-            Stage::Serving if mean < p.t_serving || std > p.t_var => Some(self.go(
-                Stage::Online,
-                format!(
-                    "retraining: reward mean {mean:.3} (t_serving {}) std {std:.3} (t_var {})",
-                    p.t_serving, p.t_var
-                ),
-                stats,
-            )),
+            Stage::Online => self.try_rebaseline(std),
+            Stage::Serving if mean < self.serving_bar() || std > p.t_var => {
+                let bar = match self.serving_floor {
+                    Some(_) => format!("re-baselined level {:.3}", self.serving_bar()),
+                    None => format!("t_serving {}", p.t_serving),
+                };
+                Some(self.go(
+                    Stage::Online,
+                    format!(
+                        "retraining: reward mean {mean:.3} ({bar}) std {std:.3} (t_var {})",
+                        p.t_var
+                    ),
+                    stats,
+                ))
+            }
             _ => None,
         }
     }
@@ -1127,6 +1211,18 @@ mod tests {
                 fallback_episodes: 0,
                 ..MonitorConfig::default()
             },
+            MonitorConfig {
+                rebaseline_after_episodes: 1,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                rebaseline_margin: -0.1,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                rebaseline_tolerance: f64::INFINITY,
+                ..MonitorConfig::default()
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -1137,5 +1233,95 @@ mod tests {
             serde_json::from_value(serde_json::json!({ "probation_episodes": 5 })).unwrap();
         assert_eq!(parsed.probation_episodes, 5);
         assert!(parsed.require_behaviour);
+    }
+
+    /// An ONLINE machine (profile: t_online 1.0, t_serving 1.3, t_var 0.1, window 3) with
+    /// re-baselining after `n` episodes, fed `rewards`; returns it and every transition.
+    fn rebaseline_run(n: usize, rewards: &[f64]) -> (LifecycleMachine, Vec<Transition>) {
+        let rules = MonitorConfig {
+            rebaseline_after_episodes: n,
+            ..MonitorConfig::default()
+        };
+        let mut m = LifecycleMachine::with_rules(profile(false), rules);
+        assert_eq!(m.start().unwrap().to, Stage::Online);
+        let mut out = Vec::new();
+        for (i, &r) in (1u64..).zip(rewards) {
+            let mut e = episode(m.stage(), r, None);
+            e.episode = i;
+            out.extend(m.observe(&e));
+        }
+        (m, out)
+    }
+
+    #[test]
+    fn a_settled_online_level_below_t_serving_is_served_after_re_baselining() {
+        // Retraining converged at 1.1, below t_serving 1.3: plain Algorithm 1 explores for ever.
+        let settled = [1.1, 1.08, 1.1, 1.1, 1.12, 1.08, 1.1, 1.1];
+        let (m, ts) = rebaseline_run(0, &settled);
+        assert_eq!((m.stage(), ts.len()), (Stage::Online, 0), "off by default");
+        let (m, ts) = rebaseline_run(6, &settled[..5]);
+        assert_eq!(
+            (m.stage(), ts.len()),
+            (Stage::Online, 0),
+            "needs 6 episodes"
+        );
+        let (mut m, ts) = rebaseline_run(6, &settled[..6]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        let t = &ts[0];
+        assert_eq!((t.from, t.to), (Stage::Online, Stage::Serving));
+        assert!(t.reason.starts_with("re-baselined"), "{}", t.reason);
+        // The newer half: (1.1 + 1.12 + 1.08) / 3 = 1.1; the bar 1.1 × 0.95 = 1.045.
+        assert!((t.mean.unwrap() - 1.1).abs() < 1e-9, "{t:?}");
+        assert!(m.rebaselined());
+        assert!((m.serving_bar() - 1.045).abs() < 1e-9);
+        // Serving holds at the settled level (which t_serving 1.3 would have sent back) ...
+        let feed = |m: &mut LifecycleMachine, from: u64, rs: &[f64]| {
+            let mut out = Vec::new();
+            for (i, &r) in (from..).zip(rs) {
+                let mut e = episode(m.stage(), r, None);
+                e.episode = i;
+                out.extend(m.observe(&e));
+            }
+            out
+        };
+        assert!(feed(&mut m, 7, &[1.08, 1.1, 1.06, 1.07]).is_empty());
+        assert_eq!(m.stage(), Stage::Serving);
+        // ... and retrains when the mean falls below the re-baselined level.
+        let ts = feed(&mut m, 11, &[1.0, 1.0]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!(ts[0].to, Stage::Online);
+        assert!(
+            ts[0].reason.contains("re-baselined level 1.045"),
+            "{}",
+            ts[0].reason
+        );
+        assert!(!m.rebaselined());
+        assert_eq!(
+            m.serving_bar(),
+            1.3,
+            "the next ONLINE period aims at t_serving again"
+        );
+    }
+
+    #[test]
+    fn re_baselining_waits_while_rewards_improve_vary_or_stay_below_t_online() {
+        let cases: &[(&str, &[f64])] = &[
+            ("still improving", &[0.9, 1.0, 1.05, 1.1, 1.15, 1.2]),
+            ("std above t_var", &[1.1, 1.1, 1.1, 0.9, 1.3, 0.9]),
+            ("below t_online", &[0.8, 0.8, 0.8, 0.8, 0.8, 0.8]),
+        ];
+        for (what, rewards) in cases {
+            let (m, ts) = rebaseline_run(6, rewards);
+            assert_eq!((m.stage(), ts.len()), (Stage::Online, 0), "{what}: {ts:?}");
+        }
+        // A fall within the tolerance still counts as settled; the window std (0.0) holds.
+        let (m, ts) = rebaseline_run(4, &[1.2, 1.2, 1.1, 1.1]);
+        assert_eq!((m.stage(), ts.len()), (Stage::Serving, 1), "{ts:?}");
+        // Reaching t_serving is plain Algorithm 1 (no re-baselined level).
+        let (m, ts) = rebaseline_run(6, &[1.4, 1.4, 1.4]);
+        assert_eq!(ts.len(), 1);
+        assert!(ts[0].reason.contains(">= t_serving"), "{}", ts[0].reason);
+        assert!(!m.rebaselined());
+        assert_eq!(m.serving_bar(), 1.3);
     }
 }

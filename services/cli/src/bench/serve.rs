@@ -15,7 +15,8 @@
 //!   agent explores (σ `retrain_sigma`) and trains again (replay buffer kept;
 //!   `retrain_gradient_steps` per transition, each minibatch drawing `retrain_recent_fraction`
 //!   of its rows from the newest `retrain_recent` transitions, so the new regime's data is not
-//!   drowned by the old one's) until it returns to SERVING;
+//!   drowned by the old one's) until it returns to SERVING (with `rebaseline_after` > 0 also
+//!   when its rewards settle below `t_serving`: the monitor's re-baselining);
 //! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
 //!   settings) with and without the scenarios, both taking over the allocation the agent left at
 //!   the end of training;
@@ -85,6 +86,11 @@ pub struct ServeBenchOptions {
     pub retrain_recent: usize,
     /// Retraining: exploration σ while ONLINE.
     pub retrain_sigma: f32,
+    /// `lifecycle_monitor.rebaseline_after_episodes` / `_tolerance` / `_margin` of the
+    /// `with_retraining` arm's Algorithm 1 (0: off, the services' default).
+    pub rebaseline_after: usize,
+    pub rebaseline_tolerance: f64,
+    pub rebaseline_margin: f64,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
     /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
@@ -110,6 +116,9 @@ impl Default for ServeBenchOptions {
             retrain_recent_fraction: 0.0,
             retrain_recent: 0,
             retrain_sigma: 0.2,
+            rebaseline_after: 0,
+            rebaseline_tolerance: 0.02,
+            rebaseline_margin: 0.05,
             oracle: true,
             disturbed_reference: false,
             out: PathBuf::from("bench-out"),
@@ -140,6 +149,8 @@ pub struct ArmRun {
     /// Episodes that ran ONLINE (retraining), `with_retraining` only.
     pub online_episodes: u32,
     pub retrain_triggers: u32,
+    /// ONLINE → SERVING at a re-baselined level, `with_retraining` only.
+    pub rebaselines: u32,
 }
 
 impl ArmRun {
@@ -166,6 +177,7 @@ pub struct ArmReport {
     pub pct_of_oracle: Option<f64>,
     pub online_episodes: u32,
     pub retrain_triggers: u32,
+    pub rebaselines: u32,
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
 }
@@ -202,6 +214,9 @@ pub struct ServeReport {
     pub retrain_recent_fraction: f32,
     pub retrain_recent: usize,
     pub retrain_sigma: f32,
+    pub rebaseline_after: usize,
+    pub rebaseline_tolerance: f64,
+    pub rebaseline_margin: f64,
     pub scenarios_injected: usize,
     /// Mean per-step reward by training episode (mean over apps; with exploration noise).
     pub train_curve: Vec<f64>,
@@ -501,6 +516,9 @@ fn run_arm(
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
                 }
+                if machine.rebaselined() {
+                    run.rebaselines += 1;
+                }
             }
             online = machine.stage() == Stage::Online;
         }
@@ -643,7 +661,14 @@ pub fn run_app(
         t_var: 2.0 * sd * per_step + 0.02,
         window: opts.window,
     };
-    let mut machine = LifecycleMachine::new(profile);
+    let rules = aware_lifecycle_monitor::MonitorConfig {
+        rebaseline_after_episodes: opts.rebaseline_after,
+        rebaseline_tolerance: opts.rebaseline_tolerance,
+        rebaseline_margin: opts.rebaseline_margin,
+        ..Default::default()
+    };
+    rules.validate().map_err(fail)?;
+    let mut machine = LifecycleMachine::with_rules(profile, rules);
     machine.restore(Stage::Serving);
     let mut retrain_agent = agent.clone();
     retrain_agent
@@ -828,6 +853,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
             pct_of_oracle: oracle.map(|o| 100.0 * tot / o),
             online_episodes: runs.iter().map(|a| a.online_episodes).sum(),
             retrain_triggers: runs.iter().map(|a| a.retrain_triggers).sum(),
+            rebaselines: runs.iter().map(|a| a.rebaselines).sum(),
             curve,
         });
     }
@@ -918,6 +944,9 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         retrain_recent_fraction: opts.retrain_recent_fraction,
         retrain_recent: opts.retrain_recent,
         retrain_sigma: opts.retrain_sigma,
+        rebaseline_after: opts.rebaseline_after,
+        rebaseline_tolerance: opts.rebaseline_tolerance,
+        rebaseline_margin: opts.rebaseline_margin,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
         train_curve: train_curve.clone(),
         with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
@@ -964,6 +993,7 @@ mod tests {
             steps: 10 * rewards.len() as u64,
             online_episodes: 0,
             retrain_triggers: 0,
+            rebaselines: 0,
         }
     }
 
