@@ -305,3 +305,98 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     shutdown.cancel();
     running.join().await.unwrap();
 }
+
+/// Re-baselining over NATS: with `[lifecycle_monitor] rebaseline_after_episodes` set, a target
+/// whose ONLINE rewards settle below `t_serving` is published SERVING at the settled level, and
+/// published ONLINE again when its rewards fall below that level by more than the margin.
+#[actix_rt::test]
+async fn the_lifecycle_monitor_re_baselines_a_settled_target_over_nats() {
+    use aware_bus_schemas::{Episode, Stage};
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.lifecycle = aware_shared::config::LifecycleProfile {
+        bootstrap: false,
+        t_online: 1.0,
+        t_serving: 1.3,
+        t_var: 0.1,
+        window: 3,
+    };
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "rebaseline_after_episodes": 6, "rebaseline_margin": 0.05 }),
+    );
+    let bus = Bus::connect(&cfg.bus, "rebaseline-test").await.unwrap();
+    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start(
+        Arc::new(cfg.clone()),
+        &[aware_lifecycle_monitor::ENTRY],
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("ready");
+    publish(&bus, obs(1).into()).await;
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!(l.stage, Stage::Online, "bootstrapping is off");
+    let Some(Event::Episode(sample)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Episode)
+    else {
+        unreachable!()
+    };
+    let episode = |n: u64, stage: Stage, mean: f64| -> Event {
+        let mut e: Episode = sample.clone();
+        e.target = target();
+        e.episode = n;
+        e.stage = stage;
+        e.mean_reward = mean;
+        e.total_reward = mean * f64::from(e.steps);
+        e.policy_estimate = None;
+        e.into()
+    };
+    // Retraining settles at 1.1, below t_serving 1.3.
+    for (n, r) in (1u64..).zip([1.1, 1.08, 1.1, 1.1, 1.12, 1.08]) {
+        publish(&bus, episode(n, Stage::Online, r)).await;
+    }
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!((l.previous, l.stage), (Some(Stage::Online), Stage::Serving));
+    assert!(l.reason.starts_with("re-baselined"), "{}", l.reason);
+    assert!((l.reward_mean.unwrap() - 1.1).abs() < 1e-9, "{l:?}");
+    // It serves at that level, then retrains below 1.1 × 0.95 = 1.045.
+    for (n, r) in (7u64..).zip([1.09, 1.1, 1.07, 1.0, 1.0, 1.0]) {
+        publish(&bus, episode(n, Stage::Serving, r)).await;
+    }
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!((l.previous, l.stage), (Some(Stage::Serving), Stage::Online));
+    assert!(
+        l.reason.contains("re-baselined level 1.045"),
+        "{}",
+        l.reason
+    );
+    assert_eq!(
+        l.episode, 11,
+        "the window (1.07, 1.0, 1.0) is the first below the level"
+    );
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
+async fn next_lifecycle(sub: &mut Subscription) -> aware_bus_schemas::Lifecycle {
+    let m = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("a lifecycle message")
+        .unwrap();
+    match aware_bus_schemas::decode_event(EventKind::Lifecycle, &m.payload).unwrap() {
+        Event::Lifecycle(l) => l,
+        other => panic!("{other:?}"),
+    }
+}
