@@ -253,6 +253,10 @@ enum BenchCommand {
         /// lifecycle_monitor.rebaseline_margin: relative drop below the settled level that retrains.
         #[arg(long, default_value_t = 0.05)]
         rebaseline_margin: f64,
+        /// Shrink and perturb α applied to with_retraining's networks at every trigger
+        /// (θ ← α·θ + (1 − α)·fresh; 1: off).
+        #[arg(long, default_value_t = 1.0)]
+        retrain_shrink: f32,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]
         no_oracle: bool,
@@ -550,6 +554,7 @@ fn main() -> anyhow::Result<()> {
                 rebaseline_after,
                 rebaseline_tolerance,
                 rebaseline_margin,
+                retrain_shrink,
                 no_oracle,
                 disturbed_reference,
             } => {
@@ -570,6 +575,7 @@ fn main() -> anyhow::Result<()> {
                     rebaseline_after,
                     rebaseline_tolerance,
                     rebaseline_margin,
+                    retrain_shrink,
                     oracle: !no_oracle,
                     disturbed_reference,
                     out: out.clone(),

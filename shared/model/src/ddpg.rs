@@ -464,6 +464,31 @@ impl Ddpg {
         self.critic_target.soft_update_from(&self.critic, tau);
     }
 
+    /// Shrink and perturb (Ash & Adams 2020), against the primacy bias of a network trained long
+    /// on one regime: θ ← α·θ + (1 − α)·θ₀ for the actor and the critic, θ₀ a fresh
+    /// initialisation drawn with `seed`; the targets are set to the result and the Adam state is
+    /// reset. α = 1 keeps the weights, α = 0 is a full reset. The normalizer, the step count and
+    /// the exploration state are kept. α outside [0, 1]: an error, nothing changed.
+    pub fn shrink_perturb(&mut self, alpha: f32, seed: u64) -> Result<(), ModelError> {
+        if !(alpha.is_finite() && (0.0..=1.0).contains(&alpha)) {
+            return Err(ModelError::InvalidConfig(format!(
+                "shrink-and-perturb α must be in [0, 1], got {alpha}"
+            )));
+        }
+        let fresh = Ddpg::new(DdpgConfig {
+            seed,
+            ..self.cfg.clone()
+        })?;
+        // soft_update_from(x, τ): self ← (1 − τ)·self + τ·x.
+        self.actor.soft_update_from(&fresh.actor, 1.0 - alpha);
+        self.critic.soft_update_from(&fresh.critic, 1.0 - alpha);
+        self.actor_target = self.actor.clone();
+        self.critic_target = self.critic.clone();
+        self.actor_opt = Adam::new(self.cfg.actor_lr);
+        self.critic_opt = Adam::new(self.cfg.critic_lr);
+        Ok(())
+    }
+
     /// Number of trainable parameters (actor, critic).
     pub fn num_params(&self) -> (usize, usize) {
         (
@@ -482,6 +507,54 @@ pub(crate) mod tests {
             seed,
             ..DdpgConfig::with_hidden(3, &[16, 16])
         }
+    }
+
+    #[test]
+    fn shrink_perturb_mixes_the_weights_with_a_fresh_initialisation() {
+        let mut trained = Ddpg::new(small(1)).unwrap();
+        let b = batch(64, 2);
+        for _ in 0..20 {
+            trained.train_step(&b).unwrap();
+        }
+        let fresh = Ddpg::new(small(9)).unwrap();
+        let mix = |alpha: f32| {
+            let mut d = trained.clone();
+            d.shrink_perturb(alpha, 9).unwrap();
+            d
+        };
+        let close = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+            x.iter()
+                .flatten()
+                .zip(y.iter().flatten())
+                .all(|(a, b)| (a - b).abs() < 1e-5)
+        };
+        // α = 1 keeps the weights; α = 0 is the fresh agent of that seed.
+        assert!(close(&mix(1.0).actor.export(), &trained.actor.export()));
+        assert!(close(&mix(0.0).actor.export(), &fresh.actor.export()));
+        assert!(close(&mix(0.0).critic.export(), &fresh.critic.export()));
+        // α = 0.25: a quarter of the trained weights, three quarters fresh, targets alike.
+        let d = mix(0.25);
+        let want: Vec<Vec<f32>> = trained
+            .critic
+            .export()
+            .iter()
+            .zip(fresh.critic.export())
+            .map(|(t, f)| t.iter().zip(f).map(|(t, f)| 0.25 * t + 0.75 * f).collect())
+            .collect();
+        assert!(close(&d.critic.export(), &want));
+        assert!(close(&d.critic_target.export(), &want));
+        assert!(close(&d.actor_target.export(), &d.actor.export()));
+        assert!(!close(&d.actor.export(), &trained.actor.export()));
+        assert_eq!(
+            d.train_steps(),
+            trained.train_steps(),
+            "the step count is kept"
+        );
+        // Out of range: refused, nothing changed.
+        let mut e = trained.clone();
+        assert!(e.shrink_perturb(1.5, 9).is_err());
+        assert!(e.shrink_perturb(f32::NAN, 9).is_err());
+        assert!(close(&e.actor.export(), &trained.actor.export()));
     }
 
     fn batch(n: usize, seed: u64) -> Batch {

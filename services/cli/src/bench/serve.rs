@@ -16,7 +16,8 @@
 //!   `retrain_gradient_steps` per transition, each minibatch drawing `retrain_recent_fraction`
 //!   of its rows from the newest `retrain_recent` transitions, so the new regime's data is not
 //!   drowned by the old one's) until it returns to SERVING (with `rebaseline_after` > 0 also
-//!   when its rewards settle below `t_serving`: the monitor's re-baselining);
+//!   when its rewards settle below `t_serving`: the monitor's re-baselining; with
+//!   `retrain_shrink` < 1 every trigger first shrinks and perturbs the networks);
 //! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
 //!   settings) with and without the scenarios, both taking over the allocation the agent left at
 //!   the end of training;
@@ -91,6 +92,9 @@ pub struct ServeBenchOptions {
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
+    /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
+    /// [`Ddpg::shrink_perturb`]).
+    pub retrain_shrink: f32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
     /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
@@ -119,6 +123,7 @@ impl Default for ServeBenchOptions {
             rebaseline_after: 0,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
+            retrain_shrink: 1.0,
             oracle: true,
             disturbed_reference: false,
             out: PathBuf::from("bench-out"),
@@ -217,6 +222,7 @@ pub struct ServeReport {
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
+    pub retrain_shrink: f32,
     pub scenarios_injected: usize,
     /// Mean per-step reward by training episode (mean over apps; with exploration noise).
     pub train_curve: Vec<f64>,
@@ -485,7 +491,13 @@ fn run_arm(
         run.episode_rewards.push(total);
         run.episode_slo_violations.push(slo);
         run.steps += spe;
-        if let Driver::Retrain { machine, .. } = &mut driver {
+        if let Driver::Retrain {
+            machine,
+            agent,
+            rng,
+            ..
+        } = &mut driver
+        {
             let stage = if online {
                 Stage::Online
             } else {
@@ -515,6 +527,12 @@ fn run_arm(
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
+                    if ctx.opts.retrain_shrink < 1.0 {
+                        let seed = rand::Rng::random::<u64>(rng.as_mut());
+                        agent
+                            .shrink_perturb(ctx.opts.retrain_shrink, seed)
+                            .map_err(fail)?;
+                    }
                 }
                 if machine.rebaselined() {
                     run.rebaselines += 1;
@@ -947,6 +965,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         rebaseline_after: opts.rebaseline_after,
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
+        retrain_shrink: opts.retrain_shrink,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
         train_curve: train_curve.clone(),
         with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
