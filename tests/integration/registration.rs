@@ -121,21 +121,11 @@ async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
     let mut cfg = AppConfig::default();
     cfg.bus.url = server.url();
     cfg.http.listen = "127.0.0.1:0".into();
-    let services = [aware_actuator::ENTRY, aware_recommender::ENTRY];
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start(Arc::new(cfg.clone()), &services, shutdown.clone())
-        .await
-        .unwrap();
+    let (running, shutdown) =
+        start_ready(&cfg, &[aware_actuator::ENTRY, aware_recommender::ENTRY]).await;
     let bus = Bus::connect(&cfg.bus, "registration-test").await.unwrap();
     let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
     let mut actions = bus.subscribe("aware.v1.action.>").await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !running.contexts.iter().all(|c| c.ready.get()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("services ready");
 
     let mut step = 0u32;
     // Unregistered: the configured defaults (1–20 replicas) apply; 2 → 6 is within the step
@@ -213,7 +203,7 @@ async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
 /// registered lifecycle profile that turns bootstrapping off takes a new target ONLINE.
 #[actix_rt::test]
 async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles() {
-    use aware_bus_schemas::{Lifecycle, Stage};
+    use aware_bus_schemas::Stage;
     let server = NatsServer::start().unwrap();
     let mut cfg = AppConfig::default();
     cfg.bus.url = server.url();
@@ -234,33 +224,13 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
 
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start(
-        Arc::new(cfg.clone()),
-        &[aware_lifecycle_monitor::ENTRY],
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !running.contexts.iter().all(|c| c.ready.get()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("ready");
+    let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;
 
-    let decode = |m: aware_shared::bus::Message| -> Lifecycle {
-        match aware_bus_schemas::decode_event(EventKind::Lifecycle, &m.payload).unwrap() {
-            Event::Lifecycle(l) => l,
-            other => panic!("{other:?}"),
-        }
-    };
     // A target with no history is announced OFFLINE (bootstrapping) at its first obs...
     let mut fresh = obs(1);
     fresh.target = Target::new("shop", "fresh");
     publish(&bus, fresh.into()).await;
-    let l = decode(
+    let l = decode_lifecycle(
         tokio::time::timeout(Duration::from_secs(10), lifecycle.next())
             .await
             .expect("the new target is announced")
@@ -284,7 +254,7 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     publish(&bus, reg.into()).await;
     let mut seen = Vec::new();
     while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), lifecycle.next()).await {
-        let l = decode(m);
+        let l = decode_lifecycle(m);
         seen.push((l.target.name.clone(), l.stage));
         if l.target.name == "eager" && l.stage == Stage::Online {
             break;
@@ -295,7 +265,7 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
         "{seen:?}"
     );
     while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(1), lifecycle.next()).await {
-        let l = decode(m);
+        let l = decode_lifecycle(m);
         seen.push((l.target.name.clone(), l.stage));
     }
     assert!(
@@ -329,21 +299,7 @@ async fn the_lifecycle_monitor_re_baselines_a_settled_target_over_nats() {
     );
     let bus = Bus::connect(&cfg.bus, "rebaseline-test").await.unwrap();
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start(
-        Arc::new(cfg.clone()),
-        &[aware_lifecycle_monitor::ENTRY],
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !running.contexts.iter().all(|c| c.ready.get()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("ready");
+    let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;
     publish(&bus, obs(1).into()).await;
     let l = next_lifecycle(&mut lifecycle).await;
     assert_eq!(l.stage, Stage::Online, "bootstrapping is off");
@@ -390,13 +346,37 @@ async fn the_lifecycle_monitor_re_baselines_a_settled_target_over_nats() {
     running.join().await.unwrap();
 }
 
-async fn next_lifecycle(sub: &mut Subscription) -> aware_bus_schemas::Lifecycle {
-    let m = tokio::time::timeout(Duration::from_secs(10), sub.next())
+/// Starts `services` on `cfg` and waits until every one is ready.
+async fn start_ready(
+    cfg: &AppConfig,
+    services: &[aware_shared::launcher::ServiceEntry],
+) -> (aware_shared::launcher::Running, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start(Arc::new(cfg.clone()), services, shutdown.clone())
         .await
-        .expect("a lifecycle message")
         .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("services ready");
+    (running, shutdown)
+}
+
+fn decode_lifecycle(m: aware_shared::bus::Message) -> aware_bus_schemas::Lifecycle {
     match aware_bus_schemas::decode_event(EventKind::Lifecycle, &m.payload).unwrap() {
         Event::Lifecycle(l) => l,
         other => panic!("{other:?}"),
     }
+}
+
+async fn next_lifecycle(sub: &mut Subscription) -> aware_bus_schemas::Lifecycle {
+    decode_lifecycle(
+        tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("a lifecycle message")
+            .unwrap(),
+    )
 }
