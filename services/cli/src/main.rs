@@ -263,6 +263,14 @@ enum BenchCommand {
         /// Also train a reference agent on the fully disturbed app (converged_disturbed).
         #[arg(long)]
         disturbed_reference: bool,
+        /// Schedule only scenarios whose changed workload the app's bounds can serve: with every
+        /// resource at its maximum, the share of steps violating the SLO after the injection
+        /// rises by at most --servable-tolerance; the others are skipped.
+        #[arg(long)]
+        servable_only: bool,
+        /// The rise in max_allocation's SLO-violation rate a servable scenario may cause.
+        #[arg(long, default_value_t = 0.02)]
+        servable_tolerance: f64,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -557,6 +565,8 @@ fn main() -> anyhow::Result<()> {
                 retrain_shrink,
                 no_oracle,
                 disturbed_reference,
+                servable_only,
+                servable_tolerance,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::serve::ServeBenchOptions {
@@ -578,10 +588,16 @@ fn main() -> anyhow::Result<()> {
                     retrain_shrink,
                     oracle: !no_oracle,
                     disturbed_reference,
+                    servable_only,
+                    servable_tolerance,
                     out: out.clone(),
                     ..Default::default()
                 };
                 let r = bench::serve::run(&opts)?;
+                println!(
+                    "scenarios injected {}, skipped as beyond the app's bounds {}",
+                    r.scenarios_injected, r.scenarios_skipped
+                );
                 for a in &r.arms {
                     println!(
                         "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {}, re-baselines {}",

@@ -34,7 +34,10 @@
 //!
 //! Scenarios: every scenario of `loadgen::scenario` that changes something for the app, in a
 //! seeded random order, one every `inject_every` episodes from serve episode 1 on (the same
-//! schedule and payload seeds in every arm). SERVING thresholds per app: `t_serving` = the
+//! schedule and payload seeds in every arm). With `servable_only` a scenario is scheduled only
+//! when the app's bounds can serve the workload it leaves (max_allocation's SLO-violation rate
+//! after it rises by at most `servable_tolerance`); the others are skipped and counted, so the
+//! ratio targets are measured where a policy can make a difference. SERVING thresholds per app: `t_serving` = the
 //! converged arm's mean episode reward − `serving_margin` (relative), `t_var` = twice its episode
 //! std + 0.02, window `window` episodes (Algorithm 1's thresholds set to what the converged policy
 //! achieves on the app, as an operator would).
@@ -99,6 +102,10 @@ pub struct ServeBenchOptions {
     pub oracle: bool,
     /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
     pub disturbed_reference: bool,
+    /// Schedule only scenarios whose changed workload the app's bounds can serve
+    /// ([`servable`] within `servable_tolerance`).
+    pub servable_only: bool,
+    pub servable_tolerance: f64,
     pub out: PathBuf,
 }
 
@@ -126,6 +133,8 @@ impl Default for ServeBenchOptions {
             retrain_shrink: 1.0,
             oracle: true,
             disturbed_reference: false,
+            servable_only: false,
+            servable_tolerance: 0.02,
             out: PathBuf::from("bench-out"),
         }
     }
@@ -224,6 +233,10 @@ pub struct ServeReport {
     pub rebaseline_margin: f64,
     pub retrain_shrink: f32,
     pub scenarios_injected: usize,
+    pub servable_only: bool,
+    pub servable_tolerance: f64,
+    /// Scenarios left out because the app's bounds cannot serve them (`servable_only`).
+    pub scenarios_skipped: usize,
     /// Mean per-step reward by training episode (mean over apps; with exploration noise).
     pub train_curve: Vec<f64>,
     pub arms: Vec<ArmReport>,
@@ -251,6 +264,8 @@ pub struct AppResult {
     pub train_curve: Vec<f64>,
     pub arms: Vec<(String, ArmRun)>,
     pub injected: usize,
+    /// Scenarios left out by `servable_only`.
+    pub skipped: usize,
     /// First serve episode with every scheduled scenario in force (the episode of the last
     /// injection; 0 without injections).
     pub final_regime_from: usize,
@@ -326,6 +341,33 @@ pub fn final_regime(results: &[AppResult]) -> Option<FinalRegime> {
     })
 }
 
+/// Every scenario that changes something for `app`, in a seeded order.
+pub fn scenario_order(app: &AppSpec, seed: u64) -> Vec<Scenario> {
+    let mut pool: Vec<Scenario> = Scenario::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.applies_to_app(app))
+        .collect();
+    pool.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    pool
+}
+
+/// `order` scheduled at serve steps `first_step`, `first_step + every_steps`, … (those before
+/// `serve_steps`).
+fn at_steps(
+    order: impl IntoIterator<Item = Scenario>,
+    first_step: u64,
+    every_steps: u64,
+    serve_steps: u64,
+) -> Vec<(u64, Scenario)> {
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(k, s)| (first_step + k as u64 * every_steps, s))
+        .filter(|(st, _)| *st < serve_steps)
+        .collect()
+}
+
 /// The scenarios injected into `app`: every applicable one, in a seeded order, at serve steps
 /// `first_step`, `first_step + every_steps`, … (those before `serve_steps`).
 pub fn schedule(
@@ -335,17 +377,90 @@ pub fn schedule(
     every_steps: u64,
     serve_steps: u64,
 ) -> Vec<(u64, Scenario)> {
-    let mut pool: Vec<Scenario> = Scenario::ALL
-        .iter()
-        .copied()
-        .filter(|s| s.applies_to_app(app))
-        .collect();
-    pool.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-    pool.into_iter()
-        .enumerate()
-        .map(|(k, s)| (first_step + k as u64 * every_steps, s))
-        .filter(|(st, _)| *st < serve_steps)
-        .collect()
+    at_steps(
+        scenario_order(app, seed),
+        first_step,
+        every_steps,
+        serve_steps,
+    )
+}
+
+/// A schedule of servable scenarios and the scenarios left out of it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServableSchedule {
+    pub injections: Vec<(u64, Scenario)>,
+    pub skipped: Vec<Scenario>,
+}
+
+/// `--servable-only`: walks `order` and schedules a scenario (at the next free slot
+/// `first_step + k·every_steps`, on top of the ones already kept) only when the app's bounds can
+/// serve the workload it leaves: with every resource at its maximum (`max`), the share of steps
+/// violating the SLO from its injection to the end of the window rises by at most `tolerance`
+/// over the same allocation on the undisturbed workload. A scenario that fails is skipped and
+/// the next one is tried in its slot. Simulated from `env`/`obs` with the arms' payload seeds,
+/// so the kept schedule is exactly what the arms then meet.
+#[allow(clippy::too_many_arguments)]
+fn servable_schedule(
+    ctx: &Ctx<'_>,
+    env: &SimEnv,
+    obs: &Observation,
+    max: Allocation,
+    order: &[Scenario],
+    first_step: u64,
+    every_steps: u64,
+    payload_seed: u64,
+) -> Result<ServableSchedule, BenchError> {
+    let spe = u64::from(ctx.opts.steps_per_episode).max(1);
+    let serve_steps = u64::from(ctx.opts.serve_episodes) * spe;
+    let probe = |injections: &[(u64, Scenario)]| {
+        run_arm(
+            ctx,
+            env.clone(),
+            obs.clone(),
+            Driver::Fixed(max),
+            injections,
+            payload_seed,
+        )
+    };
+    let baseline = probe(&[])?.episode_slo_violations;
+    let mut out = ServableSchedule::default();
+    for &sc in order {
+        let at = first_step + out.injections.len() as u64 * every_steps;
+        if at >= serve_steps {
+            break;
+        }
+        let mut tentative = out.injections.clone();
+        tentative.push((at, sc));
+        let run = probe(&tentative)?;
+        let from = usize::try_from(at / spe).unwrap_or(usize::MAX);
+        if servable(
+            &baseline,
+            &run.episode_slo_violations,
+            from,
+            spe,
+            ctx.opts.servable_tolerance,
+        ) {
+            out.injections = tentative;
+        } else {
+            out.skipped.push(sc);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `disturbed`'s violations from episode `from` on exceed `baseline`'s over the same
+/// episodes by at most `tolerance` of those steps (pure).
+pub fn servable(
+    baseline: &[u64],
+    disturbed: &[u64],
+    from: usize,
+    steps_per_episode: u64,
+    tolerance: f64,
+) -> bool {
+    let base: u64 = baseline.iter().skip(from).sum();
+    let dist: u64 = disturbed.iter().skip(from).sum();
+    let steps = disturbed.len().saturating_sub(from) as u64 * steps_per_episode;
+    dist.saturating_sub(base) as f64 <= tolerance * steps as f64
 }
 
 enum Driver {
@@ -637,18 +752,34 @@ pub fn run_app(
     let target = Target::new(app.namespace.clone(), app.name.clone());
     let ctx = Ctx { opts, target };
     let serve_steps = u64::from(opts.serve_episodes) * spe;
-    let injections = schedule(
-        app,
-        app_seed ^ 0x1a7e,
-        spe,
-        u64::from(opts.inject_every) * spe,
-        serve_steps,
-    );
+    let max = Allocation {
+        replicas: app.bounds.max_replicas,
+        cpu_millicores: app.bounds.max_cpu_millicores,
+        memory_bytes: app.bounds.max_memory_bytes,
+    };
+    let payload_seed = app_seed ^ 0xfa70;
+    let order = scenario_order(app, app_seed ^ 0x1a7e);
+    let every_steps = u64::from(opts.inject_every) * spe;
+    let injections = if opts.servable_only {
+        let s = servable_schedule(
+            &ctx,
+            &env,
+            &obs,
+            max,
+            &order,
+            spe,
+            every_steps,
+            payload_seed,
+        )?;
+        result.skipped = s.skipped.len();
+        s.injections
+    } else {
+        at_steps(order, spe, every_steps, serve_steps)
+    };
     result.injected = injections.len();
     result.final_regime_from = injections.last().map_or(0, |(at, _)| {
         usize::try_from(at / spe.max(1)).unwrap_or(usize::MAX)
     });
-    let payload_seed = app_seed ^ 0xfa70;
     let spec = aware_metrics_collector::simulator::target_specs(std::slice::from_ref(app));
     let bounds = spec.first().map(|s| s.bounds).unwrap_or_default();
     let fallback = || -> Result<Driver, BenchError> {
@@ -780,11 +911,6 @@ pub fn run_app(
             )?,
         ));
     }
-    let max = Allocation {
-        replicas: app.bounds.max_replicas,
-        cpu_millicores: app.bounds.max_cpu_millicores,
-        memory_bytes: app.bounds.max_memory_bytes,
-    };
     arms.push((
         "max_allocation".into(),
         run_arm(
@@ -914,6 +1040,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             done = i + 1,
             of = apps.len(),
             injected = r.injected,
+            skipped = r.skipped,
             train_last = r.train_curve.last().copied().unwrap_or(f64::NAN),
             wall_s = started.elapsed().as_secs_f64(),
             "app done"
@@ -967,6 +1094,9 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         rebaseline_margin: opts.rebaseline_margin,
         retrain_shrink: opts.retrain_shrink,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
+        servable_only: opts.servable_only,
+        servable_tolerance: opts.servable_tolerance,
+        scenarios_skipped: results.iter().map(|r| r.skipped).sum(),
         train_curve: train_curve.clone(),
         with_retraining_vs_converged_pct: with.map_or(f64::NAN, |a| a.pct_of_converged - 100.0),
         slo_ratio_without_vs_with: ratio(
@@ -1031,6 +1161,7 @@ mod tests {
                 ("converged_disturbed".into(), run_of(&[c, c], &[0, 0])),
             ],
             injected: 1,
+            skipped: 0,
             final_regime_from: 1,
         };
         let arms = aggregate(&[app(10.0, 20.0), app(30.0, 20.0)], 2);
@@ -1068,6 +1199,7 @@ mod tests {
                 ("converged_disturbed".into(), run_of(&d, &[7, 8, 9])),
             ],
             injected: 2,
+            skipped: 0,
             final_regime_from: from,
         };
         let a = app(
@@ -1198,6 +1330,75 @@ mod tests {
     }
 
     #[test]
+    fn servable_compares_the_violations_after_the_injection_with_the_undisturbed_ones() {
+        // 2 episodes of 10 steps from episode 1: 20 steps, a 0.1 tolerance allows 2 more.
+        assert!(servable(&[5, 1, 1], &[5, 2, 2], 1, 10, 0.1));
+        assert!(!servable(&[5, 1, 1], &[5, 2, 3], 1, 10, 0.1));
+        // episodes before the injection do not count; fewer violations are servable
+        assert!(servable(&[0, 1, 1], &[9, 0, 0], 1, 10, 0.0));
+        assert!(!servable(&[0, 0, 0], &[0, 0, 1], 0, 10, 0.0));
+        // an injection at or after the end leaves nothing to compare: servable
+        assert!(servable(&[0, 0], &[0, 9], 2, 10, 0.0));
+    }
+
+    #[test]
+    fn servable_schedule_skips_a_load_rise_the_bounds_cannot_serve() {
+        let opts = ServeBenchOptions {
+            serve_episodes: 4,
+            steps_per_episode: 20,
+            ..ServeBenchOptions::default()
+        };
+        let mut app = generate_apps(1, opts.seed, &GeneratorOptions::default()).remove(0);
+        let target = Target::new(app.namespace.clone(), app.name.clone());
+        let ctx = Ctx {
+            opts: &opts,
+            target,
+        };
+        let order = [Scenario::LoadLowToHigh, Scenario::LoadHighToLow];
+        let probe = |app: &AppSpec, tolerance: f64| {
+            let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
+            env.reset(7).unwrap();
+            let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+            let max = Allocation {
+                replicas: app.bounds.max_replicas,
+                cpu_millicores: app.bounds.max_cpu_millicores,
+                memory_bytes: app.bounds.max_memory_bytes,
+            };
+            let opts = ServeBenchOptions {
+                servable_tolerance: tolerance,
+                ..ctx.opts.clone()
+            };
+            let ctx = Ctx {
+                opts: &opts,
+                target: ctx.target.clone(),
+            };
+            let s = servable_schedule(&ctx, &env, &obs, max, &order, 20, 20, 3).unwrap();
+            let base = run_arm(&ctx, env.clone(), obs.clone(), Driver::Fixed(max), &[], 3)
+                .unwrap()
+                .slo();
+            let with = run_arm(&ctx, env, obs, Driver::Fixed(max), &s.injections, 3)
+                .unwrap()
+                .slo();
+            (s, base, with)
+        };
+        // the generated bounds serve three times the load
+        let (s, base, with) = probe(&app, 0.02);
+        assert_eq!(s.injections, [(20, order[0]), (40, order[1])]);
+        assert!(s.skipped.is_empty());
+        assert_eq!((base, with), (0, 0));
+        // four replicas serve the load but not three times it: 26 of the 60 steps after the
+        // rise violate; the drop is tried in its slot instead
+        app.bounds.max_replicas = 4;
+        let (s, base, with) = probe(&app, 0.02);
+        assert_eq!(s.injections, [(20, Scenario::LoadHighToLow)]);
+        assert_eq!(s.skipped, [Scenario::LoadLowToHigh]);
+        assert_eq!((base, with), (0, 0));
+        let (s, base, with) = probe(&app, 1.0);
+        assert_eq!(s.injections, [(20, order[0]), (40, order[1])]);
+        assert!(with > base + 20, "{base} {with}");
+    }
+
+    #[test]
     fn fallback_throughout_is_hpa_vpa_from_the_first_step() {
         let opts = ServeBenchOptions {
             apps: 1,
@@ -1261,6 +1462,7 @@ mod tests {
                 train_curve: vec![1.0, 2.0],
                 arms: vec![("converged".into(), run_of(&[10.0, 20.0], &[0, 0]))],
                 injected: 0,
+                skipped: 0,
                 final_regime_from: 0,
             }],
             2,
