@@ -257,6 +257,10 @@ enum BenchCommand {
         /// (θ ← α·θ + (1 − α)·fresh; 1: off).
         #[arg(long, default_value_t = 1.0)]
         retrain_shrink: f32,
+        /// Every k-th ONLINE episode after a trigger runs without exploration noise and only those
+        /// reach with_retraining's Algorithm 1 while ONLINE (0: off).
+        #[arg(long, default_value_t = 0)]
+        retrain_eval_every: u32,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]
         no_oracle: bool,
@@ -563,6 +567,7 @@ fn main() -> anyhow::Result<()> {
                 rebaseline_tolerance,
                 rebaseline_margin,
                 retrain_shrink,
+                retrain_eval_every,
                 no_oracle,
                 disturbed_reference,
                 servable_only,
@@ -586,6 +591,7 @@ fn main() -> anyhow::Result<()> {
                     rebaseline_tolerance,
                     rebaseline_margin,
                     retrain_shrink,
+                    retrain_eval_every,
                     oracle: !no_oracle,
                     disturbed_reference,
                     servable_only,
@@ -600,7 +606,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 for a in &r.arms {
                     println!(
-                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {}, re-baselines {}",
+                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {} ({} without noise), re-baselines {}",
                         a.arm,
                         a.mean_reward,
                         a.pct_of_converged,
@@ -609,6 +615,7 @@ fn main() -> anyhow::Result<()> {
                         100.0 * a.slo_violation_rate,
                         a.retrain_triggers,
                         a.online_episodes,
+                        a.eval_episodes,
                         a.rebaselines
                     );
                 }

@@ -98,6 +98,11 @@ pub struct ServeBenchOptions {
     /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
     /// [`Ddpg::shrink_perturb`]).
     pub retrain_shrink: f32,
+    /// Retraining: every k-th ONLINE episode after a trigger runs without exploration noise
+    /// (still training), and while ONLINE only those episodes are fed to Algorithm 1, so its
+    /// return to SERVING judges the policy rather than the policy plus noise (0: off, every
+    /// episode explores and is fed, as the services do).
+    pub retrain_eval_every: u32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
     /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
@@ -131,6 +136,7 @@ impl Default for ServeBenchOptions {
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
             retrain_shrink: 1.0,
+            retrain_eval_every: 0,
             oracle: true,
             disturbed_reference: false,
             servable_only: false,
@@ -165,6 +171,8 @@ pub struct ArmRun {
     pub retrain_triggers: u32,
     /// ONLINE → SERVING at a re-baselined level, `with_retraining` only.
     pub rebaselines: u32,
+    /// ONLINE episodes run without exploration noise (`retrain_eval_every`).
+    pub eval_episodes: u32,
 }
 
 impl ArmRun {
@@ -192,6 +200,7 @@ pub struct ArmReport {
     pub online_episodes: u32,
     pub retrain_triggers: u32,
     pub rebaselines: u32,
+    pub eval_episodes: u32,
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
 }
@@ -232,6 +241,7 @@ pub struct ServeReport {
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
     pub retrain_shrink: f32,
+    pub retrain_eval_every: u32,
     pub scenarios_injected: usize,
     pub servable_only: bool,
     pub servable_tolerance: f64,
@@ -534,9 +544,15 @@ fn run_arm(
     let spe = u64::from(ctx.opts.steps_per_episode);
     let grid = OracleGrid::default();
     let mut run = ArmRun::default();
-    let mut online = false;
+    let mut online =
+        matches!(&driver, Driver::Retrain { machine, .. } if machine.stage() == Stage::Online);
+    // ONLINE episodes since the last trigger; with `retrain_eval_every` = k every k-th of them
+    // runs without exploration noise and only those reach Algorithm 1 while ONLINE.
+    let mut online_eps = 0u32;
+    let every = ctx.opts.retrain_eval_every;
     for ep in 0..u64::from(ctx.opts.serve_episodes) {
         let (mut total, mut slo) = (0.0, 0u64);
+        let greedy = online && every > 0 && online_eps % every == every - 1;
         if let Driver::Retrain { agent, .. } = &mut driver {
             if online {
                 agent.normalizer_mut().unfreeze();
@@ -562,7 +578,7 @@ fn run_arm(
                     TargetAction::Raw(a)
                 }
                 Driver::Retrain { agent, rng, .. } => {
-                    let a = if online {
+                    let a = if online && !greedy {
                         agent.act_explore(&s, rng).map_err(fail)?
                     } else {
                         agent.act(&s).map_err(fail)?
@@ -620,6 +636,12 @@ fn run_arm(
             };
             if online {
                 run.online_episodes += 1;
+                online_eps += 1;
+                run.eval_episodes += u32::from(greedy);
+            }
+            if online && every > 0 && !greedy {
+                // an exploring episode: its reward is the noise's as much as the policy's
+                continue;
             }
             let e = Episode {
                 schema: Schema::new(),
@@ -642,6 +664,7 @@ fn run_arm(
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
+                    online_eps = 0;
                     if ctx.opts.retrain_shrink < 1.0 {
                         let seed = rand::Rng::random::<u64>(rng.as_mut());
                         agent
@@ -998,6 +1021,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
             online_episodes: runs.iter().map(|a| a.online_episodes).sum(),
             retrain_triggers: runs.iter().map(|a| a.retrain_triggers).sum(),
             rebaselines: runs.iter().map(|a| a.rebaselines).sum(),
+            eval_episodes: runs.iter().map(|a| a.eval_episodes).sum(),
             curve,
         });
     }
@@ -1093,6 +1117,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
         retrain_shrink: opts.retrain_shrink,
+        retrain_eval_every: opts.retrain_eval_every,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
         servable_only: opts.servable_only,
         servable_tolerance: opts.servable_tolerance,
@@ -1143,6 +1168,7 @@ mod tests {
             online_episodes: 0,
             retrain_triggers: 0,
             rebaselines: 0,
+            eval_episodes: 0,
         }
     }
 
@@ -1396,6 +1422,58 @@ mod tests {
         let (s, base, with) = probe(&app, 1.0);
         assert_eq!(s.injections, [(20, order[0]), (40, order[1])]);
         assert!(with > base + 20, "{base} {with}");
+    }
+
+    #[test]
+    fn every_kth_online_episode_runs_without_noise_and_alone_reaches_the_monitor() {
+        let app = generate_apps(1, 1001, &GeneratorOptions::default()).remove(0);
+        let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
+        env.reset(5).unwrap();
+        let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+        let retrain = |t_serving: f64| {
+            let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
+            dcfg.seed = 5;
+            let profile = LifecycleProfile {
+                bootstrap: false,
+                t_online: 0.0,
+                t_serving,
+                t_var: 10.0,
+                window: 1,
+            };
+            let mut machine = LifecycleMachine::new(profile);
+            machine.restore(Stage::Online);
+            Driver::Retrain {
+                agent: Box::new(Ddpg::new(dcfg).unwrap()),
+                replay: Box::new(
+                    ReplayBuffer::new(1000, aware_loadgen::env::STATE_DIM, 5).unwrap(),
+                ),
+                machine: Box::new(machine),
+                rng: Box::new(ChaCha8Rng::seed_from_u64(5)),
+            }
+        };
+        let run = |every: u32, t_serving: f64| {
+            let opts = ServeBenchOptions {
+                serve_episodes: 7,
+                steps_per_episode: 10,
+                retrain_eval_every: every,
+                ..ServeBenchOptions::default()
+            };
+            let ctx = Ctx {
+                opts: &opts,
+                target: Target::new(app.namespace.clone(), app.name.clone()),
+            };
+            run_arm(&ctx, env.clone(), obs.clone(), retrain(t_serving), &[], 1).unwrap()
+        };
+        // never good enough to serve: ONLINE throughout, episodes 3 and 6 without noise
+        let r = run(3, 1e9);
+        assert_eq!((r.online_episodes, r.eval_episodes), (7, 2));
+        // any reward serves: the first episode fed decides. Without evaluation episodes that is
+        // episode 1; with every third, the exploring episodes 1 and 2 are not fed and the agent
+        // serves from episode 4 on
+        let r = run(0, -1e9);
+        assert_eq!((r.online_episodes, r.eval_episodes), (1, 0));
+        let r = run(3, -1e9);
+        assert_eq!((r.online_episodes, r.eval_episodes), (3, 1));
     }
 
     #[test]
