@@ -132,6 +132,7 @@ pub fn samples() -> Vec<Event> {
             fallback_steps: 0,
             stage: Stage::Online,
             policy_estimate: Some(160.0),
+            exploring_steps: Some(100),
         }),
         Event::Lifecycle(Lifecycle {
             schema: Schema::new(),

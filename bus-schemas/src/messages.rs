@@ -346,6 +346,11 @@ pub struct Episode {
     /// Off-policy estimate of the RL policy's episode reward on this episode's states, when the
     /// trainer has one (drives OFFLINE → ONLINE).
     pub policy_estimate: Option<f64>,
+    /// RL steps that acted with exploration noise (the actions' `exploration`); absent when
+    /// unknown (an episode rebuilt from the trajectory store, or from a recorder before this
+    /// field). `Some(0)` with `rl_steps > 0` is a noise-free evaluation episode.
+    #[serde(default)]
+    pub exploring_steps: Option<u32>,
 }
 
 /// `lifecycle/1`: a change of lifecycle stage (Algorithm 1).

@@ -133,3 +133,114 @@ pub(crate) async fn run_rl_loop(
     assert!(models.len() == apps, "{models:?}");
     announced
 }
+
+/// Evaluation episodes end to end on the embedded bus: with `recommender.eval_every_episodes` 2
+/// the recommenders act without noise in every odd ONLINE episode, the recorder's `episode`
+/// summaries count the exploring steps, and with `lifecycle_monitor.online_noise_free_only` the
+/// monitor decides ONLINE → SERVING on a noise-free RL episode only — here at once, as any reward
+/// reaches `t_serving`, so without the rule the first ONLINE episode (driven by the fallback
+/// until a model arrives) would have decided.
+#[actix_rt::test]
+async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
+    use aware_bus_schemas::Episode;
+    let dir = tempfile::tempdir().unwrap();
+    let apps = 2usize;
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = "embedded".into();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = 20;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.seed = 5;
+    cfg.collector.simulator.max_steps = 5_000;
+    cfg.lifecycle.bootstrap = false;
+    cfg.lifecycle.t_serving = -1.0;
+    cfg.lifecycle.t_var = 10.0;
+    cfg.lifecycle.window = 1;
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
+    );
+    cfg.sections.insert(
+        "trainer".into(),
+        serde_json::json!({
+            "train_every_transitions": 40, "gradient_steps": 20, "batch_size": 32,
+            "min_transitions": 32, "poll_ms": 50
+        }),
+    );
+    cfg.sections.insert(
+        "recommender".into(),
+        serde_json::json!({ "eval_every_episodes": 2 }),
+    );
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "online_noise_free_only": true }),
+    );
+    let bus = Bus::in_process(65_536);
+    let mut all = bus.subscribe(subject::ALL).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus,
+        Arc::new(cfg),
+        &aware_cli::SERVICES,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let mut served: BTreeMap<Target, u64> = BTreeMap::new();
+    let mut episodes: Vec<Episode> = Vec::new();
+    let mut rl_actions = [0u32; 2];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while served.len() < apps {
+        let m = tokio::time::timeout_at(deadline, all.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("every target SERVING within 90 s: served {served:?}, rl actions {rl_actions:?}")
+            })
+            .unwrap();
+        let p = subject::parse(&m.subject).unwrap();
+        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+            Event::Action(a) if a.source == DecisionSource::Rl && a.stage == Stage::Online => {
+                // odd episodes evaluate, even ones explore
+                assert_eq!(a.exploration, a.episode % 2 == 0, "{a:?}");
+                rl_actions[usize::from(a.exploration)] += 1;
+            }
+            Event::Episode(e) if e.stage == Stage::Online => episodes.push(e),
+            Event::Lifecycle(l) if l.stage == Stage::Serving => {
+                assert_eq!(l.previous, Some(Stage::Online));
+                served.insert(l.target, l.episode);
+            }
+            _ => {}
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+    // noise-free RL actions, which the decisions need; exploring ones too unless a model
+    // arrived first in an odd episode on both targets (timing)
+    assert!(rl_actions[0] > 0, "{rl_actions:?}");
+    for (t, at) in &served {
+        let mine: Vec<&Episode> = episodes
+            .iter()
+            .filter(|e| &e.target == t && e.episode <= *at)
+            .collect();
+        // up to the decision every RL step of an even episode explored, none of an odd one
+        for e in &mine {
+            let expected = if e.episode % 2 == 1 { 0 } else { e.rl_steps };
+            assert_eq!(e.exploring_steps, Some(expected), "{e:?}");
+        }
+        // the deciding episode is the first noise-free one with RL steps: the episodes before
+        // it (driven by the fallback until a model arrived, or exploring), which reached
+        // t_serving too, did not decide
+        assert!(*at > 0, "{t}: {mine:?}");
+        let first = mine
+            .iter()
+            .filter(|e| e.exploring_steps == Some(0) && e.rl_steps > 0)
+            .map(|e| e.episode)
+            .min();
+        assert_eq!(Some(*at), first, "{t}: {mine:?}");
+    }
+}

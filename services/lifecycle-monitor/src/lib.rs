@@ -77,6 +77,12 @@ pub struct MonitorConfig {
     pub rebaseline_after_episodes: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
+    /// While ONLINE, feed only noise-free episodes (`exploring_steps` = 0 with RL steps: the
+    /// recommender's `eval_every_episodes`) to the ONLINE → SERVING decision and to
+    /// re-baselining, so they judge the policy and not the policy plus its exploration noise.
+    /// Exploring episodes still count for probation. Needs `recommender.eval_every_episodes`
+    /// (without evaluation episodes the target would stay ONLINE).
+    pub online_noise_free_only: bool,
 }
 
 impl Default for MonitorConfig {
@@ -91,6 +97,7 @@ impl Default for MonitorConfig {
             rebaseline_after_episodes: 0,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
+            online_noise_free_only: false,
         }
     }
 }
@@ -408,6 +415,13 @@ impl LifecycleMachine {
         let sample = match self.stage {
             Stage::Initialized => return self.start(),
             Stage::Offline => ep.policy_estimate,
+            Stage::Online
+                if ep.stage == Stage::Online
+                    && self.rules.online_noise_free_only
+                    && !(ep.exploring_steps == Some(0) && ep.rl_steps > 0) =>
+            {
+                None
+            }
             Stage::Online | Stage::Serving if ep.stage == self.stage => Some(ep.mean_reward),
             Stage::Online | Stage::Serving => None,
         };
@@ -1251,6 +1265,56 @@ mod tests {
             out.extend(m.observe(&e));
         }
         (m, out)
+    }
+
+    #[test]
+    fn with_online_noise_free_only_only_evaluation_episodes_decide_serving() {
+        let ep = |n: u64, mean: f64, exploring: Option<u32>, rl_steps: u32| {
+            let mut e = episode(Stage::Online, mean, None);
+            e.episode = n;
+            e.exploring_steps = exploring;
+            e.rl_steps = rl_steps;
+            e
+        };
+        let rules = MonitorConfig {
+            online_noise_free_only: true,
+            ..Default::default()
+        };
+        let mut m = LifecycleMachine::with_rules(profile(false), rules.clone());
+        assert_eq!(m.start().map(|t| t.to), Some(Stage::Online));
+        // exploring episodes well above t_serving 1.3, an unknown one and a noise-free one
+        // driven by the fallback: none is fed
+        for n in 0..4 {
+            assert_eq!(m.observe(&ep(n, 1.5, Some(100), 100)), None);
+        }
+        assert_eq!(m.observe(&ep(4, 1.5, None, 100)), None);
+        assert_eq!(m.observe(&ep(5, 1.5, Some(0), 0)), None);
+        // three noise-free episodes fill the window; a poor exploring one in between is ignored
+        assert_eq!(m.observe(&ep(6, 1.35, Some(0), 100)), None);
+        assert_eq!(m.observe(&ep(7, 0.2, Some(100), 100)), None);
+        assert_eq!(m.observe(&ep(8, 1.35, Some(0), 100)), None);
+        assert_eq!(m.stage(), Stage::Online);
+        let t = m.observe(&ep(9, 1.35, Some(0), 100)).unwrap();
+        assert_eq!((t.to, t.window), (Stage::Serving, 3));
+        assert!((t.mean.unwrap() - 1.35).abs() < 1e-12, "{t:?}");
+        // without the rule the first three exploring episodes decide
+        let mut m = LifecycleMachine::new(profile(false));
+        m.start();
+        assert_eq!(m.observe(&ep(0, 1.5, Some(100), 100)), None);
+        assert_eq!(m.observe(&ep(1, 1.5, Some(100), 100)), None);
+        let t = m.observe(&ep(2, 1.5, Some(100), 100)).unwrap();
+        assert_eq!(t.to, Stage::Serving);
+        // SERVING episodes are fed either way
+        let mut m = LifecycleMachine::with_rules(profile(false), rules);
+        m.restore(Stage::Serving);
+        let serving = |n: u64| {
+            let mut e = ep(n, 0.5, None, 100);
+            e.stage = Stage::Serving;
+            e
+        };
+        assert_eq!(m.observe(&serving(0)), None);
+        assert_eq!(m.observe(&serving(1)), None);
+        assert_eq!(m.observe(&serving(2)).map(|t| t.to), Some(Stage::Online));
     }
 
     #[test]

@@ -92,6 +92,30 @@ pub struct RecommenderConfig {
     pub fallback: FallbackConfig,
     /// Seed of the exploration noise (mixed with a stable hash of each target).
     pub seed: u64,
+    /// Evaluation episodes while ONLINE: every episode whose number is k − 1 modulo k acts
+    /// without exploration noise (the weights still train on it), so the lifecycle monitor can
+    /// judge the policy rather than the policy plus its noise
+    /// (`lifecycle_monitor.online_noise_free_only`). 0: off, every ONLINE episode explores.
+    pub eval_every_episodes: u32,
+}
+
+impl RecommenderConfig {
+    pub fn validate(&self) -> Result<(), ServiceError> {
+        if self.eval_every_episodes == 1 {
+            return Err(ServiceError::Other(
+                "recommender.eval_every_episodes: must be 0 (off) or at least 2 (1 would never explore)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `recommender.eval_every_episodes` = `k`: whether ONLINE `episode` acts without exploration
+/// noise (its number is k − 1 modulo k; never with k = 0).
+pub fn is_eval_episode(episode: u64, k: u32) -> bool {
+    let k = u64::from(k);
+    k > 0 && episode % k == k - 1
 }
 
 /// The allocation in force, read from an `obs` (limits rounded to millicores and bytes).
@@ -208,6 +232,8 @@ pub struct Decider {
     metrics: RecommenderMetrics,
     /// Registration by the controller (`target/1`): a deregistered target gets no action.
     registered: Registered,
+    /// `recommender.eval_every_episodes` (0: off).
+    eval_every: u32,
 }
 
 impl Decider {
@@ -230,7 +256,19 @@ impl Decider {
             rng,
             metrics,
             registered: Registered::default(),
+            eval_every: 0,
         }
+    }
+
+    /// Every `k`-th ONLINE episode (episode number k − 1 modulo k) acts without exploration
+    /// noise (0: off).
+    pub fn set_eval_every(&mut self, k: u32) {
+        self.eval_every = k;
+    }
+
+    /// Whether `episode` is a noise-free evaluation episode while ONLINE.
+    pub fn is_eval_episode(&self, episode: u64) -> bool {
+        is_eval_episode(episode, self.eval_every)
     }
 
     /// The spec in force (the configured one until the controller registers the target).
@@ -365,7 +403,7 @@ impl Decider {
                 tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
                 return action;
             }
-            Stage::Online => true,
+            Stage::Online => !self.is_eval_episode(o.episode),
             Stage::Serving => false,
         };
         let decided = match self.policy.as_mut() {
@@ -451,6 +489,7 @@ impl Handler<Deliver> for Agent {
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecommenderConfig = ctx.config.section("recommender")?;
+    cfg.validate()?;
     // Validated once at start-up: a bad setting stops the service naming the key.
     let prototype = Fallback::new(cfg.fallback)
         .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
@@ -463,14 +502,16 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let spec = config.spec_for(t);
+        let mut decider = Decider::new(
+            spec,
+            prototype.clone(),
+            models.clone(),
+            cfg.seed,
+            metrics.clone(),
+        );
+        decider.set_eval_every(cfg.eval_every_episodes);
         Agent {
-            decider: Decider::new(
-                spec,
-                prototype.clone(),
-                models.clone(),
-                cfg.seed,
-                metrics.clone(),
-            ),
+            decider,
             outbox: outbox.clone(),
             metrics: metrics.clone(),
         }
@@ -925,6 +966,49 @@ mod tests {
             let explored = f.decider.decide(&obs(s));
             assert!(explored.exploration);
             assert_ne!(explored.raw, first.raw);
+        }
+
+        #[test]
+        fn every_kth_online_episode_acts_without_noise() {
+            let mut f = fixture();
+            f.decider.on_model(&publish(&f.store, 1, 9));
+            f.decider.set_eval_every(3);
+            f.decider.state.stage = Stage::Online;
+            let s = vec![0.3, 0.6, 0.9, 0.2, 0.1, 0.0, 1.0, 0.1, 0.2];
+            let at = |episode: u64| {
+                let mut o = obs(s.clone());
+                o.episode = episode;
+                o
+            };
+            let explored: Vec<bool> = (0..7)
+                .map(|e| {
+                    let a = f.decider.decide(&at(e));
+                    assert_eq!(a.source, DecisionSource::Rl);
+                    a.exploration
+                })
+                .collect();
+            assert_eq!(explored, [true, true, false, true, true, false, true]);
+            // an evaluation episode acts as SERVING would on the same weights and normalizer
+            let eval = f.decider.decide(&at(8));
+            f.decider.state.stage = Stage::Serving;
+            let serving = f.decider.decide(&at(9));
+            assert!(!eval.exploration && !serving.exploration);
+            assert_eq!(eval.raw, serving.raw);
+            // off by default
+            let mut g = fixture();
+            g.decider.on_model(&publish(&g.store, 1, 9));
+            g.decider.state.stage = Stage::Online;
+            assert!((0..6).all(|e| g.decider.decide(&at(e)).exploration));
+            let bad = RecommenderConfig {
+                eval_every_episodes: 1,
+                ..Default::default()
+            };
+            assert!(bad
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("recommender.eval_every_episodes"));
+            assert!(RecommenderConfig::default().validate().is_ok());
         }
     }
 }

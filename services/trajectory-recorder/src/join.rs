@@ -27,6 +27,8 @@ struct EpisodeAcc {
     memory_util: f64,
     rl_steps: u32,
     fallback_steps: u32,
+    /// Steps whose action explored (`action.exploration`).
+    exploring_steps: u32,
     stages: BTreeMap<&'static str, (u32, Option<Stage>)>,
     last_step: u32,
     last_ts_ms: i64,
@@ -91,6 +93,7 @@ impl Joiner {
             let reward = o.reward.filter(|r| r.is_finite());
             if let (true, Some(reward)) = (follows, reward) {
                 let applied = self.applied.as_ref().map_or(action.current, |a| a.applied);
+                let exploring = action.exploration;
                 let t = Transition {
                     target: self.target.clone(),
                     episode: prev.episode,
@@ -108,7 +111,7 @@ impl Joiner {
                     cpu_util: o.metrics.cpu_util,
                     memory_util: o.metrics.memory_util,
                 };
-                out.episode = self.fold(&t, o.ts_ms);
+                out.episode = self.fold(&t, exploring, o.ts_ms);
                 out.transition = Some(t);
             }
         }
@@ -118,9 +121,10 @@ impl Joiner {
         out
     }
 
-    fn fold(&mut self, t: &Transition, ts_ms: i64) -> Option<Episode> {
+    fn fold(&mut self, t: &Transition, exploring: bool, ts_ms: i64) -> Option<Episode> {
         let acc = self.episodes.entry(t.episode).or_default();
         acc.steps += 1;
+        acc.exploring_steps += u32::from(exploring);
         acc.reward += t.reward;
         acc.slo_violations += u32::from(t.slo_violation);
         acc.cpu_util += t.cpu_util;
@@ -163,6 +167,7 @@ impl Joiner {
             fallback_steps: acc.fallback_steps,
             stage,
             policy_estimate: None,
+            exploring_steps: Some(acc.exploring_steps),
         })
     }
 }
@@ -263,7 +268,7 @@ mod tests {
         let mut episode = None;
         let rewards = [1.0, 2.0, 3.0];
         for (i, (e, s)) in [(0u64, 1u32), (0, 2), (1, 0)].into_iter().enumerate() {
-            j.on_action(action(
+            let mut a = action(
                 0,
                 i as u32,
                 if i == 0 {
@@ -271,7 +276,10 @@ mod tests {
                 } else {
                     DecisionSource::Fallback
                 },
-            ));
+            );
+            // the RL step explored
+            a.exploration = i == 0;
+            j.on_action(a);
             let mut o = obs(e, s, Some(rewards[i]), 0.0);
             o.slo_violation = i == 1;
             let out = j.on_obs(o);
@@ -287,6 +295,7 @@ mod tests {
         assert_eq!(ep.mean_reward, 2.0);
         assert_eq!(ep.slo_violations, 1);
         assert_eq!((ep.rl_steps, ep.fallback_steps), (1, 2));
+        assert_eq!(ep.exploring_steps, Some(1));
         assert_eq!(ep.step, 2);
     }
 }

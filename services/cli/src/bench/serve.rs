@@ -55,6 +55,7 @@ use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::oracle::{oracle_step, OracleGrid};
 use aware_loadgen::Scenario;
 use aware_recommender::fallback::{Fallback, FallbackConfig};
+use aware_recommender::is_eval_episode;
 use aware_shared::config::LifecycleProfile;
 use aware_shared_model::{Ddpg, DdpgConfig, ReplayBuffer, Transition, ACTION_DIM};
 use rand::seq::SliceRandom;
@@ -98,10 +99,11 @@ pub struct ServeBenchOptions {
     /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
     /// [`Ddpg::shrink_perturb`]).
     pub retrain_shrink: f32,
-    /// Retraining: every k-th ONLINE episode after a trigger runs without exploration noise
-    /// (still training), and while ONLINE only those episodes are fed to Algorithm 1, so its
-    /// return to SERVING judges the policy rather than the policy plus noise (0: off, every
-    /// episode explores and is fed, as the services do).
+    /// Retraining: the services' evaluation episodes. ONLINE serve episodes whose number is
+    /// k − 1 modulo k run without exploration noise (still training:
+    /// `recommender.eval_every_episodes`), and while ONLINE only those reach Algorithm 1
+    /// (`lifecycle_monitor.online_noise_free_only`), so its return to SERVING judges the policy
+    /// rather than the policy plus noise (0: off, every ONLINE episode explores and is fed).
     pub retrain_eval_every: u32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
@@ -546,13 +548,10 @@ fn run_arm(
     let mut run = ArmRun::default();
     let mut online =
         matches!(&driver, Driver::Retrain { machine, .. } if machine.stage() == Stage::Online);
-    // ONLINE episodes since the last trigger; with `retrain_eval_every` = k every k-th of them
-    // runs without exploration noise and only those reach Algorithm 1 while ONLINE.
-    let mut online_eps = 0u32;
-    let every = ctx.opts.retrain_eval_every;
     for ep in 0..u64::from(ctx.opts.serve_episodes) {
         let (mut total, mut slo) = (0.0, 0u64);
-        let greedy = online && every > 0 && online_eps % every == every - 1;
+        // the recommender's evaluation episodes (`recommender.eval_every_episodes`)
+        let greedy = online && is_eval_episode(ep, ctx.opts.retrain_eval_every);
         if let Driver::Retrain { agent, .. } = &mut driver {
             if online {
                 agent.normalizer_mut().unfreeze();
@@ -636,12 +635,7 @@ fn run_arm(
             };
             if online {
                 run.online_episodes += 1;
-                online_eps += 1;
                 run.eval_episodes += u32::from(greedy);
-            }
-            if online && every > 0 && !greedy {
-                // an exploring episode: its reward is the noise's as much as the policy's
-                continue;
             }
             let e = Episode {
                 schema: Schema::new(),
@@ -659,12 +653,16 @@ fn run_arm(
                 fallback_steps: 0,
                 stage,
                 policy_estimate: None,
+                exploring_steps: Some(if online && !greedy {
+                    ctx.opts.steps_per_episode
+                } else {
+                    0
+                }),
             };
             if let Some(t) = machine.observe(&e) {
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
-                    online_eps = 0;
                     if ctx.opts.retrain_shrink < 1.0 {
                         let seed = rand::Rng::random::<u64>(rng.as_mut());
                         agent
@@ -837,6 +835,7 @@ pub fn run_app(
         rebaseline_after_episodes: opts.rebaseline_after,
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
+        online_noise_free_only: opts.retrain_eval_every > 0,
         ..Default::default()
     };
     rules.validate().map_err(fail)?;
@@ -1430,7 +1429,7 @@ mod tests {
         let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
         env.reset(5).unwrap();
         let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
-        let retrain = |t_serving: f64| {
+        let retrain = |t_serving: f64, every: u32| {
             let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
             dcfg.seed = 5;
             let profile = LifecycleProfile {
@@ -1440,7 +1439,11 @@ mod tests {
                 t_var: 10.0,
                 window: 1,
             };
-            let mut machine = LifecycleMachine::new(profile);
+            let rules = aware_lifecycle_monitor::MonitorConfig {
+                online_noise_free_only: every > 0,
+                ..Default::default()
+            };
+            let mut machine = LifecycleMachine::with_rules(profile, rules);
             machine.restore(Stage::Online);
             Driver::Retrain {
                 agent: Box::new(Ddpg::new(dcfg).unwrap()),
@@ -1462,14 +1465,23 @@ mod tests {
                 opts: &opts,
                 target: Target::new(app.namespace.clone(), app.name.clone()),
             };
-            run_arm(&ctx, env.clone(), obs.clone(), retrain(t_serving), &[], 1).unwrap()
+            run_arm(
+                &ctx,
+                env.clone(),
+                obs.clone(),
+                retrain(t_serving, every),
+                &[],
+                1,
+            )
+            .unwrap()
         };
-        // never good enough to serve: ONLINE throughout, episodes 3 and 6 without noise
+        // never good enough to serve: ONLINE throughout, episodes 2 and 5 (k − 1 modulo k)
+        // without noise
         let r = run(3, 1e9);
         assert_eq!((r.online_episodes, r.eval_episodes), (7, 2));
         // any reward serves: the first episode fed decides. Without evaluation episodes that is
-        // episode 1; with every third, the exploring episodes 1 and 2 are not fed and the agent
-        // serves from episode 4 on
+        // episode 0; with every third, the exploring episodes 0 and 1 are not fed to the
+        // monitor and the agent serves from episode 3 on
         let r = run(0, -1e9);
         assert_eq!((r.online_episodes, r.eval_episodes), (1, 0));
         let r = run(3, -1e9);

@@ -139,6 +139,8 @@ impl From<EpisodeSummary> for Episode {
             fallback_steps: s.fallback_steps,
             stage: s.stage,
             policy_estimate: s.policy_estimate,
+            // not stored: unknown for an episode read back
+            exploring_steps: None,
         }
     }
 }
