@@ -257,8 +257,9 @@ enum BenchCommand {
         /// (θ ← α·θ + (1 − α)·fresh; 1: off).
         #[arg(long, default_value_t = 1.0)]
         retrain_shrink: f32,
-        /// Every k-th ONLINE episode after a trigger runs without exploration noise and only those
-        /// reach with_retraining's Algorithm 1 while ONLINE (0: off).
+        /// The services' evaluation episodes in with_retraining (recommender.eval_every_episodes
+        /// with lifecycle_monitor.online_noise_free_only): ONLINE episodes numbered k − 1 modulo k
+        /// run without exploration noise and only those reach its Algorithm 1 (0: off).
         #[arg(long, default_value_t = 0)]
         retrain_eval_every: u32,
         /// Skip the oracle arms (slow: thousands of candidates per step).

@@ -17,7 +17,9 @@
 //!   of its rows from the newest `retrain_recent` transitions, so the new regime's data is not
 //!   drowned by the old one's) until it returns to SERVING (with `rebaseline_after` > 0 also
 //!   when its rewards settle below `t_serving`: the monitor's re-baselining; with
-//!   `retrain_shrink` < 1 every trigger first shrinks and perturbs the networks);
+//!   `retrain_shrink` < 1 every trigger first shrinks and perturbs the networks; with
+//!   `retrain_eval_every` k the services' evaluation episodes: ONLINE episodes numbered k − 1
+//!   modulo k act without noise and only those reach Algorithm 1 while ONLINE);
 //! - `fallback` / `fallback_undisturbed`: the recommender's HPA + VPA (`Fallback`, default
 //!   settings) with and without the scenarios, both taking over the allocation the agent left at
 //!   the end of training;
