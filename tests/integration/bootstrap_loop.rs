@@ -57,16 +57,7 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
         }),
     );
     let bus = Bus::in_process(65_536);
-    let mut all = bus.subscribe(subject::ALL).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus,
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 
     let mut estimates: BTreeMap<Target, Vec<(f64, f64)>> = BTreeMap::new();
     let mut online: BTreeSet<Target> = BTreeSet::new();

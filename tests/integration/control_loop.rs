@@ -29,16 +29,7 @@ async fn fallback_loop_records_every_step() {
         serde_json::json!({ "sqlite_path": db.display().to_string(), "batch": 64 }),
     );
     let bus = Bus::in_process(65_536);
-    let mut all = bus.subscribe(subject::ALL).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus,
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 
     let (mut obs, mut actions, mut applied, mut eps) = (0u64, 0u64, 0u64, 0u64);
     let mut offline = std::collections::BTreeSet::<Target>::new();

@@ -4,14 +4,12 @@
 //! utilization match the same run in-process on the embedded bus.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
 use aware_tests::{http_get, metric, parse_metrics, NatsServer, Proc};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
-use tokio_util::sync::CancellationToken;
 
 const APPS: usize = 10;
 const SPE: u32 = 50;
@@ -71,16 +69,8 @@ fn in_process_run(db: &std::path::Path) {
     let system = actix_rt::System::new();
     system.block_on(async move {
         let bus = Bus::in_process(65_536);
-        let mut eps = bus.subscribe("aware.v1.episode.*.*").await.unwrap();
-        let shutdown = CancellationToken::new();
-        let running = aware_shared::launcher::start_on(
-            bus,
-            Arc::new(cfg),
-            &aware_cli::SERVICES,
-            shutdown.clone(),
-        )
-        .await
-        .unwrap();
+        let (mut eps, running, shutdown) =
+            crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
         for _ in 0..APPS as u64 * EPISODES {
             tokio::time::timeout(Duration::from_secs(120), eps.next())
                 .await

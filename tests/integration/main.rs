@@ -15,3 +15,27 @@ mod registration;
 mod rl_loop;
 mod run_all;
 mod service_http;
+
+/// Subscribes to `subject` on `bus`, then starts the six services on it with `cfg`; returns the
+/// subscription, the running services and their shutdown token.
+pub(crate) async fn start_services(
+    bus: aware_shared::bus::Bus,
+    cfg: aware_shared::config::AppConfig,
+    subject: &str,
+) -> (
+    aware_shared::bus::Subscription,
+    aware_shared::launcher::Running,
+    tokio_util::sync::CancellationToken,
+) {
+    let sub = bus.subscribe(subject).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus,
+        std::sync::Arc::new(cfg),
+        &aware_cli::SERVICES,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    (sub, running, shutdown)
+}

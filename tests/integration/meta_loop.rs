@@ -5,7 +5,6 @@
 //! actions name model versions whose checkpoints take 9 + 64 inputs.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use aware_bus_schemas::{subject, DecisionSource, Event, Stage, Target};
@@ -14,7 +13,6 @@ use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
 use aware_shared::model_store::{get_verified, LocalDirStore};
 use aware_shared_model::{Ddpg, MetaConfig};
-use tokio_util::sync::CancellationToken;
 
 #[actix_rt::test]
 async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embedding() {
@@ -79,16 +77,7 @@ async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embeddin
         }),
     );
     let bus = Bus::in_process(65_536);
-    let mut all = bus.subscribe(subject::ALL).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus,
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 
     let mut embeddings: BTreeMap<Target, u32> = BTreeMap::new();
     let mut models: BTreeMap<Target, BTreeMap<u64, String>> = BTreeMap::new();

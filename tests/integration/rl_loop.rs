@@ -4,13 +4,11 @@
 //! [`run_rl_loop`] is the same loop on any bus and model store (see `model_store_nats.rs`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use aware_bus_schemas::{subject, DecisionSource, Event, Model, ModelKind, Stage, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
-use tokio_util::sync::CancellationToken;
 
 #[actix_rt::test]
 async fn trainer_publishes_models_and_recommenders_act_with_them() {
@@ -27,17 +25,15 @@ async fn trainer_publishes_models_and_recommenders_act_with_them() {
     assert!(!models.is_empty());
 }
 
-/// Runs the six services on `bus` (whose URL is `bus_url`) with `[model_store]` = `model_store`
-/// until every target has acted with RL weights; every `model` uri starts with `uri_prefix`.
-/// Returns the `model` messages seen.
-pub(crate) async fn run_rl_loop(
+/// What the RL-loop tests share: `apps` simulated targets with 20-step episodes, bootstrapping
+/// off (ONLINE at once), transitions in SQLite under `dir`, a trainer that rounds every 40
+/// transitions, and `[model_store]` = `model_store`.
+fn rl_loop_config(
     dir: &std::path::Path,
-    bus: Bus,
     bus_url: &str,
+    apps: usize,
     model_store: serde_json::Value,
-    uri_prefix: &str,
-) -> Vec<Model> {
-    let apps = 2usize;
+) -> AppConfig {
     let mut cfg = AppConfig::default();
     cfg.bus.url = bus_url.to_string();
     cfg.http.listen = "127.0.0.1:0".into();
@@ -47,9 +43,6 @@ pub(crate) async fn run_rl_loop(
     cfg.collector.simulator.seed = 5;
     cfg.collector.simulator.max_steps = 5_000;
     cfg.lifecycle.bootstrap = false;
-    // Stay ONLINE (exploring) for the whole test: how fast rewards would reach SERVING depends on
-    // when models arrive, which is timing.
-    cfg.lifecycle.t_serving = 1e9;
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 16 }),
@@ -62,16 +55,25 @@ pub(crate) async fn run_rl_loop(
             "min_transitions": 32, "poll_ms": 50
         }),
     );
-    let mut all = bus.subscribe(subject::ALL).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus,
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    cfg
+}
+
+/// Runs the six services on `bus` (whose URL is `bus_url`) with `[model_store]` = `model_store`
+/// until every target has acted with RL weights; every `model` uri starts with `uri_prefix`.
+/// Returns the `model` messages seen.
+pub(crate) async fn run_rl_loop(
+    dir: &std::path::Path,
+    bus: Bus,
+    bus_url: &str,
+    model_store: serde_json::Value,
+    uri_prefix: &str,
+) -> Vec<Model> {
+    let apps = 2usize;
+    let mut cfg = rl_loop_config(dir, bus_url, apps, model_store);
+    // Stay ONLINE (exploring) for the whole test: how fast rewards would reach SERVING depends on
+    // when models arrive, which is timing.
+    cfg.lifecycle.t_serving = 1e9;
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 
     // Per target: the versions announced, and the RL actions seen after the first model.
     let mut models: BTreeMap<Target, Vec<u64>> = BTreeMap::new();
@@ -145,33 +147,11 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
     use aware_bus_schemas::Episode;
     let dir = tempfile::tempdir().unwrap();
     let apps = 2usize;
-    let mut cfg = AppConfig::default();
-    cfg.bus.url = "embedded".into();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 20;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 5;
-    cfg.collector.simulator.max_steps = 5_000;
-    cfg.lifecycle.bootstrap = false;
+    let store = serde_json::json!({ "dir": dir.path().join("models").display().to_string() });
+    let mut cfg = rl_loop_config(dir.path(), "embedded", apps, store);
     cfg.lifecycle.t_serving = -1.0;
     cfg.lifecycle.t_var = 10.0;
     cfg.lifecycle.window = 1;
-    cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
-    );
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
-    );
-    cfg.sections.insert(
-        "trainer".into(),
-        serde_json::json!({
-            "train_every_transitions": 40, "gradient_steps": 20, "batch_size": 32,
-            "min_transitions": 32, "poll_ms": 50
-        }),
-    );
     cfg.sections.insert(
         "recommender".into(),
         serde_json::json!({ "eval_every_episodes": 2 }),
@@ -181,16 +161,7 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
         serde_json::json!({ "online_noise_free_only": true }),
     );
     let bus = Bus::in_process(65_536);
-    let mut all = bus.subscribe(subject::ALL).await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus,
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
     let mut served: BTreeMap<Target, u64> = BTreeMap::new();
     let mut episodes: Vec<Episode> = Vec::new();
     let mut rl_actions = [0u32; 2];

@@ -1,7 +1,6 @@
 //! Services in-process on the embedded bus: /metrics parsed with a real exposition parser,
 //! /healthz, /readyz, malformed messages counted and dropped without killing the actor.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use aware_bus_schemas::{encode, generated::samples, Episode, Event, EventKind, Stage, Target};
@@ -9,7 +8,6 @@ use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, LifecycleProfile};
 use aware_tests::{http_get, metric, msgpack_field, parse_metrics};
 use bytes::Bytes;
-use tokio_util::sync::CancellationToken;
 
 fn episode(target: &Target, n: u64, estimate: f64) -> Episode {
     let Some(Event::Episode(mut e)) = samples()
@@ -42,16 +40,8 @@ async fn metrics_health_and_malformed_messages() {
         serde_json::json!({ "sqlite_path": data.path().join("t.db").display().to_string() }),
     );
     let bus = Bus::in_process(1024);
-    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.*.*").await.unwrap();
-    let shutdown = CancellationToken::new();
-    let running = aware_shared::launcher::start_on(
-        bus.clone(),
-        Arc::new(cfg),
-        &aware_cli::SERVICES,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut lifecycle, running, shutdown) =
+        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*").await;
     let addr = running.http_addr;
 
     // Readiness: every service subscribed.

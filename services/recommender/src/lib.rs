@@ -266,11 +266,6 @@ impl Decider {
         self.eval_every = k;
     }
 
-    /// Whether `episode` is a noise-free evaluation episode while ONLINE.
-    pub fn is_eval_episode(&self, episode: u64) -> bool {
-        is_eval_episode(episode, self.eval_every)
-    }
-
     /// The spec in force (the configured one until the controller registers the target).
     pub fn spec(&self) -> &TargetSpec {
         &self.spec
@@ -403,7 +398,7 @@ impl Decider {
                 tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
                 return action;
             }
-            Stage::Online => !self.is_eval_episode(o.episode),
+            Stage::Online => !is_eval_episode(o.episode, self.eval_every),
             Stage::Serving => false,
         };
         let decided = match self.policy.as_mut() {
