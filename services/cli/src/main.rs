@@ -203,6 +203,16 @@ enum BenchCommand {
         /// with the meta-trained, embedding-conditioned base-learner
         #[arg(long)]
         meta: Option<PathBuf>,
+        /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off).
+        #[arg(long, default_value_t = 0.0)]
+        recent_fraction: f32,
+        /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off).
+        #[arg(long, default_value_t = 0)]
+        rebaseline_after: usize,
+        /// `recommender.eval_every_episodes` of both RL arms, with
+        /// `lifecycle_monitor.online_noise_free_only` (0: off).
+        #[arg(long, default_value_t = 0)]
+        eval_every: u32,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
@@ -515,6 +525,9 @@ fn main() -> anyhow::Result<()> {
                 probation_margin,
                 behaviour_margin,
                 meta,
+                recent_fraction,
+                rebaseline_after,
+                eval_every,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -530,6 +543,9 @@ fn main() -> anyhow::Result<()> {
                     probation_margin,
                     behaviour_margin,
                     meta,
+                    recent_fraction,
+                    rebaseline_after,
+                    eval_every,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

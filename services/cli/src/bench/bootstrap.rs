@@ -64,6 +64,14 @@ pub struct BootstrapBenchOptions {
     /// meta-learning, its base-learner conditioned on the workload embedding of the fallback's
     /// episodes. `None`: the plain base-learner. The other arms never use it.
     pub meta: Option<PathBuf>,
+    /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off,
+    /// the services' default).
+    pub recent_fraction: f32,
+    /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off, the default).
+    pub rebaseline_after: usize,
+    /// `recommender.eval_every_episodes` of both RL arms, with
+    /// `lifecycle_monitor.online_noise_free_only` (0: off, the default).
+    pub eval_every: u32,
 }
 
 impl Default for BootstrapBenchOptions {
@@ -83,6 +91,9 @@ impl Default for BootstrapBenchOptions {
             probation_margin: 0.10,
             behaviour_margin: 0.05,
             meta: None,
+            recent_fraction: 0.0,
+            rebaseline_after: 0,
+            eval_every: 0,
         }
     }
 }
@@ -137,6 +148,10 @@ pub struct BootstrapReport {
     pub behaviour_margin: f64,
     /// The bootstrap arm's `trainer.meta_dir`, if any.
     pub meta: Option<String>,
+    /// The RL arms' retraining settings (see [`BootstrapBenchOptions`]).
+    pub recent_fraction: f32,
+    pub rebaseline_after: usize,
+    pub eval_every: u32,
     pub oracle_total_reward: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
@@ -190,12 +205,23 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
     );
+    // The retraining settings are the agent's, so both RL arms get them; the fallback arm never
+    // leaves OFFLINE, where none of them acts.
+    let rl = arm != Arm::Fallback;
+    let rebaseline = if rl { opts.rebaseline_after } else { 0 };
+    let eval_every = if rl { opts.eval_every } else { 0 };
     cfg.sections.insert(
         "lifecycle_monitor".into(),
         serde_json::json!({
             "probation_margin": opts.probation_margin,
             "behaviour_margin": opts.behaviour_margin,
+            "rebaseline_after_episodes": rebaseline,
+            "online_noise_free_only": eval_every > 0,
         }),
+    );
+    cfg.sections.insert(
+        "recommender".into(),
+        serde_json::json!({ "eval_every_episodes": eval_every }),
     );
     cfg.sections.insert(
         "model_store".into(),
@@ -208,12 +234,33 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
         "bc_alpha": opts.bc_alpha,
         "offline_min_transitions": u64::from(opts.offline_episodes) * u64::from(opts.steps_per_episode),
         "eval_episodes": opts.offline_episodes.max(1),
+        "recent_fraction": if rl { opts.recent_fraction } else { 0.0 },
     });
     if let (Arm::Bootstrap, Some(meta), Some(t)) = (arm, &opts.meta, trainer.as_object_mut()) {
         t.insert("meta_dir".into(), meta.display().to_string().into());
     }
     cfg.sections.insert("trainer".into(), trainer);
     cfg
+}
+
+/// Refuses settings a service would refuse at start, before the (slow) oracle runs.
+fn validate_arms(opts: &BootstrapBenchOptions) -> Result<(), BenchError> {
+    let dir = opts.work.as_path();
+    for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
+        let cfg = arm_config(opts, arm, dir);
+        cfg.section::<aware_recommender::RecommenderConfig>("recommender")
+            .map_err(super::fail)?
+            .validate()?;
+        cfg.section::<aware_lifecycle_monitor::MonitorConfig>("lifecycle_monitor")
+            .map_err(super::fail)?
+            .validate()
+            .map_err(super::fail)?;
+        cfg.section::<aware_meta_learner_trainer::learner::TrainerConfig>("trainer")
+            .map_err(super::fail)?
+            .validate()
+            .map_err(super::fail)?;
+    }
+    Ok(())
 }
 
 #[derive(Default)]
@@ -471,6 +518,7 @@ fn oracle_total(opts: &BootstrapBenchOptions) -> Result<f64, BenchError> {
 
 /// Runs the three arms one after the other.
 pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchError> {
+    validate_arms(opts)?;
     // The oracle is deterministic for (apps, seed, steps) and slow: cached in the work dir.
     let cache = opts.work.join(format!(
         "oracle-{}-{}-{}.json",
@@ -521,6 +569,9 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         probation_margin: opts.probation_margin,
         behaviour_margin: opts.behaviour_margin,
         meta: opts.meta.as_ref().map(|m| m.display().to_string()),
+        recent_fraction: opts.recent_fraction,
+        rebaseline_after: opts.rebaseline_after,
+        eval_every: opts.eval_every,
         oracle_total_reward: oracle,
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
@@ -594,6 +645,72 @@ mod tests {
     }
 
     #[test]
+    fn retraining_settings_reach_both_rl_arms_and_never_the_fallback() {
+        let dir = std::path::Path::new("/tmp/x");
+        let get = |opts: &BootstrapBenchOptions, arm, section: &str, key: &str| {
+            arm_config(opts, arm, dir).sections[section][key].clone()
+        };
+        let on = BootstrapBenchOptions {
+            apps: 2,
+            recent_fraction: 0.5,
+            rebaseline_after: 10,
+            eval_every: 2,
+            ..BootstrapBenchOptions::default()
+        };
+        for arm in [Arm::Bootstrap, Arm::NoBootstrap] {
+            assert_eq!(get(&on, arm, "trainer", "recent_fraction"), 0.5);
+            assert_eq!(
+                get(&on, arm, "lifecycle_monitor", "rebaseline_after_episodes"),
+                10
+            );
+            assert_eq!(
+                get(&on, arm, "lifecycle_monitor", "online_noise_free_only"),
+                true
+            );
+            assert_eq!(get(&on, arm, "recommender", "eval_every_episodes"), 2);
+        }
+        let off = BootstrapBenchOptions {
+            apps: 2,
+            ..BootstrapBenchOptions::default()
+        };
+        for (opts, arm) in [
+            (&on, Arm::Fallback),
+            (&off, Arm::Bootstrap),
+            (&off, Arm::NoBootstrap),
+        ] {
+            assert_eq!(get(opts, arm, "trainer", "recent_fraction"), 0.0);
+            assert_eq!(
+                get(opts, arm, "lifecycle_monitor", "rebaseline_after_episodes"),
+                0
+            );
+            assert_eq!(
+                get(opts, arm, "lifecycle_monitor", "online_noise_free_only"),
+                false
+            );
+            assert_eq!(get(opts, arm, "recommender", "eval_every_episodes"), 0);
+        }
+        // the services accept the sections as written; what they would refuse is refused first
+        validate_arms(&on).unwrap();
+        validate_arms(&off).unwrap();
+        for bad in [
+            BootstrapBenchOptions {
+                eval_every: 1,
+                ..on.clone()
+            },
+            BootstrapBenchOptions {
+                rebaseline_after: 1,
+                ..on.clone()
+            },
+            BootstrapBenchOptions {
+                recent_fraction: 1.5,
+                ..on.clone()
+            },
+        ] {
+            assert!(validate_arms(&bad).is_err());
+        }
+    }
+
+    #[test]
     fn plots_have_one_curve_per_arm_and_the_oracle_line() {
         let r = BootstrapReport {
             apps: 2,
@@ -608,6 +725,9 @@ mod tests {
             probation_margin: 0.1,
             behaviour_margin: 0.05,
             meta: None,
+            recent_fraction: 0.0,
+            rebaseline_after: 0,
+            eval_every: 0,
             oracle_total_reward: 1.5 * 300.0,
             arms: vec![
                 arm("fallback", 1.0),
