@@ -80,8 +80,11 @@ pub struct MonitorConfig {
     /// While ONLINE, feed only noise-free episodes (`exploring_steps` = 0 with RL steps: the
     /// recommender's `eval_every_episodes`) to the ONLINE → SERVING decision and to
     /// re-baselining, so they judge the policy and not the policy plus its exploration noise.
-    /// Exploring episodes still count for probation. Needs `recommender.eval_every_episodes`
-    /// (without evaluation episodes the target would stay ONLINE).
+    /// Exploring episodes still count for probation. Needs `recommender.eval_every_episodes`:
+    /// after [`NOISE_FREE_PATIENCE`] ONLINE episodes in a row without a noise-free one (the
+    /// recommender's evaluation episodes are off, or rarer than that) the rule is suspended,
+    /// with a warning, and every ONLINE episode is fed again until the next noise-free one, so
+    /// a target never stays ONLINE for want of evaluation episodes.
     pub online_noise_free_only: bool,
 }
 
@@ -101,6 +104,10 @@ impl Default for MonitorConfig {
         }
     }
 }
+
+/// `online_noise_free_only`: ONLINE episodes in a row without a noise-free one after which the
+/// rule is suspended (the recommender evidently has no evaluation episodes).
+pub const NOISE_FREE_PATIENCE: usize = 10;
 
 /// A setting out of range; names the key.
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +185,8 @@ pub struct LifecycleMachine {
     online_rewards: VecDeque<f64>,
     /// SERVING after a re-baseline: the mean reward below which the target retrains.
     serving_floor: Option<f64>,
+    /// ONLINE episodes since the last noise-free RL one (see `online_noise_free_only`).
+    without_noise_free: usize,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -206,6 +215,7 @@ impl LifecycleMachine {
             failures: 0,
             online_rewards: VecDeque::new(),
             serving_floor: None,
+            without_noise_free: 0,
         }
     }
 
@@ -412,13 +422,33 @@ impl LifecycleMachine {
         if let Some(t) = self.probation_check(ep) {
             return Some(t);
         }
+        let noise_free = ep.exploring_steps == Some(0) && ep.rl_steps > 0;
+        if ep.stage == Stage::Online {
+            if noise_free {
+                self.without_noise_free = 0;
+            } else {
+                self.without_noise_free = self.without_noise_free.saturating_add(1);
+                if self.rules.online_noise_free_only
+                    && self.without_noise_free == NOISE_FREE_PATIENCE
+                {
+                    tracing::warn!(
+                        episode = ep.episode,
+                        patience = NOISE_FREE_PATIENCE,
+                        "online_noise_free_only: no noise-free ONLINE episode (is \
+                         recommender.eval_every_episodes 0?); exploring episodes decide until one \
+                         arrives"
+                    );
+                }
+            }
+        }
         let sample = match self.stage {
             Stage::Initialized => return self.start(),
             Stage::Offline => ep.policy_estimate,
             Stage::Online
                 if ep.stage == Stage::Online
                     && self.rules.online_noise_free_only
-                    && !(ep.exploring_steps == Some(0) && ep.rl_steps > 0) =>
+                    && !noise_free
+                    && self.without_noise_free < NOISE_FREE_PATIENCE =>
             {
                 None
             }
@@ -1315,6 +1345,42 @@ mod tests {
         assert_eq!(m.observe(&serving(0)), None);
         assert_eq!(m.observe(&serving(1)), None);
         assert_eq!(m.observe(&serving(2)).map(|t| t.to), Some(Stage::Online));
+    }
+
+    #[test]
+    fn without_evaluation_episodes_the_noise_free_rule_suspends_itself_after_its_patience() {
+        let ep = |n: u64, mean: f64, exploring: u32| {
+            let mut e = episode(Stage::Online, mean, None);
+            e.episode = n;
+            e.exploring_steps = Some(exploring);
+            e.rl_steps = 100;
+            e
+        };
+        let rules = MonitorConfig {
+            online_noise_free_only: true,
+            ..Default::default()
+        };
+        // the recommender never evaluates: the first PATIENCE − 1 exploring episodes are
+        // ignored, from the PATIENCE-th on they are fed (window 3: SERVING at PATIENCE + 2)
+        let mut m = LifecycleMachine::with_rules(profile(false), rules.clone());
+        m.start();
+        let p = NOISE_FREE_PATIENCE as u64;
+        for n in 0..p + 1 {
+            assert_eq!(m.observe(&ep(n, 1.5, 100)), None, "episode {n}");
+        }
+        let t = m.observe(&ep(p + 1, 1.5, 100)).unwrap();
+        assert_eq!((t.to, t.window), (Stage::Serving, 3));
+        // a noise-free episode re-arms the rule: exploring ones are ignored again
+        let mut m = LifecycleMachine::with_rules(profile(false), rules);
+        m.start();
+        for n in 0..p - 1 {
+            assert_eq!(m.observe(&ep(n, 1.5, 100)), None);
+        }
+        assert_eq!(m.observe(&ep(p - 1, 0.2, 0)), None);
+        for n in p..2 * p - 1 {
+            assert_eq!(m.observe(&ep(n, 1.5, 100)), None, "episode {n}");
+        }
+        assert_eq!(m.stage(), Stage::Online);
     }
 
     #[test]
