@@ -317,6 +317,11 @@ async fn the_lifecycle_monitor_re_baselines_a_settled_target_over_nats() {
         e.mean_reward = mean;
         e.total_reward = mean * f64::from(e.steps);
         e.policy_estimate = None;
+        // noise-free episodes of the policy (the default `online_noise_free_only` feeds only
+        // those to the decision while ONLINE)
+        e.rl_steps = e.steps;
+        e.fallback_steps = 0;
+        e.exploring_steps = Some(0);
         e.into()
     };
     // Retraining settles at 1.1, below t_serving 1.3.

@@ -117,7 +117,13 @@ pub(crate) async fn run_rl_loop(
                         .expect("RL actions name their model version");
                     assert!(announced.contains(&v), "{v} not in {announced:?}");
                     assert_eq!(a.stage, Stage::Online);
-                    assert!(a.exploration, "ONLINE explores");
+                    // ONLINE explores, except in the default evaluation episodes
+                    let k = aware_recommender::RecommenderConfig::default().eval_every_episodes;
+                    assert_eq!(
+                        a.exploration,
+                        !aware_recommender::is_eval_episode(a.episode, k),
+                        "ONLINE explores outside evaluation episodes: {a:?}"
+                    );
                     assert_eq!(a.raw.len(), 3);
                     assert!(a.raw.iter().all(|x| (-1.0..=1.0).contains(x)));
                     assert_eq!(a.fallback_reason, None);

@@ -33,7 +33,11 @@ fn foreign_episode(
     estimate: Option<f64>,
 ) -> Vec<u8> {
     let kv = |k: &str, v: Value| (Value::from(k), v);
-    let map = Value::Map(vec![
+    // An ONLINE episode is a noise-free evaluation episode of the policy (the only kind that
+    // decides ONLINE → SERVING with the default `lifecycle_monitor.online_noise_free_only`);
+    // the others are the fallback's.
+    let rl_steps = if stage == "online" { 100u32 } else { 0 };
+    let mut map = vec![
         kv("schema", Value::from("episode/1")),
         kv(
             "target",
@@ -51,11 +55,15 @@ fn foreign_episode(
         kv("slo_violations", Value::from(0u32)),
         kv("cpu_util_mean", Value::from(0.6)),
         kv("memory_util_mean", Value::from(0.5)),
-        kv("rl_steps", Value::from(0u32)),
-        kv("fallback_steps", Value::from(100u32)),
+        kv("rl_steps", Value::from(rl_steps)),
+        kv("fallback_steps", Value::from(100 - rl_steps)),
         kv("stage", Value::from(stage)),
         kv("policy_estimate", estimate.map_or(Value::Nil, Value::from)),
-    ]);
+    ];
+    if rl_steps > 0 {
+        map.push(kv("exploring_steps", Value::from(0u32)));
+    }
+    let map = Value::Map(map);
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, &map).unwrap();
     out

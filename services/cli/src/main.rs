@@ -204,14 +204,14 @@ enum BenchCommand {
         #[arg(long)]
         meta: Option<PathBuf>,
         /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = bench::bootstrap::services_retraining_defaults().0)]
         recent_fraction: f32,
         /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = bench::bootstrap::services_retraining_defaults().1)]
         rebaseline_after: usize,
         /// `recommender.eval_every_episodes` of both RL arms, with
         /// `lifecycle_monitor.online_noise_free_only` (0: off).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = bench::bootstrap::services_retraining_defaults().2)]
         eval_every: u32,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
@@ -243,19 +243,21 @@ enum BenchCommand {
         /// Gradient steps per transition while retraining (with_retraining, ONLINE).
         #[arg(long, default_value_t = 1)]
         retrain_gradient_steps: u32,
-        /// Share of each retraining minibatch drawn from the newest --retrain-recent transitions.
-        #[arg(long, default_value_t = 0.0)]
+        /// Share of each retraining minibatch drawn from the newest --retrain-recent transitions
+        /// (default: the services' trainer.recent_fraction; 0: uniform, the paper's replay).
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_recent_fraction)]
         retrain_recent_fraction: f32,
-        /// Newest transitions that share is drawn from (0: uniform over the whole buffer).
-        #[arg(long, default_value_t = 0)]
+        /// Newest transitions that share is drawn from (0: uniform over the whole buffer;
+        /// default: the services' 20 episodes of 50 steps).
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_recent)]
         retrain_recent: usize,
         /// Exploration σ while retraining.
         #[arg(long, default_value_t = 0.2)]
         retrain_sigma: f32,
         /// Re-baselining of with_retraining's Algorithm 1 (lifecycle_monitor.
         /// rebaseline_after_episodes; 0: off): ONLINE episodes whose rewards no longer improve
-        /// before it serves at the level they settled at.
-        #[arg(long, default_value_t = 0)]
+        /// before it serves at the level they settled at (default: the services').
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().rebaseline_after)]
         rebaseline_after: usize,
         /// lifecycle_monitor.rebaseline_tolerance: relative improvement that still counts as settled.
         #[arg(long, default_value_t = 0.02)]
@@ -269,8 +271,9 @@ enum BenchCommand {
         retrain_shrink: f32,
         /// The services' evaluation episodes in with_retraining (recommender.eval_every_episodes
         /// with lifecycle_monitor.online_noise_free_only): ONLINE episodes numbered k − 1 modulo k
-        /// run without exploration noise and only those reach its Algorithm 1 (0: off).
-        #[arg(long, default_value_t = 0)]
+        /// run without exploration noise and only those reach its Algorithm 1 (0: off; default:
+        /// the services').
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_eval_every)]
         retrain_eval_every: u32,
         /// Skip the oracle arms (slow: thousands of candidates per step).
         #[arg(long)]

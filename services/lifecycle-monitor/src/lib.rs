@@ -66,7 +66,7 @@ pub struct MonitorConfig {
     /// After a return to OFFLINE: OFFLINE episodes to wait (besides a newer model) before the
     /// next promotion; doubled after every further failed probation (capped at 1000).
     pub readmit_after_episodes: usize,
-    /// Re-baselining (0: off, Algorithm 1 as in the paper). When the last this-many ONLINE
+    /// Re-baselining (default 10; 0: off, Algorithm 1 as in the paper). When the last this-many ONLINE
     /// episodes no longer improve (the newer half's mean reward is above the older half's by at
     /// most `rebaseline_tolerance`, relative) while the window's std is within `t_var` and the
     /// level is at least `t_online`, the target goes SERVING at the level it reached: it stays
@@ -81,10 +81,10 @@ pub struct MonitorConfig {
     /// recommender's `eval_every_episodes`) to the ONLINE → SERVING decision and to
     /// re-baselining, so they judge the policy and not the policy plus its exploration noise.
     /// Exploring episodes still count for probation. Needs `recommender.eval_every_episodes`:
-    /// after [`NOISE_FREE_PATIENCE`] ONLINE episodes in a row without a noise-free one (the
+    /// after [`NOISE_FREE_PATIENCE`] ONLINE episodes with RL steps in a row, none noise-free (the
     /// recommender's evaluation episodes are off, or rarer than that) the rule is suspended,
     /// with a warning, and every ONLINE episode is fed again until the next noise-free one, so
-    /// a target never stays ONLINE for want of evaluation episodes.
+    /// a target never stays ONLINE for want of evaluation episodes. Default on.
     pub online_noise_free_only: bool,
 }
 
@@ -97,10 +97,10 @@ impl Default for MonitorConfig {
             probation_margin: 0.10,
             fallback_episodes: 5,
             readmit_after_episodes: 2,
-            rebaseline_after_episodes: 0,
+            rebaseline_after_episodes: 10,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
-            online_noise_free_only: false,
+            online_noise_free_only: true,
         }
     }
 }
@@ -118,6 +118,16 @@ pub struct MonitorConfigError {
 }
 
 impl MonitorConfig {
+    /// Algorithm 1 as in the paper: no re-baselining, every ONLINE episode decides (the other
+    /// rules at their defaults).
+    pub fn algorithm1() -> Self {
+        MonitorConfig {
+            rebaseline_after_episodes: 0,
+            online_noise_free_only: false,
+            ..MonitorConfig::default()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), MonitorConfigError> {
         let bad = |key, reason| Err(MonitorConfigError { key, reason });
         for (key, v) in [
@@ -185,7 +195,8 @@ pub struct LifecycleMachine {
     online_rewards: VecDeque<f64>,
     /// SERVING after a re-baseline: the mean reward below which the target retrains.
     serving_floor: Option<f64>,
-    /// ONLINE episodes since the last noise-free RL one (see `online_noise_free_only`).
+    /// ONLINE episodes with RL steps since the last noise-free one (see
+    /// `online_noise_free_only`).
     without_noise_free: usize,
 }
 
@@ -423,7 +434,9 @@ impl LifecycleMachine {
             return Some(t);
         }
         let noise_free = ep.exploring_steps == Some(0) && ep.rl_steps > 0;
-        if ep.stage == Stage::Online {
+        // Only episodes the policy acted in tell whether the recommenders evaluate (one driven by
+        // the fallback, before a model arrives, says nothing).
+        if ep.stage == Stage::Online && ep.rl_steps > 0 {
             if noise_free {
                 self.without_noise_free = 0;
             } else {
@@ -658,6 +671,12 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
 
 #[cfg(test)]
 mod tests {
+    /// A machine with the paper's Algorithm 1 rules (the defaults add re-baselining and
+    /// noise-free decisions).
+    fn paper_machine(profile: LifecycleProfile) -> LifecycleMachine {
+        LifecycleMachine::with_rules(profile, MonitorConfig::algorithm1())
+    }
+
     use super::*;
     use aware_bus_schemas::generated::samples;
 
@@ -673,7 +692,7 @@ mod tests {
 
     #[test]
     fn a_registered_profile_applies_and_can_switch_bootstrapping_off() {
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         assert_eq!(m.start().unwrap().to, Stage::Offline);
         // Same profile: nothing.
         assert!(m.set_profile(profile(true)).is_none());
@@ -684,7 +703,7 @@ mod tests {
 
         // Once episodes were seen, switching bootstrapping off changes nothing by itself, but
         // the thresholds apply: a lower t_online promotes on an estimate that did not.
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         m.start();
         for n in 1..=3 {
             let mut e = episode(Stage::Offline, 1.0, Some(0.9));
@@ -705,7 +724,7 @@ mod tests {
 
     #[test]
     fn a_restored_stage_is_kept_and_not_announced_again() {
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         m.restore(Stage::Serving);
         assert_eq!(m.stage(), Stage::Serving);
         assert!(
@@ -736,7 +755,7 @@ mod tests {
         start_at: Option<Stage>,
         feed: &[(Stage, f64, Option<f64>)],
     ) -> (Stage, Option<Transition>) {
-        let mut m = LifecycleMachine::new(profile(bootstrap));
+        let mut m = paper_machine(profile(bootstrap));
         m.start();
         if let Some(s) = start_at {
             m.stage = s;
@@ -909,7 +928,7 @@ mod tests {
     #[test]
     fn transition_reports_window_statistics_and_clears_it() {
         use Stage::*;
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         m.start();
         let mut n = 0u64;
         let mut next = |stage, mean, est| {
@@ -935,7 +954,7 @@ mod tests {
     #[test]
     fn repeated_and_old_episodes_are_ignored() {
         use Stage::*;
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         m.start();
         let mut e = episode(Offline, 0.0, Some(5.0));
         e.episode = 7;
@@ -999,14 +1018,14 @@ mod tests {
     fn model_estimates_and_probation_table() {
         use In::{Ep, Model as M};
         use Stage::*;
-        let on = MonitorConfig::default();
+        let on = MonitorConfig::algorithm1();
         let no_behaviour = MonitorConfig {
             require_behaviour: false,
-            ..MonitorConfig::default()
+            ..MonitorConfig::algorithm1()
         };
         let no_probation = MonitorConfig {
             probation_episodes: 0,
-            ..MonitorConfig::default()
+            ..MonitorConfig::algorithm1()
         };
         // Two OFFLINE episodes earned 1.2 (the fallback's reward), then a promotion.
         const FB: [In; 2] = [Ep(Offline, 1.2, None), Ep(Offline, 1.2, None)];
@@ -1199,7 +1218,7 @@ mod tests {
         );
         assert!((down.mean.unwrap() - 1.0).abs() < 1e-12);
         // Readmitted later, the new ONLINE period is on probation again.
-        let mut m = LifecycleMachine::new(profile(true));
+        let mut m = paper_machine(profile(true));
         m.start();
         let mut n = 0;
         let mut ep = |stage, mean| {
@@ -1242,30 +1261,40 @@ mod tests {
         d.validate().unwrap();
         assert!(d.require_behaviour);
         assert_eq!((d.probation_episodes, d.probation_margin), (3, 0.10));
+        assert_eq!(
+            (d.rebaseline_after_episodes, d.online_noise_free_only),
+            (10, true)
+        );
+        let a = MonitorConfig::algorithm1();
+        a.validate().unwrap();
+        assert_eq!(
+            (a.rebaseline_after_episodes, a.online_noise_free_only),
+            (0, false)
+        );
         for bad in [
             MonitorConfig {
                 probation_margin: 1.5,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
             MonitorConfig {
                 behaviour_margin: f64::NAN,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
             MonitorConfig {
                 fallback_episodes: 0,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
             MonitorConfig {
                 rebaseline_after_episodes: 1,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
             MonitorConfig {
                 rebaseline_margin: -0.1,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
             MonitorConfig {
                 rebaseline_tolerance: f64::INFINITY,
-                ..MonitorConfig::default()
+                ..MonitorConfig::algorithm1()
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
@@ -1284,7 +1313,7 @@ mod tests {
     fn rebaseline_run(n: usize, rewards: &[f64]) -> (LifecycleMachine, Vec<Transition>) {
         let rules = MonitorConfig {
             rebaseline_after_episodes: n,
-            ..MonitorConfig::default()
+            ..MonitorConfig::algorithm1()
         };
         let mut m = LifecycleMachine::with_rules(profile(false), rules);
         assert_eq!(m.start().unwrap().to, Stage::Online);
@@ -1308,7 +1337,7 @@ mod tests {
         };
         let rules = MonitorConfig {
             online_noise_free_only: true,
-            ..Default::default()
+            ..MonitorConfig::algorithm1()
         };
         let mut m = LifecycleMachine::with_rules(profile(false), rules.clone());
         assert_eq!(m.start().map(|t| t.to), Some(Stage::Online));
@@ -1328,7 +1357,7 @@ mod tests {
         assert_eq!((t.to, t.window), (Stage::Serving, 3));
         assert!((t.mean.unwrap() - 1.35).abs() < 1e-12, "{t:?}");
         // without the rule the first three exploring episodes decide
-        let mut m = LifecycleMachine::new(profile(false));
+        let mut m = paper_machine(profile(false));
         m.start();
         assert_eq!(m.observe(&ep(0, 1.5, Some(100), 100)), None);
         assert_eq!(m.observe(&ep(1, 1.5, Some(100), 100)), None);
@@ -1358,17 +1387,23 @@ mod tests {
         };
         let rules = MonitorConfig {
             online_noise_free_only: true,
-            ..Default::default()
+            ..MonitorConfig::algorithm1()
         };
         // the recommender never evaluates: the first PATIENCE − 1 exploring episodes are
         // ignored, from the PATIENCE-th on they are fed (window 3: SERVING at PATIENCE + 2)
         let mut m = LifecycleMachine::with_rules(profile(false), rules.clone());
         m.start();
         let p = NOISE_FREE_PATIENCE as u64;
-        for n in 0..p + 1 {
+        // episodes the fallback drove (no model yet) neither decide nor use up the patience
+        for n in 0..2 * p {
+            let mut e = ep(n, 1.5, 0);
+            e.rl_steps = 0;
+            assert_eq!(m.observe(&e), None, "fallback-driven episode {n}");
+        }
+        for n in 2 * p..3 * p + 1 {
             assert_eq!(m.observe(&ep(n, 1.5, 100)), None, "episode {n}");
         }
-        let t = m.observe(&ep(p + 1, 1.5, 100)).unwrap();
+        let t = m.observe(&ep(3 * p + 1, 1.5, 100)).unwrap();
         assert_eq!((t.to, t.window), (Stage::Serving, 3));
         // a noise-free episode re-arms the rule: exploring ones are ignored again
         let mut m = LifecycleMachine::with_rules(profile(false), rules);

@@ -82,7 +82,8 @@ pub struct TrainerConfig {
     /// ONLINE: share of each round's minibatch rows drawn from the target's last
     /// `recent_episodes` episodes (recency-mixed replay, so after a workload change the new
     /// regime's transitions are not drowned by the old ones); the rest uniformly from its whole
-    /// history. 0: uniform only. OFFLINE rounds always sample uniformly.
+    /// history. 0: uniform only (the paper's replay). OFFLINE rounds always sample uniformly.
+    /// Default 0.5 of the last 20 episodes.
     pub recent_fraction: f32,
     pub recent_episodes: usize,
 }
@@ -109,7 +110,7 @@ impl Default for TrainerConfig {
             exploration_sigma: 0.2,
             meta_dir: String::new(),
             embedding_refresh_episodes: 5,
-            recent_fraction: 0.0,
+            recent_fraction: 0.5,
             recent_episodes: 20,
         }
     }

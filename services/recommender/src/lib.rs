@@ -86,7 +86,7 @@ impl AgentState {
 }
 
 /// The `[recommender]` configuration section.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RecommenderConfig {
     pub fallback: FallbackConfig,
@@ -96,7 +96,18 @@ pub struct RecommenderConfig {
     /// without exploration noise (the weights still train on it), so the lifecycle monitor can
     /// judge the policy rather than the policy plus its noise
     /// (`lifecycle_monitor.online_noise_free_only`). 0: off, every ONLINE episode explores.
+    /// Default 2: every other ONLINE episode.
     pub eval_every_episodes: u32,
+}
+
+impl Default for RecommenderConfig {
+    fn default() -> Self {
+        RecommenderConfig {
+            fallback: FallbackConfig::default(),
+            seed: 0,
+            eval_every_episodes: 2,
+        }
+    }
 }
 
 impl RecommenderConfig {

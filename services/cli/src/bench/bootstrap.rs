@@ -64,18 +64,30 @@ pub struct BootstrapBenchOptions {
     /// meta-learning, its base-learner conditioned on the workload embedding of the fallback's
     /// episodes. `None`: the plain base-learner. The other arms never use it.
     pub meta: Option<PathBuf>,
-    /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off,
-    /// the services' default).
+    /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off;
+    /// default: the services').
     pub recent_fraction: f32,
-    /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off, the default).
+    /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off; default: the
+    /// services').
     pub rebaseline_after: usize,
     /// `recommender.eval_every_episodes` of both RL arms, with
-    /// `lifecycle_monitor.online_noise_free_only` (0: off, the default).
+    /// `lifecycle_monitor.online_noise_free_only` (0: off; default: the services').
     pub eval_every: u32,
+}
+
+/// The services' defaults of the retraining settings: `trainer.recent_fraction`,
+/// `lifecycle_monitor.rebaseline_after_episodes`, `recommender.eval_every_episodes`.
+pub fn services_retraining_defaults() -> (f32, usize, u32) {
+    (
+        aware_meta_learner_trainer::learner::TrainerConfig::default().recent_fraction,
+        aware_lifecycle_monitor::MonitorConfig::default().rebaseline_after_episodes,
+        aware_recommender::RecommenderConfig::default().eval_every_episodes,
+    )
 }
 
 impl Default for BootstrapBenchOptions {
     fn default() -> Self {
+        let services = services_retraining_defaults();
         BootstrapBenchOptions {
             apps: 20,
             seed: 1001,
@@ -91,9 +103,9 @@ impl Default for BootstrapBenchOptions {
             probation_margin: 0.10,
             behaviour_margin: 0.05,
             meta: None,
-            recent_fraction: 0.0,
-            rebaseline_after: 0,
-            eval_every: 0,
+            recent_fraction: services.0,
+            rebaseline_after: services.1,
+            eval_every: services.2,
         }
     }
 }
@@ -671,8 +683,17 @@ mod tests {
         }
         let off = BootstrapBenchOptions {
             apps: 2,
+            recent_fraction: 0.0,
+            rebaseline_after: 0,
+            eval_every: 0,
             ..BootstrapBenchOptions::default()
         };
+        // by default the bench runs the services' defaults
+        let d = BootstrapBenchOptions::default();
+        assert_eq!(
+            (d.recent_fraction, d.rebaseline_after, d.eval_every),
+            (0.5, 10, 2)
+        );
         for (opts, arm) in [
             (&on, Arm::Fallback),
             (&off, Arm::Bootstrap),

@@ -88,13 +88,14 @@ pub struct ServeBenchOptions {
     /// Retraining (`with_retraining` while ONLINE): gradient steps per transition.
     pub retrain_gradient_steps: u32,
     /// Retraining: share of each minibatch drawn from the newest `retrain_recent` transitions
-    /// (recency-mixed replay; 0: uniform over the whole buffer, as in training).
+    /// (recency-mixed replay; 0: uniform over the whole buffer, as in training). Default: the
+    /// services' `trainer.recent_fraction` 0.5 of 20 episodes (1,000 transitions).
     pub retrain_recent_fraction: f32,
     pub retrain_recent: usize,
     /// Retraining: exploration σ while ONLINE.
     pub retrain_sigma: f32,
     /// `lifecycle_monitor.rebaseline_after_episodes` / `_tolerance` / `_margin` of the
-    /// `with_retraining` arm's Algorithm 1 (0: off, the services' default).
+    /// `with_retraining` arm's Algorithm 1 (0: off; default 10, the services').
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
@@ -105,7 +106,8 @@ pub struct ServeBenchOptions {
     /// k − 1 modulo k run without exploration noise (still training:
     /// `recommender.eval_every_episodes`), and while ONLINE only those reach Algorithm 1
     /// (`lifecycle_monitor.online_noise_free_only`), so its return to SERVING judges the policy
-    /// rather than the policy plus noise (0: off, every ONLINE episode explores and is fed).
+    /// rather than the policy plus noise (0: off, every ONLINE episode explores and is fed;
+    /// default 2, the services').
     pub retrain_eval_every: u32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
     pub oracle: bool,
@@ -133,14 +135,17 @@ impl Default for ServeBenchOptions {
             exploration_sigma: 0.2,
             gradient_steps: 1,
             retrain_gradient_steps: 1,
-            retrain_recent_fraction: 0.0,
-            retrain_recent: 0,
+            // the services' defaults: trainer.recent_fraction 0.5 of the last 20 episodes (of 50
+            // steps), lifecycle_monitor.rebaseline_after_episodes 10, recommender
+            // .eval_every_episodes 2 with lifecycle_monitor.online_noise_free_only
+            retrain_recent_fraction: 0.5,
+            retrain_recent: 1000,
             retrain_sigma: 0.2,
-            rebaseline_after: 0,
+            rebaseline_after: 10,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
             retrain_shrink: 1.0,
-            retrain_eval_every: 0,
+            retrain_eval_every: 2,
             oracle: true,
             disturbed_reference: false,
             servable_only: false,
