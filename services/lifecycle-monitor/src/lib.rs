@@ -66,10 +66,10 @@ pub struct MonitorConfig {
     /// After a return to OFFLINE: OFFLINE episodes to wait (besides a newer model) before the
     /// next promotion; doubled after every further failed probation (capped at 1000).
     pub readmit_after_episodes: usize,
-    /// Re-baselining (default 10; 0: off, Algorithm 1 as in the paper). When the last this-many ONLINE
-    /// episodes no longer improve (the newer half's mean reward is above the older half's by at
-    /// most `rebaseline_tolerance`, relative) while the window's std is within `t_var` and the
-    /// level is at least `t_online`, the target goes SERVING at the level it reached: it stays
+    /// Re-baselining (default 10; 0: off, Algorithm 1 as in the paper). When the last
+    /// this-many ONLINE episodes no longer improve (the newer half's mean reward is above the
+    /// older half's by at most `rebaseline_tolerance`, relative) while the window's std is
+    /// within `t_var` and the level is at least `t_online`, the target goes SERVING at the level it reached: it stays
     /// SERVING while the window's mean is at least that level less `rebaseline_margin`
     /// (relative; never above `t_serving`). A workload change that lowers what any policy can
     /// earn then ends in SERVING instead of exploring for ever below a `t_serving` it can no
@@ -105,8 +105,8 @@ impl Default for MonitorConfig {
     }
 }
 
-/// `online_noise_free_only`: ONLINE episodes in a row without a noise-free one after which the
-/// rule is suspended (the recommender evidently has no evaluation episodes).
+/// `online_noise_free_only`: ONLINE episodes with RL steps in a row, none noise-free, after
+/// which the rule is suspended (the recommenders evidently have no evaluation episodes).
 pub const NOISE_FREE_PATIENCE: usize = 10;
 
 /// A setting out of range; names the key.
