@@ -979,3 +979,67 @@ fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(args: &[&str]) -> BenchCommand {
+        let argv = ["aware", "bench"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Bench { bench } => bench,
+            _ => unreachable!("parsed a bench command"),
+        }
+    }
+
+    /// Without flags, the benches run the services' retraining defaults; 0 turns them off.
+    #[test]
+    fn bench_retraining_flags_default_to_the_services_defaults() {
+        let services = bench::bootstrap::services_retraining_defaults();
+        assert_eq!(services, (0.5, 10, 2));
+        match bench(&["bootstrap"]) {
+            BenchCommand::Bootstrap {
+                recent_fraction,
+                rebaseline_after,
+                eval_every,
+                ..
+            } => assert_eq!((recent_fraction, rebaseline_after, eval_every), services),
+            _ => unreachable!(),
+        }
+        match bench(&["serve"]) {
+            BenchCommand::Serve {
+                retrain_recent_fraction,
+                retrain_recent,
+                rebaseline_after,
+                retrain_eval_every,
+                ..
+            } => {
+                assert_eq!(
+                    (
+                        retrain_recent_fraction,
+                        rebaseline_after,
+                        retrain_eval_every
+                    ),
+                    services
+                );
+                assert_eq!(retrain_recent, 1000, "20 episodes of 50 steps");
+            }
+            _ => unreachable!(),
+        }
+        match bench(&[
+            "bootstrap",
+            "--recent-fraction",
+            "0",
+            "--rebaseline-after",
+            "0",
+        ]) {
+            BenchCommand::Bootstrap {
+                recent_fraction,
+                rebaseline_after,
+                eval_every,
+                ..
+            } => assert_eq!((recent_fraction, rebaseline_after, eval_every), (0.0, 0, 2)),
+            _ => unreachable!(),
+        }
+    }
+}
