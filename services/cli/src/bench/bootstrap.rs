@@ -658,9 +658,19 @@ mod tests {
 
     #[test]
     fn retraining_settings_reach_both_rl_arms_and_never_the_fallback() {
+        use serde_json::json;
         let dir = std::path::Path::new("/tmp/x");
-        let get = |opts: &BootstrapBenchOptions, arm, section: &str, key: &str| {
-            arm_config(opts, arm, dir).sections[section][key].clone()
+        // (trainer.recent_fraction, rebaseline_after_episodes, online_noise_free_only,
+        // recommender.eval_every_episodes) as an arm's services read them
+        let settings = |opts: &BootstrapBenchOptions, arm| {
+            let c = arm_config(opts, arm, dir).sections;
+            let monitor = &c["lifecycle_monitor"];
+            (
+                c["trainer"]["recent_fraction"].clone(),
+                monitor["rebaseline_after_episodes"].clone(),
+                monitor["online_noise_free_only"].clone(),
+                c["recommender"]["eval_every_episodes"].clone(),
+            )
         };
         let on = BootstrapBenchOptions {
             apps: 2,
@@ -669,18 +679,6 @@ mod tests {
             eval_every: 2,
             ..BootstrapBenchOptions::default()
         };
-        for arm in [Arm::Bootstrap, Arm::NoBootstrap] {
-            assert_eq!(get(&on, arm, "trainer", "recent_fraction"), 0.5);
-            assert_eq!(
-                get(&on, arm, "lifecycle_monitor", "rebaseline_after_episodes"),
-                10
-            );
-            assert_eq!(
-                get(&on, arm, "lifecycle_monitor", "online_noise_free_only"),
-                true
-            );
-            assert_eq!(get(&on, arm, "recommender", "eval_every_episodes"), 2);
-        }
         let off = BootstrapBenchOptions {
             apps: 2,
             recent_fraction: 0.0,
@@ -688,28 +686,19 @@ mod tests {
             eval_every: 0,
             ..BootstrapBenchOptions::default()
         };
+        let set = (json!(0.5), json!(10), json!(true), json!(2));
+        let unset = (json!(0.0), json!(0), json!(false), json!(0));
+        for arm in [Arm::Bootstrap, Arm::NoBootstrap] {
+            assert_eq!(settings(&on, arm), set);
+            assert_eq!(settings(&off, arm), unset);
+        }
+        assert_eq!(settings(&on, Arm::Fallback), unset);
         // by default the bench runs the services' defaults
         let d = BootstrapBenchOptions::default();
         assert_eq!(
             (d.recent_fraction, d.rebaseline_after, d.eval_every),
             (0.5, 10, 2)
         );
-        for (opts, arm) in [
-            (&on, Arm::Fallback),
-            (&off, Arm::Bootstrap),
-            (&off, Arm::NoBootstrap),
-        ] {
-            assert_eq!(get(opts, arm, "trainer", "recent_fraction"), 0.0);
-            assert_eq!(
-                get(opts, arm, "lifecycle_monitor", "rebaseline_after_episodes"),
-                0
-            );
-            assert_eq!(
-                get(opts, arm, "lifecycle_monitor", "online_noise_free_only"),
-                false
-            );
-            assert_eq!(get(opts, arm, "recommender", "eval_every_episodes"), 0);
-        }
         // the services accept the sections as written; what they would refuse is refused first
         validate_arms(&on).unwrap();
         validate_arms(&off).unwrap();
