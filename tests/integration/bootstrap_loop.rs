@@ -66,14 +66,7 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
     let mut returns = 0u32;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while rl_actions.len() < apps || rl_actions.values().any(|&n| n < 5) {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("ONLINE with RL actions on every target within 60 s: estimates {estimates:?}, online {online:?}, rl actions {rl_actions:?}")
-            })
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || format!("ONLINE with RL actions on every target within 60 s: estimates {estimates:?}, online {online:?}, rl actions {rl_actions:?}")).await {
             Event::Model(md) if !online.contains(&md.target) => {
                 // Offline rounds announce the estimate and the behaviour's reward.
                 let (Some(e), Some(b)) = (md.policy_estimate, md.behaviour_reward) else {
@@ -191,14 +184,7 @@ async fn a_bad_policy_returns_to_offline_by_itself() {
     let mut after: BTreeMap<Target, Vec<DecisionSource>> = BTreeMap::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while after.len() < apps || after.values().any(|v| v.len() < 12) {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("back to OFFLINE on every target within 60 s: online {online:?}, rl actions {rl_actions:?}, demoted {demoted:?}")
-            })
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || format!("back to OFFLINE on every target within 60 s: online {online:?}, rl actions {rl_actions:?}, demoted {demoted:?}")).await {
             // After the first fallback episode (the monitor then knows the fallback's reward),
             // announce the bad policy with an estimate that clears every threshold.
             Event::Episode(e)

@@ -36,12 +36,11 @@ async fn fallback_loop_records_every_step() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     // The run ends when every target has its episode summaries.
     while eps < apps as u64 * episodes {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .expect("the loop finishes within 120 s")
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || {
+            "the loop finishes within 120 s".into()
+        })
+        .await
+        {
             Event::Obs(o) => {
                 obs += 1;
                 assert!(o.complete);

@@ -39,3 +39,18 @@ pub(crate) async fn start_services(
     .unwrap();
     (sub, running, shutdown)
 }
+
+/// The next message on `sub` decoded as an event (by its subject's kind); panics with `what()`
+/// (the wait's goal and the state so far) once `deadline` passes.
+pub(crate) async fn next_event(
+    sub: &mut aware_shared::bus::Subscription,
+    deadline: tokio::time::Instant,
+    what: impl FnOnce() -> String,
+) -> aware_bus_schemas::Event {
+    let m = tokio::time::timeout_at(deadline, sub.next())
+        .await
+        .unwrap_or_else(|_| panic!("{}", what()))
+        .unwrap();
+    let p = aware_bus_schemas::subject::parse(&m.subject).unwrap();
+    aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap()
+}

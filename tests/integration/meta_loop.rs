@@ -85,14 +85,7 @@ async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embeddin
     let mut rl_versions: BTreeSet<(Target, u64)> = BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while rl_actions.len() < apps || rl_actions.values().any(|&n| n < 5) {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("RL actions on every target within 60 s: embeddings {embeddings:?}, models {models:?}, rl actions {rl_actions:?}")
-            })
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || format!("RL actions on every target within 60 s: embeddings {embeddings:?}, models {models:?}, rl actions {rl_actions:?}")).await {
             Event::Embedding(e) => {
                 assert_eq!(e.embedding.len(), 64);
                 assert!(e.embedding.iter().all(|x| x.is_finite()));

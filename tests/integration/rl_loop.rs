@@ -82,14 +82,7 @@ pub(crate) async fn run_rl_loop(
     let mut online = std::collections::BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while rl_actions.len() < apps || rl_actions.values().any(|&n| n < 5) {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("RL actions on every target within 60 s: models {models:?}, rl actions {rl_actions:?}")
-            })
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || format!("RL actions on every target within 60 s: models {models:?}, rl actions {rl_actions:?}")).await {
             Event::Lifecycle(l) => {
                 assert_eq!(l.stage, Stage::Online, "bootstrapping is disabled");
                 online.insert(l.target);
@@ -173,14 +166,13 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
     let mut rl_actions = [0u32; 2];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while served.len() < apps {
-        let m = tokio::time::timeout_at(deadline, all.next())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("every target SERVING within 90 s: served {served:?}, rl actions {rl_actions:?}")
-            })
-            .unwrap();
-        let p = subject::parse(&m.subject).unwrap();
-        match aware_bus_schemas::decode_event(p.kind, &m.payload).unwrap() {
+        match crate::next_event(&mut all, deadline, || {
+            format!(
+                "every target SERVING within 90 s: served {served:?}, rl actions {rl_actions:?}"
+            )
+        })
+        .await
+        {
             Event::Action(a) if a.source == DecisionSource::Rl && a.stage == Stage::Online => {
                 // odd episodes evaluate, even ones explore
                 assert_eq!(a.exploration, a.episode % 2 == 0, "{a:?}");
