@@ -372,6 +372,20 @@ pub struct Lifecycle {
     pub window: u32,
 }
 
+impl Lifecycle {
+    /// Whether the target retrains after this message: ONLINE entered from SERVING (Algorithm 1's
+    /// retraining trigger), as opposed to ONLINE entered from OFFLINE (learning for the first
+    /// time). `was` is the answer before this message; it is kept while the target stays ONLINE
+    /// (an announcement ONLINE → ONLINE) and ends when it leaves ONLINE.
+    pub fn retraining(&self, was: bool) -> bool {
+        match (self.stage, self.previous) {
+            (Stage::Online, Some(Stage::Serving)) => true,
+            (Stage::Online, Some(Stage::Online)) => was,
+            _ => false,
+        }
+    }
+}
+
 /// `embedding/1`: the meta-learner's workload embedding for a target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Embedding {

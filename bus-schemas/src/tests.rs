@@ -265,3 +265,35 @@ proptest! {
         prop_assert_eq!(back, obs);
     }
 }
+
+#[test]
+fn retraining_is_online_entered_from_serving_until_it_leaves_online() {
+    let l = |stage, previous| Lifecycle {
+        schema: Schema::new(),
+        target: Target::new("ns", "app"),
+        episode: 3,
+        step: 0,
+        ts_ms: 0,
+        stage,
+        previous,
+        reason: String::new(),
+        reward_mean: None,
+        reward_std: None,
+        window: 0,
+    };
+    use Stage::*;
+    // Entered from SERVING: retraining, whatever came before.
+    assert!(l(Online, Some(Serving)).retraining(false));
+    assert!(l(Online, Some(Serving)).retraining(true));
+    // Entered from OFFLINE (bootstrapped) or at start: first learning.
+    assert!(!l(Online, Some(Offline)).retraining(true));
+    assert!(!l(Online, Some(Initialized)).retraining(true));
+    assert!(!l(Online, None).retraining(true));
+    // Staying ONLINE keeps the answer.
+    assert!(l(Online, Some(Online)).retraining(true));
+    assert!(!l(Online, Some(Online)).retraining(false));
+    // Leaving ONLINE ends it.
+    for stage in [Serving, Offline, Initialized] {
+        assert!(!l(stage, Some(Online)).retraining(true), "{stage:?}");
+    }
+}

@@ -197,6 +197,22 @@ impl Ddpg {
         state: &[f32],
         rng: &mut R,
     ) -> Result<[f32; ACTION_DIM], ModelError> {
+        self.act_explore_scaled(state, rng, 1.0)
+    }
+
+    /// [`Ddpg::act_explore`] with the noise scaled by `scale` (the checkpoint's σ unchanged):
+    /// `clamp(μ(s) + scale·ε·noise, −1, 1)`. A scale that is not finite and ≥ 0 is refused.
+    pub fn act_explore_scaled<R: Rng + ?Sized>(
+        &mut self,
+        state: &[f32],
+        rng: &mut R,
+        scale: f32,
+    ) -> Result<[f32; ACTION_DIM], ModelError> {
+        if !(scale.is_finite() && scale >= 0.0) {
+            return Err(ModelError::InvalidConfig(format!(
+                "exploration noise scale must be finite and >= 0, got {scale}"
+            )));
+        }
         self.observe(state)?;
         let mut a = self.act(state)?;
         let n = self.cfg.noise;
@@ -209,7 +225,7 @@ impl Ddpg {
                     *ou
                 }
             };
-            *ai = (*ai + self.noise.epsilon * noise).clamp(-1.0, 1.0);
+            *ai = (*ai + scale * self.noise.epsilon * noise).clamp(-1.0, 1.0);
         }
         self.noise.epsilon = (self.noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
         Ok(a)
@@ -851,6 +867,44 @@ pub(crate) mod tests {
         agent.set_exploration_sigma(0.1).unwrap();
         let back = Ddpg::from_bytes(&agent.to_bytes().unwrap()).unwrap();
         assert_eq!(back.config().noise.sigma, 0.1);
+    }
+
+    #[test]
+    fn scaled_exploration_multiplies_the_same_noise_draw() {
+        let base = Ddpg::new(small(9)).unwrap();
+        let s = [0.3, -0.2, 0.1];
+        let draw = |scale: f32| {
+            let mut agent = base.clone();
+            let mut rng = ChaCha8Rng::seed_from_u64(11);
+            let a = agent.act_explore_scaled(&s, &mut rng, scale).unwrap();
+            (a, agent.act(&s).unwrap(), agent.epsilon())
+        };
+        let (full, mu, eps_full) = draw(1.0);
+        let (half, mu_half, eps_half) = draw(0.5);
+        let (none, mu_none, _) = draw(0.0);
+        assert_eq!((mu, eps_full), (mu_half, eps_half));
+        assert_eq!(none, mu_none);
+        // The same draw, half as far from μ(s) (no clamping at these magnitudes).
+        for i in 0..ACTION_DIM {
+            assert!(full[i].abs() < 1.0, "{full:?}");
+            assert!(
+                (half[i] - mu[i] - 0.5 * (full[i] - mu[i])).abs() < 1e-5,
+                "{i}"
+            );
+        }
+        assert_ne!(full, mu);
+        // act_explore is scale 1.
+        let mut agent = base.clone();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        assert_eq!(agent.act_explore(&s, &mut rng).unwrap(), full);
+        for bad in [f32::NAN, -0.5, f32::INFINITY] {
+            let mut agent = base.clone();
+            let mut rng = ChaCha8Rng::seed_from_u64(11);
+            assert!(matches!(
+                agent.act_explore_scaled(&s, &mut rng, bad),
+                Err(ModelError::InvalidConfig(_))
+            ));
+        }
     }
 
     #[test]
