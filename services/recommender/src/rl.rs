@@ -144,15 +144,15 @@ pub fn policy_input(
 }
 
 /// The policy's action for `state` (and, for a conditioned policy, the target's `embedding`):
-/// with exploration noise (and the state folded into the normalizer) when `explore`, else
-/// deterministic with the normalizer frozen.
+/// with exploration noise scaled by `explore`'s factor (and the state folded into the
+/// normalizer) when `Some`, else deterministic with the normalizer frozen.
 pub fn rl_decide<R: Rng + ?Sized>(
     policy: &mut RlPolicy,
     state: &[f32],
     embedding: Option<&[f32]>,
     current: Resources,
     bounds: &Bounds,
-    explore: bool,
+    explore: Option<f32>,
     rng: &mut R,
 ) -> Result<RlDecision, FallbackReason> {
     if state.iter().any(|x| !x.is_finite()) {
@@ -160,18 +160,18 @@ pub fn rl_decide<R: Rng + ?Sized>(
     }
     let input = policy_input(policy.ddpg.config().state_dim, state, embedding)?;
     let conditioned = input.len() > state.len();
-    let raw = if explore && conditioned {
+    let raw = if let (Some(scale), true) = (explore, conditioned) {
         // Fold the state in, keep the embedding features at mean 0, std 1, then act on them.
         let d = &mut policy.ddpg;
         d.normalizer_mut().unfreeze();
         d.observe(&input).and_then(|()| {
             d.normalizer_mut().pin_identity(state.len());
             d.normalizer_mut().freeze();
-            d.act_explore(&input, rng)
+            d.act_explore_scaled(&input, rng, scale)
         })
-    } else if explore {
+    } else if let Some(scale) = explore {
         policy.ddpg.normalizer_mut().unfreeze();
-        policy.ddpg.act_explore(&input, rng)
+        policy.ddpg.act_explore_scaled(&input, rng, scale)
     } else {
         policy.ddpg.normalizer_mut().freeze();
         policy.ddpg.act(&input)
@@ -187,7 +187,7 @@ pub fn rl_decide<R: Rng + ?Sized>(
     Ok(RlDecision {
         raw,
         desired: map_raw(raw, current, bounds),
-        exploration: explore,
+        exploration: explore.is_some(),
     })
 }
 
@@ -263,20 +263,20 @@ mod tests {
             cpu_millicores: 500,
             memory_bytes: 512 << 20,
         };
-        let d = rl_decide(&mut p, &s, Some(&e), cur, &b, false, &mut rng).unwrap();
+        let d = rl_decide(&mut p, &s, Some(&e), cur, &b, None, &mut rng).unwrap();
         assert_eq!(
             d.raw,
             p.ddpg.act(&x).unwrap(),
             "the actor saw state ‖ embedding"
         );
         assert_eq!(
-            rl_decide(&mut p, &s, None, cur, &b, false, &mut rng),
+            rl_decide(&mut p, &s, None, cur, &b, None, &mut rng),
             Err(FallbackReason::NoEmbedding)
         );
         // Exploring folds the state in; the embedding features stay at mean 0, std 1.
         for i in 0..20 {
             let s: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32).cos()).collect();
-            rl_decide(&mut p, &s, Some(&e), cur, &b, true, &mut rng).unwrap();
+            rl_decide(&mut p, &s, Some(&e), cur, &b, Some(1.0), &mut rng).unwrap();
         }
         let n = p.ddpg.normalizer();
         assert_eq!(n.count(), 20);
@@ -285,7 +285,7 @@ mod tests {
         assert!(n.std()[9..].iter().all(|&s| s == 1.0));
         // A 9-d policy explores as before.
         let mut plain = policy(9);
-        rl_decide(&mut plain, &s, Some(&e), cur, &b, true, &mut rng).unwrap();
+        rl_decide(&mut plain, &s, Some(&e), cur, &b, Some(1.0), &mut rng).unwrap();
         assert_eq!(plain.ddpg.normalizer().count(), 1);
     }
 }
