@@ -213,3 +213,123 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
         assert_eq!(Some(*at), first, "{t}: {mine:?}");
     }
 }
+
+/// Retraining over the bus, with the test in the lifecycle monitor's place: it moves the target
+/// ONLINE (from INITIALIZED: first learning), then SERVING and back ONLINE (Algorithm 1's
+/// retraining trigger). The trainer's online rounds take `gradient_steps` while the target first
+/// learns and `retrain_gradient_steps` once it retrains; the recommender keeps exploring (its
+/// noise scale while retraining is checked in its unit tests).
+#[actix_rt::test]
+async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
+    use aware_bus_schemas::{Lifecycle, Schema};
+    let dir = tempfile::tempdir().unwrap();
+    let store = serde_json::json!({ "dir": dir.path().join("models").display().to_string() });
+    let mut cfg = rl_loop_config(dir.path(), "embedded", 1, store);
+    cfg.sections.insert(
+        "trainer".into(),
+        serde_json::json!({
+            "train_every_transitions": 40, "gradient_steps": 20, "retrain_gradient_steps": 60,
+            "batch_size": 32, "min_transitions": 32, "poll_ms": 50
+        }),
+    );
+    // Every ONLINE action explores (no evaluation episodes).
+    cfg.sections.insert(
+        "recommender".into(),
+        serde_json::json!({ "eval_every_episodes": 0 }),
+    );
+    let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator).unwrap();
+    let target = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
+    let services: Vec<aware_shared::launcher::ServiceEntry> = aware_cli::SERVICES
+        .iter()
+        .filter(|s| s.name != aware_lifecycle_monitor::NAME)
+        .copied()
+        .collect();
+    assert_eq!(services.len(), 5);
+    let bus = Bus::in_process(65_536);
+    let mut all = bus.subscribe(subject::ALL).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus.clone(),
+        std::sync::Arc::new(cfg),
+        &services,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    // Subscribed: the first lifecycle message reaches the trainer and the recommender.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("services ready");
+    let publish = |stage: Stage, previous: Stage| {
+        let ev = Event::Lifecycle(Lifecycle {
+            schema: Schema::new(),
+            target: target.clone(),
+            episode: 0,
+            step: 0,
+            ts_ms: aware_bus_schemas::now_ms(),
+            stage,
+            previous: Some(previous),
+            reason: "set by the test".into(),
+            reward_mean: None,
+            reward_std: None,
+            window: 0,
+        });
+        let (bus, subj) = (
+            bus.clone(),
+            subject::subject(ev.kind(), ev.target()).unwrap(),
+        );
+        async move {
+            let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+            bus.publish(&subj, bytes.into()).await.unwrap();
+            bus.flush().await.unwrap();
+        }
+    };
+    publish(Stage::Online, Stage::Initialized).await;
+    // Gradient steps of each round (differences of `trained_steps`), before and after the
+    // trigger.
+    let (mut first, mut retrain) = (Vec::new(), Vec::new());
+    let mut trained = 0u64;
+    let mut rl_actions = 0u32;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while retrain.iter().filter(|&&s| s == 60).count() < 3 {
+        match crate::next_event(&mut all, deadline, || {
+            format!("three retraining rounds within 120 s: first {first:?}, retrain {retrain:?}")
+        })
+        .await
+        {
+            Event::Model(m) if m.target == target => {
+                let steps = m.trained_steps - trained;
+                trained = m.trained_steps;
+                if first.len() < 2 {
+                    first.push(steps);
+                    if first.len() == 2 {
+                        publish(Stage::Serving, Stage::Online).await;
+                        publish(Stage::Online, Stage::Serving).await;
+                    }
+                } else {
+                    retrain.push(steps);
+                }
+            }
+            Event::Action(a) if a.source == DecisionSource::Rl && a.stage == Stage::Online => {
+                assert!(a.exploration, "{a:?}");
+                rl_actions += 1;
+            }
+            _ => {}
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+    assert_eq!(first, [20, 20], "first learning: gradient_steps");
+    // A round already running at the trigger may still take 20; every later one takes 60.
+    let later = if retrain[0] == 20 {
+        &retrain[1..]
+    } else {
+        &retrain[..]
+    };
+    assert!(later.iter().all(|&s| s == 60), "{retrain:?}");
+    assert!(rl_actions > 0);
+}

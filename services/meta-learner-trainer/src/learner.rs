@@ -45,6 +45,11 @@ pub struct TrainerConfig {
     pub train_every_ms: u64,
     /// Gradient steps per round.
     pub gradient_steps: usize,
+    /// Gradient steps per ONLINE round while the target retrains (ONLINE entered from SERVING:
+    /// Algorithm 1's trigger), so a converged policy catches up with a changed workload sooner.
+    /// Default 800: 4 per transition at the default `train_every_transitions` (measured in
+    /// `aware bench serve`).
+    pub retrain_gradient_steps: usize,
     /// Minibatch size (paper Table 2: 64).
     pub batch_size: usize,
     /// No training before the target has this many transitions.
@@ -95,6 +100,7 @@ impl Default for TrainerConfig {
             train_every_transitions: 200,
             train_every_ms: 30_000,
             gradient_steps: 200,
+            retrain_gradient_steps: 800,
             batch_size: 64,
             min_transitions: 64,
             poll_ms: 500,
@@ -182,6 +188,9 @@ impl TrainerConfig {
         }
         if !(1..=1_000_000).contains(&self.gradient_steps) {
             return bad("gradient_steps", "must be in 1..=1000000");
+        }
+        if !(1..=1_000_000).contains(&self.retrain_gradient_steps) {
+            return bad("retrain_gradient_steps", "must be in 1..=1000000");
         }
         if !(1..=65_536).contains(&self.batch_size) {
             return bad("batch_size", "must be in 1..=65536");
@@ -295,6 +304,8 @@ pub struct Learner {
     /// Cancelled at shutdown: a running round stops between two gradient steps, so the process
     /// exits promptly instead of waiting for the blocking pool.
     cancel: Option<tokio_util::sync::CancellationToken>,
+    /// ONLINE entered from SERVING: online rounds take `retrain_gradient_steps`.
+    retraining: bool,
 }
 
 impl Learner {
@@ -312,7 +323,15 @@ impl Learner {
             online_rounds: 0,
             conditioning: None,
             cancel: None,
+            retraining: false,
         }
+    }
+
+    /// Whether the target retrains (ONLINE entered from SERVING, see
+    /// `aware_bus_schemas::Lifecycle::retraining`): its online rounds then take
+    /// `retrain_gradient_steps` instead of `gradient_steps`.
+    pub fn set_retraining(&mut self, on: bool) {
+        self.retraining = on;
     }
 
     /// Rounds stop early once `token` is cancelled (the service's shutdown token).
@@ -570,6 +589,7 @@ impl Learner {
         let batch_size = self.cfg.batch_size;
         let steps = match mode {
             RoundMode::Offline => self.cfg.offline_gradient_steps,
+            RoundMode::Online if self.retraining => self.cfg.retrain_gradient_steps,
             RoundMode::Online => self.cfg.gradient_steps,
         };
         let seed = self.cfg.seed ^ stable_hash(&target.key()) ^ self.rounds.rotate_left(32);
@@ -842,6 +862,10 @@ mod tests {
                 ..TrainerConfig::default()
             },
             TrainerConfig {
+                retrain_gradient_steps: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
                 bc_alpha: f32::NAN,
                 ..TrainerConfig::default()
             },
@@ -942,6 +966,23 @@ mod tests {
             .unwrap()
             .expect("a round");
         assert_eq!((p3.version, p3.trained_steps), (3, 15));
+        // Retraining (ONLINE entered from SERVING): retrain_gradient_steps per round, until
+        // the flag is cleared.
+        let mut c = cfg();
+        c.retrain_gradient_steps = 20;
+        let mut r = Learner::new(t.clone(), Bounds::default(), c);
+        r.set_retraining(true);
+        store
+            .append(&(0..50).map(|s| row(&t, 3, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p4 = r.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!((p4.version, p4.steps, p4.trained_steps), (4, 20, 35));
+        r.set_retraining(false);
+        store
+            .append(&(0..50).map(|s| row(&t, 4, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p5 = r.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
     }
 
     #[test]

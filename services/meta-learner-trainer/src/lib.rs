@@ -145,6 +145,9 @@ pub struct TargetTrainer {
     models: Arc<dyn ModelStore>,
     poll: Duration,
     stage: Stage,
+    /// ONLINE entered from SERVING (`Lifecycle::retraining`): rounds take
+    /// `trainer.retrain_gradient_steps`.
+    retraining: bool,
     /// `None` while a round runs on the blocking pool.
     learner: Option<Learner>,
     /// Meta-learning (`None`: off); taken with the learner while a round runs.
@@ -162,6 +165,7 @@ impl TargetTrainer {
         let Some(mut learner) = self.learner.take() else {
             return; // a round is running
         };
+        learner.set_retraining(self.retraining);
         let mut meta = self.meta.take();
         let (store, models) = (self.store.clone(), self.models.clone());
         let fut = tokio::task::spawn_blocking(move || {
@@ -266,10 +270,11 @@ impl Handler<Deliver> for TargetTrainer {
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
         let Event::Lifecycle(l) = ev else { return };
         self.stage = l.stage;
+        self.retraining = l.retraining(self.retraining);
         // The paper's top-M bundle (M = 20) is what the meta-learner will read.
         match training_data(self.store.as_ref(), &self.target, 20) {
             Ok(d) => {
-                tracing::info!(target = %self.target, stage = %l.stage, transitions = d.transitions, episodes = d.episodes, best = ?d.best_episode_reward, "training data at stage change");
+                tracing::info!(target = %self.target, stage = %l.stage, retraining = self.retraining, transitions = d.transitions, episodes = d.episodes, best = ?d.best_episode_reward, "training data at stage change");
                 if let Ok(all) = self.store.count_all() {
                     self.metrics
                         .transitions
@@ -309,6 +314,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             models: models.clone(),
             poll,
             stage: Stage::Initialized,
+            retraining: false,
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_cancel(shutdown.clone());
