@@ -240,8 +240,9 @@ enum BenchCommand {
         /// Gradient steps per transition while learning.
         #[arg(long, default_value_t = 1)]
         gradient_steps: u32,
-        /// Gradient steps per transition while retraining (with_retraining, ONLINE).
-        #[arg(long, default_value_t = 1)]
+        /// Gradient steps per transition while retraining (with_retraining, ONLINE; default: the
+        /// services' trainer.retrain_gradient_steps ÷ trainer.train_every_transitions, 4).
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_gradient_steps)]
         retrain_gradient_steps: u32,
         /// Share of each retraining minibatch drawn from the newest --retrain-recent transitions
         /// (default: the services' trainer.recent_fraction; 0: uniform, the paper's replay).
@@ -251,8 +252,9 @@ enum BenchCommand {
         /// default: the services' 20 episodes of 50 steps).
         #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_recent)]
         retrain_recent: usize,
-        /// Exploration σ while retraining.
-        #[arg(long, default_value_t = 0.2)]
+        /// Exploration σ while retraining (default: the services' trainer.exploration_sigma ×
+        /// recommender.retrain_noise_scale, 0.1).
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_sigma)]
         retrain_sigma: f32,
         /// Re-baselining of with_retraining's Algorithm 1 (lifecycle_monitor.
         /// rebaseline_after_episodes; 0: off): ONLINE episodes whose rewards no longer improve
@@ -1012,6 +1014,8 @@ mod tests {
                 retrain_recent,
                 rebaseline_after,
                 retrain_eval_every,
+                retrain_gradient_steps,
+                retrain_sigma,
                 ..
             } => {
                 assert_eq!(
@@ -1023,6 +1027,12 @@ mod tests {
                     services
                 );
                 assert_eq!(retrain_recent, 1000, "20 episodes of 50 steps");
+                // trainer.retrain_gradient_steps 800 per 200 transitions; σ 0.2 × 0.5.
+                assert_eq!(
+                    bench::serve::services_retraining_pace(),
+                    (retrain_gradient_steps, retrain_sigma)
+                );
+                assert_eq!((retrain_gradient_steps, retrain_sigma), (4, 0.1));
             }
             _ => unreachable!(),
         }

@@ -120,8 +120,23 @@ pub struct ServeBenchOptions {
     pub out: PathBuf,
 }
 
+/// The services' retraining pace and noise in this bench's terms: gradient steps per transition
+/// (`trainer.retrain_gradient_steps` ÷ `trainer.train_every_transitions`: 800 ÷ 200 = 4) and the
+/// exploration σ (`trainer.exploration_sigma` × `recommender.retrain_noise_scale`: 0.2 × 0.5).
+pub fn services_retraining_pace() -> (u32, f32) {
+    let t = aware_meta_learner_trainer::learner::TrainerConfig::default();
+    let r = aware_recommender::RecommenderConfig::default();
+    let per_transition =
+        (t.retrain_gradient_steps as u64 / t.train_every_transitions.max(1)).max(1);
+    (
+        u32::try_from(per_transition).unwrap_or(u32::MAX),
+        t.exploration_sigma * r.retrain_noise_scale,
+    )
+}
+
 impl Default for ServeBenchOptions {
     fn default() -> Self {
+        let (retrain_gradient_steps, retrain_sigma) = services_retraining_pace();
         ServeBenchOptions {
             apps: 20,
             seed: 1001,
@@ -134,13 +149,15 @@ impl Default for ServeBenchOptions {
             hidden: 64,
             exploration_sigma: 0.2,
             gradient_steps: 1,
-            retrain_gradient_steps: 1,
-            // the services' defaults: trainer.recent_fraction 0.5 of the last 20 episodes (of 50
-            // steps), lifecycle_monitor.rebaseline_after_episodes 10, recommender
-            // .eval_every_episodes 2 with lifecycle_monitor.online_noise_free_only
+            // the services' defaults: trainer.retrain_gradient_steps and
+            // recommender.retrain_noise_scale (4 steps per transition, σ 0.1),
+            // trainer.recent_fraction 0.5 of the last 20 episodes (of 50 steps),
+            // lifecycle_monitor.rebaseline_after_episodes 10, recommender.eval_every_episodes 2
+            // with lifecycle_monitor.online_noise_free_only
+            retrain_gradient_steps,
             retrain_recent_fraction: 0.5,
             retrain_recent: 1000,
-            retrain_sigma: 0.2,
+            retrain_sigma,
             rebaseline_after: 10,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
