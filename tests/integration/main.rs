@@ -40,6 +40,18 @@ pub(crate) async fn start_services(
     (sub, running, shutdown)
 }
 
+/// Waits (at most 10 s) until every service of `running` is ready: subscribed, so a message
+/// published now reaches them.
+pub(crate) async fn wait_ready(running: &aware_shared::launcher::Running) {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !running.contexts.iter().all(|c| c.ready.get()) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("services ready");
+}
+
 /// The next message on `sub` decoded as an event (by its subject's kind); panics with `what()`
 /// (the wait's goal and the state so far) once `deadline` passes.
 pub(crate) async fn next_event(

@@ -360,13 +360,7 @@ async fn start_ready(
     let running = aware_shared::launcher::start(Arc::new(cfg.clone()), services, shutdown.clone())
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !running.contexts.iter().all(|c| c.ready.get()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("services ready");
+    crate::wait_ready(&running).await;
     (running, shutdown)
 }
 

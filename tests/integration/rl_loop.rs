@@ -257,13 +257,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     .await
     .unwrap();
     // Subscribed: the first lifecycle message reaches the trainer and the recommender.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !running.contexts.iter().all(|c| c.ready.get()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("services ready");
+    crate::wait_ready(&running).await;
     let publish = |stage: Stage, previous: Stage| {
         let ev = Event::Lifecycle(Lifecycle {
             schema: Schema::new(),
