@@ -212,6 +212,24 @@ pub struct SimulatorSourceConfig {
     pub step_timeout_ms: u64,
     /// Stop after this many steps (0: run until shutdown).
     pub max_steps: u64,
+    /// Instability scenarios injected into the simulated apps (paper §2.3), e.g. to exercise
+    /// the retraining trigger: each changes one app's workload from a given step on.
+    pub injections: Vec<SimInjection>,
+}
+
+/// One scheduled instability scenario of the simulated cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimInjection {
+    /// The app's name (its Deployment name, without the namespace).
+    pub target: String,
+    /// The global step (episode × `steps_per_episode` + step) whose observation first shows
+    /// the change.
+    pub step: u64,
+    /// `file_size`, `table_size`, `float_ops`, `image_dimension`, `json_size` or
+    /// `matrix_dimension` (the app's segments of that family get a payload from the larger
+    /// set), `load_high_to_low` (load × 0.3) or `load_low_to_high` (load × 3).
+    pub scenario: String,
 }
 
 impl Default for SimulatorSourceConfig {
@@ -224,6 +242,7 @@ impl Default for SimulatorSourceConfig {
             step_seconds: 10.0,
             step_timeout_ms: 2_000,
             max_steps: 0,
+            injections: Vec::new(),
         }
     }
 }

@@ -196,3 +196,83 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
         r.join().await.unwrap();
     }
 }
+
+/// `collector.simulator.injections` on the bus: the collector alone (its lock-step clock steps
+/// on the timeout, every allocation held) publishes the same offered load with and without a
+/// scheduled load rise, except for the injected app from the configured global step on, where
+/// it is three times as high; the rise is counted once.
+#[actix_rt::test]
+async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
+    let (apps, steps) = (3usize, 10u64);
+    let app1 = aware_metrics_collector::simulator::build_apps(
+        &aware_shared::config::SimulatorSourceConfig {
+            apps,
+            seed: 13,
+            ..Default::default()
+        },
+    )
+    .unwrap()[1]
+        .name
+        .clone();
+    let run = |injections: Vec<aware_shared::config::SimInjection>| async move {
+        let mut cfg = AppConfig::default();
+        cfg.http.listen = "127.0.0.1:0".into();
+        cfg.collector.source = SourceKind::Simulator;
+        cfg.collector.simulator.apps = apps;
+        cfg.collector.simulator.seed = 13;
+        cfg.collector.simulator.step_timeout_ms = 10;
+        cfg.collector.simulator.max_steps = steps;
+        cfg.collector.simulator.injections = injections;
+        let bus = Bus::in_process(65_536);
+        let mut obs = bus.subscribe("aware.v1.obs.>").await.unwrap();
+        let shutdown = CancellationToken::new();
+        let running = aware_shared::launcher::start_on(
+            bus,
+            Arc::new(cfg),
+            &[aware_metrics_collector::ENTRY],
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        let mut rate = std::collections::BTreeMap::<(String, u64), f64>::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while rate.len() < apps * steps as usize {
+            if let Event::Obs(o) =
+                crate::next_event(&mut obs, deadline, || "the steps within 30 s".into()).await
+            {
+                let g = o.episode * u64::from(AppConfig::default().collector.steps_per_episode)
+                    + u64::from(o.step);
+                if g < steps {
+                    rate.insert((o.target.name.clone(), g), o.metrics.request_rate_rps);
+                }
+            }
+        }
+        let injected = running.contexts[0]
+            .metrics
+            .registry()
+            .gather()
+            .iter()
+            .find(|f| f.name() == "aware_collector_scenarios_injected_total")
+            .map(|f| f.get_metric()[0].get_counter().get_value());
+        shutdown.cancel();
+        running.join().await.unwrap();
+        (rate, injected)
+    };
+    let (base, none) = run(vec![]).await;
+    let (risen, one) = run(vec![aware_shared::config::SimInjection {
+        target: app1.clone(),
+        step: 6,
+        scenario: "load_low_to_high".into(),
+    }])
+    .await;
+    assert_eq!((none, one), (Some(0.0), Some(1.0)));
+    for ((name, g), r) in &risen {
+        let b = base[&(name.clone(), *g)];
+        if *name == app1 && *g >= 6 {
+            // × 3 on the expected rate; the per-step noise is drawn the same way in both runs
+            assert!((r / b - 3.0).abs() < 0.3, "{name} step {g}: {r} vs {b}");
+        } else {
+            assert_eq!(*r, b, "{name} step {g}");
+        }
+    }
+}

@@ -11,6 +11,8 @@ pub struct CollectorMetrics {
     pub late_targets: IntCounter,
     /// `applied` messages for a step that is already over.
     pub stale_applied: IntCounter,
+    /// Scheduled instability scenarios that took effect (`collector.simulator.injections`).
+    pub scenarios_injected: IntCounter,
     /// Targets this collector reads.
     pub targets: IntGauge,
     /// Prometheus instant queries sent (source `prometheus`).
@@ -28,6 +30,10 @@ impl CollectorMetrics {
         let late_targets = IntCounter::new(
             "collector_late_targets_total",
             "Targets stepped without their applied decision (kept their allocation)",
+        )?;
+        let scenarios_injected = IntCounter::new(
+            "collector_scenarios_injected_total",
+            "Scheduled instability scenarios that took effect in the simulated cluster",
         )?;
         let stale_applied = IntCounter::new(
             "collector_stale_applied_total",
@@ -52,11 +58,13 @@ impl CollectorMetrics {
         r.register(Box::new(steps.clone()))?;
         r.register(Box::new(late_targets.clone()))?;
         r.register(Box::new(stale_applied.clone()))?;
+        r.register(Box::new(scenarios_injected.clone()))?;
         r.register(Box::new(targets.clone()))?;
         Ok(CollectorMetrics {
             steps,
             late_targets,
             stale_applied,
+            scenarios_injected,
             targets,
             prom_queries,
             prom_query_errors,

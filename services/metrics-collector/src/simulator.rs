@@ -15,6 +15,7 @@ use std::time::Duration;
 use aware_bus_schemas::{Applied, Event, EventKind, Obs, RawMetrics, Schema, Target};
 use aware_loadgen::app::{generate_apps, AppSet, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
+use aware_loadgen::{Injection, Scenario};
 use aware_shared::config::{ClockMode, SimulatorSourceConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
 
@@ -29,6 +30,57 @@ pub fn build_apps(cfg: &SimulatorSourceConfig) -> Result<Vec<AppSpec>, ServiceEr
         apps.extend(set.apps);
     }
     Ok(apps)
+}
+
+/// The simulation settings of the collector's cluster: step length, seed and the scheduled
+/// `collector.simulator.injections`, each checked against the apps (a scenario name `loadgen`
+/// does not know, an unknown app, or a payload scenario that changes nothing for its app is an
+/// error naming the entry).
+pub fn sim_config(
+    cfg: &SimulatorSourceConfig,
+    apps: &[AppSpec],
+) -> Result<SimConfig, ServiceError> {
+    let mut injections = Vec::with_capacity(cfg.injections.len());
+    for (i, inj) in cfg.injections.iter().enumerate() {
+        let bad = |why: String| {
+            ServiceError::Other(format!("collector.simulator.injections[{i}]: {why}"))
+        };
+        let scenario: Scenario = serde_json::from_value(serde_json::Value::String(
+            inj.scenario.clone(),
+        ))
+        .map_err(|_| {
+            let known: Vec<String> = Scenario::ALL
+                .iter()
+                .filter_map(|s| serde_json::to_value(s).ok())
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            bad(format!(
+                "unknown scenario {:?} (one of {})",
+                inj.scenario,
+                known.join(", ")
+            ))
+        })?;
+        let Some(app) = apps.iter().find(|a| a.name == inj.target) else {
+            return Err(bad(format!("no simulated app named {:?}", inj.target)));
+        };
+        if !scenario.applies_to_app(app) {
+            return Err(bad(format!(
+                "{} changes nothing for {:?} (none of its segments has that payload)",
+                inj.scenario, inj.target
+            )));
+        }
+        injections.push(Injection {
+            target: inj.target.clone(),
+            step: inj.step,
+            scenario,
+        });
+    }
+    Ok(SimConfig {
+        step_seconds: cfg.step_seconds,
+        seed: cfg.seed,
+        injections,
+        ..SimConfig::default()
+    })
 }
 
 /// The target specs of simulated apps (bounds, SLO, alpha), for the services' configuration.
@@ -108,6 +160,8 @@ struct Sim {
     last: Vec<Observation>,
     spe: u32,
     base_ms: i64,
+    /// The scheduled scenarios (applied by the environment; logged and counted here).
+    injections: Vec<Injection>,
 }
 
 impl Sim {
@@ -164,7 +218,17 @@ impl Sim {
             .step(&actions)
             .map_err(|e| ServiceError::Other(format!("simulator step: {e}")))?;
         metrics.steps.inc();
+        self.note_injections(metrics);
         Ok(())
+    }
+
+    /// Logs and counts the scenarios that took effect in the step just taken.
+    fn note_injections(&self, metrics: &CollectorMetrics) {
+        let g = self.global_step();
+        for inj in self.injections.iter().filter(|i| i.step == g) {
+            metrics.scenarios_injected.inc();
+            tracing::info!(target = %inj.target, step = g, scenario = ?inj.scenario, "instability scenario injected");
+        }
     }
 }
 
@@ -179,11 +243,11 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     for t in &targets {
         aware_bus_schemas::subject::subject(EventKind::Obs, t)?;
     }
-    let sim_cfg = SimConfig {
-        step_seconds: cfg.step_seconds,
-        seed: cfg.seed,
-        ..SimConfig::default()
-    };
+    let sim_cfg = sim_config(&cfg, &apps)?;
+    let injections = sim_cfg.injections.clone();
+    for inj in &injections {
+        tracing::info!(target = %inj.target, step = inj.step, scenario = ?inj.scenario, "instability scenario scheduled");
+    }
     let mut env =
         SimEnv::new(apps, sim_cfg).map_err(|e| ServiceError::Other(format!("simulator: {e}")))?;
     env.reset(cfg.seed)
@@ -205,8 +269,10 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
         last,
         spe: ctx.config.collector.steps_per_episode,
         base_ms: aware_bus_schemas::now_ms(),
+        injections,
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
+    sim.note_injections(&metrics); // the warm-up step is global step 0
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
     tracing::info!(targets = n, clock = ?cfg.clock, "simulated cluster started");
@@ -244,4 +310,117 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     }
     ctx.ready.set(false);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use aware_shared::config::SimInjection;
+
+    fn source(injections: Vec<SimInjection>) -> SimulatorSourceConfig {
+        SimulatorSourceConfig {
+            apps: 4,
+            seed: 7,
+            injections,
+            ..SimulatorSourceConfig::default()
+        }
+    }
+
+    fn inj(target: &str, step: u64, scenario: &str) -> SimInjection {
+        SimInjection {
+            target: target.into(),
+            step,
+            scenario: scenario.into(),
+        }
+    }
+
+    #[test]
+    fn injections_are_checked_against_loadgen_and_the_apps() {
+        let apps = build_apps(&source(vec![])).unwrap();
+        let name = apps[0].name.clone();
+        let ok = sim_config(&source(vec![inj(&name, 6, "load_low_to_high")]), &apps).unwrap();
+        assert_eq!(
+            ok.injections,
+            [Injection {
+                target: name.clone(),
+                step: 6,
+                scenario: Scenario::LoadLowToHigh
+            }]
+        );
+        assert_eq!((ok.seed, ok.step_seconds), (7, 10.0));
+        let err = |cfg: SimulatorSourceConfig| sim_config(&cfg, &apps).unwrap_err().to_string();
+        let e = err(source(vec![
+            inj(&name, 1, "load_low_to_high"),
+            inj(&name, 2, "load_up"),
+        ]));
+        assert!(e.contains("collector.simulator.injections[1]"), "{e}");
+        assert!(
+            e.contains("\"load_up\"") && e.contains("matrix_dimension"),
+            "{e}"
+        );
+        let e = err(source(vec![inj("no-such-app", 1, "float_ops")]));
+        assert!(
+            e.contains("injections[0]") && e.contains("no-such-app"),
+            "{e}"
+        );
+        // A payload scenario none of the app's segments has.
+        let (app, sc) = apps
+            .iter()
+            .find_map(|a| {
+                Scenario::ALL
+                    .into_iter()
+                    .find(|s| !s.applies_to_app(a))
+                    .map(|s| (a.name.clone(), s))
+            })
+            .expect("a generated app without some payload family");
+        let sc = serde_json::to_value(sc).unwrap();
+        let e = err(source(vec![inj(&app, 1, sc.as_str().unwrap())]));
+        assert!(e.contains("changes nothing"), "{e}");
+        // The file form: unknown keys are refused.
+        let parsed: SimulatorSourceConfig = serde_json::from_value(serde_json::json!({
+            "injections": [{ "target": "a", "step": 5, "scenario": "float_ops" }]
+        }))
+        .unwrap();
+        assert_eq!(parsed.injections, [inj("a", 5, "float_ops")]);
+        assert!(
+            serde_json::from_value::<SimulatorSourceConfig>(serde_json::json!({
+                "injections": [{ "target": "a", "at": 5, "scenario": "float_ops" }]
+            }))
+            .is_err()
+        );
+    }
+
+    /// The collector's cluster shows a scheduled load rise in the observation of exactly the
+    /// configured global step (the warm-up step is step 0), and only for that app.
+    #[test]
+    fn a_scheduled_scenario_shows_from_its_global_step() {
+        let apps = build_apps(&source(vec![])).unwrap();
+        let offered = |injections| {
+            let cfg = source(injections);
+            let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
+            env.reset(cfg.seed).unwrap();
+            (0..10)
+                .map(|_| {
+                    env.step(&vec![TargetAction::Hold; apps.len()])
+                        .unwrap()
+                        .iter()
+                        .map(|o| o.metrics.offered_rps)
+                        .collect::<Vec<f64>>()
+                })
+                .collect::<Vec<_>>()
+        };
+        let base = offered(vec![]);
+        let risen = offered(vec![inj(&apps[1].name, 6, "load_low_to_high")]);
+        for g in 0..10 {
+            for a in 0..apps.len() {
+                if a == 1 && g >= 6 {
+                    let r = risen[g][a] / base[g][a];
+                    assert!((r - 3.0).abs() < 0.05, "step {g}: ×{r}");
+                } else {
+                    assert_eq!(risen[g][a], base[g][a], "app {a} step {g}");
+                }
+            }
+        }
+    }
 }
