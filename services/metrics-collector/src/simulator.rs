@@ -391,6 +391,40 @@ mod tests {
         );
     }
 
+    /// The example configuration loads through the services' loader (defaults → file) with
+    /// both injections, and the collector accepts them.
+    #[test]
+    fn the_instability_example_loads_and_its_injections_are_accepted() {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/examples/simulator-instability.toml");
+        let cfg = aware_shared::config::load(&aware_shared::config::ConfigSources {
+            file: Some(file),
+            env: Some(Default::default()),
+            ..Default::default()
+        })
+        .unwrap();
+        let sim = &cfg.collector.simulator;
+        assert_eq!((sim.apps, sim.seed), (4, 1));
+        assert!(!cfg.lifecycle.bootstrap);
+        let apps = build_apps(sim).unwrap();
+        let injections = sim_config(sim, &apps).unwrap().injections;
+        assert_eq!(
+            injections,
+            [
+                Injection {
+                    target: "app-0001".into(),
+                    step: 3000,
+                    scenario: Scenario::LoadLowToHigh
+                },
+                Injection {
+                    target: "app-0002".into(),
+                    step: 4500,
+                    scenario: Scenario::LoadHighToLow
+                }
+            ]
+        );
+    }
+
     /// The collector's cluster shows a scheduled load rise in the observation of exactly the
     /// configured global step (the warm-up step is step 0), and only for that app.
     #[test]
