@@ -160,8 +160,6 @@ struct Sim {
     last: Vec<Observation>,
     spe: u32,
     base_ms: i64,
-    /// The scheduled scenarios (applied by the environment; logged and counted here).
-    injections: Vec<Injection>,
 }
 
 impl Sim {
@@ -225,7 +223,8 @@ impl Sim {
     /// Logs and counts the scenarios that took effect in the step just taken.
     fn note_injections(&self, metrics: &CollectorMetrics) {
         let g = self.global_step();
-        for inj in self.injections.iter().filter(|i| i.step == g) {
+        // The environment applies its scheduled scenarios; they are logged and counted here.
+        for inj in self.env.config().injections.iter().filter(|i| i.step == g) {
             metrics.scenarios_injected.inc();
             tracing::info!(target = %inj.target, step = g, scenario = ?inj.scenario, "instability scenario injected");
         }
@@ -244,8 +243,7 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
         aware_bus_schemas::subject::subject(EventKind::Obs, t)?;
     }
     let sim_cfg = sim_config(&cfg, &apps)?;
-    let injections = sim_cfg.injections.clone();
-    for inj in &injections {
+    for inj in &sim_cfg.injections {
         tracing::info!(target = %inj.target, step = inj.step, scenario = ?inj.scenario, "instability scenario scheduled");
     }
     let mut env =
@@ -269,7 +267,6 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
         last,
         spe: ctx.config.collector.steps_per_episode,
         base_ms: aware_bus_schemas::now_ms(),
-        injections,
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
