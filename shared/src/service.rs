@@ -94,8 +94,8 @@ impl ServiceContext {
     /// counted (`decode_errors_total`) and dropped with a warning; they never end the intake.
     ///
     /// For the kinds that carry a target's current state ([`is_state_kind`]: `lifecycle`,
-    /// `model`, `embedding`, `target`) on NATS with the JetStream capture on, the newest captured
-    /// message of every target comes first, then the live ones: a service that starts (or
+    /// `model`, `embedding`, `target`) on NATS with the JetStream capture on, or on the embedded
+    /// bus (which retains them), the newest message of every target comes first, then the live ones: a service that starts (or
     /// restarts) after a target's last stage change, model or registration still learns it. The
     /// live subscription is opened before the snapshot is read and its messages wait until the
     /// snapshot is delivered, so nothing is missed and nothing older overtakes something newer
@@ -141,8 +141,9 @@ impl ServiceContext {
     }
 
     /// The newest captured event of `kind` for every target (see [`Self::subscribe_events`]):
-    /// what a restarted service reads to restore state before it takes messages. Empty on the
-    /// embedded bus or with the capture off.
+    /// what a restarted service reads to restore state before it takes messages. On NATS this
+    /// is the JetStream capture (empty with the capture off); on the embedded bus, the newest
+    /// message of each state subject published on it so far.
     pub async fn current_state(&self, kind: EventKind) -> Vec<Event> {
         self.last_per_target(kind)
             .await
@@ -152,10 +153,22 @@ impl ServiceContext {
     }
 
     /// The newest captured message of `kind` for every target (subject, payload), in stream
-    /// order; empty on the embedded bus, with the capture off, or when the stream cannot be read
+    /// order (the embedded bus: its retained messages); empty with the capture off, or when the stream cannot be read
     /// (logged: the service then learns state from live messages only).
     async fn last_per_target(&self, kind: EventKind) -> Vec<(String, Bytes)> {
         use futures::StreamExt;
+        if let Some(retained) = self.bus.retained(&subject::kind_filter(kind)) {
+            return match retained {
+                Ok(ms) => ms
+                    .into_iter()
+                    .map(|m| (m.subject.to_string(), m.payload))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(service = self.name, event = kind.as_str(), error = %e, "cannot read the retained state of the embedded bus; live messages only");
+                    Vec::new()
+                }
+            };
+        }
         let Bus::Nats(nats) = &self.bus else {
             return Vec::new();
         };
@@ -379,4 +392,100 @@ pub fn cancel_on_signal(token: CancellationToken) {
         shutdown_signal().await;
         token.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use aware_bus_schemas::{encode_event, generated::samples, Stage, Target};
+
+    /// The embedded bus's counterpart of the JetStream test
+    /// `late_subscribers_start_from_every_targets_current_state`: a service that subscribes
+    /// after targets changed stage gets each target's newest stage first, then live messages.
+    #[tokio::test]
+    async fn on_the_embedded_bus_late_subscribers_start_from_the_current_state() {
+        let bus = Bus::in_process(16);
+        let Some(Event::Lifecycle(proto)) = samples()
+            .into_iter()
+            .find(|e| e.kind() == EventKind::Lifecycle)
+        else {
+            unreachable!()
+        };
+        let lifecycle = |name: &str, episode: u64, stage: Stage| {
+            let mut l = proto.clone();
+            l.target = Target::new("shop", name);
+            l.episode = episode;
+            l.stage = stage;
+            Event::Lifecycle(l)
+        };
+        let publish = |ev: Event| {
+            let bus = bus.clone();
+            async move {
+                let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+                bus.publish(&subj, Bytes::from(encode_event(&ev).unwrap()))
+                    .await
+                    .unwrap();
+            }
+        };
+        publish(lifecycle("a", 1, Stage::Offline)).await;
+        publish(lifecycle("a", 9, Stage::Online)).await;
+        publish(lifecycle("b", 2, Stage::Offline)).await;
+        publish(lifecycle("a", 20, Stage::Serving)).await;
+        // Not a state kind: never retained.
+        let obs = samples()
+            .into_iter()
+            .find(|e| e.kind() == EventKind::Obs)
+            .unwrap();
+        publish(obs).await;
+        let ctx = ServiceContext::new(
+            "late",
+            bus.clone(),
+            Arc::new(AppConfig::default()),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let stage = |ev: Event| match ev {
+            Event::Lifecycle(l) => (l.target.name.clone(), l.episode, l.stage),
+            other => panic!("{other:?}"),
+        };
+        let current: Vec<_> = ctx
+            .current_state(EventKind::Lifecycle)
+            .await
+            .into_iter()
+            .map(stage)
+            .collect();
+        assert_eq!(
+            current,
+            vec![
+                ("b".into(), 2, Stage::Offline),
+                ("a".into(), 20, Stage::Serving)
+            ]
+        );
+        assert!(ctx.current_state(EventKind::Obs).await.is_empty());
+        let mut rx = ctx.subscribe_events(&[EventKind::Lifecycle]).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            while let Ok(ev) = rx.try_recv() {
+                got.push(stage(ev));
+            }
+            if got.len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            got,
+            vec![
+                ("b".into(), 2, Stage::Offline),
+                ("a".into(), 20, Stage::Serving)
+            ]
+        );
+        publish(lifecycle("b", 30, Stage::Online)).await;
+        let live = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stage(live), ("b".into(), 30, Stage::Online));
+    }
 }

@@ -634,7 +634,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .validate()
         .map_err(|e| ServiceError::Other(e.to_string()))?;
     // A restart resumes every target at the stage the previous run published (NATS with the
-    // JetStream capture; nothing to read on the embedded bus).
+    // JetStream capture; the embedded bus's retained messages).
     let restored: std::collections::HashMap<Target, Stage> = ctx
         .current_state(EventKind::Lifecycle)
         .await

@@ -3,9 +3,15 @@
 //! Delivery is lossless and ordered per publisher: each subscription has a bounded queue and a
 //! publisher waits when a subscriber's queue is full (back-pressure instead of NATS's slow-consumer
 //! drops, which the embedded deployment never needs).
+//!
+//! A bus built [`InProcBus::with_retained`] keeps the newest message of every subject matching
+//! its retained patterns ([`InProcBus::last_per_subject`]): the embedded counterpart of reading
+//! the JetStream capture with `DeliverPolicy::LastPerSubject`, so a service that subscribes after
+//! a target's last stage change, model or registration still learns it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -23,6 +29,11 @@ struct Inner {
     subs: RwLock<Vec<Sub>>,
     next_id: AtomicU64,
     capacity: usize,
+    /// Subjects whose newest message is kept.
+    retain: Vec<Pattern>,
+    /// Subject → (publish sequence, payload) of the newest message, for retained subjects.
+    last: Mutex<HashMap<Arc<str>, (u64, Bytes)>>,
+    next_seq: AtomicU64,
 }
 
 /// The in-process bus; clones share one bus.
@@ -34,18 +45,66 @@ pub struct InProcBus {
 impl InProcBus {
     /// A bus whose subscriptions buffer up to `capacity` messages each.
     pub fn new(capacity: usize) -> Self {
+        InProcBus::build(capacity, Vec::new())
+    }
+
+    /// A bus that also keeps the newest message of every subject matching one of `patterns`.
+    pub fn with_retained(capacity: usize, patterns: &[String]) -> Result<Self, BusError> {
+        let retain = patterns
+            .iter()
+            .map(|p| Pattern::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(InProcBus::build(capacity, retain))
+    }
+
+    fn build(capacity: usize, retain: Vec<Pattern>) -> Self {
         InProcBus {
             inner: Arc::new(Inner {
                 subs: RwLock::new(Vec::new()),
                 next_id: AtomicU64::new(1),
                 capacity: capacity.max(1),
+                retain,
+                last: Mutex::new(HashMap::new()),
+                next_seq: AtomicU64::new(1),
             }),
         }
+    }
+
+    /// The newest message of every retained subject matching `pattern`, oldest first (publish
+    /// order); empty on a bus that retains nothing.
+    pub fn last_per_subject(&self, pattern: &str) -> Result<Vec<Message>, BusError> {
+        let pattern = Pattern::parse(pattern)?;
+        let last = self.inner.last.lock().map_err(|_| BusError::Poisoned)?;
+        let mut out: Vec<(u64, Message)> = last
+            .iter()
+            .filter(|(subject, _)| pattern.matches(subject))
+            .map(|(subject, (seq, payload))| {
+                (
+                    *seq,
+                    Message {
+                        subject: subject.clone(),
+                        payload: payload.clone(),
+                    },
+                )
+            })
+            .collect();
+        out.sort_by_key(|(seq, _)| *seq);
+        Ok(out.into_iter().map(|(_, m)| m).collect())
     }
 
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
         validate_subject(subject)?;
         let subject: Arc<str> = Arc::from(subject);
+        if self.inner.retain.iter().any(|p| p.matches(&subject)) {
+            // Kept before delivery: a subscriber that subscribes, then reads the retained
+            // messages, sees every message in one or the other (possibly both).
+            let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .last
+                .lock()
+                .map_err(|_| BusError::Poisoned)?
+                .insert(subject.clone(), (seq, payload.clone()));
+        }
         // Fast path under the read lock; subscribers whose queue is full are awaited afterwards,
         // in subscription order, so per-publisher ordering holds for every subscriber.
         let mut blocked: Vec<(mpsc::Sender<Message>, Message)> = Vec::new();
@@ -120,5 +179,46 @@ impl Drop for InProcSubscription {
                 subs.retain(|s| s.id != self.id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::from(s.to_owned())
+    }
+
+    #[tokio::test]
+    async fn retained_subjects_keep_their_newest_message_in_publish_order() {
+        let bus = InProcBus::with_retained(4, &["s.*.*".to_string()]).unwrap();
+        bus.publish("s.a.x", b("1")).await.unwrap();
+        bus.publish("s.b.x", b("2")).await.unwrap();
+        bus.publish("other.a.x", b("3")).await.unwrap();
+        bus.publish("s.a.x", b("4")).await.unwrap();
+        let got: Vec<(String, Bytes)> = bus
+            .last_per_subject("s.*.*")
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.subject.to_string(), m.payload))
+            .collect();
+        // Newest per subject, oldest first: s.b.x (seq 2) before s.a.x (seq 4).
+        assert_eq!(
+            got,
+            vec![("s.b.x".into(), b("2")), ("s.a.x".into(), b("4"))]
+        );
+        // A narrower filter; a subject never retained is not there.
+        assert_eq!(bus.last_per_subject("s.a.*").unwrap().len(), 1);
+        assert!(bus.last_per_subject("other.>").unwrap().is_empty());
+        assert!(bus.last_per_subject("a..b").is_err());
+        // Without retained patterns nothing is kept, and delivery is unchanged.
+        let plain = InProcBus::new(4);
+        let mut sub = plain.subscribe("s.>").unwrap();
+        plain.publish("s.a.x", b("1")).await.unwrap();
+        assert_eq!(sub.next().await.unwrap().payload, b("1"));
+        assert!(plain.last_per_subject(">").unwrap().is_empty());
+        assert!(InProcBus::with_retained(4, &["a.>.b".to_string()]).is_err());
     }
 }

@@ -54,9 +54,20 @@ pub enum Bus {
 pub const EMBEDDED: &str = "embedded";
 
 impl Bus {
-    /// The embedded in-process bus.
+    /// The embedded in-process bus. It keeps the newest message of every state subject
+    /// ([`crate::service::is_state_kind`]: lifecycle, model, embedding, target), the embedded
+    /// counterpart of the JetStream capture's last message per subject.
     pub fn in_process(capacity: usize) -> Self {
-        Bus::InProc(InProcBus::new(capacity))
+        let state: Vec<String> = aware_bus_schemas::EventKind::ALL
+            .into_iter()
+            .filter(|k| crate::service::is_state_kind(*k))
+            .map(aware_bus_schemas::subject::kind_filter)
+            .collect();
+        match InProcBus::with_retained(capacity, &state) {
+            Ok(b) => Bus::InProc(b),
+            // The kind filters are valid patterns (tested); never drop the bus over it.
+            Err(_) => Bus::InProc(InProcBus::new(capacity)),
+        }
     }
 
     /// Connects to the bus named by `cfg.url`: `embedded` or a `nats://` URL.
@@ -87,6 +98,15 @@ impl Bus {
         match self {
             Bus::InProc(_) => Ok(()),
             Bus::Nats(b) => b.flush().await,
+        }
+    }
+
+    /// On the embedded bus, the newest retained message of every subject matching `pattern`,
+    /// oldest first; `None` on NATS (whose capture is read through JetStream).
+    pub fn retained(&self, pattern: &str) -> Option<Result<Vec<Message>, BusError>> {
+        match self {
+            Bus::InProc(b) => Some(b.last_per_subject(pattern)),
+            Bus::Nats(_) => None,
         }
     }
 
