@@ -212,6 +212,10 @@ pub struct SimulatorSourceConfig {
     pub step_timeout_ms: u64,
     /// Stop after this many steps (0: run until shutdown).
     pub max_steps: u64,
+    /// Fast-forward: the first published observation is global step `start_step` (episode
+    /// `start_step / steps_per_episode`); the steps before it run at start with every
+    /// allocation held. For resuming where a previous run's recorded history ends.
+    pub start_step: u64,
     /// Instability scenarios injected into the simulated apps (paper §2.3), e.g. to exercise
     /// the retraining trigger: each changes one app's workload from a given step on.
     pub injections: Vec<SimInjection>,
@@ -242,6 +246,7 @@ impl Default for SimulatorSourceConfig {
             step_seconds: 10.0,
             step_timeout_ms: 2_000,
             max_steps: 0,
+            start_step: 0,
             injections: Vec::new(),
         }
     }

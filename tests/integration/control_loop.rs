@@ -214,50 +214,8 @@ async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
     .unwrap()[1]
         .name
         .clone();
-    let run = |injections: Vec<aware_shared::config::SimInjection>| async move {
-        let mut cfg = AppConfig::default();
-        cfg.http.listen = "127.0.0.1:0".into();
-        cfg.collector.source = SourceKind::Simulator;
-        cfg.collector.simulator.apps = apps;
-        cfg.collector.simulator.seed = 13;
-        cfg.collector.simulator.step_timeout_ms = 10;
-        cfg.collector.simulator.max_steps = steps;
-        cfg.collector.simulator.injections = injections;
-        let bus = Bus::in_process(65_536);
-        let mut obs = bus.subscribe("aware.v1.obs.>").await.unwrap();
-        let shutdown = CancellationToken::new();
-        let running = aware_shared::launcher::start_on(
-            bus,
-            Arc::new(cfg),
-            &[aware_metrics_collector::ENTRY],
-            shutdown.clone(),
-        )
-        .await
-        .unwrap();
-        let mut rate = std::collections::BTreeMap::<(String, u64), f64>::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while rate.len() < apps * steps as usize {
-            if let Event::Obs(o) =
-                crate::next_event(&mut obs, deadline, || "the steps within 30 s".into()).await
-            {
-                let g = o.episode * u64::from(AppConfig::default().collector.steps_per_episode)
-                    + u64::from(o.step);
-                if g < steps {
-                    rate.insert((o.target.name.clone(), g), o.metrics.request_rate_rps);
-                }
-            }
-        }
-        let injected = running.contexts[0]
-            .metrics
-            .registry()
-            .gather()
-            .iter()
-            .find(|f| f.name() == "aware_collector_scenarios_injected_total")
-            .map(|f| f.get_metric()[0].get_counter().get_value());
-        shutdown.cancel();
-        running.join().await.unwrap();
-        (rate, injected)
-    };
+    let spe = AppConfig::default().collector.steps_per_episode;
+    let run = |injections| held_observations(apps, steps, 0, spe, injections);
     let (base, none) = run(vec![]).await;
     let (risen, one) = run(vec![aware_shared::config::SimInjection {
         target: app1.clone(),
@@ -266,8 +224,8 @@ async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
     }])
     .await;
     assert_eq!((none, one), (Some(0.0), Some(1.0)));
-    for ((name, g), r) in &risen {
-        let b = base[&(name.clone(), *g)];
+    for ((name, g), (r, _)) in &risen {
+        let b = base[&(name.clone(), *g)].0;
         if *name == app1 && *g >= 6 {
             // × 3 on the expected rate; the per-step noise is drawn the same way in both runs
             assert!((r / b - 3.0).abs() < 0.3, "{name} step {g}: {r} vs {b}");
@@ -275,4 +233,106 @@ async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
             assert_eq!(*r, b, "{name} step {g}");
         }
     }
+}
+
+/// The collector alone (no decisions: every step holds after `step_timeout_ms` 10): each obs of
+/// global steps below `steps` as (app, step) → (request rate, state), and the injection counter.
+async fn held_observations(
+    apps: usize,
+    steps: u64,
+    start_step: u64,
+    steps_per_episode: u32,
+    injections: Vec<aware_shared::config::SimInjection>,
+) -> (
+    std::collections::BTreeMap<(String, u64), (f64, Vec<f32>)>,
+    Option<f64>,
+) {
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = steps_per_episode;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.seed = 13;
+    cfg.collector.simulator.step_timeout_ms = 10;
+    cfg.collector.simulator.max_steps = steps;
+    cfg.collector.simulator.start_step = start_step;
+    cfg.collector.simulator.injections = injections;
+    let bus = Bus::in_process(65_536);
+    let mut obs = bus.subscribe("aware.v1.obs.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        bus,
+        Arc::new(cfg),
+        &[aware_metrics_collector::ENTRY],
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    let want = apps * (steps - start_step) as usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < want {
+        if let Event::Obs(o) =
+            crate::next_event(&mut obs, deadline, || "the steps within 30 s".into()).await
+        {
+            let g = o.episode * u64::from(steps_per_episode) + u64::from(o.step);
+            if g < steps {
+                seen.insert(
+                    (o.target.name.clone(), g),
+                    (o.metrics.request_rate_rps, o.state.clone()),
+                );
+            }
+        }
+    }
+    let injected = running.contexts[0]
+        .metrics
+        .registry()
+        .gather()
+        .iter()
+        .find(|f| f.name() == "aware_collector_scenarios_injected_total")
+        .map(|f| f.get_metric()[0].get_counter().get_value());
+    shutdown.cancel();
+    running.join().await.unwrap();
+    (seen, injected)
+}
+
+/// `collector.simulator.start_step`: the first obs is that global step (its episode and step
+/// numbered from it), and every obs from there on is exactly what a cluster held from step 0
+/// publishes — including a scenario scheduled before the start, which is applied (and
+/// counted) during the fast-forward.
+#[actix_rt::test]
+async fn a_fast_forwarded_cluster_continues_as_if_it_had_run_from_step_0() {
+    let (apps, steps, start, spe) = (3usize, 12u64, 7u64, 4u32);
+    let app2 = aware_metrics_collector::simulator::build_apps(
+        &aware_shared::config::SimulatorSourceConfig {
+            apps,
+            seed: 13,
+            ..Default::default()
+        },
+    )
+    .unwrap()[2]
+        .name
+        .clone();
+    let inj = vec![aware_shared::config::SimInjection {
+        target: app2.clone(),
+        step: 3,
+        scenario: "load_low_to_high".into(),
+    }];
+    let (from_0, n0) = held_observations(apps, steps, 0, spe, inj.clone()).await;
+    let (skipped, n1) = held_observations(apps, steps, start, spe, inj).await;
+    assert_eq!((n0, n1), (Some(1.0), Some(1.0)));
+    assert_eq!(from_0.len(), apps * steps as usize);
+    // Nothing before the start step was published, and everything from it was.
+    let keys: Vec<u64> = skipped.keys().map(|(_, g)| *g).collect();
+    assert_eq!(keys.iter().min(), Some(&start));
+    assert_eq!(skipped.len(), apps * (steps - start) as usize);
+    for ((name, g), v) in &skipped {
+        assert_eq!(v, &from_0[&(name.clone(), *g)], "{name} step {g}");
+    }
+    // The injected app runs at three times its load in both (so the scenario was applied).
+    let (r0, r) = (
+        from_0[&(app2.clone(), 2)].0,
+        skipped[&(app2.clone(), start)].0,
+    );
+    assert!(r / r0 > 2.0, "{r} vs {r0}");
 }

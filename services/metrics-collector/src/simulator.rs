@@ -220,6 +220,20 @@ impl Sim {
         Ok(())
     }
 
+    /// Steps with every allocation held until the step awaited is `to` (no `obs` published).
+    fn fast_forward(&mut self, to: u64, metrics: &CollectorMetrics) -> Result<(), ServiceError> {
+        let hold = vec![TargetAction::Hold; self.targets.len()];
+        while self.global_step() < to {
+            self.last = self
+                .env
+                .step(&hold)
+                .map_err(|e| ServiceError::Other(format!("simulator fast-forward: {e}")))?;
+            metrics.steps.inc();
+            self.note_injections(metrics);
+        }
+        Ok(())
+    }
+
     /// Logs and counts the scenarios that took effect in the step just taken.
     fn note_injections(&self, metrics: &CollectorMetrics) {
         let g = self.global_step();
@@ -270,6 +284,13 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
+    if cfg.start_step > 0 {
+        tracing::info!(
+            start_step = cfg.start_step,
+            "fast-forwarding the simulated cluster"
+        );
+        sim.fast_forward(cfg.start_step, &metrics)?;
+    }
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
     tracing::info!(targets = n, clock = ?cfg.clock, "simulated cluster started");
