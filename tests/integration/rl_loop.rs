@@ -327,3 +327,80 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     assert!(later.iter().all(|&s| s == 60), "{retrain:?}");
     assert!(rl_actions > 0);
 }
+
+/// `bench serve --bus`: the six services on the embedded bus start from the bench's converged
+/// agents — adopted through the stores and the bus's retained state, never the fallback — meet
+/// the same scenarios as the in-process arms, and only the arm whose registered profile lets
+/// Algorithm 1 leave SERVING retrains: the trainer resumes from the adopted checkpoint (every
+/// published model has more gradient steps than it) and the recorder appends to the training
+/// history the bench stored.
+#[test]
+fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigger() {
+    use aware_cli::bench::serve::{run, ServeBenchOptions};
+    use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut trainer = serde_json::Map::new();
+    // Small rounds, so a debug build keeps up with the paced loop.
+    trainer.insert("train_every_transitions".into(), 40.into());
+    trainer.insert("retrain_gradient_steps".into(), 20.into());
+    trainer.insert("gradient_steps".into(), 5.into());
+    let opts = ServeBenchOptions {
+        apps: 2,
+        seed: 1001,
+        train_episodes: 8,
+        serve_episodes: 12,
+        steps_per_episode: 20,
+        inject_every: 3,
+        oracle: false,
+        bus: true,
+        bus_pace_ms: 20,
+        bus_trainer: trainer,
+        out: dir.path().to_path_buf(),
+        ..ServeBenchOptions::default()
+    };
+    let r = run(&opts).unwrap();
+    let bus = r.bus.as_ref().expect("the bus arms ran");
+    let arm = |n: &str| bus.arms.iter().find(|a| a.arm == n).unwrap();
+    let (with, without) = (arm("bus_with_retraining"), arm("bus_without_retraining"));
+    // 64 transitions fill the replay, then one gradient step per transition.
+    let adopted = 8 * 20 - 63;
+    for a in [with, without] {
+        assert_eq!((a.apps, a.episodes), (2, 24), "{}", a.arm);
+        assert_eq!(a.steps, 2 * 12 * 20, "{}", a.arm);
+        // The adopted agents decide every step, but for the first of an app whose model
+        // snapshot is still loading when its first obs arrives (the fallback acts then).
+        assert_eq!(a.rl_steps + a.fallback_steps, a.steps, "{}", a.arm);
+        assert!(a.fallback_steps <= 2, "{a:?}");
+        // The collector injected what the in-process arms did.
+        assert_eq!(
+            a.scenarios_injected as usize, r.scenarios_injected,
+            "{}",
+            a.arm
+        );
+        assert!(a.scenarios_injected > 0);
+    }
+    assert_eq!(
+        (
+            without.retrain_triggers,
+            without.online_episodes,
+            without.models_published
+        ),
+        (0, 0, 0)
+    );
+    assert!(with.retrain_triggers >= 1, "{with:?}");
+    assert!(with.online_episodes >= 1, "{with:?}");
+    assert!(with.models_published >= 1, "{with:?}");
+    assert!(
+        with.min_trained_steps.unwrap() > adopted,
+        "the trainer resumed from the adopted agent ({adopted} steps): {with:?}"
+    );
+    // The store holds the training history and every serve step after it.
+    let store = SqliteStore::open_path(dir.path().join("bus/bus_with_retraining/t.db")).unwrap();
+    let targets = store.targets().unwrap();
+    assert_eq!(targets.len(), 2);
+    for t in &targets {
+        assert_eq!(store.transitions(t, 0..8).unwrap().len(), 8 * 20, "{t}");
+        assert!(store.transitions(t, 8..20).unwrap().len() >= 12 * 20, "{t}");
+    }
+}

@@ -291,6 +291,13 @@ enum BenchCommand {
         /// The rise in max_allocation's SLO-violation rate a servable scenario may cause.
         #[arg(long, default_value_t = 0.02)]
         servable_tolerance: f64,
+        /// Then run the protocol on the six services over the embedded bus, starting from the
+        /// same converged agents (bus_with_retraining, bus_without_retraining).
+        #[arg(long)]
+        bus: bool,
+        /// --bus: the pacer's sleep after every round of the apps' observations, ms.
+        #[arg(long, default_value_t = 40)]
+        bus_pace_ms: u64,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -594,6 +601,8 @@ fn main() -> anyhow::Result<()> {
                 disturbed_reference,
                 servable_only,
                 servable_tolerance,
+                bus,
+                bus_pace_ms,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::serve::ServeBenchOptions {
@@ -618,6 +627,8 @@ fn main() -> anyhow::Result<()> {
                     disturbed_reference,
                     servable_only,
                     servable_tolerance,
+                    bus,
+                    bus_pace_ms,
                     out: out.clone(),
                     ..Default::default()
                 };
@@ -660,6 +671,31 @@ fn main() -> anyhow::Result<()> {
                         f.converged_disturbed_slo_violations,
                         f.with_retraining_slo_violations,
                         f.without_retraining_slo_violations
+                    );
+                }
+                if let Some(b) = &r.bus {
+                    for a in &b.arms {
+                        println!(
+                            "{:>22}: reward {:.4}/step, SLO violations {} ({:.2}%), final regime reward {:.1} / {} violations; retrain triggers {}, back to SERVING {}, ONLINE episodes {}, models published {}, scenarios injected {}, {:.0} s",
+                            a.arm,
+                            a.mean_reward,
+                            a.slo_violations,
+                            100.0 * a.slo_violation_rate,
+                            a.final_regime_reward,
+                            a.final_regime_slo_violations,
+                            a.retrain_triggers,
+                            a.returns_to_serving,
+                            a.online_episodes,
+                            a.models_published,
+                            a.scenarios_injected,
+                            a.wall_seconds
+                        );
+                    }
+                    println!(
+                        "on the bus: SLO violations without ÷ with retraining {:.2}×; reward with vs without {:+.1}% (final regime {:+.1}%)",
+                        b.slo_ratio_without_vs_with,
+                        b.with_vs_without_reward_pct,
+                        b.final_regime_with_vs_without_pct
                     );
                 }
                 let path = bench::write_json(&out, "serve.json", &serde_json::to_value(&r)?)?;

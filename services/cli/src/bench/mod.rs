@@ -7,6 +7,7 @@ pub mod chart;
 pub mod control_loop;
 pub mod embed;
 pub mod serve;
+pub mod serve_bus;
 
 use std::path::Path;
 

@@ -117,6 +117,13 @@ pub struct ServeBenchOptions {
     /// ([`servable`] within `servable_tolerance`).
     pub servable_only: bool,
     pub servable_tolerance: f64,
+    /// After the in-process arms, run the protocol on the six services over the embedded bus
+    /// with the same agents ([`super::serve_bus`]).
+    pub bus: bool,
+    /// `bus`: the pacer's sleep per round of observations.
+    pub bus_pace_ms: u64,
+    /// `bus`: trainer settings other than the services' defaults ([`super::serve_bus::BusOptions::trainer`]).
+    pub bus_trainer: serde_json::Map<String, serde_json::Value>,
     pub out: PathBuf,
 }
 
@@ -167,6 +174,9 @@ impl Default for ServeBenchOptions {
             disturbed_reference: false,
             servable_only: false,
             servable_tolerance: 0.02,
+            bus: false,
+            bus_pace_ms: 40,
+            bus_trainer: serde_json::Map::new(),
             out: PathBuf::from("bench-out"),
         }
     }
@@ -291,6 +301,8 @@ pub struct ServeReport {
     pub converged_vs_fallback: ConvergedVsFallback,
     /// With `disturbed_reference`: the final regime against RL converged on it.
     pub final_regime: Option<FinalRegime>,
+    /// With `bus`: the services' arms on the embedded bus.
+    pub bus: Option<super::serve_bus::BusReport>,
     pub wall_seconds: f64,
 }
 
@@ -305,6 +317,8 @@ pub struct AppResult {
     /// First serve episode with every scheduled scenario in force (the episode of the last
     /// injection; 0 without injections).
     pub final_regime_from: usize,
+    /// With `bus`: what the bus arms start from.
+    pub handoff: Option<super::serve_bus::Handoff>,
 }
 
 /// The serve episodes in which every app's scenarios are all in force, compared with
@@ -717,15 +731,19 @@ struct Trained {
     replay: ReplayBuffer,
     obs: Observation,
     curve: Vec<f64>,
+    /// With `record`: every transition, as the services would have recorded it.
+    rows: Vec<super::serve_bus::TrainRow>,
 }
 
 /// Online DDPG from scratch on `env` for `train_episodes` (exploration σ, one round of
-/// `gradient_steps` per transition); the normalizer is frozen at the end.
+/// `gradient_steps` per transition); the normalizer is frozen at the end. With `record` the
+/// transitions are also kept as [`super::serve_bus::TrainRow`]s.
 fn train_agent(
     opts: &ServeBenchOptions,
     app_seed: u64,
     env: &mut SimEnv,
     mut obs: Observation,
+    record: bool,
 ) -> Result<Trained, BenchError> {
     let spe = u64::from(opts.steps_per_episode);
     let mut dcfg =
@@ -741,6 +759,7 @@ fn train_agent(
     .map_err(fail)?;
     let mut rng = ChaCha8Rng::seed_from_u64(app_seed ^ 0x5e7e);
     let mut curve = Vec::with_capacity(opts.train_episodes as usize);
+    let mut rows = Vec::new();
     for _ in 0..opts.train_episodes {
         let mut total = 0.0;
         for _ in 0..spe {
@@ -748,6 +767,23 @@ fn train_agent(
             let a = agent.act_explore(&s, &mut rng).map_err(fail)?;
             let next = first(env.step(&[TargetAction::Raw(a)]).map_err(fail)?)?;
             total += next.reward;
+            if record {
+                let m = &next.metrics;
+                rows.push(super::serve_bus::TrainRow {
+                    state: s.to_vec(),
+                    action: a,
+                    reward: next.reward,
+                    next_state: next.state.to_vec(),
+                    applied: aware_bus_schemas::Resources {
+                        replicas: m.replicas,
+                        cpu_millicores: (m.cpu_limit_cores * 1000.0).round() as u32,
+                        memory_bytes: m.memory_limit_bytes.round() as u64,
+                    },
+                    slo_violation: m.slo_violation,
+                    cpu_util: m.cpu_util,
+                    memory_util: m.memory_util,
+                });
+            }
             replay
                 .push(Transition {
                     state: s.to_vec(),
@@ -768,6 +804,7 @@ fn train_agent(
         replay,
         obs,
         curve,
+        rows,
     })
 }
 
@@ -791,8 +828,9 @@ pub fn run_app(
     // (same traces), and the disturbed reference's start.
     let (mut env_fb, mut obs_fb) = (env.clone(), obs.clone());
     let reference_start = opts.disturbed_reference.then(|| (env.clone(), obs.clone()));
-    let trained = train_agent(opts, app_seed, &mut env, obs)?;
+    let trained = train_agent(opts, app_seed, &mut env, obs, opts.bus)?;
     let (agent, replay, obs) = (trained.agent, trained.replay, trained.obs);
+    let train_rows = trained.rows;
     result.train_curve = trained.curve;
     let target = Target::new(app.namespace.clone(), app.name.clone());
     let ctx = Ctx { opts, target };
@@ -863,6 +901,21 @@ pub fn run_app(
         ..Default::default()
     };
     rules.validate().map_err(fail)?;
+    if opts.bus {
+        // The checkpoint the services' trainer would have stored: normalizer not frozen (the
+        // recommenders only act; the trainer keeps updating it when it retrains).
+        let mut stored = agent.clone();
+        stored.normalizer_mut().unfreeze();
+        result.handoff = Some(super::serve_bus::Handoff {
+            app: app.clone(),
+            checkpoint: stored.to_bytes().map_err(fail)?,
+            trained_steps: stored.train_steps(),
+            rows: train_rows,
+            profile: profile.clone(),
+            injections: injections.clone(),
+            final_regime_from: result.final_regime_from,
+        });
+    }
     let mut machine = LifecycleMachine::with_rules(profile, rules);
     machine.restore(Stage::Serving);
     let mut retrain_agent = agent.clone();
@@ -976,7 +1029,7 @@ pub fn run_app(
             let t = env_d.target_mut(0).map_err(fail)?;
             sc.inject(t, payload_seed ^ i as u64).map_err(fail)?;
         }
-        let t = train_agent(opts, app_seed, &mut env_d, obs0)?;
+        let t = train_agent(opts, app_seed, &mut env_d, obs0, false)?;
         arms.push((
             "converged_disturbed".into(),
             run_arm(
@@ -1161,9 +1214,31 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             .map(|(w, c)| 100.0 * (w / c - 1.0)),
         converged_vs_fallback: cvf,
         final_regime: final_regime(&results),
+        bus: None,
         wall_seconds: started.elapsed().as_secs_f64(),
         arms,
     };
+    let mut report = report;
+    if opts.bus {
+        let handoffs: Vec<super::serve_bus::Handoff> =
+            results.into_iter().filter_map(|r| r.handoff).collect();
+        let bus_opts = super::serve_bus::BusOptions {
+            apps: opts.apps,
+            seed: opts.seed,
+            train_episodes: opts.train_episodes,
+            serve_episodes: opts.serve_episodes,
+            steps_per_episode: opts.steps_per_episode,
+            pace_ms: opts.bus_pace_ms,
+            timeout: std::time::Duration::from_secs(6 * 3600),
+            work: opts.out.join("bus"),
+            trainer: opts.bus_trainer.clone(),
+        };
+        let system = actix_rt::System::new();
+        report.bus = Some(
+            system.block_on(async move { super::serve_bus::run(&bus_opts, &handoffs).await })?,
+        );
+        report.wall_seconds = started.elapsed().as_secs_f64();
+    }
     let inject_at: Vec<usize> = (0..8usize)
         .map(|k| 1 + k * opts.inject_every as usize)
         .filter(|e| *e < serve)
@@ -1212,6 +1287,7 @@ mod tests {
             injected: 1,
             skipped: 0,
             final_regime_from: 1,
+            handoff: None,
         };
         let arms = aggregate(&[app(10.0, 20.0), app(30.0, 20.0)], 2);
         let conv = arms.iter().find(|a| a.arm == "converged").unwrap();
@@ -1250,6 +1326,7 @@ mod tests {
             injected: 2,
             skipped: 0,
             final_regime_from: from,
+            handoff: None,
         };
         let a = app(
             2,
@@ -1578,6 +1655,7 @@ mod tests {
                 injected: 0,
                 skipped: 0,
                 final_regime_from: 0,
+                handoff: None,
             }],
             2,
         );

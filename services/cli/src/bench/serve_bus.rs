@@ -1,0 +1,577 @@
+//! `aware bench serve --bus`: the serve protocol run by the six services on the embedded bus,
+//! after the in-process arms, with the agents those arms were trained with.
+//!
+//! Each bus arm starts the services on a fresh embedded bus in the state a previous run of the
+//! services would have left after converging, and lets them meet the same scenarios:
+//! - the model store holds each agent's checkpoint as the target's version 1 (what the trainer
+//!   resumes from, what the recommenders load);
+//! - the trajectory store (SQLite) holds the agent's training transitions, numbered as the
+//!   services would have recorded them (episodes 0 … `train_episodes` − 1, RL rows, ONLINE);
+//! - the bus retains, per target, a registration carrying the Algorithm 1 profile the in-process
+//!   `with_retraining` arm uses (`t_serving`, `t_var`, window), the `model` of version 1 and the
+//!   `lifecycle` SERVING (from ONLINE), as on a restart from the JetStream capture;
+//! - the simulated cluster (`collector.simulator`, the same apps and seed) fast-forwards to the
+//!   end of training (`start_step`, allocations held) and injects the arm's scenarios
+//!   (`injections`) at the serve steps the in-process arms use.
+//!
+//! Arms: `bus_with_retraining` (the services' defaults: Algorithm 1 sends a degraded target back
+//! to ONLINE, the trainer retrains from the stored history, the recommenders explore) and
+//! `bus_without_retraining` (the same, but the registered profile can never leave SERVING:
+//! `t_serving` −10⁹, `t_var` 10⁹). The loop is paced like `bench bootstrap`: a subscriber to
+//! `obs` sleeps `pace_ms` after every round of the apps' observations and the in-process bus's
+//! back-pressure reaches the lock-step collector, so the trainer's rounds keep up.
+//!
+//! Differences from the in-process arms, stated: the simulator's noise streams are the
+//! collector's (one seed for the cluster) rather than one per app, and the allocation at the
+//! start of the window is the one held through the fast-forward rather than the agent's last;
+//! actions pass the actuator's guardrails.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aware_bus_schemas::{
+    encode_event, subject, DecisionSource, Event, Lifecycle, Model, ModelKind, RegisteredLifecycle,
+    RegisteredSpec, Registration, Resources, Schema, Stage, Target,
+};
+use aware_loadgen::app::AppSpec;
+use aware_loadgen::Scenario;
+use aware_shared::bus::Bus;
+use aware_shared::config::{AppConfig, LifecycleProfile, SimInjection, SourceKind};
+use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
+use aware_trajectory_recorder::store::{self as tstore, SqliteStore, TrajectoryStore};
+use bytes::Bytes;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{fail, BenchError};
+
+/// One transition of an agent's training, as the services would have recorded it.
+#[derive(Debug, Clone)]
+pub struct TrainRow {
+    pub state: Vec<f32>,
+    pub action: [f32; aware_shared_model::ACTION_DIM],
+    pub reward: f64,
+    pub next_state: Vec<f32>,
+    /// The allocation in force after the action.
+    pub applied: Resources,
+    pub slo_violation: bool,
+    pub cpu_util: f64,
+    pub memory_util: f64,
+}
+
+/// What the in-process part hands to the bus arms for one app.
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    pub app: AppSpec,
+    /// The converged agent's checkpoint (`Ddpg::to_bytes`).
+    pub checkpoint: Vec<u8>,
+    pub trained_steps: u64,
+    pub rows: Vec<TrainRow>,
+    /// The `with_retraining` arm's Algorithm 1 profile.
+    pub profile: LifecycleProfile,
+    /// Scenarios at serve steps (0 = the first step of the serve window).
+    pub injections: Vec<(u64, Scenario)>,
+    /// First serve episode with every scenario in force.
+    pub final_regime_from: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct BusOptions {
+    pub apps: usize,
+    pub seed: u64,
+    pub train_episodes: u32,
+    pub serve_episodes: u32,
+    pub steps_per_episode: u32,
+    pub pace_ms: u64,
+    pub timeout: Duration,
+    pub work: PathBuf,
+    /// Settings of the trainer's section other than the services' defaults (tests make its
+    /// rounds small; the bench uses the defaults).
+    pub trainer: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusArm {
+    WithRetraining,
+    WithoutRetraining,
+}
+
+impl BusArm {
+    pub fn name(self) -> &'static str {
+        match self {
+            BusArm::WithRetraining => "bus_with_retraining",
+            BusArm::WithoutRetraining => "bus_without_retraining",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BusArmReport {
+    pub arm: String,
+    pub apps: usize,
+    pub episodes: usize,
+    pub steps: u64,
+    pub total_reward: f64,
+    pub mean_reward: f64,
+    pub slo_violations: u64,
+    pub slo_violation_rate: f64,
+    /// Σ reward and SLO violations of the episodes with every scenario in force.
+    pub final_regime_reward: f64,
+    pub final_regime_slo_violations: u64,
+    /// SERVING → ONLINE (Algorithm 1's retraining trigger).
+    pub retrain_triggers: usize,
+    /// ONLINE → SERVING.
+    pub returns_to_serving: usize,
+    /// Episodes recorded ONLINE.
+    pub online_episodes: usize,
+    /// Steps the agent decided and steps the HPA/VPA fallback decided (none: the adopted
+    /// agents drive from the first step).
+    pub rl_steps: u64,
+    pub fallback_steps: u64,
+    /// `model` versions the trainer published (beyond the adopted version 1).
+    pub models_published: u64,
+    /// Gradient steps of the published models, fewest and most (above the adopted agent's:
+    /// the trainer resumed from it).
+    pub min_trained_steps: Option<u64>,
+    pub max_trained_steps: u64,
+    /// Scenarios the collector injected (`aware_collector_scenarios_injected_total`).
+    pub scenarios_injected: u64,
+    /// Mean per-step reward by serve episode (mean over apps).
+    pub curve: Vec<f64>,
+    pub wall_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BusReport {
+    pub pace_ms: u64,
+    /// The first serve episode's number on the bus (= `train_episodes`).
+    pub first_episode: u64,
+    pub arms: Vec<BusArmReport>,
+    /// bus_without_retraining SLO violations ÷ bus_with_retraining's.
+    pub slo_ratio_without_vs_with: f64,
+    /// bus_with_retraining reward ÷ bus_without_retraining's − 1, %.
+    pub with_vs_without_reward_pct: f64,
+    /// The same over the final regime.
+    pub final_regime_with_vs_without_pct: f64,
+}
+
+/// `loadgen`'s name of a scenario (`collector.simulator.injections[].scenario`).
+pub fn scenario_name(s: Scenario) -> Result<String, BenchError> {
+    match serde_json::to_value(s).map_err(fail)? {
+        serde_json::Value::String(n) => Ok(n),
+        other => Err(fail(format!("scenario {s:?} serializes as {other}"))),
+    }
+}
+
+fn target_of(app: &AppSpec) -> Target {
+    Target::new(app.namespace.clone(), app.name.clone())
+}
+
+/// The services' configuration of an arm (everything at the services' defaults but the
+/// simulated cluster, the stores, the trainer's poll interval and `opts.trainer`).
+pub fn arm_config(
+    opts: &BusOptions,
+    handoffs: &[Handoff],
+    dir: &Path,
+) -> Result<AppConfig, BenchError> {
+    let spe = u64::from(opts.steps_per_episode);
+    let start = u64::from(opts.train_episodes) * spe;
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = opts.steps_per_episode;
+    cfg.collector.simulator.apps = opts.apps;
+    cfg.collector.simulator.seed = opts.seed;
+    cfg.collector.simulator.step_timeout_ms = 60_000;
+    cfg.collector.simulator.start_step = start;
+    cfg.collector.simulator.max_steps = start + (u64::from(opts.serve_episodes) + 1) * spe + 1;
+    let mut injections = Vec::new();
+    for h in handoffs {
+        for (at, sc) in &h.injections {
+            // In process the scenario is injected before the step's action is taken, so the
+            // step after it is the first to show it.
+            injections.push(SimInjection {
+                target: h.app.name.clone(),
+                step: start + at + 1,
+                scenario: scenario_name(*sc)?,
+            });
+        }
+    }
+    cfg.collector.simulator.injections = injections;
+    let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
+    for (a, h) in apps.iter().zip(handoffs) {
+        if a.name != h.app.name {
+            return Err(fail(format!(
+                "the collector's app {} is not the bench's {}",
+                a.name, h.app.name
+            )));
+        }
+    }
+    cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
+    );
+    let mut trainer = serde_json::Map::new();
+    trainer.insert("poll_ms".into(), 50.into());
+    trainer.extend(opts.trainer.clone());
+    cfg.sections
+        .insert("trainer".into(), serde_json::Value::Object(trainer));
+    Ok(cfg)
+}
+
+/// The registered lifecycle profile of a target in `arm`.
+pub fn arm_profile(arm: BusArm, p: &LifecycleProfile) -> RegisteredLifecycle {
+    match arm {
+        BusArm::WithRetraining => RegisteredLifecycle {
+            bootstrap: p.bootstrap,
+            t_online: p.t_online,
+            t_serving: p.t_serving,
+            t_var: p.t_var,
+            window: u32::try_from(p.window).unwrap_or(u32::MAX),
+        },
+        BusArm::WithoutRetraining => RegisteredLifecycle {
+            bootstrap: p.bootstrap,
+            t_online: p.t_online,
+            t_serving: -1e9,
+            t_var: 1e9,
+            window: u32::try_from(p.window).unwrap_or(u32::MAX),
+        },
+    }
+}
+
+/// Writes the stores: each agent's checkpoint as version 1 and its training transitions.
+/// Returns the `model` message of every target.
+fn seed_stores(
+    opts: &BusOptions,
+    handoffs: &[Handoff],
+    dir: &Path,
+) -> Result<Vec<Model>, BenchError> {
+    let models = LocalDirStore::open(dir.join("models")).map_err(fail)?;
+    let store = SqliteStore::open_path(dir.join("t.db")).map_err(fail)?;
+    let spe = u64::from(opts.steps_per_episode.max(1));
+    let base_ms = aware_bus_schemas::now_ms()
+        - 10_000 * (handoffs.first().map_or(0, |h| h.rows.len()) as i64 + 1);
+    let mut out = Vec::with_capacity(handoffs.len());
+    for h in handoffs {
+        let target = target_of(&h.app);
+        let object = models
+            .put(
+                &model_key(
+                    &target,
+                    aware_meta_learner_trainer::learner::BASE_LEARNER,
+                    1,
+                ),
+                &h.checkpoint,
+            )
+            .map_err(fail)?;
+        let rows: Vec<tstore::Transition> = h
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| tstore::Transition {
+                target: target.clone(),
+                episode: i as u64 / spe,
+                step: u32::try_from(i as u64 % spe).unwrap_or(0),
+                ts_ms: base_ms + 10_000 * i as i64,
+                state: r.state.clone(),
+                action_raw: r.action.to_vec(),
+                desired: r.applied,
+                applied: r.applied,
+                source: DecisionSource::Rl,
+                stage: Stage::Online,
+                reward: r.reward,
+                next_state: r.next_state.clone(),
+                slo_violation: r.slo_violation,
+                cpu_util: r.cpu_util,
+                memory_util: r.memory_util,
+            })
+            .collect();
+        for chunk in rows.chunks(4096) {
+            store.append(chunk).map_err(fail)?;
+        }
+        let last = h.rows.len().saturating_sub(1) as u64;
+        out.push(Model {
+            schema: Schema::new(),
+            target,
+            episode: last / spe,
+            step: u32::try_from(last % spe).unwrap_or(0),
+            ts_ms: aware_bus_schemas::now_ms(),
+            kind: ModelKind::BaseLearner,
+            version: 1,
+            uri: object.uri,
+            sha256: object.sha256,
+            size_bytes: object.size_bytes,
+            trained_steps: h.trained_steps,
+            policy_estimate: None,
+            behaviour_reward: None,
+        });
+    }
+    Ok(out)
+}
+
+async fn publish(bus: &Bus, ev: Event) -> Result<(), BenchError> {
+    let subj = subject::subject(ev.kind(), ev.target()).map_err(fail)?;
+    let payload = encode_event(&ev).map_err(fail)?;
+    bus.publish(&subj, Bytes::from(payload)).await?;
+    Ok(())
+}
+
+/// Publishes (and so retains) every target's registration, model and SERVING stage.
+async fn seed_bus(
+    bus: &Bus,
+    arm: BusArm,
+    cfg: &AppConfig,
+    handoffs: &[Handoff],
+    models: Vec<Model>,
+) -> Result<(), BenchError> {
+    for ((h, spec), model) in handoffs.iter().zip(&cfg.targets).zip(models) {
+        let target = target_of(&h.app);
+        let (episode, step, ts_ms) = (model.episode, model.step, model.ts_ms);
+        let b = spec.bounds;
+        publish(
+            bus,
+            Event::Registration(Registration {
+                schema: Schema::new(),
+                target: target.clone(),
+                episode,
+                step,
+                ts_ms,
+                generation: 1,
+                source: format!("{}/{}", target.namespace, target.name),
+                spec: Some(RegisteredSpec {
+                    min_replicas: b.min_replicas,
+                    max_replicas: b.max_replicas,
+                    min_cpu_millicores: b.min_cpu_millicores,
+                    max_cpu_millicores: b.max_cpu_millicores,
+                    min_memory_bytes: b.min_memory_bytes,
+                    max_memory_bytes: b.max_memory_bytes,
+                    slo_latency_p99_ms: spec.slo.latency_p99_ms,
+                    slo_throughput_rps: spec.slo.throughput_rps,
+                    alpha: spec.alpha,
+                    recommend_only: false,
+                    lifecycle: Some(arm_profile(arm, &h.profile)),
+                }),
+            }),
+        )
+        .await?;
+        publish(bus, Event::Model(model)).await?;
+        publish(
+            bus,
+            Event::Lifecycle(Lifecycle {
+                schema: Schema::new(),
+                target,
+                episode,
+                step,
+                ts_ms,
+                stage: Stage::Serving,
+                previous: Some(Stage::Online),
+                reason: "converged in `bench serve` (adopted)".into(),
+                reward_mean: None,
+                reward_std: None,
+                window: u32::try_from(h.profile.window).unwrap_or(u32::MAX),
+            }),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Row {
+    reward: f64,
+    slo: u64,
+    steps: u64,
+    online: bool,
+    rl: u64,
+    fallback: u64,
+}
+
+/// Runs one bus arm to the end of the serve window.
+pub async fn run_arm(
+    opts: &BusOptions,
+    handoffs: &[Handoff],
+    arm: BusArm,
+) -> Result<BusArmReport, BenchError> {
+    let dir = opts.work.join(arm.name());
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let cfg = arm_config(opts, handoffs, &dir)?;
+    let models = seed_stores(opts, handoffs, &dir)?;
+    let bus = Bus::in_process((4 * opts.apps).max(64));
+    seed_bus(&bus, arm, &cfg, handoffs, models).await?;
+    let mut all = bus.subscribe(subject::ALL).await?;
+    let mut obs = bus.subscribe("aware.v1.obs.>").await?;
+    let (apps, pace) = (opts.apps, Duration::from_millis(opts.pace_ms));
+    let pacer = tokio::spawn(async move {
+        let mut n = 0usize;
+        while obs.next().await.is_some() {
+            n += 1;
+            if n.is_multiple_of(apps) {
+                tokio::time::sleep(pace).await;
+            }
+        }
+    });
+    let first = u64::from(opts.train_episodes);
+    let want = opts.serve_episodes as usize;
+    let from: BTreeMap<Target, u64> = handoffs
+        .iter()
+        .map(|h| (target_of(&h.app), first + h.final_regime_from as u64))
+        .collect();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running =
+        aware_shared::launcher::start_on(bus, Arc::new(cfg), &crate::SERVICES, shutdown.clone())
+            .await?;
+    let mut eps: BTreeMap<Target, BTreeMap<u64, Row>> = BTreeMap::new();
+    let (mut triggers, mut returns, mut models, mut max_trained) = (0usize, 0usize, 0u64, 0u64);
+    let mut min_trained: Option<u64> = None;
+    let deadline = tokio::time::Instant::now() + opts.timeout;
+    let done = |eps: &BTreeMap<Target, BTreeMap<u64, Row>>| {
+        eps.len() >= opts.apps && eps.values().all(|e| e.len() >= want)
+    };
+    while !done(&eps) {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, all.next()).await else {
+            break;
+        };
+        let Ok(p) = subject::parse(&m.subject) else {
+            continue;
+        };
+        let Ok(ev) = aware_bus_schemas::decode_event(p.kind, &m.payload) else {
+            continue;
+        };
+        match ev {
+            Event::Episode(e) if e.episode >= first => {
+                let m = eps.entry(e.target).or_default();
+                if m.len() < want {
+                    m.insert(
+                        e.episode,
+                        Row {
+                            reward: e.total_reward,
+                            slo: u64::from(e.slo_violations),
+                            steps: u64::from(e.steps),
+                            online: e.stage == Stage::Online,
+                            rl: u64::from(e.rl_steps),
+                            fallback: u64::from(e.fallback_steps),
+                        },
+                    );
+                }
+            }
+            Event::Lifecycle(l) => match (l.previous, l.stage) {
+                (Some(Stage::Serving), Stage::Online) => {
+                    triggers += 1;
+                    tracing::info!(arm = arm.name(), target = %l.target, reason = %l.reason, "retraining");
+                }
+                (Some(Stage::Online), Stage::Serving) => returns += 1,
+                _ => {}
+            },
+            Event::Model(md) if md.version > 1 => {
+                models += 1;
+                max_trained = max_trained.max(md.trained_steps);
+                min_trained =
+                    Some(min_trained.map_or(md.trained_steps, |m| m.min(md.trained_steps)));
+            }
+            _ => {}
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let injected = running
+        .contexts
+        .iter()
+        .flat_map(|c| c.metrics.registry().gather())
+        .filter(|f| f.name() == "aware_collector_scenarios_injected_total")
+        .flat_map(|f| {
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_counter().get_value())
+                .collect::<Vec<_>>()
+        })
+        .sum::<f64>() as u64;
+    shutdown.cancel();
+    pacer.abort();
+    drop(all);
+    running.join().await?;
+    if !done(&eps) {
+        return Err(BenchError::Failed(format!(
+            "bus arm {}: only {} apps / {:?} serve episodes within {:?}",
+            arm.name(),
+            eps.len(),
+            eps.values().map(BTreeMap::len).min(),
+            opts.timeout
+        )));
+    }
+    let rows: Vec<&Row> = eps.values().flat_map(BTreeMap::values).collect();
+    let steps: u64 = rows.iter().map(|r| r.steps).sum();
+    let total_reward: f64 = rows.iter().map(|r| r.reward).sum();
+    let slo: u64 = rows.iter().map(|r| r.slo).sum();
+    let (mut final_reward, mut final_slo) = (0.0, 0u64);
+    for (t, e) in &eps {
+        let f = from.get(t).copied().unwrap_or(first);
+        for r in e.range(f..).map(|(_, r)| r) {
+            final_reward += r.reward;
+            final_slo += r.slo;
+        }
+    }
+    let mut curve = vec![0.0; want];
+    for e in eps.values() {
+        for (c, r) in curve.iter_mut().zip(e.values()) {
+            *c += r.reward / r.steps.max(1) as f64 / eps.len() as f64;
+        }
+    }
+    Ok(BusArmReport {
+        arm: arm.name().into(),
+        apps: eps.len(),
+        episodes: rows.len(),
+        steps,
+        total_reward,
+        mean_reward: total_reward / steps.max(1) as f64,
+        slo_violations: slo,
+        slo_violation_rate: slo as f64 / steps.max(1) as f64,
+        final_regime_reward: final_reward,
+        final_regime_slo_violations: final_slo,
+        retrain_triggers: triggers,
+        returns_to_serving: returns,
+        online_episodes: rows.iter().filter(|r| r.online).count(),
+        rl_steps: rows.iter().map(|r| r.rl).sum(),
+        fallback_steps: rows.iter().map(|r| r.fallback).sum(),
+        models_published: models,
+        min_trained_steps: min_trained,
+        max_trained_steps: max_trained,
+        scenarios_injected: injected,
+        curve,
+        wall_seconds: wall,
+    })
+}
+
+/// Both bus arms, with and without retraining.
+pub async fn run(opts: &BusOptions, handoffs: &[Handoff]) -> Result<BusReport, BenchError> {
+    let with = run_arm(opts, handoffs, BusArm::WithRetraining).await?;
+    tracing::info!(wall_s = with.wall_seconds, "bus arm with retraining done");
+    let without = run_arm(opts, handoffs, BusArm::WithoutRetraining).await?;
+    tracing::info!(
+        wall_s = without.wall_seconds,
+        "bus arm without retraining done"
+    );
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+    let pct = |a: f64, b: f64| 100.0 * (a / b - 1.0);
+    Ok(BusReport {
+        pace_ms: opts.pace_ms,
+        first_episode: u64::from(opts.train_episodes),
+        slo_ratio_without_vs_with: ratio(without.slo_violations as f64, with.slo_violations as f64),
+        with_vs_without_reward_pct: pct(with.total_reward, without.total_reward),
+        final_regime_with_vs_without_pct: pct(
+            with.final_regime_reward,
+            without.final_regime_reward,
+        ),
+        arms: vec![with, without],
+    })
+}
