@@ -21,16 +21,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{subject, Event, Stage, Target};
+use aware_bus_schemas::{Event, Stage, Target};
 use aware_loadgen::env::SimConfig;
 use aware_loadgen::run::{run_sim, AppSource, PolicySpec, RunSimOptions};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
 use super::BenchError;
 
@@ -301,23 +299,15 @@ async fn run_arm(
     let cfg = arm_config(opts, arm, &dir);
     // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
     let bus = Bus::in_process((4 * opts.apps).max(64));
-    let mut all = bus.subscribe(subject::ALL).await?;
-    let mut obs = bus.subscribe("aware.v1.obs.>").await?;
-    let (apps, pace) = (opts.apps, Duration::from_millis(opts.pace_ms));
-    let pacer = tokio::spawn(async move {
-        let mut n = 0usize;
-        while obs.next().await.is_some() {
-            n += 1;
-            if n.is_multiple_of(apps) {
-                tokio::time::sleep(pace).await;
-            }
-        }
-    });
-    let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let running =
-        aware_shared::launcher::start_on(bus, Arc::new(cfg), &crate::SERVICES, shutdown.clone())
-            .await?;
+    let mut services = super::PacedServices::start(
+        bus,
+        cfg,
+        opts.apps,
+        Duration::from_millis(opts.pace_ms),
+        opts.timeout,
+    )
+    .await?;
     let want = opts.episodes as usize;
     let mut eps: BTreeMap<Target, BTreeMap<u64, EpisodeRow>> = BTreeMap::new();
     let mut online: BTreeSet<Target> = BTreeSet::new();
@@ -325,19 +315,12 @@ async fn run_arm(
     let mut returns = 0usize;
     let mut models = 0u64;
     let mut max_trained = 0u64;
-    let deadline = tokio::time::Instant::now() + opts.timeout;
     let done = |eps: &BTreeMap<Target, BTreeMap<u64, EpisodeRow>>| {
         eps.len() >= opts.apps && eps.values().all(|e| e.len() >= want)
     };
     while !done(&eps) {
-        let Ok(Some(m)) = tokio::time::timeout_at(deadline, all.next()).await else {
+        let Some(ev) = services.next_event().await else {
             break;
-        };
-        let Ok(p) = subject::parse(&m.subject) else {
-            continue;
-        };
-        let Ok(ev) = aware_bus_schemas::decode_event(p.kind, &m.payload) else {
-            continue;
         };
         match ev {
             Event::Episode(e) => {
@@ -376,10 +359,7 @@ async fn run_arm(
         }
     }
     let wall = started.elapsed().as_secs_f64();
-    shutdown.cancel();
-    pacer.abort();
-    drop(all);
-    running.join().await?;
+    services.stop().await?;
     if !done(&eps) {
         return Err(BenchError::Failed(format!(
             "arm {}: only {} apps / {:?} episodes within {:?}",

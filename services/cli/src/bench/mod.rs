@@ -43,6 +43,98 @@ pub(crate) fn first(
         .ok_or_else(|| fail("simulator returned no observation"))
 }
 
+/// The six services on an embedded bus, paced the bus's own way: a subscriber to `obs` sleeps
+/// `pace` after every round of the apps' observations, and the bus's back-pressure (small
+/// buffers) reaches the lock-step collector within a few steps, so the trainer keeps up.
+pub(crate) struct PacedServices {
+    all: aware_shared::bus::Subscription,
+    pacer: tokio::task::JoinHandle<()>,
+    running: aware_shared::launcher::Running,
+    shutdown: tokio_util::sync::CancellationToken,
+    deadline: tokio::time::Instant,
+}
+
+impl PacedServices {
+    /// Starts the services on `bus` (built with small buffers) with `cfg`; events are read
+    /// until `timeout` from now.
+    pub(crate) async fn start(
+        bus: aware_shared::bus::Bus,
+        cfg: aware_shared::config::AppConfig,
+        apps: usize,
+        pace: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<Self, BenchError> {
+        let all = bus.subscribe(aware_bus_schemas::subject::ALL).await?;
+        let mut obs = bus.subscribe("aware.v1.obs.>").await?;
+        let apps = apps.max(1);
+        let pacer = tokio::spawn(async move {
+            let mut n = 0usize;
+            while obs.next().await.is_some() {
+                n += 1;
+                if n.is_multiple_of(apps) {
+                    tokio::time::sleep(pace).await;
+                }
+            }
+        });
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = aware_shared::launcher::start_on(
+            bus,
+            std::sync::Arc::new(cfg),
+            &crate::SERVICES,
+            shutdown.clone(),
+        )
+        .await?;
+        Ok(PacedServices {
+            all,
+            pacer,
+            running,
+            shutdown,
+            deadline: tokio::time::Instant::now() + timeout,
+        })
+    }
+
+    /// The next event on the bus; `None` at the deadline or when the bus closes (messages that
+    /// do not decode are skipped).
+    pub(crate) async fn next_event(&mut self) -> Option<aware_bus_schemas::Event> {
+        loop {
+            let m = tokio::time::timeout_at(self.deadline, self.all.next())
+                .await
+                .ok()??;
+            let Ok(p) = aware_bus_schemas::subject::parse(&m.subject) else {
+                continue;
+            };
+            if let Ok(ev) = aware_bus_schemas::decode_event(p.kind, &m.payload) {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// The sum of a counter over every service's registry.
+    pub(crate) fn counter(&self, name: &str) -> f64 {
+        self.running
+            .contexts
+            .iter()
+            .flat_map(|c| c.metrics.registry().gather())
+            .filter(|f| f.name() == name)
+            .flat_map(|f| {
+                f.get_metric()
+                    .iter()
+                    .map(|m| m.get_counter().get_value())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
+    /// Shuts the services down and waits for them.
+    pub(crate) async fn stop(self) -> Result<(), BenchError> {
+        self.shutdown.cancel();
+        self.pacer.abort();
+        drop(self.all);
+        self.running.join().await?;
+        Ok(())
+    }
+}
+
 /// Writes a pretty JSON report to `dir/name`.
 pub fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<String, BenchError> {
     let path = dir.join(name);

@@ -28,22 +28,21 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{
-    encode_event, subject, DecisionSource, Event, Lifecycle, Model, ModelKind, RegisteredLifecycle,
-    RegisteredSpec, Registration, Resources, Schema, Stage, Target,
+    encode_event, subject, DecisionSource, Event, Lifecycle, Model, ModelKind, Registration,
+    Resources, Schema, Stage, Target,
 };
 use aware_loadgen::app::AppSpec;
 use aware_loadgen::Scenario;
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, LifecycleProfile, SimInjection, SourceKind};
 use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
+use aware_shared::registry::to_registered;
 use aware_trajectory_recorder::store::{self as tstore, SqliteStore, TrajectoryStore};
 use bytes::Bytes;
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
 use super::{fail, BenchError};
 
@@ -226,22 +225,15 @@ pub fn arm_config(
     Ok(cfg)
 }
 
-/// The registered lifecycle profile of a target in `arm`.
-pub fn arm_profile(arm: BusArm, p: &LifecycleProfile) -> RegisteredLifecycle {
+/// The Algorithm 1 profile registered for a target in `arm`.
+pub fn arm_profile(arm: BusArm, p: &LifecycleProfile) -> LifecycleProfile {
     match arm {
-        BusArm::WithRetraining => RegisteredLifecycle {
-            bootstrap: p.bootstrap,
-            t_online: p.t_online,
-            t_serving: p.t_serving,
-            t_var: p.t_var,
-            window: u32::try_from(p.window).unwrap_or(u32::MAX),
-        },
-        BusArm::WithoutRetraining => RegisteredLifecycle {
-            bootstrap: p.bootstrap,
-            t_online: p.t_online,
+        BusArm::WithRetraining => p.clone(),
+        // Never leaves SERVING: no window mean is below −10⁹, no std above 10⁹.
+        BusArm::WithoutRetraining => LifecycleProfile {
             t_serving: -1e9,
             t_var: 1e9,
-            window: u32::try_from(p.window).unwrap_or(u32::MAX),
+            ..p.clone()
         },
     }
 }
@@ -334,7 +326,6 @@ async fn seed_bus(
     for ((h, spec), model) in handoffs.iter().zip(&cfg.targets).zip(models) {
         let target = target_of(&h.app);
         let (episode, step, ts_ms) = (model.episode, model.step, model.ts_ms);
-        let b = spec.bounds;
         publish(
             bus,
             Event::Registration(Registration {
@@ -345,19 +336,7 @@ async fn seed_bus(
                 ts_ms,
                 generation: 1,
                 source: format!("{}/{}", target.namespace, target.name),
-                spec: Some(RegisteredSpec {
-                    min_replicas: b.min_replicas,
-                    max_replicas: b.max_replicas,
-                    min_cpu_millicores: b.min_cpu_millicores,
-                    max_cpu_millicores: b.max_cpu_millicores,
-                    min_memory_bytes: b.min_memory_bytes,
-                    max_memory_bytes: b.max_memory_bytes,
-                    slo_latency_p99_ms: spec.slo.latency_p99_ms,
-                    slo_throughput_rps: spec.slo.throughput_rps,
-                    alpha: spec.alpha,
-                    recommend_only: false,
-                    lifecycle: Some(arm_profile(arm, &h.profile)),
-                }),
+                spec: Some(to_registered(spec, Some(&arm_profile(arm, &h.profile)))),
             }),
         )
         .await?;
@@ -409,45 +388,30 @@ pub async fn run_arm(
     let models = seed_stores(opts, handoffs, &dir)?;
     let bus = Bus::in_process((4 * opts.apps).max(64));
     seed_bus(&bus, arm, &cfg, handoffs, models).await?;
-    let mut all = bus.subscribe(subject::ALL).await?;
-    let mut obs = bus.subscribe("aware.v1.obs.>").await?;
-    let (apps, pace) = (opts.apps, Duration::from_millis(opts.pace_ms));
-    let pacer = tokio::spawn(async move {
-        let mut n = 0usize;
-        while obs.next().await.is_some() {
-            n += 1;
-            if n.is_multiple_of(apps) {
-                tokio::time::sleep(pace).await;
-            }
-        }
-    });
     let first = u64::from(opts.train_episodes);
     let want = opts.serve_episodes as usize;
     let from: BTreeMap<Target, u64> = handoffs
         .iter()
         .map(|h| (target_of(&h.app), first + h.final_regime_from as u64))
         .collect();
-    let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let running =
-        aware_shared::launcher::start_on(bus, Arc::new(cfg), &crate::SERVICES, shutdown.clone())
-            .await?;
+    let mut services = super::PacedServices::start(
+        bus,
+        cfg,
+        opts.apps,
+        Duration::from_millis(opts.pace_ms),
+        opts.timeout,
+    )
+    .await?;
     let mut eps: BTreeMap<Target, BTreeMap<u64, Row>> = BTreeMap::new();
     let (mut triggers, mut returns, mut models, mut max_trained) = (0usize, 0usize, 0u64, 0u64);
     let mut min_trained: Option<u64> = None;
-    let deadline = tokio::time::Instant::now() + opts.timeout;
     let done = |eps: &BTreeMap<Target, BTreeMap<u64, Row>>| {
         eps.len() >= opts.apps && eps.values().all(|e| e.len() >= want)
     };
     while !done(&eps) {
-        let Ok(Some(m)) = tokio::time::timeout_at(deadline, all.next()).await else {
+        let Some(ev) = services.next_event().await else {
             break;
-        };
-        let Ok(p) = subject::parse(&m.subject) else {
-            continue;
-        };
-        let Ok(ev) = aware_bus_schemas::decode_event(p.kind, &m.payload) else {
-            continue;
         };
         match ev {
             Event::Episode(e) if e.episode >= first => {
@@ -484,22 +448,8 @@ pub async fn run_arm(
         }
     }
     let wall = started.elapsed().as_secs_f64();
-    let injected = running
-        .contexts
-        .iter()
-        .flat_map(|c| c.metrics.registry().gather())
-        .filter(|f| f.name() == "aware_collector_scenarios_injected_total")
-        .flat_map(|f| {
-            f.get_metric()
-                .iter()
-                .map(|m| m.get_counter().get_value())
-                .collect::<Vec<_>>()
-        })
-        .sum::<f64>() as u64;
-    shutdown.cancel();
-    pacer.abort();
-    drop(all);
-    running.join().await?;
+    let injected = services.counter("aware_collector_scenarios_injected_total") as u64;
+    services.stop().await?;
     if !done(&eps) {
         return Err(BenchError::Failed(format!(
             "bus arm {}: only {} apps / {:?} serve episodes within {:?}",
