@@ -1,4 +1,5 @@
-//! NATS specifics: the JetStream stream that captures `aware.v1.>` for replay by external tools,
+//! NATS specifics: the JetStream stream that captures `aware.v1.>` for replay by external tools
+//! (and the embedded bus's counterpart of its current state),
 //! and publish errors that reach the caller.
 
 use std::time::Duration;
@@ -119,46 +120,87 @@ async fn next_stage(
     }
 }
 
+fn lifecycle(
+    name: &str,
+    episode: u64,
+    stage: aware_bus_schemas::Stage,
+) -> aware_bus_schemas::Event {
+    use aware_bus_schemas::{Event, EventKind, Target};
+    let Some(Event::Lifecycle(mut l)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    l.target = Target::new("shop", name);
+    l.episode = episode;
+    l.stage = stage;
+    Event::Lifecycle(l)
+}
+
+async fn publish(bus: &Bus, ev: aware_bus_schemas::Event) {
+    let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+    bus.publish(&subj, Bytes::from(encode_event(&ev).unwrap()))
+        .await
+        .unwrap();
+    bus.flush().await.unwrap();
+}
+
+/// Stages of two targets, `a` ending SERVING at episode 20 and `b` OFFLINE at episode 2.
+async fn publish_stages(bus: &Bus) {
+    use aware_bus_schemas::Stage;
+    publish(bus, lifecycle("a", 1, Stage::Offline)).await;
+    publish(bus, lifecycle("a", 9, Stage::Online)).await;
+    publish(bus, lifecycle("b", 2, Stage::Offline)).await;
+    publish(bus, lifecycle("a", 20, Stage::Serving)).await;
+}
+
+/// A late service `ctx` reads every target's newest stage as its current state and gets it
+/// first from `subscribe_events` (in publish order, never an older one), then live messages.
+async fn assert_late_start_from_current_state(
+    ctx: &aware_shared::service::ServiceContext,
+    bus: &Bus,
+) {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    let current: Vec<_> = ctx
+        .current_state(EventKind::Lifecycle)
+        .await
+        .into_iter()
+        .map(|ev| match ev {
+            Event::Lifecycle(l) => (l.target.name.clone(), l.episode, l.stage),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        current,
+        vec![
+            ("b".into(), 2, Stage::Offline),
+            ("a".into(), 20, Stage::Serving)
+        ]
+    );
+    // Not a state kind: nothing.
+    assert!(ctx.current_state(EventKind::Obs).await.is_empty());
+    let mut rx = ctx.subscribe_events(&[EventKind::Lifecycle]).await.unwrap();
+    // The snapshot: the newest per target, in stream order.
+    assert_eq!(next_stage(&mut rx).await, ("b".into(), 2, Stage::Offline));
+    assert_eq!(next_stage(&mut rx).await, ("a".into(), 20, Stage::Serving));
+    // Then live.
+    publish(bus, lifecycle("b", 30, Stage::Online)).await;
+    assert_eq!(next_stage(&mut rx).await, ("b".into(), 30, Stage::Online));
+}
+
 /// A service that starts after targets changed stage learns every target's current stage from
 /// the capture first (the newest per target, never an older one), then live messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_subscribers_start_from_every_targets_current_state() {
-    use aware_bus_schemas::{Event, EventKind, Stage, Target};
     use aware_shared::config::AppConfig;
     use aware_shared::service::ServiceContext;
 
     let server = NatsServer::start().unwrap();
     let bus_cfg = cfg(server.url(), 120);
     let bus = Bus::connect(&bus_cfg, "js-state").await.unwrap();
-    let Some(Event::Lifecycle(proto)) = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Lifecycle)
-    else {
-        unreachable!()
-    };
-    let lifecycle = |name: &str, episode: u64, stage: Stage| {
-        let mut l = proto.clone();
-        l.target = Target::new("shop", name);
-        l.episode = episode;
-        l.stage = stage;
-        Event::Lifecycle(l)
-    };
-    let publish = |ev: Event| {
-        let bus = bus.clone();
-        async move {
-            let subj = subject::subject(ev.kind(), ev.target()).unwrap();
-            bus.publish(&subj, Bytes::from(encode_event(&ev).unwrap()))
-                .await
-                .unwrap();
-        }
-    };
-    publish(lifecycle("a", 1, Stage::Offline)).await;
-    publish(lifecycle("a", 9, Stage::Online)).await;
-    publish(lifecycle("b", 2, Stage::Offline)).await;
-    publish(lifecycle("a", 20, Stage::Serving)).await;
-    bus.flush().await.unwrap();
+    publish_stages(&bus).await;
     aware_tests::wait_captured(&server.url(), "AWARE", 4).await;
-
     let app = AppConfig {
         bus: bus_cfg.clone(),
         ..AppConfig::default()
@@ -171,12 +213,28 @@ async fn late_subscribers_start_from_every_targets_current_state() {
         tokio_util::sync::CancellationToken::new(),
     )
     .unwrap();
-    let mut rx = ctx.subscribe_events(&[EventKind::Lifecycle]).await.unwrap();
-    // The snapshot: the newest per target, in stream order.
-    assert_eq!(next_stage(&mut rx).await, ("b".into(), 2, Stage::Offline));
-    assert_eq!(next_stage(&mut rx).await, ("a".into(), 20, Stage::Serving));
-    // Then live.
-    publish(lifecycle("b", 30, Stage::Online)).await;
-    bus.flush().await.unwrap();
-    assert_eq!(next_stage(&mut rx).await, ("b".into(), 30, Stage::Online));
+    assert_late_start_from_current_state(&ctx, &bus).await;
+}
+
+/// The same on the embedded bus, which retains the newest message of every state subject
+/// (`Bus::in_process`): no capture, no server.
+#[tokio::test]
+async fn on_the_embedded_bus_late_subscribers_start_from_the_current_state() {
+    use aware_shared::service::ServiceContext;
+
+    let bus = Bus::in_process(16);
+    publish_stages(&bus).await;
+    let obs = samples()
+        .into_iter()
+        .find(|e| e.kind() == aware_bus_schemas::EventKind::Obs)
+        .unwrap();
+    publish(&bus, obs).await;
+    let ctx = ServiceContext::new(
+        "late",
+        bus.clone(),
+        std::sync::Arc::new(aware_shared::config::AppConfig::default()),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    assert_late_start_from_current_state(&ctx, &bus).await;
 }
