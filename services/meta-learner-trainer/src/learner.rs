@@ -3,7 +3,8 @@
 //! store and writes versioned checkpoints to the model store. While the target is OFFLINE a round
 //! is *offline* (TD3+BC on the fallback's transitions, then the off-policy estimate of the policy
 //! on the target's recent fallback episodes); while ONLINE it is plain DDPG (with a BC term that
-//! decays over the first `online_bc_rounds` rounds); SERVING does not train. One network per
+//! decays over the first `online_bc_rounds` rounds after a promotion, none while retraining);
+//! SERVING does not train. One network per
 //! target runs through every stage, so checkpoints and versions continue across stage changes.
 //! Everything here is synchronous (store I/O and gradient steps); the service runs it on the
 //! blocking pool.
@@ -68,7 +69,9 @@ pub struct TrainerConfig {
     pub bc_policy_noise: f32,
     pub bc_noise_clip: f32,
     /// ONLINE: the BC term's weight falls linearly from 1 to 0 over this many online rounds
-    /// after each OFFLINE → ONLINE (0: plain DDPG from the first online round).
+    /// after each OFFLINE → ONLINE (0: plain DDPG from the first online round). Retraining
+    /// (ONLINE entered from SERVING) is plain DDPG whatever this says: the policy left the
+    /// fallback's data long ago, and cloning its own past actions would hold it in the old regime.
     pub online_bc_rounds: u32,
     /// The off-policy estimate is computed on the fallback transitions of the target's last
     /// `eval_episodes` recorded episodes (at most `eval_max_rows` of them, the newest).
@@ -329,7 +332,7 @@ impl Learner {
 
     /// Whether the target retrains (ONLINE entered from SERVING, see
     /// `aware_bus_schemas::Lifecycle::retraining`): its online rounds then take
-    /// `retrain_gradient_steps` instead of `gradient_steps`.
+    /// `retrain_gradient_steps` instead of `gradient_steps`, without a BC term.
     pub fn set_retraining(&mut self, on: bool) {
         self.retraining = on;
     }
@@ -513,7 +516,7 @@ impl Learner {
     fn bc_weight(&self, mode: RoundMode) -> f32 {
         match mode {
             RoundMode::Offline => 1.0,
-            RoundMode::Online if self.cfg.online_bc_rounds == 0 => 0.0,
+            RoundMode::Online if self.cfg.online_bc_rounds == 0 || self.retraining => 0.0,
             RoundMode::Online => {
                 (1.0 - self.online_rounds as f32 / self.cfg.online_bc_rounds as f32).max(0.0)
             }
@@ -966,8 +969,10 @@ mod tests {
             .unwrap()
             .expect("a round");
         assert_eq!((p3.version, p3.trained_steps), (3, 15));
-        // Retraining (ONLINE entered from SERVING): retrain_gradient_steps per round, until
-        // the flag is cleared.
+        // Retraining (ONLINE entered from SERVING): retrain_gradient_steps per round and no BC
+        // term — even for a trainer that (re)started while the target was SERVING, whose first
+        // online round would otherwise count as the first after a promotion — until the flag is
+        // cleared.
         let mut c = cfg();
         c.retrain_gradient_steps = 20;
         let mut r = Learner::new(t.clone(), Bounds::default(), c);
@@ -977,12 +982,15 @@ mod tests {
             .unwrap();
         let p4 = r.maybe_train(&store, &models).unwrap().expect("a round");
         assert_eq!((p4.version, p4.steps, p4.trained_steps), (4, 20, 35));
+        assert_eq!(p4.bc_weight, 0.0);
         r.set_retraining(false);
         store
             .append(&(0..50).map(|s| row(&t, 4, s)).collect::<Vec<_>>())
             .unwrap();
         let p5 = r.maybe_train(&store, &models).unwrap().expect("a round");
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
+        // Not retraining: the second online round of this learner, BC 1 − 1/20.
+        assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
     }
 
     #[test]
