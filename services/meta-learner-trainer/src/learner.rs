@@ -309,6 +309,11 @@ pub struct Learner {
     cancel: Option<tokio_util::sync::CancellationToken>,
     /// ONLINE entered from SERVING: online rounds take `retrain_gradient_steps`.
     retraining: bool,
+    /// The newest recorded row whose state the normalizer has seen (`None`: none yet).
+    observed: Option<(u64, u32)>,
+    /// The network was resumed from the target's checkpoint, whose normalizer has seen the
+    /// history recorded so far: the next read only marks it as seen.
+    history_seen: bool,
 }
 
 impl Learner {
@@ -327,6 +332,8 @@ impl Learner {
             conditioning: None,
             cancel: None,
             retraining: false,
+            observed: None,
+            history_seen: false,
         }
     }
 
@@ -492,6 +499,7 @@ impl Learner {
         {
             Ok(d) if d.config().state_dim == width => {
                 tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
+                self.history_seen = true;
                 Ok(d)
             }
             Ok(_) => {
@@ -510,6 +518,37 @@ impl Learner {
             target: self.target.clone(),
             source: Box::new(source),
         }
+    }
+
+    /// The states of the target's recorded rows the normalizer has not seen yet, oldest first:
+    /// every row once, as an agent observes each state it visits (rows are re-drawn by many
+    /// minibatches, and the recency share draws the newest far more often, so observing the
+    /// minibatches would weight the statistics by how often a row is drawn). A network resumed
+    /// from the target's checkpoint has seen the history up to now.
+    fn unobserved_states(
+        &mut self,
+        store: &dyn TrajectoryStore,
+    ) -> Result<Vec<Vec<f32>>, TrainerError> {
+        let seen = self.observed;
+        let rows = store
+            .transitions(&self.target, seen.map_or(0, |(e, _)| e)..u64::MAX)
+            .map_err(|e| self.store_err(e))?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let at = (r.episode, r.step);
+            if seen.is_some_and(|o| at <= o) {
+                continue;
+            }
+            self.observed = Some(self.observed.map_or(at, |o| o.max(at)));
+            if self.history_seen {
+                continue;
+            }
+            if let Some(t) = to_training(r, &self.bounds) {
+                out.push(self.conditioned(t).state);
+            }
+        }
+        self.history_seen = false;
+        Ok(out)
     }
 
     /// The BC weight of the next round of `mode`.
@@ -631,15 +670,16 @@ impl Learner {
         let bc = self.cfg.bc(bc_weight);
         let pinned = self.conditioning.is_some();
         let cancel = self.cancel.clone();
+        self.ddpg(models)?;
+        let unseen = self.unobserved_states(store)?;
         let ddpg = self.ddpg(models)?;
         let model_err = |source| TrainerError::Model {
             target: target.clone(),
             source,
         };
-        // The normalizer follows the data: a uniform sample estimates the same statistics as
-        // the whole history.
-        for t in &ts {
-            ddpg.observe(&t.state).map_err(model_err)?;
+        // The normalizer follows the data: every recorded state once.
+        for state in &unseen {
+            ddpg.observe(state).map_err(model_err)?;
         }
         if pinned {
             // The embedding features keep the meta-learner's scale (mean 0, std 1).
@@ -991,6 +1031,62 @@ mod tests {
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
         // Not retraining: the second online round of this learner, BC 1 − 1/20.
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
+    }
+
+    /// The normalizer sees every recorded state exactly once, however often minibatches draw
+    /// it (recency share included); a learner resumed from the checkpoint counts only what was
+    /// recorded after it resumed.
+    #[test]
+    fn the_normalizer_sees_every_recorded_state_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("shop", "norm");
+        let mut c = cfg();
+        c.recent_fraction = 0.5;
+        c.recent_episodes = 1;
+        c.offline_min_transitions = 20;
+        let count = |v: u64| {
+            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
+            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), c.clone());
+        store
+            .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p1 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        // 5 steps × 16 rows drawn, 60 recorded.
+        assert_eq!(count(p1.version), 60);
+        store
+            .append(&(0..50).map(|s| row(&t, 1, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p2 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!(count(p2.version), 110);
+        // Nothing new recorded: a round (forced by the mode switch) observes nothing.
+        let p3 = l
+            .maybe_train_in(Stage::Offline, &store, &models)
+            .unwrap()
+            .expect("the first round of a new mode");
+        assert_eq!(count(p3.version), 110);
+        // A restarted trainer resumes with the checkpoint's statistics and adds only the rows
+        // recorded since.
+        let mut again = Learner::new(t.clone(), Bounds::default(), c);
+        store
+            .append(&(0..50).map(|s| row(&t, 2, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p4 = again
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("a round");
+        assert_eq!(count(p4.version), 110);
+        store
+            .append(&(0..50).map(|s| row(&t, 3, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p5 = again
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("a round");
+        assert_eq!(count(p5.version), 160);
     }
 
     #[test]
