@@ -298,6 +298,10 @@ enum BenchCommand {
         /// --bus: the pacer's sleep after every round of the apps' observations, ms.
         #[arg(long, default_value_t = 40)]
         bus_pace_ms: u64,
+        /// --bus: a `[trainer]` setting other than the services' default, KEY=VALUE with a JSON
+        /// value (repeatable), e.g. --bus-trainer train_every_transitions=50.
+        #[arg(long, value_parser = parse_setting)]
+        bus_trainer: Vec<(String, serde_json::Value)>,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -400,6 +404,18 @@ enum BenchCommand {
         #[arg(long)]
         skip_nats: bool,
     },
+}
+
+/// `KEY=VALUE` with a JSON value (a bare word that is not JSON is taken as a string).
+fn parse_setting(s: &str) -> Result<(String, serde_json::Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!("empty key in {s:?}"));
+    }
+    let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+    Ok((k.to_string(), v))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -603,6 +619,7 @@ fn main() -> anyhow::Result<()> {
                 servable_tolerance,
                 bus,
                 bus_pace_ms,
+                bus_trainer,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::serve::ServeBenchOptions {
@@ -629,6 +646,7 @@ fn main() -> anyhow::Result<()> {
                     servable_tolerance,
                     bus,
                     bus_pace_ms,
+                    bus_trainer: bus_trainer.into_iter().collect(),
                     out: out.clone(),
                     ..Default::default()
                 };
@@ -1072,6 +1090,34 @@ mod tests {
             }
             _ => unreachable!(),
         }
+        match bench(&[
+            "serve",
+            "--bus",
+            "--bus-trainer",
+            "train_every_transitions=50",
+            "--bus-trainer",
+            "retrain_gradient_steps=200",
+        ]) {
+            BenchCommand::Serve {
+                bus, bus_trainer, ..
+            } => {
+                assert!(bus);
+                assert_eq!(
+                    bus_trainer,
+                    vec![
+                        ("train_every_transitions".to_string(), serde_json::json!(50)),
+                        ("retrain_gradient_steps".to_string(), serde_json::json!(200))
+                    ]
+                );
+            }
+            _ => unreachable!(),
+        }
+        assert!(parse_setting("no_equals").is_err());
+        assert!(parse_setting("=1").is_err());
+        assert_eq!(
+            parse_setting("mode=fast").unwrap(),
+            ("mode".to_string(), serde_json::json!("fast"))
+        );
         match bench(&[
             "bootstrap",
             "--recent-fraction",
