@@ -340,11 +340,12 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
     use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
     let dir = tempfile::tempdir().unwrap();
-    let mut trainer = serde_json::Map::new();
     // Small rounds, so a debug build keeps up with the paced loop.
-    trainer.insert("train_every_transitions".into(), 40.into());
-    trainer.insert("retrain_gradient_steps".into(), 20.into());
-    trainer.insert("gradient_steps".into(), 5.into());
+    let settings = vec![
+        ("trainer.train_every_transitions".to_string(), 40.into()),
+        ("trainer.retrain_gradient_steps".to_string(), 20.into()),
+        ("trainer.gradient_steps".to_string(), 5.into()),
+    ];
     let opts = ServeBenchOptions {
         apps: 2,
         seed: 1001,
@@ -355,7 +356,7 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
         oracle: false,
         bus: true,
         bus_pace_ms: 20,
-        bus_trainer: trainer,
+        bus_settings: settings,
         out: dir.path().to_path_buf(),
         ..ServeBenchOptions::default()
     };

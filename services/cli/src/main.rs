@@ -298,10 +298,11 @@ enum BenchCommand {
         /// --bus: the pacer's sleep after every round of the apps' observations, ms.
         #[arg(long, default_value_t = 40)]
         bus_pace_ms: u64,
-        /// --bus: a `[trainer]` setting other than the services' default, KEY=VALUE with a JSON
-        /// value (repeatable), e.g. --bus-trainer train_every_transitions=50.
+        /// --bus: a setting of the services other than its default, SECTION.KEY=VALUE with a
+        /// JSON value (repeatable), e.g. --bus-set trainer.train_every_transitions=50 or
+        /// --bus-set actuator.guardrails.cpu_cooldown_ms=0.
         #[arg(long, value_parser = parse_setting)]
-        bus_trainer: Vec<(String, serde_json::Value)>,
+        bus_set: Vec<(String, serde_json::Value)>,
     },
     /// Workload embeddings (paper Fig. 6): apps of known resource classes and load patterns,
     /// their cosine similarities and a PCA projection; writes embed.json and embed-pca.svg.
@@ -619,7 +620,7 @@ fn main() -> anyhow::Result<()> {
                 servable_tolerance,
                 bus,
                 bus_pace_ms,
-                bus_trainer,
+                bus_set,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::serve::ServeBenchOptions {
@@ -646,7 +647,7 @@ fn main() -> anyhow::Result<()> {
                     servable_tolerance,
                     bus,
                     bus_pace_ms,
-                    bus_trainer: bus_trainer.into_iter().collect(),
+                    bus_settings: bus_set,
                     out: out.clone(),
                     ..Default::default()
                 };
@@ -1093,21 +1094,44 @@ mod tests {
         match bench(&[
             "serve",
             "--bus",
-            "--bus-trainer",
-            "train_every_transitions=50",
-            "--bus-trainer",
-            "retrain_gradient_steps=200",
+            "--bus-set",
+            "trainer.train_every_transitions=50",
+            "--bus-set",
+            "actuator.guardrails.cpu_cooldown_ms=0",
         ]) {
-            BenchCommand::Serve {
-                bus, bus_trainer, ..
-            } => {
+            BenchCommand::Serve { bus, bus_set, .. } => {
                 assert!(bus);
                 assert_eq!(
-                    bus_trainer,
+                    bus_set,
                     vec![
-                        ("train_every_transitions".to_string(), serde_json::json!(50)),
-                        ("retrain_gradient_steps".to_string(), serde_json::json!(200))
+                        (
+                            "trainer.train_every_transitions".to_string(),
+                            serde_json::json!(50)
+                        ),
+                        (
+                            "actuator.guardrails.cpu_cooldown_ms".to_string(),
+                            serde_json::json!(0)
+                        )
                     ]
+                );
+                let mut sections = std::collections::BTreeMap::new();
+                sections.insert("trainer".to_string(), serde_json::json!({ "poll_ms": 50 }));
+                for (p, v) in bus_set {
+                    bench::serve_bus::set_path(&mut sections, &p, v).unwrap();
+                }
+                assert_eq!(
+                    sections["trainer"],
+                    serde_json::json!({ "poll_ms": 50, "train_every_transitions": 50 })
+                );
+                assert_eq!(
+                    sections["actuator"],
+                    serde_json::json!({ "guardrails": { "cpu_cooldown_ms": 0 } })
+                );
+                assert!(bench::serve_bus::set_path(&mut sections, "trainer", 1.into()).is_err());
+                assert!(
+                    bench::serve_bus::set_path(&mut sections, "trainer.poll_ms.x", 1.into())
+                        .is_err(),
+                    "poll_ms is not an object"
                 );
             }
             _ => unreachable!(),

@@ -122,8 +122,8 @@ pub struct ServeBenchOptions {
     pub bus: bool,
     /// `bus`: the pacer's sleep per round of observations.
     pub bus_pace_ms: u64,
-    /// `bus`: trainer settings other than the services' defaults ([`super::serve_bus::BusOptions::trainer`]).
-    pub bus_trainer: serde_json::Map<String, serde_json::Value>,
+    /// `bus`: settings other than the services' defaults ([`super::serve_bus::BusOptions::settings`]).
+    pub bus_settings: Vec<(String, serde_json::Value)>,
     pub out: PathBuf,
 }
 
@@ -176,7 +176,7 @@ impl Default for ServeBenchOptions {
             servable_tolerance: 0.02,
             bus: false,
             bus_pace_ms: 40,
-            bus_trainer: serde_json::Map::new(),
+            bus_settings: Vec::new(),
             out: PathBuf::from("bench-out"),
         }
     }
@@ -1231,7 +1231,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             pace_ms: opts.bus_pace_ms,
             timeout: std::time::Duration::from_secs(6 * 3600),
             work: opts.out.join("bus"),
-            trainer: opts.bus_trainer.clone(),
+            settings: opts.bus_settings.clone(),
         };
         let system = actix_rt::System::new();
         report.bus = Some(

@@ -86,9 +86,9 @@ pub struct BusOptions {
     pub pace_ms: u64,
     pub timeout: Duration,
     pub work: PathBuf,
-    /// Settings of the trainer's section other than the services' defaults (tests make its
-    /// rounds small; the bench uses the defaults).
-    pub trainer: serde_json::Map<String, serde_json::Value>,
+    /// Settings other than the services' defaults, as (dotted path `section.key[.key…]`,
+    /// value): tests make the trainer's rounds small; the bench uses the defaults.
+    pub settings: Vec<(String, serde_json::Value)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +169,7 @@ fn target_of(app: &AppSpec) -> Target {
 }
 
 /// The services' configuration of an arm (everything at the services' defaults but the
-/// simulated cluster, the stores, the trainer's poll interval and `opts.trainer`).
+/// simulated cluster, the stores, the trainer's poll interval and `opts.settings`).
 pub fn arm_config(
     opts: &BusOptions,
     handoffs: &[Handoff],
@@ -217,12 +217,47 @@ pub fn arm_config(
         "model_store".into(),
         serde_json::json!({ "dir": dir.join("models").display().to_string() }),
     );
-    let mut trainer = serde_json::Map::new();
-    trainer.insert("poll_ms".into(), 50.into());
-    trainer.extend(opts.trainer.clone());
     cfg.sections
-        .insert("trainer".into(), serde_json::Value::Object(trainer));
+        .insert("trainer".into(), serde_json::json!({ "poll_ms": 50 }));
+    for (path, value) in &opts.settings {
+        set_path(&mut cfg.sections, path, value.clone())?;
+    }
     Ok(cfg)
+}
+
+/// Sets `value` at the dotted `path` (`section.key[.key…]`) of the config's sections, creating
+/// the objects on the way.
+pub fn set_path(
+    sections: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    path: &str,
+    value: serde_json::Value,
+) -> Result<(), BenchError> {
+    let bad = || fail(format!("setting {path:?}: expected section.key[.key…]"));
+    let mut parts = path.split('.');
+    let section = parts.next().filter(|s| !s.is_empty()).ok_or_else(bad)?;
+    let keys: Vec<&str> = parts.collect();
+    let Some((leaf, inner)) = keys.split_last() else {
+        return Err(bad());
+    };
+    let mut node = sections
+        .entry(section.to_string())
+        .or_insert_with(|| serde_json::json!({}));
+    for k in inner {
+        if !node.is_object() {
+            return Err(bad());
+        }
+        node = node
+            .as_object_mut()
+            .ok_or_else(bad)?
+            .entry(k.to_string())
+            .or_insert_with(|| serde_json::json!({}));
+    }
+    let obj = node.as_object_mut().ok_or_else(bad)?;
+    if leaf.is_empty() {
+        return Err(bad());
+    }
+    obj.insert(leaf.to_string(), value);
+    Ok(())
 }
 
 /// The Algorithm 1 profile registered for a target in `arm`.
