@@ -211,9 +211,18 @@ impl Sim {
             .iter_mut()
             .map(|p| p.take().unwrap_or(TargetAction::Hold))
             .collect();
+        self.advance(&actions, metrics)
+    }
+
+    /// One simulator step with `actions`, counted, its scenarios logged.
+    fn advance(
+        &mut self,
+        actions: &[TargetAction],
+        metrics: &CollectorMetrics,
+    ) -> Result<(), ServiceError> {
         self.last = self
             .env
-            .step(&actions)
+            .step(actions)
             .map_err(|e| ServiceError::Other(format!("simulator step: {e}")))?;
         metrics.steps.inc();
         self.note_injections(metrics);
@@ -224,12 +233,7 @@ impl Sim {
     fn fast_forward(&mut self, to: u64, metrics: &CollectorMetrics) -> Result<(), ServiceError> {
         let hold = vec![TargetAction::Hold; self.targets.len()];
         while self.global_step() < to {
-            self.last = self
-                .env
-                .step(&hold)
-                .map_err(|e| ServiceError::Other(format!("simulator fast-forward: {e}")))?;
-            metrics.steps.inc();
-            self.note_injections(metrics);
+            self.advance(&hold, metrics)?;
         }
         Ok(())
     }
