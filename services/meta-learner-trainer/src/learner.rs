@@ -530,8 +530,19 @@ impl Learner {
         store: &dyn TrajectoryStore,
     ) -> Result<Vec<Vec<f32>>, TrainerError> {
         let seen = self.observed;
+        let from = match seen {
+            Some((episode, _)) => episode,
+            // Only the head is needed to mark the history as seen: start at the last
+            // recorded episode rather than reading the whole history.
+            None if self.history_seen => store
+                .episodes(&self.target, 1)
+                .map_err(|e| self.store_err(e))?
+                .first()
+                .map_or(0, |e| e.episode),
+            None => 0,
+        };
         let rows = store
-            .transitions(&self.target, seen.map_or(0, |(e, _)| e)..u64::MAX)
+            .transitions(&self.target, from..u64::MAX)
             .map_err(|e| self.store_err(e))?;
         let mut out = Vec::new();
         for r in &rows {

@@ -1173,7 +1173,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         fallback_slo_violations: fbu.map_or(0, |a| a.slo_violations),
         fallback_from_agent_state_pct_of_oracle: fb_same_state.and_then(|a| a.pct_of_oracle),
     };
-    let report = ServeReport {
+    let mut report = ServeReport {
         apps: results.len(),
         seed: opts.seed,
         train_episodes: opts.train_episodes,
@@ -1218,7 +1218,6 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         wall_seconds: started.elapsed().as_secs_f64(),
         arms,
     };
-    let mut report = report;
     if opts.bus {
         let handoffs: Vec<super::serve_bus::Handoff> =
             results.into_iter().filter_map(|r| r.handoff).collect();

@@ -233,30 +233,27 @@ pub fn set_path(
     value: serde_json::Value,
 ) -> Result<(), BenchError> {
     let bad = || fail(format!("setting {path:?}: expected section.key[.key…]"));
-    let mut parts = path.split('.');
-    let section = parts.next().filter(|s| !s.is_empty()).ok_or_else(bad)?;
-    let keys: Vec<&str> = parts.collect();
+    let parts: Vec<&str> = path.split('.').collect();
+    let (Some((section, keys)), false) = (parts.split_first(), parts.iter().any(|p| p.is_empty()))
+    else {
+        return Err(bad());
+    };
     let Some((leaf, inner)) = keys.split_last() else {
         return Err(bad());
     };
     let mut node = sections
-        .entry(section.to_string())
+        .entry((*section).to_string())
         .or_insert_with(|| serde_json::json!({}));
     for k in inner {
-        if !node.is_object() {
-            return Err(bad());
-        }
         node = node
             .as_object_mut()
             .ok_or_else(bad)?
-            .entry(k.to_string())
+            .entry((*k).to_string())
             .or_insert_with(|| serde_json::json!({}));
     }
-    let obj = node.as_object_mut().ok_or_else(bad)?;
-    if leaf.is_empty() {
-        return Err(bad());
-    }
-    obj.insert(leaf.to_string(), value);
+    node.as_object_mut()
+        .ok_or_else(bad)?
+        .insert((*leaf).to_string(), value);
     Ok(())
 }
 
