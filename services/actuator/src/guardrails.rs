@@ -12,8 +12,9 @@
 //! 3. **Guarded allocation**, per dimension: the requested value is first limited to the maximum
 //!    change per step around the value in force ([`StepLimit`]), then clamped into the bounds (the
 //!    bounds are the user's hard constraints and win over the step limit when the value in force is
-//!    outside them); a dimension still in its cooldown keeps its value in force (unless that value is
-//!    outside the bounds, which are enforced at once). Zero and absurd requests end up at a bound.
+//!    outside them); a dimension still in its cooldown, or asked for a CPU/memory change smaller
+//!    than its minimum change, keeps its value in force (unless that value is outside the bounds,
+//!    which are enforced at once). Zero and absurd requests end up at a bound.
 //! 4. **Recommend-only** (`UpdateMode::Off`) → `RecommendOnly`: nothing is applied (`applied` is the
 //!    allocation in force); the guarded allocation is still computed and reported in
 //!    `recommended`, `clamped` and `reason`.
@@ -28,13 +29,14 @@
 //! # Defaults ([`GuardrailConfig::default`])
 //!
 //! Each limit is `max(min, ratio × value in force)` (`<dim>_up_ratio`/`<dim>_up_min…`, same for
-//! `down`); cooldowns are `<dim>_cooldown_ms` and `shared_vertical_cooldown`.
+//! `down`); cooldowns are `<dim>_cooldown_ms` and `shared_vertical_cooldown`; a CPU or memory
+//! change smaller than `<dim>_min_change_ratio` of the value in force keeps the value in force.
 //!
-//! | dimension | up per step | down per step | cooldown |
-//! |---|---|---|---|
-//! | replicas | max(4, 100 %) | max(1, 50 %) | none |
-//! | CPU limit | max(100 m, 50 %) | max(100 m, 50 %) | 60 s, shared with memory |
-//! | memory limit | max(128 MiB, 50 %) | max(128 MiB, 50 %) | 60 s, shared with CPU |
+//! | dimension | up per step | down per step | cooldown | minimum change |
+//! |---|---|---|---|---|
+//! | replicas | max(4, 100 %) | max(1, 50 %) | none | none |
+//! | CPU limit | max(100 m, 50 %) | max(100 m, 50 %) | 60 s, shared with memory | none |
+//! | memory limit | max(128 MiB, 50 %) | max(128 MiB, 50 %) | 60 s, shared with CPU | none |
 //!
 //! Why: the replica scale-up limit is the HPA's default scale-up policy (`max(4 pods, 100 %)`);
 //! halving at most per step keeps a mis-step (or a noisy RL action) from dropping most of the
@@ -176,6 +178,13 @@ pub struct GuardrailConfig {
     /// A CPU change also starts the memory cooldown and vice versa (both restart the pods unless
     /// resized in place).
     pub shared_vertical_cooldown: bool,
+    /// A CPU (memory) change smaller than this fraction of the value in force is not applied:
+    /// the value in force is kept (0 = every change applies). The VPA updater's update threshold
+    /// (10 %) for the same reason: a continuous policy's action moves a little at every step, and
+    /// each vertical change restarts the pods unless resized in place, so without it a rolling
+    /// restart is superseded before it completes.
+    pub cpu_min_change_ratio: f64,
+    pub memory_min_change_ratio: f64,
 }
 
 impl Default for GuardrailConfig {
@@ -197,6 +206,8 @@ impl Default for GuardrailConfig {
             cpu_cooldown_ms: 60_000,
             memory_cooldown_ms: 60_000,
             shared_vertical_cooldown: true,
+            cpu_min_change_ratio: 0.0,
+            memory_min_change_ratio: 0.0,
         }
     }
 }
@@ -212,6 +223,8 @@ pub enum GuardrailConfigError {
     },
     #[error("guardrails.{dimension}_down_ratio is {value}: a decrease cannot exceed 1 (100 %)")]
     DownRatioAboveOne { dimension: Dimension, value: f64 },
+    #[error("guardrails.{dimension}_min_change_ratio is {value}: must be finite and in [0, 1)")]
+    InvalidMinChange { dimension: Dimension, value: f64 },
 }
 
 impl GuardrailConfig {
@@ -252,8 +265,27 @@ impl GuardrailConfig {
         }
     }
 
-    /// Checks the ratios (finite, non-negative, decrease at most 100 %).
+    /// The smallest relative change of `d` that applies (0 for replicas: every change does).
+    pub fn min_change_ratio(&self, d: Dimension) -> f64 {
+        match d {
+            Dimension::Replicas => 0.0,
+            Dimension::Cpu => self.cpu_min_change_ratio,
+            Dimension::Memory => self.memory_min_change_ratio,
+        }
+    }
+
+    /// Checks the ratios (finite, non-negative, decrease at most 100 %, minimum change below
+    /// 100 %).
     pub fn validate(&self) -> Result<(), GuardrailConfigError> {
+        for d in [Dimension::Cpu, Dimension::Memory] {
+            let value = self.min_change_ratio(d);
+            if !(value.is_finite() && (0.0..1.0).contains(&value)) {
+                return Err(GuardrailConfigError::InvalidMinChange {
+                    dimension: d,
+                    value,
+                });
+            }
+        }
         for d in Dimension::ALL {
             let (up, down) = self.limits(d);
             for (direction, s) in [("up", up), ("down", down)] {
@@ -471,6 +503,23 @@ impl Guardrails {
                         )),
                     );
                 }
+            }
+        }
+
+        // Minimum change: a small move keeps the value in force (when it is known and within
+        // the bounds).
+        let min_change = self.config.min_change_ratio(d);
+        if req != cur && min_change > 0.0 && cur > 0 && (lo..=hi).contains(&cur) {
+            let change = req.abs_diff(cur) as f64 / cur as f64;
+            if change < min_change {
+                return (
+                    cur,
+                    Some(format!(
+                        "{d}: below the minimum change, kept {cur}{unit} instead of {req}{unit} ({:.1}% < {:.1}%)",
+                        change * 100.0,
+                        min_change * 100.0
+                    )),
+                );
             }
         }
 
@@ -720,6 +769,61 @@ mod tests {
         let d = g.decide(&spec(), &s, cur, STEP, req, NOW + 30_000);
         assert_eq!(d.applied, req);
         assert!(d.clamped.is_empty());
+    }
+
+    #[test]
+    fn vertical_changes_below_the_minimum_change_keep_the_value_in_force() {
+        let cfg = GuardrailConfig {
+            cpu_min_change_ratio: 0.1,
+            memory_min_change_ratio: 0.05,
+            cpu_cooldown_ms: 0,
+            memory_cooldown_ms: 0,
+            ..GuardrailConfig::default()
+        };
+        let g = Guardrails::new(cfg).unwrap();
+        let cur = res(2, 1000, 1000);
+        let s = GuardState::default();
+        // CPU +9.9% and memory −4.9%: both held; replicas always move.
+        let d = g.decide(&spec(), &s, cur, STEP, res(3, 1099, 951), NOW);
+        assert_eq!(d.outcome, Outcome::Applied);
+        assert_eq!(d.applied, res(3, 1000, 1000));
+        assert_eq!(d.clamped, vec!["cpu", "memory"]);
+        let reason = d.reason.unwrap();
+        assert!(
+            reason.contains(
+                "cpu: below the minimum change, kept 1000m instead of 1099m (9.9% < 10.0%)"
+            ),
+            "{reason}"
+        );
+        assert!(
+            reason.contains("memory: below the minimum change"),
+            "{reason}"
+        );
+        // At the threshold the change applies: CPU +10%, memory −5%.
+        let d = g.decide(&spec(), &s, cur, STEP, res(2, 1100, 950), NOW);
+        assert_eq!(d.applied, res(2, 1100, 950));
+        assert!(d.clamped.is_empty(), "{:?}", d.reason);
+        // A value in force outside the bounds is corrected however small the move.
+        let mut tight = spec();
+        tight.bounds.max_cpu_millicores = 990;
+        let d = g.decide(&tight, &s, cur, STEP, res(2, 995, 1000), NOW);
+        assert_eq!(d.applied.cpu_millicores, 990);
+        // The default applies every change.
+        let d = guards().decide(&spec(), &s, cur, STEP, res(2, 1001, 1000), NOW);
+        assert_eq!(d.applied, res(2, 1001, 1000));
+        // Out of range is refused, naming the key.
+        for bad in [1.0, -0.1, f64::NAN] {
+            let err = Guardrails::new(GuardrailConfig {
+                memory_min_change_ratio: bad,
+                ..GuardrailConfig::default()
+            })
+            .unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("guardrails.memory_min_change_ratio"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

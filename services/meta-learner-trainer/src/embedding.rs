@@ -34,7 +34,7 @@ use aware_shared::spec::Bounds;
 use aware_shared_model::{Ddpg, EpisodeBundle, MetaLearner, ModelError, Transition};
 use aware_trajectory_recorder::store::{self as tstore, StoreError, TrajectoryStore};
 
-use crate::learner::{to_training, Learner};
+use crate::learner::{to_training, LearnAction, Learner};
 
 /// Errors of the embedding path; each names the file or the target.
 #[derive(Debug, thiserror::Error)]
@@ -151,10 +151,14 @@ pub fn append_embedding(mut t: Transition, embedding: &[f32]) -> Transition {
 }
 
 /// One recorded episode's rows as step vectors `[state ‖ action ‖ reward]`: the learner's
-/// training view of each row ([`to_training`]; rows it cannot use are left out).
+/// training view of each row with its intended action, as `aware train-meta` saw its episodes
+/// ([`to_training`]; rows it cannot use are left out).
 pub fn episode_steps(rows: &[tstore::Transition], bounds: &Bounds) -> Vec<f32> {
     let mut out = Vec::new();
-    for t in rows.iter().filter_map(|r| to_training(r, bounds)) {
+    for t in rows
+        .iter()
+        .filter_map(|r| to_training(r, bounds, LearnAction::Intent))
+    {
         out.extend_from_slice(&EpisodeBundle::step_vector(&t.state, &t.action, t.reward));
     }
     out

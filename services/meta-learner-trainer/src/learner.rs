@@ -94,6 +94,23 @@ pub struct TrainerConfig {
     /// Default 0.5 of the last 20 episodes.
     pub recent_fraction: f32,
     pub recent_episodes: usize,
+    /// Which action a recorded RL row trains with ([`LearnAction`]): the recommender's raw
+    /// action (`intent`, the paper's replay) or the allocation the actuator applied, expressed in
+    /// the policy's action space (`applied`). They differ when a guardrail held or limited the
+    /// action (a vertical cooldown, a step limit, recommend-only).
+    pub learn_action: LearnAction,
+}
+
+/// The action a recorded row trains with (`trainer.learn_action`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LearnAction {
+    /// An RL row's raw action, a fallback row's desired allocation: what the policy asked for.
+    #[default]
+    Intent,
+    /// The allocation in force after the step (`applied`) for every row: what the workload ran
+    /// with, so Q(s, a) is fitted to the action that produced the reward and the next state.
+    Applied,
 }
 
 impl Default for TrainerConfig {
@@ -121,6 +138,7 @@ impl Default for TrainerConfig {
             embedding_refresh_episodes: 5,
             recent_fraction: 0.5,
             recent_episodes: 20,
+            learn_action: LearnAction::Intent,
         }
     }
 }
@@ -554,7 +572,7 @@ impl Learner {
             if self.history_seen {
                 continue;
             }
-            if let Some(t) = to_training(r, &self.bounds) {
+            if let Some(t) = to_training(r, &self.bounds, self.cfg.learn_action) {
                 out.push(self.conditioned(t).state);
             }
         }
@@ -588,7 +606,7 @@ impl Learner {
         let mut ts: Vec<Transition> = rows
             .iter()
             .filter(|r| r.source == DecisionSource::Fallback)
-            .filter_map(|r| to_training(r, &self.bounds))
+            .filter_map(|r| to_training(r, &self.bounds, self.cfg.learn_action))
             .map(|t| self.conditioned(t))
             .collect();
         if ts.len() > self.cfg.eval_max_rows {
@@ -668,7 +686,7 @@ impl Learner {
                 skipped += 1;
                 continue;
             }
-            match to_training(r, &bounds) {
+            match to_training(r, &bounds, self.cfg.learn_action) {
                 Some(t) => ts.push(self.conditioned(t)),
                 None => skipped += 1,
             }
@@ -753,17 +771,24 @@ impl Learner {
 /// (`source: rl`), else the *behaviour action* — the fallback's desired allocation expressed in
 /// the policy's action space, the inverse of `loadgen::env::map_action` (default map) from the
 /// allocation in force, which the state carries (features 0, 1 and 8 scaled by the bounds),
-/// clamped to [−1, 1] ([`behaviour_action`]). `desired` rather than `applied`: an RL row's raw action is also the
-/// intent before the actuator's guardrails, so both kinds of row mean the same thing to Q.
+/// clamped to [−1, 1] ([`behaviour_action`]). With [`LearnAction::Intent`], `desired` rather than
+/// `applied`: an RL row's raw action is also the intent before the actuator's guardrails, so both
+/// kinds of row mean the same thing to Q. With [`LearnAction::Applied`], every row is the behaviour
+/// action of `applied`, the allocation the reward and the next state came from.
 /// `None` for rows that do not fit (state width, non-finite values).
-pub fn to_training(r: &tstore::Transition, bounds: &Bounds) -> Option<Transition> {
+pub fn to_training(
+    r: &tstore::Transition,
+    bounds: &Bounds,
+    learn: LearnAction,
+) -> Option<Transition> {
     let dim = aware_loadgen::STATE_DIM;
     if r.state.len() != dim || r.next_state.len() != dim || !r.reward.is_finite() {
         return None;
     }
-    let action = match (r.source, r.action_raw.as_slice()) {
-        (DecisionSource::Rl, [a, b, c]) => [*a, *b, *c],
-        _ => behaviour_action(&r.state, r.desired, bounds)?,
+    let action = match (learn, r.source, r.action_raw.as_slice()) {
+        (LearnAction::Applied, _, _) => behaviour_action(&r.state, r.applied, bounds)?,
+        (LearnAction::Intent, DecisionSource::Rl, [a, b, c]) => [*a, *b, *c],
+        (LearnAction::Intent, _, _) => behaviour_action(&r.state, r.desired, bounds)?,
     };
     if action.iter().any(|x| !x.is_finite()) {
         return None;
@@ -1173,13 +1198,36 @@ mod tests {
         let t = Target::new("a", "b");
         let mut r = row(&t, 0, 1);
         r.state.truncate(4);
-        assert!(to_training(&r, &b).is_none());
+        assert!(to_training(&r, &b, LearnAction::Intent).is_none());
+        assert!(to_training(&r, &b, LearnAction::Applied).is_none());
         let mut r = row(&t, 0, 2);
         r.reward = f64::NAN;
-        assert!(to_training(&r, &b).is_none());
-        // RL rows keep the recommender's raw action.
-        let r = row(&t, 0, 2);
-        assert_eq!(to_training(&r, &b).unwrap().action, [0.2, -0.1, 0.0]);
+        assert!(to_training(&r, &b, LearnAction::Intent).is_none());
+        // RL rows keep the recommender's raw action …
+        let mut r = row(&t, 0, 2);
+        r.state.clone_from(&state);
+        assert_eq!(
+            to_training(&r, &b, LearnAction::Intent).unwrap().action,
+            [0.2, -0.1, 0.0]
+        );
+        // … unless they learn from what was applied: a guardrail held the allocation in force
+        // (a cooldown), so the row trains with the action that asks for it.
+        r.applied = cur;
+        let held = behaviour_action(&state, cur, &b).unwrap();
+        assert_eq!(
+            to_training(&r, &b, LearnAction::Applied).unwrap().action,
+            held
+        );
+        assert_ne!(held, [0.2, -0.1, 0.0]);
+        // A fallback row: its desired allocation as intent, its applied one otherwise.
+        r.source = DecisionSource::Fallback;
+        r.action_raw = vec![];
+        r.desired = applied;
+        assert_eq!(to_training(&r, &b, LearnAction::Intent).unwrap().action, a);
+        assert_eq!(
+            to_training(&r, &b, LearnAction::Applied).unwrap().action,
+            held
+        );
     }
 
     /// A fallback row of an OFFLINE episode: reward `reward`, desired = the allocation in force
