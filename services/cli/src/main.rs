@@ -213,6 +213,10 @@ enum BenchCommand {
         /// `lifecycle_monitor.online_noise_free_only` (0: off).
         #[arg(long, default_value_t = bench::bootstrap::services_retraining_defaults().2)]
         eval_every: u32,
+        /// A setting of the services other than its default in every arm, SECTION.KEY=VALUE with
+        /// a JSON value (repeatable), e.g. --set trainer.learn_action=applied.
+        #[arg(long = "set", value_parser = parse_setting)]
+        set: Vec<(String, serde_json::Value)>,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
@@ -557,6 +561,7 @@ fn main() -> anyhow::Result<()> {
                 recent_fraction,
                 rebaseline_after,
                 eval_every,
+                set,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -575,6 +580,7 @@ fn main() -> anyhow::Result<()> {
                     recent_fraction,
                     rebaseline_after,
                     eval_every,
+                    settings: set,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };

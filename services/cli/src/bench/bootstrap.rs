@@ -71,6 +71,9 @@ pub struct BootstrapBenchOptions {
     /// `recommender.eval_every_episodes` of both RL arms, with
     /// `lifecycle_monitor.online_noise_free_only` (0: off; default: the services').
     pub eval_every: u32,
+    /// Settings of the services other than their defaults in every arm, `(section.key[.key…],
+    /// JSON value)`, applied after the bench's own (`--set`).
+    pub settings: Vec<(String, serde_json::Value)>,
 }
 
 /// The services' defaults of the retraining settings: `trainer.recent_fraction`,
@@ -104,6 +107,7 @@ impl Default for BootstrapBenchOptions {
             recent_fraction: services.0,
             rebaseline_after: services.1,
             eval_every: services.2,
+            settings: Vec::new(),
         }
     }
 }
@@ -190,7 +194,11 @@ impl Arm {
     }
 }
 
-fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> AppConfig {
+fn arm_config(
+    opts: &BootstrapBenchOptions,
+    arm: Arm,
+    dir: &std::path::Path,
+) -> Result<AppConfig, BenchError> {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
@@ -250,14 +258,17 @@ fn arm_config(opts: &BootstrapBenchOptions, arm: Arm, dir: &std::path::Path) -> 
         t.insert("meta_dir".into(), meta.display().to_string().into());
     }
     cfg.sections.insert("trainer".into(), trainer);
-    cfg
+    for (path, value) in &opts.settings {
+        super::serve_bus::set_path(&mut cfg.sections, path, value.clone())?;
+    }
+    Ok(cfg)
 }
 
 /// Refuses settings a service would refuse at start, before the (slow) oracle runs.
 fn validate_arms(opts: &BootstrapBenchOptions) -> Result<(), BenchError> {
     let dir = opts.work.as_path();
     for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
-        let cfg = arm_config(opts, arm, dir);
+        let cfg = arm_config(opts, arm, dir)?;
         cfg.section::<aware_recommender::RecommenderConfig>("recommender")
             .map_err(super::fail)?
             .validate()?;
@@ -296,7 +307,7 @@ async fn run_arm(
         path: dir.display().to_string(),
         source,
     })?;
-    let cfg = arm_config(opts, arm, &dir);
+    let cfg = arm_config(opts, arm, &dir)?;
     // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
     let bus = Bus::in_process((4 * opts.apps).max(64));
     let started = Instant::now();
@@ -619,6 +630,7 @@ mod tests {
         let dir = std::path::Path::new("/tmp/x");
         let meta = |arm| {
             arm_config(&opts, arm, dir)
+                .unwrap()
                 .sections
                 .get("trainer")
                 .and_then(|t| t.get("meta_dir"))
@@ -631,9 +643,51 @@ mod tests {
             meta: None,
             ..opts.clone()
         };
-        assert!(arm_config(&plain, Arm::Bootstrap, dir).sections["trainer"]
-            .get("meta_dir")
-            .is_none());
+        assert!(
+            arm_config(&plain, Arm::Bootstrap, dir).unwrap().sections["trainer"]
+                .get("meta_dir")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn settings_reach_every_arm_after_the_benchs_own() {
+        use serde_json::json;
+        let dir = std::path::Path::new("/tmp/x");
+        let opts = BootstrapBenchOptions {
+            apps: 2,
+            settings: vec![
+                ("trainer.learn_action".into(), json!("applied")),
+                ("trainer.train_every_transitions".into(), json!(25)),
+                (
+                    "actuator.guardrails.cpu_min_change_ratio".into(),
+                    json!(0.1),
+                ),
+            ],
+            ..BootstrapBenchOptions::default()
+        };
+        for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
+            let c = arm_config(&opts, arm, dir).unwrap().sections;
+            assert_eq!(c["trainer"]["learn_action"], json!("applied"));
+            // the bench's own value (100) is overridden, its other keys kept
+            assert_eq!(c["trainer"]["train_every_transitions"], json!(25));
+            assert_eq!(c["trainer"]["poll_ms"], json!(50));
+            assert_eq!(
+                c["actuator"]["guardrails"]["cpu_min_change_ratio"],
+                json!(0.1)
+            );
+        }
+        // A setting a service refuses is refused before the run.
+        let bad = BootstrapBenchOptions {
+            settings: vec![("trainer.learn_action".into(), json!("sometimes"))],
+            ..opts.clone()
+        };
+        assert!(validate_arms(&bad).is_err());
+        let malformed = BootstrapBenchOptions {
+            settings: vec![("trainer".into(), json!(1))],
+            ..opts
+        };
+        assert!(arm_config(&malformed, Arm::Bootstrap, dir).is_err());
     }
 
     #[test]
@@ -643,7 +697,7 @@ mod tests {
         // (trainer.recent_fraction, rebaseline_after_episodes, online_noise_free_only,
         // recommender.eval_every_episodes) as an arm's services read them
         let settings = |opts: &BootstrapBenchOptions, arm| {
-            let c = arm_config(opts, arm, dir).sections;
+            let c = arm_config(opts, arm, dir).unwrap().sections;
             let monitor = &c["lifecycle_monitor"];
             (
                 c["trainer"]["recent_fraction"].clone(),
