@@ -372,7 +372,8 @@ pub struct Decision {
     /// The guarded allocation (what `Auto` applies; for `RecommendOnly` the recommendation; for
     /// `Rejected` the allocation in force).
     pub recommended: Resources,
-    /// Dimensions changed by a bound, a step limit or a cooldown (`replicas`, `cpu`, `memory`).
+    /// Dimensions changed by a bound, a step limit, a cooldown or the minimum change (`replicas`,
+    /// `cpu`, `memory`).
     pub clamped: Vec<String>,
     /// Why the outcome is not a plain application of the request, or what was clamped and why.
     pub reason: Option<String>,

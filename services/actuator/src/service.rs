@@ -67,7 +67,7 @@ impl ActuatorMetrics {
             )?,
             clamped: vec(
                 "actuator_clamped_total",
-                "Dimensions clamped by bounds, step limits or cooldowns",
+                "Dimensions clamped by bounds, step limits, cooldowns or the minimum change",
                 "dimension",
             )?,
             sink_errors: vec("actuator_sink_errors_total", "Failed sink calls", "sink")?,

@@ -94,10 +94,11 @@ pub struct TrainerConfig {
     /// Default 0.5 of the last 20 episodes.
     pub recent_fraction: f32,
     pub recent_episodes: usize,
-    /// Which action a recorded RL row trains with ([`LearnAction`]): the recommender's raw
-    /// action (`intent`, the paper's replay) or the allocation the actuator applied, expressed in
-    /// the policy's action space (`applied`). They differ when a guardrail held or limited the
-    /// action (a vertical cooldown, a step limit, recommend-only).
+    /// Which action a recorded row trains with ([`LearnAction`]): what was asked for (`intent`:
+    /// an RL row's raw action, a fallback row's desired allocation; the paper's replay) or the
+    /// allocation the actuator applied, expressed in the policy's action space (`applied`). They
+    /// differ when a guardrail held or limited the request (a cooldown, a step limit, the minimum
+    /// change, recommend-only).
     pub learn_action: LearnAction,
 }
 
