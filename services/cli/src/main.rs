@@ -592,6 +592,13 @@ fn main() -> anyhow::Result<()> {
                         a.arm, a.slo_violations, 100.0 * a.slo_violation_rate, a.cpu_util_mean, a.memory_util_mean, a.mean_reward, a.oracle_pct, a.rl_steps, a.apps_online, a.returns_to_offline
                     );
                 }
+                println!(
+                    "{:>12}: SLO violations {} ({:.2}%), CPU util {:.3}, memory util {:.3}; scratch ÷ bootstrapped violations {:.2}x, scratch ÷ oracle {:.2}x",
+                    "oracle", r.oracle_slo_violations,
+                    100.0 * r.oracle_slo_violations as f64 / (f64::from(r.episodes) * f64::from(r.steps_per_episode) * r.apps as f64).max(1.0),
+                    r.oracle_cpu_util_mean, r.oracle_memory_util_mean,
+                    r.slo_violation_ratio_no_bootstrap_vs_bootstrap, r.slo_violation_ratio_no_bootstrap_vs_oracle
+                );
                 let path = bench::write_json(&out, "bootstrap.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");
                 for (name, svg) in bench::bootstrap::plots(&r) {

@@ -167,9 +167,17 @@ pub struct BootstrapReport {
     pub rebaseline_after: usize,
     pub eval_every: u32,
     pub oracle_total_reward: f64,
+    /// The oracle's SLO violations and mean utilization over the same apps and steps
+    /// ([`OracleFigures`]).
+    pub oracle_slo_violations: u64,
+    pub oracle_cpu_util_mean: f64,
+    pub oracle_memory_util_mean: f64,
     pub arms: Vec<ArmReport>,
     /// no_bootstrap SLO violations / bootstrap SLO violations.
     pub slo_violation_ratio_no_bootstrap_vs_bootstrap: f64,
+    /// no_bootstrap SLO violations / the oracle's: the ratio a bootstrapped agent reaches by
+    /// violating as often as the reward-maximizing policy.
+    pub slo_violation_ratio_no_bootstrap_vs_oracle: f64,
     /// bootstrap utilization / no_bootstrap utilization − 1, in %.
     pub cpu_util_gain_pct: f64,
     pub memory_util_gain_pct: f64,
@@ -440,12 +448,15 @@ async fn run_arm(
 }
 
 /// The learning-curve plots of a report (paper Fig. 10): file name and SVG for the reward per
-/// step (with the oracle's mean), SLO violations per episode, CPU and memory utilization, each
-/// by episode of the window, one line per arm (mean over apps).
+/// step, SLO violations per episode, CPU and memory utilization, each by episode of the window,
+/// one line per arm (mean over apps), and the oracle's mean over the window as a level line.
 pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
     use super::chart::{line_chart, Chart, Series};
     let steps = f64::from(r.episodes) * f64::from(r.steps_per_episode) * r.apps as f64;
     let oracle = r.oracle_total_reward / steps.max(1.0);
+    let app_episodes = f64::from(r.episodes) * r.apps as f64;
+    let oracle_slo = r.oracle_slo_violations as f64 / app_episodes.max(1.0);
+    let level = |v: f64| vec![(v, "oracle (mean)".to_string())];
     let chart = |f: fn(&ArmReport) -> &Vec<f64>, y: &'static str, hlines: Vec<(f64, String)>| {
         line_chart(&Chart {
             series: r
@@ -470,7 +481,7 @@ pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
             chart(
                 |a| &a.curve,
                 "reward per step (mean over apps)",
-                vec![(oracle, "oracle (mean)".into())],
+                level(oracle),
             ),
         ),
         (
@@ -478,7 +489,7 @@ pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
             chart(
                 |a| &a.slo_curve,
                 "SLO violations per episode (mean over apps)",
-                Vec::new(),
+                level(oracle_slo),
             ),
         ),
         (
@@ -486,7 +497,7 @@ pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
             chart(
                 |a| &a.cpu_curve,
                 "CPU utilization (mean over apps)",
-                Vec::new(),
+                level(r.oracle_cpu_util_mean),
             ),
         ),
         (
@@ -494,14 +505,39 @@ pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
             chart(
                 |a| &a.memory_curve,
                 "memory utilization (mean over apps)",
-                Vec::new(),
+                level(r.oracle_memory_util_mean),
             ),
         ),
     ]
 }
 
-/// The oracle's total reward on the same apps over the window's steps.
-fn oracle_total(opts: &BootstrapBenchOptions) -> Result<f64, BenchError> {
+/// The oracle's figures on the same apps over the window's steps: what the reward-maximizing
+/// policy (`loadgen`'s per-step oracle) earns, and the SLO violations and utilization it accepts
+/// for it. The reward the RL arms maximize accepts frequent small violations, so the oracle's
+/// violations are the level a converged agent tends to, not zero.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct OracleFigures {
+    pub total_reward: f64,
+    pub slo_violations: u64,
+    pub cpu_util_mean: f64,
+    pub memory_util_mean: f64,
+}
+
+impl OracleFigures {
+    /// Totals, and means over the apps (each ran the same steps), of a simulator run.
+    pub fn of(r: &aware_loadgen::run::RunSimReport) -> OracleFigures {
+        let n = r.apps.len().max(1) as f64;
+        OracleFigures {
+            total_reward: r.apps.iter().map(|a| a.total_reward).sum(),
+            slo_violations: r.apps.iter().map(|a| a.slo_violations).sum(),
+            cpu_util_mean: r.apps.iter().map(|a| a.mean_cpu_util).sum::<f64>() / n,
+            memory_util_mean: r.apps.iter().map(|a| a.mean_memory_util).sum::<f64>() / n,
+        }
+    }
+}
+
+/// Runs the oracle on the same apps over the window's steps.
+fn oracle_figures(opts: &BootstrapBenchOptions) -> Result<OracleFigures, BenchError> {
     let ro = RunSimOptions {
         apps: AppSource::Generate {
             count: opts.apps,
@@ -516,35 +552,44 @@ fn oracle_total(opts: &BootstrapBenchOptions) -> Result<f64, BenchError> {
         ..RunSimOptions::default()
     };
     let r = run_sim(&ro, &mut std::io::sink()).map_err(|e| BenchError::Failed(e.to_string()))?;
-    Ok(r.apps.iter().map(|a| a.total_reward).sum())
+    Ok(OracleFigures::of(&r))
+}
+
+/// The oracle's figures, computed once per (apps, seed, steps) and cached in the work
+/// directory (the oracle is deterministic and slow). A cache that does not parse is recomputed.
+fn cached_oracle(opts: &BootstrapBenchOptions) -> Result<OracleFigures, BenchError> {
+    let cache = opts.work.join(format!(
+        "oracle-figures-{}-{}-{}.json",
+        opts.apps,
+        opts.seed,
+        u64::from(opts.episodes) * u64::from(opts.steps_per_episode)
+    ));
+    if let Some(v) = std::fs::read_to_string(&cache)
+        .ok()
+        .and_then(|t| serde_json::from_str::<OracleFigures>(&t).ok())
+    {
+        return Ok(v);
+    }
+    let v = oracle_figures(opts)?;
+    let _ = std::fs::create_dir_all(&opts.work);
+    if let Ok(text) = serde_json::to_string(&v) {
+        let _ = std::fs::write(&cache, text);
+    }
+    Ok(v)
 }
 
 /// Runs the three arms one after the other.
 pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchError> {
     validate_arms(opts)?;
-    // The oracle is deterministic for (apps, seed, steps) and slow: cached in the work dir.
-    let cache = opts.work.join(format!(
-        "oracle-{}-{}-{}.json",
-        opts.apps,
-        opts.seed,
-        u64::from(opts.episodes) * u64::from(opts.steps_per_episode)
-    ));
-    let oracle = match std::fs::read_to_string(&cache)
-        .ok()
-        .and_then(|t| t.trim().parse::<f64>().ok())
-    {
-        Some(v) => v,
-        None => {
-            let v = oracle_total(opts)?;
-            let _ = std::fs::create_dir_all(&opts.work);
-            let _ = std::fs::write(&cache, v.to_string());
-            v
-        }
-    };
-    tracing::info!(oracle_total = oracle, "oracle computed");
+    let oracle = cached_oracle(opts)?;
+    tracing::info!(
+        oracle_total = oracle.total_reward,
+        oracle_slo_violations = oracle.slo_violations,
+        "oracle computed"
+    );
     let mut arms = Vec::new();
     for arm in [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap] {
-        let r = run_arm(opts, arm, oracle).await?;
+        let r = run_arm(opts, arm, oracle.total_reward).await?;
         tracing::info!(
             arm = arm.name(),
             slo_violations = r.slo_violations,
@@ -575,7 +620,14 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         recent_fraction: opts.recent_fraction,
         rebaseline_after: opts.rebaseline_after,
         eval_every: opts.eval_every,
-        oracle_total_reward: oracle,
+        oracle_total_reward: oracle.total_reward,
+        oracle_slo_violations: oracle.slo_violations,
+        oracle_cpu_util_mean: oracle.cpu_util_mean,
+        oracle_memory_util_mean: oracle.memory_util_mean,
+        slo_violation_ratio_no_bootstrap_vs_oracle: ratio(
+            nb.slo_violations as f64,
+            oracle.slo_violations as f64,
+        ),
         slo_violation_ratio_no_bootstrap_vs_bootstrap: ratio(
             nb.slo_violations as f64,
             bs.slo_violations as f64,
@@ -773,12 +825,18 @@ mod tests {
             rebaseline_after: 0,
             eval_every: 0,
             oracle_total_reward: 1.5 * 300.0,
+            // 10 violations per app-episode: above every arm's curve (≤ 5), so at the top;
+            // CPU 0.2: below every arm's level (≥ 0.5), so at the bottom
+            oracle_slo_violations: 10 * 3 * 2,
+            oracle_cpu_util_mean: 0.2,
+            oracle_memory_util_mean: 0.7,
             arms: vec![
                 arm("fallback", 1.0),
                 arm("bootstrap", 1.1),
                 arm("no_bootstrap", 0.5),
             ],
             slo_violation_ratio_no_bootstrap_vs_bootstrap: 1.0,
+            slo_violation_ratio_no_bootstrap_vs_oracle: 1.0 / 6.0,
             cpu_util_gain_pct: 0.0,
             memory_util_gain_pct: 0.0,
             slo_violations_vs_fallback_pct: 0.0,
@@ -800,8 +858,71 @@ mod tests {
                 assert!(svg.contains(&format!(">{a}<")), "{name}: {a}");
             }
         }
-        // the oracle's mean per step (1.5) is drawn on the reward plot only
-        assert!(plots[0].1.contains("oracle (mean)"));
-        assert!(!plots[1].1.contains("oracle (mean)"));
+        // the oracle's mean over the window is a level line on every plot, at its own value
+        let level_y = |svg: &str| -> f64 {
+            let at = svg.find("stroke-dasharray=\"4,3\"").expect("a level line");
+            let line = &svg[svg[..at].rfind("<line").expect("line start")..at];
+            let y1 = &line[line.find("y1=\"").expect("y1") + 4..];
+            y1[..y1.find('"').expect("quote")].parse().expect("number")
+        };
+        for (name, svg) in &plots {
+            assert!(svg.contains("oracle (mean)"), "{name}");
+        }
+        // chart area: top 20, bottom 420 − 40
+        assert_eq!(
+            level_y(&plots[1].1),
+            20.0,
+            "SLO: the oracle's 10 per episode on top"
+        );
+        assert_eq!(
+            level_y(&plots[2].1),
+            380.0,
+            "CPU: the oracle's 0.2 at the bottom"
+        );
+        let memory = level_y(&plots[3].1);
+        assert!(
+            memory > 20.0 && memory < 380.0,
+            "memory: 0.7 inside the range"
+        );
+    }
+
+    #[test]
+    fn the_oracles_figures_are_computed_once_and_cached() {
+        let work = std::env::temp_dir().join(format!("aware-bench-oracle-{}", std::process::id()));
+        let _cleanup = aware_shared::testkit::TempDirGuard(work.clone());
+        let opts = BootstrapBenchOptions {
+            apps: 2,
+            seed: 7,
+            episodes: 2,
+            steps_per_episode: 5,
+            work: work.clone(),
+            ..BootstrapBenchOptions::default()
+        };
+        let first = cached_oracle(&opts).expect("oracle");
+        assert!(first.total_reward.is_finite() && first.total_reward != 0.0);
+        assert!(first.slo_violations <= 2 * 10);
+        for u in [first.cpu_util_mean, first.memory_util_mean] {
+            assert!(u > 0.0 && u <= 1.5, "utilization {u}");
+        }
+        // the same as the simulator's own per-app report
+        let direct = oracle_figures(&opts).expect("oracle");
+        assert_eq!(first, direct);
+        // the cache is what a second run reads …
+        let cache = work.join("oracle-figures-2-7-10.json");
+        let marked = OracleFigures {
+            slo_violations: 12_345,
+            ..first
+        };
+        std::fs::write(&cache, serde_json::to_string(&marked).expect("json")).expect("write");
+        assert_eq!(cached_oracle(&opts).expect("cached"), marked);
+        // … a cache that does not parse (e.g. an older bench's bare number) is recomputed
+        std::fs::write(&cache, "123.5").expect("write");
+        assert_eq!(cached_oracle(&opts).expect("recomputed"), first);
+        // … and another window is another cache
+        let longer = BootstrapBenchOptions {
+            episodes: 3,
+            ..opts.clone()
+        };
+        assert_ne!(cached_oracle(&longer).expect("oracle"), first);
     }
 }
