@@ -595,7 +595,7 @@ fn main() -> anyhow::Result<()> {
                 println!(
                     "{:>12}: SLO violations {} ({:.2}%), CPU util {:.3}, memory util {:.3}; scratch ÷ bootstrapped violations {:.2}x, scratch ÷ oracle {:.2}x",
                     "oracle", r.oracle_slo_violations,
-                    100.0 * r.oracle_slo_violations as f64 / (f64::from(r.episodes) * f64::from(r.steps_per_episode) * r.apps as f64).max(1.0),
+                    100.0 * r.oracle_slo_violation_rate(),
                     r.oracle_cpu_util_mean, r.oracle_memory_util_mean,
                     r.slo_violation_ratio_no_bootstrap_vs_bootstrap, r.slo_violation_ratio_no_bootstrap_vs_oracle
                 );

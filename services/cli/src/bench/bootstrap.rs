@@ -185,6 +185,18 @@ pub struct BootstrapReport {
     pub slo_violations_vs_fallback_pct: f64,
 }
 
+impl BootstrapReport {
+    /// Steps of the window over all apps (episodes × steps per episode × apps).
+    pub fn window_steps(&self) -> f64 {
+        f64::from(self.episodes) * f64::from(self.steps_per_episode) * self.apps as f64
+    }
+
+    /// The oracle's share of the window's steps that violate the SLO.
+    pub fn oracle_slo_violation_rate(&self) -> f64 {
+        self.oracle_slo_violations as f64 / self.window_steps().max(1.0)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Arm {
     Fallback,
@@ -452,8 +464,7 @@ async fn run_arm(
 /// one line per arm (mean over apps), and the oracle's mean over the window as a level line.
 pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
     use super::chart::{line_chart, Chart, Series};
-    let steps = f64::from(r.episodes) * f64::from(r.steps_per_episode) * r.apps as f64;
-    let oracle = r.oracle_total_reward / steps.max(1.0);
+    let oracle = r.oracle_total_reward / r.window_steps().max(1.0);
     let app_episodes = f64::from(r.episodes) * r.apps as f64;
     let oracle_slo = r.oracle_slo_violations as f64 / app_episodes.max(1.0);
     let level = |v: f64| vec![(v, "oracle (mean)".to_string())];
@@ -841,6 +852,9 @@ mod tests {
             memory_util_gain_pct: 0.0,
             slo_violations_vs_fallback_pct: 0.0,
         };
+        // 3 episodes × 50 steps × 2 apps; 60 violations of them
+        assert_eq!(r.window_steps(), 300.0);
+        assert!((r.oracle_slo_violation_rate() - 0.2).abs() < 1e-12);
         let plots = plots(&r);
         let names: Vec<&str> = plots.iter().map(|(n, _)| *n).collect();
         assert_eq!(
