@@ -229,7 +229,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
         "trainer".into(),
         serde_json::json!({
             "train_every_transitions": 40, "gradient_steps": 20, "retrain_gradient_steps": 60,
-            "batch_size": 32, "min_transitions": 32, "poll_ms": 50
+            "retrain_every_transitions": 40, "batch_size": 32, "min_transitions": 32, "poll_ms": 50
         }),
     );
     // Every ONLINE action explores (no evaluation episodes).

@@ -1095,7 +1095,7 @@ mod tests {
                     services
                 );
                 assert_eq!(retrain_recent, 1000, "20 episodes of 50 steps");
-                // trainer.retrain_gradient_steps 800 per 200 transitions; σ 0.2 × 0.5.
+                // trainer.retrain_gradient_steps 200 per 50 transitions; σ 0.2 × 0.5.
                 assert_eq!(
                     bench::serve::services_retraining_pace(),
                     (retrain_gradient_steps, retrain_sigma)

@@ -48,9 +48,14 @@ pub struct TrainerConfig {
     pub gradient_steps: usize,
     /// Gradient steps per ONLINE round while the target retrains (ONLINE entered from SERVING:
     /// Algorithm 1's trigger), so a converged policy catches up with a changed workload sooner.
-    /// Default 800: 4 per transition at the default `train_every_transitions` (measured in
+    /// Default 200: 4 per transition at the default `retrain_every_transitions` (measured in
     /// `aware bench serve`).
     pub retrain_gradient_steps: usize,
+    /// While the target retrains, train when this many transitions arrived since the last round
+    /// (instead of `train_every_transitions`): the recommenders act with weights at most this
+    /// many transitions old while the workload they learn has changed. Default 50 (measured
+    /// with `aware bench serve --bus`; first learning keeps `train_every_transitions`).
+    pub retrain_every_transitions: u64,
     /// Minibatch size (paper Table 2: 64).
     pub batch_size: usize,
     /// No training before the target has this many transitions.
@@ -121,7 +126,8 @@ impl Default for TrainerConfig {
             train_every_transitions: 200,
             train_every_ms: 30_000,
             gradient_steps: 200,
-            retrain_gradient_steps: 800,
+            retrain_gradient_steps: 200,
+            retrain_every_transitions: 50,
             batch_size: 64,
             min_transitions: 64,
             poll_ms: 500,
@@ -207,6 +213,9 @@ impl TrainerConfig {
         }
         if self.train_every_transitions == 0 {
             return bad("train_every_transitions", "must be at least 1");
+        }
+        if self.retrain_every_transitions == 0 {
+            return bad("retrain_every_transitions", "must be at least 1");
         }
         if !(1..=1_000_000).contains(&self.gradient_steps) {
             return bad("gradient_steps", "must be in 1..=1000000");
@@ -326,7 +335,8 @@ pub struct Learner {
     /// Cancelled at shutdown: a running round stops between two gradient steps, so the process
     /// exits promptly instead of waiting for the blocking pool.
     cancel: Option<tokio_util::sync::CancellationToken>,
-    /// ONLINE entered from SERVING: online rounds take `retrain_gradient_steps`.
+    /// ONLINE entered from SERVING: online rounds come every `retrain_every_transitions` and
+    /// take `retrain_gradient_steps`.
     retraining: bool,
     /// The newest recorded row whose state the normalizer has seen (`None`: none yet).
     observed: Option<(u64, u32)>,
@@ -357,7 +367,8 @@ impl Learner {
     }
 
     /// Whether the target retrains (ONLINE entered from SERVING, see
-    /// `aware_bus_schemas::Lifecycle::retraining`): its online rounds then take
+    /// `aware_bus_schemas::Lifecycle::retraining`): its online rounds then come every
+    /// `retrain_every_transitions` instead of `train_every_transitions` and take
     /// `retrain_gradient_steps` instead of `gradient_steps`, without a BC term.
     pub fn set_retraining(&mut self, on: bool) {
         self.retraining = on;
@@ -411,7 +422,12 @@ impl Learner {
         if count < min.max(1) || count <= self.trained_at {
             return false;
         }
-        if count - self.trained_at >= self.cfg.train_every_transitions {
+        let every = if self.retraining {
+            self.cfg.retrain_every_transitions
+        } else {
+            self.cfg.train_every_transitions
+        };
+        if count - self.trained_at >= every {
             return true;
         }
         self.cfg.train_every_ms > 0
@@ -946,6 +962,10 @@ mod tests {
                 ..TrainerConfig::default()
             },
             TrainerConfig {
+                retrain_every_transitions: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
                 bc_alpha: f32::NAN,
                 ..TrainerConfig::default()
             },
@@ -1143,6 +1163,27 @@ mod tests {
             !l.due(50, now + Duration::from_millis(1_500)),
             "nothing new"
         );
+    }
+
+    /// While the target retrains, rounds come every `retrain_every_transitions`; first learning
+    /// and after the flag is cleared, every `train_every_transitions`.
+    #[test]
+    fn retraining_rounds_come_at_their_own_cadence() {
+        let mut c = cfg();
+        c.train_every_transitions = 200;
+        c.retrain_every_transitions = 30;
+        let mut l = Learner::new(Target::new("a", "b"), Bounds::default(), c);
+        let now = Instant::now();
+        l.trained_at = 1_000;
+        l.last_round = Some(now);
+        assert!(!l.due(1_030, now), "first learning waits for 200");
+        assert!(!l.due(1_199, now));
+        assert!(l.due(1_200, now));
+        l.set_retraining(true);
+        assert!(!l.due(1_029, now), "retraining: fewer than 30 new");
+        assert!(l.due(1_030, now), "retraining: 30 new");
+        l.set_retraining(false);
+        assert!(!l.due(1_030, now), "cleared: back to 200");
     }
 
     #[test]

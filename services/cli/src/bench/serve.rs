@@ -128,13 +128,13 @@ pub struct ServeBenchOptions {
 }
 
 /// The services' retraining pace and noise in this bench's terms: gradient steps per transition
-/// (`trainer.retrain_gradient_steps` ÷ `trainer.train_every_transitions`: 800 ÷ 200 = 4) and the
+/// (`trainer.retrain_gradient_steps` ÷ `trainer.retrain_every_transitions`: 200 ÷ 50 = 4) and the
 /// exploration σ (`trainer.exploration_sigma` × `recommender.retrain_noise_scale`: 0.2 × 0.5).
 pub fn services_retraining_pace() -> (u32, f32) {
     let t = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let r = aware_recommender::RecommenderConfig::default();
     let per_transition =
-        (t.retrain_gradient_steps as u64 / t.train_every_transitions.max(1)).max(1);
+        (t.retrain_gradient_steps as u64 / t.retrain_every_transitions.max(1)).max(1);
     (
         u32::try_from(per_transition).unwrap_or(u32::MAX),
         t.exploration_sigma * r.retrain_noise_scale,
