@@ -74,6 +74,10 @@ pub struct MonitorConfig {
     /// (relative; never above `t_serving`). A workload change that lowers what any policy can
     /// earn then ends in SERVING instead of exploring for ever below a `t_serving` it can no
     /// longer reach. The level is not persisted: after a restart `t_serving` applies again.
+    /// Never below what the policy earned before it retrained: while retraining (ONLINE
+    /// entered from SERVING) a level below the lowest episode reward of the window that
+    /// triggered it, less `rebaseline_margin` (relative), is not served — retraining that
+    /// settled there made the policy worse than not retraining, so the target keeps learning.
     pub rebaseline_after_episodes: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
@@ -195,6 +199,10 @@ pub struct LifecycleMachine {
     online_rewards: VecDeque<f64>,
     /// SERVING after a re-baseline: the mean reward below which the target retrains.
     serving_floor: Option<f64>,
+    /// While retraining (ONLINE entered from SERVING): the lowest episode reward of the window
+    /// that triggered it, what the policy earned before it retrained; re-baselining never
+    /// serves a level below it (less `rebaseline_margin`).
+    retrain_from: Option<f64>,
     /// ONLINE episodes with RL steps since the last noise-free one (see
     /// `online_noise_free_only`).
     without_noise_free: usize,
@@ -226,6 +234,7 @@ impl LifecycleMachine {
             failures: 0,
             online_rewards: VecDeque::new(),
             serving_floor: None,
+            retrain_from: None,
             without_noise_free: 0,
         }
     }
@@ -332,7 +341,15 @@ impl LifecycleMachine {
         self.rewards.clear();
         self.online_rewards.clear();
         self.serving_floor = None;
+        self.retrain_from = None;
         t
+    }
+
+    /// While retraining: the level re-baselining may not go below (see
+    /// [`MonitorConfig::rebaseline_after_episodes`]), `None` otherwise.
+    pub fn rebaseline_floor(&self) -> Option<f64> {
+        self.retrain_from
+            .map(|r| r - self.rules.rebaseline_margin * r.abs())
     }
 
     /// Re-baselining (see [`MonitorConfig::rebaseline_after_episodes`]): ONLINE → SERVING at the
@@ -352,6 +369,16 @@ impl LifecycleMachine {
         let newer = self.online_rewards.iter().skip(len - half).sum::<f64>() / half as f64;
         if newer - older > self.rules.rebaseline_tolerance * older.abs() || newer < p.t_online {
             return None;
+        }
+        if let Some(before) = self.rebaseline_floor() {
+            if newer < before {
+                tracing::debug!(
+                    settled = newer,
+                    before,
+                    "not re-baselined: retraining settled below what the policy earned before it"
+                );
+                return None;
+            }
         }
         let floor = (newer - self.rules.rebaseline_margin * newer.abs()).min(p.t_serving);
         let reason = format!(
@@ -503,14 +530,17 @@ impl LifecycleMachine {
                     Some(_) => format!("re-baselined level {:.3}", self.serving_bar()),
                     None => format!("t_serving {}", p.t_serving),
                 };
-                Some(self.go(
+                let before = self.rewards.iter().copied().fold(f64::INFINITY, f64::min);
+                let t = self.go(
                     Stage::Online,
                     format!(
                         "retraining: reward mean {mean:.3} ({bar}) std {std:.3} (t_var {})",
                         p.t_var
                     ),
                     stats,
-                ))
+                );
+                self.retrain_from = before.is_finite().then_some(before);
+                Some(t)
             }
             _ => None,
         }
@@ -1466,6 +1496,54 @@ mod tests {
             1.3,
             "the next ONLINE period aims at t_serving again"
         );
+    }
+
+    /// Retraining that settles below what the policy earned before it (the lowest reward of
+    /// the window that triggered it, less the margin) is not served: the target keeps learning
+    /// and is re-baselined once it settles above that. First learning has no such floor.
+    #[test]
+    fn retraining_is_not_re_baselined_below_what_the_policy_earned_before_it() {
+        let profile = LifecycleProfile {
+            t_online: 0.0,
+            ..profile(false)
+        };
+        let rules = MonitorConfig {
+            rebaseline_after_episodes: 6,
+            ..MonitorConfig::algorithm1()
+        };
+        let feed = |m: &mut LifecycleMachine, from: u64, rs: &[f64]| {
+            let mut out = Vec::new();
+            for (i, &r) in (from..).zip(rs) {
+                let mut e = episode(m.stage(), r, None);
+                e.episode = i;
+                out.extend(m.observe(&e));
+            }
+            out
+        };
+        let mut m = LifecycleMachine::with_rules(profile.clone(), rules.clone());
+        m.restore(Stage::Serving);
+        assert_eq!(m.rebaseline_floor(), None, "not retraining");
+        // The trigger: mean 1.267 < t_serving 1.3; the policy earned at least 1.0 before.
+        let ts = feed(&mut m, 1, &[1.4, 1.4, 1.0]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
+        let floor = m.rebaseline_floor().expect("retraining");
+        assert!((floor - 0.95).abs() < 1e-9, "1.0 less 5%: {floor}");
+        // Retraining collapses and settles at 0.5: not served, it keeps learning.
+        assert!(feed(&mut m, 4, &[0.5; 8]).is_empty());
+        assert_eq!(m.stage(), Stage::Online);
+        // It recovers and settles at 0.97, above the floor: re-baselined there.
+        let ts = feed(&mut m, 12, &[0.97; 6]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert!(ts[0].reason.starts_with("re-baselined"), "{}", ts[0].reason);
+        assert!(m.rebaselined());
+        assert_eq!(m.rebaseline_floor(), None, "left retraining");
+        // First learning (ONLINE from the start) has no such floor: 0.5 settled is served.
+        let mut first = LifecycleMachine::with_rules(profile, rules);
+        assert_eq!(first.start().unwrap().to, Stage::Online);
+        let ts = feed(&mut first, 1, &[0.5; 6]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert!(first.rebaselined());
     }
 
     #[test]
