@@ -1338,6 +1338,18 @@ mod tests {
         assert!(parsed.require_behaviour);
     }
 
+    /// Feeds `m` one episode per reward in `rewards` (numbered from `from`, each in the
+    /// machine's current stage); returns every transition.
+    fn feed(m: &mut LifecycleMachine, from: u64, rewards: &[f64]) -> Vec<Transition> {
+        let mut out = Vec::new();
+        for (i, &r) in (from..).zip(rewards) {
+            let mut e = episode(m.stage(), r, None);
+            e.episode = i;
+            out.extend(m.observe(&e));
+        }
+        out
+    }
+
     /// An ONLINE machine (profile: t_online 1.0, t_serving 1.3, t_var 0.1, window 3) with
     /// re-baselining after `n` episodes, fed `rewards`; returns it and every transition.
     fn rebaseline_run(n: usize, rewards: &[f64]) -> (LifecycleMachine, Vec<Transition>) {
@@ -1347,12 +1359,7 @@ mod tests {
         };
         let mut m = LifecycleMachine::with_rules(profile(false), rules);
         assert_eq!(m.start().unwrap().to, Stage::Online);
-        let mut out = Vec::new();
-        for (i, &r) in (1u64..).zip(rewards) {
-            let mut e = episode(m.stage(), r, None);
-            e.episode = i;
-            out.extend(m.observe(&e));
-        }
+        let out = feed(&mut m, 1, rewards);
         (m, out)
     }
 
@@ -1470,15 +1477,6 @@ mod tests {
         assert!(m.rebaselined());
         assert!((m.serving_bar() - 1.045).abs() < 1e-9);
         // Serving holds at the settled level (which t_serving 1.3 would have sent back) ...
-        let feed = |m: &mut LifecycleMachine, from: u64, rs: &[f64]| {
-            let mut out = Vec::new();
-            for (i, &r) in (from..).zip(rs) {
-                let mut e = episode(m.stage(), r, None);
-                e.episode = i;
-                out.extend(m.observe(&e));
-            }
-            out
-        };
         assert!(feed(&mut m, 7, &[1.08, 1.1, 1.06, 1.07]).is_empty());
         assert_eq!(m.stage(), Stage::Serving);
         // ... and retrains when the mean falls below the re-baselined level.
@@ -1510,15 +1508,6 @@ mod tests {
         let rules = MonitorConfig {
             rebaseline_after_episodes: 6,
             ..MonitorConfig::algorithm1()
-        };
-        let feed = |m: &mut LifecycleMachine, from: u64, rs: &[f64]| {
-            let mut out = Vec::new();
-            for (i, &r) in (from..).zip(rs) {
-                let mut e = episode(m.stage(), r, None);
-                e.episode = i;
-                out.extend(m.observe(&e));
-            }
-            out
         };
         let mut m = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         m.restore(Stage::Serving);
