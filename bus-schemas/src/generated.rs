@@ -146,6 +146,7 @@ pub fn samples() -> Vec<Event> {
             reward_mean: Some(1.625),
             reward_std: Some(0.05),
             window: 10,
+            rollback_to: None,
         }),
         Event::Embedding(Embedding {
             schema: Schema::new(),

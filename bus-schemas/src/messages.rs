@@ -370,6 +370,12 @@ pub struct Lifecycle {
     pub reward_std: Option<f64>,
     /// Number of episodes in that window.
     pub window: u32,
+    /// ONLINE → SERVING after a retraining that settled below what the policy earned before it
+    /// (the lifecycle monitor's `rebaseline_rollback`): the base-learner version in force when
+    /// the target started retraining. The trainer resumes from that checkpoint and republishes
+    /// it as a new version, which the recommenders load as usual. Absent otherwise.
+    #[serde(default)]
+    pub rollback_to: Option<u64>,
 }
 
 impl Lifecycle {

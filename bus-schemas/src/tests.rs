@@ -280,6 +280,7 @@ fn retraining_is_online_entered_from_serving_until_it_leaves_online() {
         reward_mean: None,
         reward_std: None,
         window: 0,
+        rollback_to: None,
     };
     use Stage::*;
     // Entered from SERVING: retraining, whatever came before.

@@ -218,7 +218,9 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
 /// ONLINE (from INITIALIZED: first learning), then SERVING and back ONLINE (Algorithm 1's
 /// retraining trigger). The trainer's online rounds take `gradient_steps` while the target first
 /// learns and `retrain_gradient_steps` once it retrains; the recommender keeps exploring (its
-/// noise scale while retraining is checked in its unit tests).
+/// noise scale while retraining is checked in its unit tests). Then a rollback (ONLINE →
+/// SERVING with `rollback_to` the first version): the trainer republishes that checkpoint as the
+/// next version and the recommender acts with it, without noise.
 #[actix_rt::test]
 async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     use aware_bus_schemas::{Lifecycle, Schema};
@@ -258,7 +260,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     .unwrap();
     // Subscribed: the first lifecycle message reaches the trainer and the recommender.
     crate::wait_ready(&running).await;
-    let publish = |stage: Stage, previous: Stage| {
+    let publish_to = |stage: Stage, previous: Stage, rollback_to: Option<u64>| {
         let ev = Event::Lifecycle(Lifecycle {
             schema: Schema::new(),
             target: target.clone(),
@@ -271,6 +273,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
             reward_mean: None,
             reward_std: None,
             window: 0,
+            rollback_to,
         });
         let (bus, subj) = (
             bus.clone(),
@@ -282,7 +285,9 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
             bus.flush().await.unwrap();
         }
     };
+    let publish = |stage: Stage, previous: Stage| publish_to(stage, previous, None);
     publish(Stage::Online, Stage::Initialized).await;
+    let mut models: Vec<aware_bus_schemas::Model> = Vec::new();
     // Gradient steps of each round (differences of `trained_steps`), before and after the
     // trigger.
     let (mut first, mut retrain) = (Vec::new(), Vec::new());
@@ -298,6 +303,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
             Event::Model(m) if m.target == target => {
                 let steps = m.trained_steps - trained;
                 trained = m.trained_steps;
+                models.push(m.clone());
                 if first.len() < 2 {
                     first.push(steps);
                     if first.len() == 2 {
@@ -315,6 +321,46 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
             _ => {}
         }
     }
+    // The rollback, to the first version.
+    let (v1, newest) = (&models[0], models.last().unwrap().version);
+    publish_to(Stage::Serving, Stage::Online, Some(v1.version)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut republished: Option<aware_bus_schemas::Model> = None;
+    let mut acted_with_it = 0u32;
+    while acted_with_it < 3 {
+        match crate::next_event(&mut all, deadline, || {
+            format!(
+                "the rollback to {} republished and acted on within 60 s: {republished:?}",
+                v1.version
+            )
+        })
+        .await
+        {
+            // A round running at the rollback may still publish first.
+            Event::Model(m) if m.target == target && m.sha256 != v1.sha256 => {
+                assert!(republished.is_none(), "no round after the rollback: {m:?}");
+            }
+            Event::Model(m) if m.target == target => republished = Some(m),
+            Event::Action(a)
+                if a.source == DecisionSource::Rl
+                    && a.stage == Stage::Serving
+                    && republished
+                        .as_ref()
+                        .is_some_and(|m| a.model_version == Some(m.version)) =>
+            {
+                assert!(!a.exploration, "SERVING acts without noise: {a:?}");
+                acted_with_it += 1;
+            }
+            _ => {}
+        }
+    }
+    let m = republished.unwrap();
+    assert!(m.version > newest, "{} after {newest}", m.version);
+    assert_eq!(
+        (m.trained_steps, m.size_bytes),
+        (v1.trained_steps, v1.size_bytes),
+        "version 1's checkpoint"
+    );
     shutdown.cancel();
     running.join().await.unwrap();
     assert_eq!(first, [20, 20], "first learning: gradient_steps");
@@ -354,6 +400,7 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
         steps_per_episode: 20,
         inject_every: 3,
         oracle: false,
+        disturbed_reference: true,
         bus: true,
         bus_pace_ms: 20,
         bus_settings: settings,
@@ -389,6 +436,16 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
         ),
         (0, 0, 0)
     );
+    // Each bus arm's final regime covers the in-process final regime's episodes and is
+    // compared per step with RL converged on the changed workload.
+    let f = r.final_regime.as_ref().expect("--disturbed-reference");
+    for a in [with, without] {
+        assert_eq!(a.final_regime_steps, f.episodes as u64 * 20, "{}", a.arm);
+        let per_step = a.final_regime_reward / a.final_regime_steps as f64;
+        let want = 100.0 * (per_step / f.converged_disturbed_reward - 1.0);
+        let got = a.final_regime_vs_reference_pct.expect("a reference");
+        assert!((got - want).abs() < 1e-9, "{}: {got} vs {want}", a.arm);
+    }
     assert!(with.retrain_triggers >= 1, "{with:?}");
     assert!(with.online_episodes >= 1, "{with:?}");
     assert!(with.models_published >= 1, "{with:?}");

@@ -271,6 +271,11 @@ enum BenchCommand {
         /// lifecycle_monitor.rebaseline_margin: relative drop below the settled level that retrains.
         #[arg(long, default_value_t = 0.05)]
         rebaseline_margin: f64,
+        /// lifecycle_monitor.rebaseline_rollback off: a retraining that settled below what the
+        /// policy earned before it keeps learning instead of rolling back to the policy in force
+        /// at the trigger.
+        #[arg(long)]
+        no_rollback: bool,
         /// Shrink and perturb α applied to with_retraining's networks at every trigger
         /// (θ ← α·θ + (1 − α)·fresh; 1: off).
         #[arg(long, default_value_t = 1.0)]
@@ -625,6 +630,7 @@ fn main() -> anyhow::Result<()> {
                 rebaseline_after,
                 rebaseline_tolerance,
                 rebaseline_margin,
+                no_rollback,
                 retrain_shrink,
                 retrain_eval_every,
                 no_oracle,
@@ -652,6 +658,7 @@ fn main() -> anyhow::Result<()> {
                     rebaseline_after,
                     rebaseline_tolerance,
                     rebaseline_margin,
+                    rebaseline_rollback: !no_rollback,
                     retrain_shrink,
                     retrain_eval_every,
                     oracle: !no_oracle,
@@ -671,7 +678,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 for a in &r.arms {
                     println!(
-                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {} ({} without noise), re-baselines {}",
+                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {} ({} without noise), re-baselines {}, rollbacks {}",
                         a.arm,
                         a.mean_reward,
                         a.pct_of_converged,
@@ -681,7 +688,7 @@ fn main() -> anyhow::Result<()> {
                         a.retrain_triggers,
                         a.online_episodes,
                         a.eval_episodes,
-                        a.rebaselines
+                        a.rebaselines, a.rollbacks
                     );
                 }
                 println!(
@@ -708,15 +715,18 @@ fn main() -> anyhow::Result<()> {
                 if let Some(b) = &r.bus {
                     for a in &b.arms {
                         println!(
-                            "{:>22}: reward {:.4}/step, SLO violations {} ({:.2}%), final regime reward {:.1} / {} violations; retrain triggers {}, back to SERVING {}, ONLINE episodes {}, models published {}, scenarios injected {}, {:.0} s",
+                            "{:>22}: reward {:.4}/step, SLO violations {} ({:.2}%), final regime reward {:.1} / {} violations ({} vs RL converged on it); retrain triggers {}, back to SERVING {} ({} rollbacks), ONLINE episodes {}, models published {}, scenarios injected {}, {:.0} s",
                             a.arm,
                             a.mean_reward,
                             a.slo_violations,
                             100.0 * a.slo_violation_rate,
                             a.final_regime_reward,
                             a.final_regime_slo_violations,
+                            a.final_regime_vs_reference_pct
+                                .map_or("-".to_string(), |p| format!("{p:+.1}%")),
                             a.retrain_triggers,
                             a.returns_to_serving,
+                            a.rollbacks,
                             a.online_episodes,
                             a.models_published,
                             a.scenarios_injected,

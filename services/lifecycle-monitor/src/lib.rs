@@ -77,7 +77,9 @@ pub struct MonitorConfig {
     /// Never below what the policy earned before it retrained: while retraining (ONLINE
     /// entered from SERVING) a level below the lowest episode reward of the window that
     /// triggered it, less `rebaseline_margin` (relative), is not served — retraining that
-    /// settled there made the policy worse than not retraining, so the target keeps learning.
+    /// settled there made the policy worse than not retraining. With `rebaseline_rollback`
+    /// the target then goes back to SERVING with the policy in force at the trigger; without
+    /// it, it keeps learning.
     pub rebaseline_after_episodes: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
@@ -90,6 +92,15 @@ pub struct MonitorConfig {
     /// with a warning, and every ONLINE episode is fed again until the next noise-free one, so
     /// a target never stays ONLINE for want of evaluation episodes. Default on.
     pub online_noise_free_only: bool,
+    /// Rollback (default on; needs `rebaseline_after_episodes`): a retraining that settled below
+    /// what the policy earned before it (see above) ends ONLINE → SERVING with
+    /// `Lifecycle::rollback_to` = the base-learner version the monitor last saw before the
+    /// trigger. The trainer resumes from that checkpoint and republishes it as a new version,
+    /// so the recommenders serve the policy that earned the triggering window again; the
+    /// target stays SERVING while the window's mean is at least that window's lowest reward less
+    /// `rebaseline_margin` (never above `t_serving`). A monitor that saw no model before the
+    /// trigger keeps learning instead.
+    pub rebaseline_rollback: bool,
 }
 
 impl Default for MonitorConfig {
@@ -105,6 +116,7 @@ impl Default for MonitorConfig {
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
             online_noise_free_only: true,
+            rebaseline_rollback: true,
         }
     }
 }
@@ -172,6 +184,9 @@ pub struct Transition {
     pub mean: Option<f64>,
     pub std: Option<f64>,
     pub window: u32,
+    /// A rollback: the base-learner version to serve again (see
+    /// [`MonitorConfig::rebaseline_rollback`]).
+    pub rollback_to: Option<u64>,
 }
 
 /// Algorithm 1 for one target.
@@ -206,6 +221,8 @@ pub struct LifecycleMachine {
     /// ONLINE episodes with RL steps since the last noise-free one (see
     /// `online_noise_free_only`).
     without_noise_free: usize,
+    /// While retraining: the base-learner version the monitor last saw before the trigger.
+    retrain_version: Option<u64>,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -236,6 +253,7 @@ impl LifecycleMachine {
             serving_floor: None,
             retrain_from: None,
             without_noise_free: 0,
+            retrain_version: None,
         }
     }
 
@@ -336,12 +354,14 @@ impl LifecycleMachine {
             mean: stats.map(|s| s.0),
             std: stats.map(|s| s.1),
             window: u32::try_from(self.rewards.len()).unwrap_or(u32::MAX),
+            rollback_to: None,
         };
         self.stage = to;
         self.rewards.clear();
         self.online_rewards.clear();
         self.serving_floor = None;
         self.retrain_from = None;
+        self.retrain_version = None;
         t
     }
 
@@ -372,6 +392,20 @@ impl LifecycleMachine {
         }
         if let Some(before) = self.rebaseline_floor() {
             if newer < before {
+                if let Some(v) = self
+                    .retrain_version
+                    .filter(|_| self.rules.rebaseline_rollback)
+                {
+                    let earned = self.retrain_from.unwrap_or(before);
+                    let floor = before.min(p.t_serving);
+                    let reason = format!(
+                        "rolled back to version {v}: retraining settled at {newer:.3} (last {n} ONLINE episodes, std {std:.3}), below the {earned:.3} the policy earned before it; serving that policy while the mean stays >= {floor:.3}"
+                    );
+                    let mut t = self.go(Stage::Serving, reason, Some((newer, std)));
+                    t.rollback_to = Some(v);
+                    self.serving_floor = Some(floor);
+                    return Some(t);
+                }
                 tracing::debug!(
                     settled = newer,
                     before,
@@ -540,6 +574,7 @@ impl LifecycleMachine {
                     stats,
                 );
                 self.retrain_from = before.is_finite().then_some(before);
+                self.retrain_version = self.last_model;
                 Some(t)
             }
             _ => None,
@@ -597,6 +632,7 @@ fn message(target: &Target, episode: u64, step: u32, t: Transition) -> Lifecycle
         reward_mean: t.mean,
         reward_std: t.std,
         window: t.window,
+        rollback_to: t.rollback_to,
     }
 }
 
@@ -1518,7 +1554,8 @@ mod tests {
         assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
         let floor = m.rebaseline_floor().expect("retraining");
         assert!((floor - 0.95).abs() < 1e-9, "1.0 less 5%: {floor}");
-        // Retraining collapses and settles at 0.5: not served, it keeps learning.
+        // Retraining collapses and settles at 0.5: not served; with no model seen there is
+        // nothing to roll back to, so it keeps learning.
         assert!(feed(&mut m, 4, &[0.5; 8]).is_empty());
         assert_eq!(m.stage(), Stage::Online);
         // It recovers and settles at 0.97, above the floor: re-baselined there.
@@ -1533,6 +1570,67 @@ mod tests {
         let ts = feed(&mut first, 1, &[0.5; 6]);
         assert_eq!(ts.len(), 1, "{ts:?}");
         assert!(first.rebaselined());
+    }
+
+    #[test]
+    fn a_retraining_that_settles_below_what_the_policy_earned_rolls_back_to_the_version_in_force() {
+        let profile = LifecycleProfile {
+            t_online: 0.0,
+            ..profile(false)
+        };
+        let run = |rollback: bool| {
+            let rules = MonitorConfig {
+                rebaseline_after_episodes: 6,
+                rebaseline_rollback: rollback,
+                ..MonitorConfig::algorithm1()
+            };
+            let mut m = LifecycleMachine::with_rules(profile.clone(), rules);
+            m.restore(Stage::Serving);
+            // Version 7 serves; the trigger (mean 1.267 < t_serving 1.3, lowest 1.0).
+            assert_eq!(m.observe_model(&model(7, None, None)), None);
+            let ts = feed(&mut m, 1, &[1.4, 1.4, 1.0]);
+            assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
+            assert_eq!(ts[0].rollback_to, None);
+            // The trainer publishes while the target retrains, which collapses to 0.5.
+            assert_eq!(m.observe_model(&model(8, None, None)), None);
+            assert_eq!(m.observe_model(&model(9, None, None)), None);
+            let ts = feed(&mut m, 4, &[0.5; 6]);
+            (m, ts)
+        };
+        let (mut m, ts) = run(true);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Online, Stage::Serving));
+        assert_eq!(ts[0].rollback_to, Some(7), "the version before the trigger");
+        assert!(
+            ts[0].reason.starts_with("rolled back to version 7"),
+            "{}",
+            ts[0].reason
+        );
+        assert_eq!(ts[0].mean, Some(0.5));
+        let msg = message(&Target::new("ns", "app"), 9, 500, ts[0].clone());
+        assert_eq!(msg.rollback_to, Some(7));
+        // Served while the old policy earns what it did: the floor is 1.0 less 5%.
+        assert!((m.serving_bar() - 0.95).abs() < 1e-9, "{}", m.serving_bar());
+        assert!(feed(&mut m, 10, &[1.0, 1.1, 1.0, 1.0]).is_empty());
+        assert_eq!(m.stage(), Stage::Serving);
+        // A further drop retrains again, from the rolled-back policy.
+        let ts = feed(&mut m, 14, &[0.9, 0.9, 0.9]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
+        // Without the rule the collapsed target keeps learning.
+        let (m, ts) = run(false);
+        assert!(ts.is_empty(), "{ts:?}");
+        assert_eq!(m.stage(), Stage::Online);
+        // Without a model seen before the trigger there is nothing to roll back to.
+        let rules = MonitorConfig {
+            rebaseline_after_episodes: 6,
+            ..MonitorConfig::algorithm1()
+        };
+        let mut m = LifecycleMachine::with_rules(profile.clone(), rules);
+        m.restore(Stage::Serving);
+        feed(&mut m, 1, &[1.4, 1.4, 1.0]);
+        assert!(feed(&mut m, 4, &[0.5; 8]).is_empty());
+        assert_eq!(m.stage(), Stage::Online);
     }
 
     #[test]

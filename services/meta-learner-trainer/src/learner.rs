@@ -173,6 +173,9 @@ pub enum TrainerError {
         #[source]
         source: ModelError,
     },
+    /// A rollback's checkpoint does not fit the learner.
+    #[error("{target}: cannot roll back: {reason}")]
+    Rollback { target: Target, reason: String },
     /// The service is shutting down: the round stopped between two gradient steps.
     #[error("{target}: round cancelled (shutting down)")]
     Cancelled { target: Target },
@@ -546,6 +549,63 @@ impl Learner {
                 fresh(&self.target)
             }
         }
+    }
+
+    /// Rollback (`Lifecycle::rollback_to`): the network becomes the checkpoint of version `to`
+    /// — its weights, optimizer state and normalizer — and is published again as the next
+    /// version, so the recommenders, which only take newer versions, serve it and a later
+    /// retraining resumes from it. `at` is the (episode, step) of the lifecycle message. The
+    /// learner is unchanged when the checkpoint cannot be read or has another state width.
+    pub fn roll_back(
+        &mut self,
+        to: u64,
+        at: (u64, u32),
+        models: &dyn ModelStore,
+    ) -> Result<Published, TrainerError> {
+        let target = self.target.clone();
+        let store_err = |source| TrainerError::ModelStore {
+            target: target.clone(),
+            source,
+        };
+        let model_err = |source| TrainerError::Model {
+            target: target.clone(),
+            source,
+        };
+        // Resumed first, so the versions continue after the newest stored.
+        self.ddpg(models)?;
+        let bytes = models
+            .get(&model_key(&target, BASE_LEARNER, to))
+            .map_err(store_err)?;
+        let restored = Ddpg::from_bytes(&bytes).map_err(model_err)?;
+        if restored.config().state_dim != self.state_dim() {
+            return Err(TrainerError::Rollback {
+                target,
+                reason: format!(
+                    "version {to} has {} inputs, the learner {}",
+                    restored.config().state_dim,
+                    self.state_dim()
+                ),
+            });
+        }
+        let version = self.version + 1;
+        let object = models
+            .put(&model_key(&target, BASE_LEARNER, version), &bytes)
+            .map_err(store_err)?;
+        let trained_steps = restored.train_steps();
+        self.ddpg = Some(restored);
+        self.version = version;
+        Ok(Published {
+            version,
+            object,
+            trained_steps,
+            steps: 0,
+            latest: at,
+            critic_loss: f32::NAN,
+            skipped: 0,
+            mode: RoundMode::Online,
+            estimate: None,
+            bc_weight: 0.0,
+        })
     }
 
     fn store_err(&self, source: StoreError) -> TrainerError {
@@ -1088,6 +1148,54 @@ mod tests {
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
         // Not retraining: the second online round of this learner, BC 1 − 1/20.
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
+    }
+
+    /// A rollback republishes the named version's checkpoint as the next version, the learner
+    /// continues from it (a fresh learner first resumes, so versions never collide), and a
+    /// version that cannot be read changes nothing.
+    #[test]
+    fn a_rollback_republishes_the_version_and_trains_on_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let t = Target::new("shop", "cart");
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        for ep in 0..3 {
+            store
+                .append(&(0..60).map(|s| row(&t, ep, s)).collect::<Vec<_>>())
+                .unwrap();
+            l.maybe_train(&store, &models).unwrap().expect("a round");
+        }
+        assert_eq!(l.version(), 3);
+        let stored = |v: u64| models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
+        // A restarted trainer rolls back to version 1.
+        let mut r = Learner::new(t.clone(), Bounds::default(), cfg());
+        let p = r.roll_back(1, (9, 450), &models).unwrap();
+        assert_eq!((p.version, p.trained_steps, p.steps), (4, 5, 0));
+        assert_eq!(p.latest, (9, 450));
+        assert_eq!(stored(4), stored(1), "version 4 is version 1's checkpoint");
+        assert_ne!(stored(4), stored(3));
+        let bytes = get_verified(
+            &models,
+            &p.object.uri,
+            &p.object.sha256,
+            p.object.size_bytes,
+        )
+        .unwrap();
+        assert_eq!(Ddpg::from_bytes(&bytes).unwrap().train_steps(), 5);
+        // The next round trains on from version 1's network: 5 + 5 steps, version 5.
+        store
+            .append(&(0..60).map(|s| row(&t, 3, s)).collect::<Vec<_>>())
+            .unwrap();
+        let next = r.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!((next.version, next.trained_steps), (5, 10));
+        // A version the store does not hold: an error, nothing published, nothing changed.
+        assert!(matches!(
+            r.roll_back(42, (9, 500), &models),
+            Err(TrainerError::ModelStore { .. })
+        ));
+        assert_eq!(r.version(), 5);
+        assert!(models.get(&model_key(&t, BASE_LEARNER, 6)).is_err());
     }
 
     /// The normalizer sees every recorded state exactly once, however often minibatches draw

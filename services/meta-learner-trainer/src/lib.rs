@@ -75,6 +75,7 @@ pub struct TrainerMetrics {
     pub round_seconds: prometheus::Histogram,
     pub embeddings: prometheus::IntCounter,
     pub embedding_errors: prometheus::IntCounter,
+    pub rollbacks: prometheus::IntCounter,
 }
 
 impl TrainerMetrics {
@@ -118,6 +119,12 @@ impl TrainerMetrics {
             "Meta-learning failures: meta dir not loadable, bad bundle or embedding, store errors",
         )
         .map_err(err)?;
+        let rollbacks = prometheus::IntCounter::new(
+            "trainer_rollbacks_total",
+            "Rollbacks (lifecycle rollback_to): a version republished as the newest",
+        )
+        .map_err(err)?;
+        r.register(Box::new(rollbacks.clone())).map_err(err)?;
         r.register(Box::new(embeddings.clone())).map_err(err)?;
         r.register(Box::new(embedding_errors.clone()))
             .map_err(err)?;
@@ -134,6 +141,7 @@ impl TrainerMetrics {
             round_seconds,
             embeddings,
             embedding_errors,
+            rollbacks,
         })
     }
 }
@@ -148,6 +156,9 @@ pub struct TargetTrainer {
     /// ONLINE entered from SERVING (`Lifecycle::retraining`): rounds take
     /// `trainer.retrain_gradient_steps`.
     retraining: bool,
+    /// A rollback to run before the next round: the version and the lifecycle message's
+    /// (episode, step).
+    rollback: Option<(u64, (u64, u32))>,
     /// `None` while a round runs on the blocking pool.
     learner: Option<Learner>,
     /// Meta-learning (`None`: off); taken with the learner while a round runs.
@@ -158,6 +169,10 @@ pub struct TargetTrainer {
 
 impl TargetTrainer {
     fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.rollback.is_some() {
+            self.roll_back(ctx);
+            return;
+        }
         if learner::RoundMode::of(self.stage).is_none() && self.meta.is_none() {
             return;
         }
@@ -196,6 +211,66 @@ impl TargetTrainer {
         }));
     }
 
+    /// Runs the pending rollback on the blocking pool (once no round runs).
+    fn roll_back(&mut self, ctx: &mut Context<Self>) {
+        let Some((to, at)) = self.rollback else {
+            return;
+        };
+        let Some(mut learner) = self.learner.take() else {
+            return; // a round is running: the next tick
+        };
+        self.rollback = None;
+        let models = self.models.clone();
+        let fut = tokio::task::spawn_blocking(move || {
+            let res = learner.roll_back(to, at, models.as_ref());
+            (learner, res)
+        });
+        ctx.spawn(fut.into_actor(self).map(move |joined, act, _| match joined {
+            Ok((learner, res)) => {
+                act.learner = Some(learner);
+                match res {
+                    Ok(p) => {
+                        act.metrics.rollbacks.inc();
+                        tracing::info!(target = %act.target, to, version = p.version, trained_steps = p.trained_steps, "rolled back: republished the version in force at the retraining trigger");
+                        act.publish(&p);
+                    }
+                    Err(e) => {
+                        act.metrics.round_errors.inc();
+                        tracing::warn!(target = %act.target, to, error = %e, "cannot roll back; the recommenders keep the newest version");
+                    }
+                }
+            }
+            Err(e) => {
+                act.metrics.round_errors.inc();
+                tracing::error!(target = %act.target, to, error = %e, "rollback aborted");
+            }
+        }));
+    }
+
+    /// Announces a checkpoint written to the model store.
+    fn publish(&self, p: &learner::Published) {
+        let est = p.estimate;
+        let ts_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        self.outbox.send(Model {
+            schema: Schema::new(),
+            target: self.target.clone(),
+            episode: p.latest.0,
+            step: p.latest.1,
+            ts_ms,
+            kind: ModelKind::BaseLearner,
+            version: p.version,
+            uri: p.object.uri.clone(),
+            sha256: p.object.sha256.clone(),
+            size_bytes: p.object.size_bytes,
+            trained_steps: p.trained_steps,
+            policy_estimate: est.map(|e| e.estimate).filter(|x| x.is_finite()),
+            behaviour_reward: est.map(|e| e.behaviour_reward).filter(|x| x.is_finite()),
+        });
+    }
+
     fn finish_embedding(&mut self, c: Checked) {
         if let Some(e) = c.error {
             self.metrics.embedding_errors.inc();
@@ -225,25 +300,7 @@ impl TargetTrainer {
                 self.metrics.round_seconds.observe(took.as_secs_f64());
                 let est = p.estimate;
                 tracing::info!(target = %self.target, mode = p.mode.label(), version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, bc_weight = p.bc_weight, skipped = p.skipped, policy_estimate = ?est.map(|e| e.estimate), behaviour_reward = ?est.map(|e| e.behaviour_reward), direct_estimate = ?est.map(|e| e.direct), action_gap = ?est.map(|e| e.action_gap), eval_rows = ?est.map(|e| e.rows), size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
-                let ts_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-                    .unwrap_or(0);
-                self.outbox.send(Model {
-                    schema: Schema::new(),
-                    target: self.target.clone(),
-                    episode: p.latest.0,
-                    step: p.latest.1,
-                    ts_ms,
-                    kind: ModelKind::BaseLearner,
-                    version: p.version,
-                    uri: p.object.uri,
-                    sha256: p.object.sha256,
-                    size_bytes: p.object.size_bytes,
-                    trained_steps: p.trained_steps,
-                    policy_estimate: est.map(|e| e.estimate).filter(|x| x.is_finite()),
-                    behaviour_reward: est.map(|e| e.behaviour_reward).filter(|x| x.is_finite()),
-                });
+                self.publish(&p);
             }
             Err(learner::TrainerError::Cancelled { .. }) => {
                 tracing::debug!(target = %self.target, "training round cancelled at shutdown");
@@ -271,6 +328,10 @@ impl Handler<Deliver> for TargetTrainer {
         let Event::Lifecycle(l) = ev else { return };
         self.stage = l.stage;
         self.retraining = l.retraining(self.retraining);
+        if let Some(to) = l.rollback_to {
+            tracing::info!(target = %self.target, to, reason = %l.reason, "rollback requested");
+            self.rollback = Some((to, (l.episode, l.step)));
+        }
         // The paper's top-M bundle (M = 20) is what the meta-learner will read.
         match training_data(self.store.as_ref(), &self.target, 20) {
             Ok(d) => {
@@ -315,6 +376,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             poll,
             stage: Stage::Initialized,
             retraining: false,
+            rollback: None,
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_cancel(shutdown.clone());

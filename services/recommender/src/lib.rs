@@ -1020,6 +1020,7 @@ mod tests {
                     reward_mean: None,
                     reward_std: None,
                     window: 0,
+                    rollback_to: None,
                 })
             };
             let s = vec![0.3, 0.6, 0.9, 0.2, 0.1, 0.0, 1.0, 0.1, 0.2];

@@ -16,7 +16,9 @@
 //!   `retrain_gradient_steps` per transition, each minibatch drawing `retrain_recent_fraction`
 //!   of its rows from the newest `retrain_recent` transitions, so the new regime's data is not
 //!   drowned by the old one's) until it returns to SERVING (with `rebaseline_after` > 0 also
-//!   when its rewards settle below `t_serving`: the monitor's re-baselining; with
+//!   when its rewards settle below `t_serving`: the monitor's re-baselining; a retraining that
+//!   settled below what the policy earned before it restores the agent cloned at the trigger,
+//!   as the services' trainer republishes the version in force then (`rebaseline_rollback`); with
 //!   `retrain_shrink` < 1 every trigger first shrinks and perturbs the networks; with
 //!   `retrain_eval_every` k the services' evaluation episodes: ONLINE episodes numbered k − 1
 //!   modulo k act without noise and only those reach Algorithm 1 while ONLINE);
@@ -50,7 +52,7 @@
 
 use std::path::PathBuf;
 
-use aware_bus_schemas::{Episode, Schema, Stage, Target};
+use aware_bus_schemas::{Episode, Model, ModelKind, Schema, Stage, Target};
 use aware_lifecycle_monitor::LifecycleMachine;
 use aware_loadgen::app::{generate_apps, Allocation, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
@@ -99,6 +101,9 @@ pub struct ServeBenchOptions {
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
+    /// `lifecycle_monitor.rebaseline_rollback`: a retraining that settled below what the
+    /// policy earned before it restores the agent in force at the trigger.
+    pub rebaseline_rollback: bool,
     /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
     /// [`Ddpg::shrink_perturb`]).
     pub retrain_shrink: f32,
@@ -168,6 +173,7 @@ impl Default for ServeBenchOptions {
             rebaseline_after: 10,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
+            rebaseline_rollback: true,
             retrain_shrink: 1.0,
             retrain_eval_every: 2,
             oracle: true,
@@ -207,6 +213,8 @@ pub struct ArmRun {
     pub retrain_triggers: u32,
     /// ONLINE → SERVING at a re-baselined level, `with_retraining` only.
     pub rebaselines: u32,
+    /// ONLINE → SERVING rolled back to the policy in force at the trigger.
+    pub rollbacks: u32,
     /// ONLINE episodes run without exploration noise (`retrain_eval_every`).
     pub eval_episodes: u32,
 }
@@ -236,6 +244,7 @@ pub struct ArmReport {
     pub online_episodes: u32,
     pub retrain_triggers: u32,
     pub rebaselines: u32,
+    pub rollbacks: u32,
     pub eval_episodes: u32,
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
@@ -276,6 +285,7 @@ pub struct ServeReport {
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
+    pub rebaseline_rollback: bool,
     pub retrain_shrink: f32,
     pub retrain_eval_every: u32,
     pub scenarios_injected: usize,
@@ -520,6 +530,11 @@ enum Driver {
         replay: Box<ReplayBuffer>,
         machine: Box<LifecycleMachine>,
         rng: Box<ChaCha8Rng>,
+        /// The agent in force at the last retraining trigger (what a rollback restores).
+        saved: Option<Box<Ddpg>>,
+        /// The version the machine last saw: 1 (the adopted agent), then one per ONLINE
+        /// episode, as the services' trainer publishes while the target learns.
+        version: u64,
     },
     Fallback(Box<Fallback>, aware_shared::spec::Bounds),
     Oracle,
@@ -572,6 +587,26 @@ fn fallback_step(
     })
 }
 
+/// The `model` the lifecycle monitor sees when the trainer publishes `version` (its
+/// rollbacks name the version in force at the trigger).
+fn model_seen(target: &Target, version: u64) -> Model {
+    Model {
+        schema: Schema::new(),
+        target: target.clone(),
+        episode: 0,
+        step: 0,
+        ts_ms: 0,
+        kind: ModelKind::BaseLearner,
+        version,
+        uri: String::new(),
+        sha256: String::new(),
+        size_bytes: 0,
+        trained_steps: 0,
+        policy_estimate: None,
+        behaviour_reward: None,
+    }
+}
+
 /// Runs one arm from `env`/`obs` for the serve episodes.
 fn run_arm(
     ctx: &Ctx<'_>,
@@ -586,6 +621,12 @@ fn run_arm(
     let mut run = ArmRun::default();
     let mut online =
         matches!(&driver, Driver::Retrain { machine, .. } if machine.stage() == Stage::Online);
+    if let Driver::Retrain {
+        machine, version, ..
+    } = &mut driver
+    {
+        machine.observe_model(&model_seen(&ctx.target, *version));
+    }
     for ep in 0..u64::from(ctx.opts.serve_episodes) {
         let (mut total, mut slo) = (0.0, 0u64);
         // the recommender's evaluation episodes (`recommender.eval_every_episodes`)
@@ -663,6 +704,8 @@ fn run_arm(
             machine,
             agent,
             rng,
+            saved,
+            version,
             ..
         } = &mut driver
         {
@@ -674,6 +717,8 @@ fn run_arm(
             if online {
                 run.online_episodes += 1;
                 run.eval_episodes += u32::from(greedy);
+                *version += 1;
+                machine.observe_model(&model_seen(&ctx.target, *version));
             }
             let e = Episode {
                 schema: Schema::new(),
@@ -701,6 +746,7 @@ fn run_arm(
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
+                    *saved = Some(agent.clone());
                     if ctx.opts.retrain_shrink < 1.0 {
                         let seed = rand::Rng::random::<u64>(rng.as_mut());
                         agent
@@ -708,7 +754,13 @@ fn run_arm(
                             .map_err(fail)?;
                     }
                 }
-                if machine.rebaselined() {
+                if t.rollback_to.is_some() {
+                    // The services' trainer republishes the version in force at the trigger.
+                    if let Some(a) = saved.take() {
+                        **agent = *a;
+                        run.rollbacks += 1;
+                    }
+                } else if machine.rebaselined() {
                     run.rebaselines += 1;
                 }
             }
@@ -897,6 +949,7 @@ pub fn run_app(
         rebaseline_after_episodes: opts.rebaseline_after,
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
+        rebaseline_rollback: opts.rebaseline_rollback,
         online_noise_free_only: opts.retrain_eval_every > 0,
         ..Default::default()
     };
@@ -927,6 +980,8 @@ pub fn run_app(
         replay: Box::new(replay),
         machine: Box::new(machine),
         rng: Box::new(ChaCha8Rng::seed_from_u64(app_seed ^ 0x7e7a)),
+        saved: None,
+        version: 1,
     };
     let mut arms = vec![("converged".to_string(), converged)];
     arms.push((
@@ -1097,6 +1152,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
             online_episodes: runs.iter().map(|a| a.online_episodes).sum(),
             retrain_triggers: runs.iter().map(|a| a.retrain_triggers).sum(),
             rebaselines: runs.iter().map(|a| a.rebaselines).sum(),
+            rollbacks: runs.iter().map(|a| a.rollbacks).sum(),
             eval_episodes: runs.iter().map(|a| a.eval_episodes).sum(),
             curve,
         });
@@ -1192,6 +1248,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         rebaseline_after: opts.rebaseline_after,
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
+        rebaseline_rollback: opts.rebaseline_rollback,
         retrain_shrink: opts.retrain_shrink,
         retrain_eval_every: opts.retrain_eval_every,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
@@ -1233,9 +1290,12 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
             settings: opts.bus_settings.clone(),
         };
         let system = actix_rt::System::new();
-        report.bus = Some(
-            system.block_on(async move { super::serve_bus::run(&bus_opts, &handoffs).await })?,
-        );
+        let mut bus =
+            system.block_on(async move { super::serve_bus::run(&bus_opts, &handoffs).await })?;
+        if let Some(f) = &report.final_regime {
+            super::serve_bus::against_reference(&mut bus, f.converged_disturbed_reward);
+        }
+        report.bus = Some(bus);
         report.wall_seconds = started.elapsed().as_secs_f64();
     }
     let inject_at: Vec<usize> = (0..8usize)
@@ -1265,6 +1325,7 @@ mod tests {
             online_episodes: 0,
             retrain_triggers: 0,
             rebaselines: 0,
+            rollbacks: 0,
             eval_episodes: 0,
         }
     }
@@ -1552,6 +1613,8 @@ mod tests {
                 ),
                 machine: Box::new(machine),
                 rng: Box::new(ChaCha8Rng::seed_from_u64(5)),
+                saved: None,
+                version: 1,
             }
         };
         let run = |every: u32, t_serving: f64| {

@@ -106,7 +106,7 @@ impl BusArm {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct BusArmReport {
     pub arm: String,
     pub apps: usize,
@@ -119,10 +119,18 @@ pub struct BusArmReport {
     /// Σ reward and SLO violations of the episodes with every scenario in force.
     pub final_regime_reward: f64,
     pub final_regime_slo_violations: u64,
+    /// Steps of those episodes.
+    pub final_regime_steps: u64,
+    /// With the in-process `converged_disturbed` arm (`--disturbed-reference`): the final
+    /// regime's reward per step against RL converged on the changed workload over the same apps
+    /// and episodes, % (see [`against_reference`]).
+    pub final_regime_vs_reference_pct: Option<f64>,
     /// SERVING → ONLINE (Algorithm 1's retraining trigger).
     pub retrain_triggers: usize,
     /// ONLINE → SERVING.
     pub returns_to_serving: usize,
+    /// Of those, rollbacks to the version in force at the trigger (`Lifecycle::rollback_to`).
+    pub rollbacks: usize,
     /// Episodes recorded ONLINE.
     pub online_episodes: usize,
     /// Steps the agent decided and steps the HPA/VPA fallback decided (none: the adopted
@@ -387,6 +395,7 @@ async fn seed_bus(
                 reward_mean: None,
                 reward_std: None,
                 window: u32::try_from(h.profile.window).unwrap_or(u32::MAX),
+                rollback_to: None,
             }),
         )
         .await?;
@@ -438,6 +447,7 @@ pub async fn run_arm(
     let mut eps: BTreeMap<Target, BTreeMap<u64, Row>> = BTreeMap::new();
     let (mut triggers, mut returns, mut models, mut max_trained) = (0usize, 0usize, 0u64, 0u64);
     let mut min_trained: Option<u64> = None;
+    let mut rollbacks = 0usize;
     let done = |eps: &BTreeMap<Target, BTreeMap<u64, Row>>| {
         eps.len() >= opts.apps && eps.values().all(|e| e.len() >= want)
     };
@@ -467,7 +477,13 @@ pub async fn run_arm(
                     triggers += 1;
                     tracing::info!(arm = arm.name(), target = %l.target, reason = %l.reason, "retraining");
                 }
-                (Some(Stage::Online), Stage::Serving) => returns += 1,
+                (Some(Stage::Online), Stage::Serving) => {
+                    returns += 1;
+                    if let Some(v) = l.rollback_to {
+                        rollbacks += 1;
+                        tracing::info!(arm = arm.name(), target = %l.target, to = v, reason = %l.reason, "rolled back");
+                    }
+                }
                 _ => {}
             },
             Event::Model(md) if md.version > 1 => {
@@ -495,12 +511,13 @@ pub async fn run_arm(
     let steps: u64 = rows.iter().map(|r| r.steps).sum();
     let total_reward: f64 = rows.iter().map(|r| r.reward).sum();
     let slo: u64 = rows.iter().map(|r| r.slo).sum();
-    let (mut final_reward, mut final_slo) = (0.0, 0u64);
+    let (mut final_reward, mut final_slo, mut final_steps) = (0.0, 0u64, 0u64);
     for (t, e) in &eps {
         let f = from.get(t).copied().unwrap_or(first);
         for r in e.range(f..).map(|(_, r)| r) {
             final_reward += r.reward;
             final_slo += r.slo;
+            final_steps += r.steps;
         }
     }
     let mut curve = vec![0.0; want];
@@ -520,8 +537,11 @@ pub async fn run_arm(
         slo_violation_rate: slo as f64 / steps.max(1) as f64,
         final_regime_reward: final_reward,
         final_regime_slo_violations: final_slo,
+        final_regime_steps: final_steps,
+        final_regime_vs_reference_pct: None,
         retrain_triggers: triggers,
         returns_to_serving: returns,
+        rollbacks,
         online_episodes: rows.iter().filter(|r| r.online).count(),
         rl_steps: rows.iter().map(|r| r.rl).sum(),
         fallback_steps: rows.iter().map(|r| r.fallback).sum(),
@@ -532,6 +552,22 @@ pub async fn run_arm(
         curve,
         wall_seconds: wall,
     })
+}
+
+/// Sets each arm's `final_regime_vs_reference_pct` from the in-process reference's reward per
+/// step over the final regime (`FinalRegime::converged_disturbed_reward`): the issue's "within
+/// x% of the converged policy" measured on the services. Arms without a final-regime step, or a
+/// reference that is not a positive finite number, get `None`.
+pub fn against_reference(report: &mut BusReport, reference_per_step: f64) {
+    for a in &mut report.arms {
+        a.final_regime_vs_reference_pct = (a.final_regime_steps > 0
+            && reference_per_step.is_finite()
+            && reference_per_step > 0.0)
+            .then(|| {
+                let per_step = a.final_regime_reward / a.final_regime_steps as f64;
+                100.0 * (per_step / reference_per_step - 1.0)
+            });
+    }
 }
 
 /// Both bus arms, with and without retraining.
@@ -556,4 +592,48 @@ pub async fn run(opts: &BusOptions, handoffs: &[Handoff]) -> Result<BusReport, B
         ),
         arms: vec![with, without],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_final_regime_is_compared_per_step_with_the_reference() {
+        let arm = |name: &str, reward: f64, steps: u64| BusArmReport {
+            arm: name.into(),
+            final_regime_reward: reward,
+            final_regime_steps: steps,
+            ..BusArmReport::default()
+        };
+        let mut r = BusReport {
+            pace_ms: 40,
+            first_episode: 360,
+            arms: vec![
+                arm("bus_with_retraining", 96.0, 100),
+                arm("bus_without_retraining", 180.0, 200),
+                arm("empty", 0.0, 0),
+            ],
+            slo_ratio_without_vs_with: 1.0,
+            with_vs_without_reward_pct: 0.0,
+            final_regime_with_vs_without_pct: 0.0,
+        };
+        against_reference(&mut r, 1.2);
+        let pct: Vec<Option<f64>> = r
+            .arms
+            .iter()
+            .map(|a| a.final_regime_vs_reference_pct)
+            .collect();
+        // 0.96 / 1.2 − 1 = −20%; 0.9 / 1.2 − 1 = −25%; no steps, no figure.
+        assert!((pct[0].unwrap() + 20.0).abs() < 1e-9, "{pct:?}");
+        assert!((pct[1].unwrap() + 25.0).abs() < 1e-9, "{pct:?}");
+        assert_eq!(pct[2], None);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            against_reference(&mut r, bad);
+            assert!(r
+                .arms
+                .iter()
+                .all(|a| a.final_regime_vs_reference_pct.is_none()));
+        }
+    }
 }

@@ -472,6 +472,7 @@ async fn service_events_become_status_in_one_coalesced_write() {
         reward_mean: Some(1.25),
         reward_std: Some(0.125),
         window: 5,
+        rollback_to: None,
     });
     let action = Event::Action(aware_bus_schemas::Action {
         schema: Schema::new(),
