@@ -239,6 +239,10 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
         "recommender".into(),
         serde_json::json!({ "eval_every_episodes": 0 }),
     );
+    // The simulator is not paced: on a loaded machine the rounds this test waits for come after
+    // more steps than the shared configuration's 5,000, and the rollback needs steps after them
+    // (0: no limit; the test ends the services).
+    cfg.collector.simulator.max_steps = 0;
     let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator).unwrap();
     let target = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
     let services: Vec<aware_shared::launcher::ServiceEntry> = aware_cli::SERVICES

@@ -555,7 +555,9 @@ impl Learner {
     /// — its weights, optimizer state and normalizer — and is published again as the next
     /// version, so the recommenders, which only take newer versions, serve it and a later
     /// retraining resumes from it. `at` is the (episode, step) of the lifecycle message. The
-    /// learner is unchanged when the checkpoint cannot be read or has another state width.
+    /// normalizer is the checkpoint's, the one the policy acted with; the rows recorded since
+    /// are not observed again. The learner is unchanged when the checkpoint cannot be read or
+    /// has another state width.
     pub fn roll_back(
         &mut self,
         to: u64,
