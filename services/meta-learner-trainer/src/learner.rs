@@ -929,6 +929,14 @@ mod tests {
     use aware_shared::model_store::{get_verified, LocalDirStore};
     use aware_trajectory_recorder::store::SqliteStore;
 
+    /// A trajectory store and a model store in a fresh directory (kept while the guard lives).
+    fn stores() -> (tempfile::TempDir, SqliteStore, LocalDirStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        (dir, store, models)
+    }
+
     const MIB: u64 = 1024 * 1024;
 
     fn row(t: &Target, episode: u64, step: u32) -> tstore::Transition {
@@ -1077,9 +1085,7 @@ mod tests {
 
     #[test]
     fn trains_when_due_and_publishes_increasing_verified_versions() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "cart");
         let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
         // Below min_transitions: nothing.
@@ -1157,9 +1163,7 @@ mod tests {
     /// version that cannot be read changes nothing.
     #[test]
     fn a_rollback_republishes_the_version_and_trains_on_from_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "cart");
         let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
         for ep in 0..3 {
@@ -1205,9 +1209,7 @@ mod tests {
     /// recorded after it resumed.
     #[test]
     fn the_normalizer_sees_every_recorded_state_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "norm");
         let mut c = cfg();
         c.recent_fraction = 0.5;
@@ -1421,9 +1423,7 @@ mod tests {
 
     #[test]
     fn online_rounds_draw_the_recent_share_from_the_last_episodes() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "cart");
         let c = TrainerConfig {
             hidden: vec![16, 16],
@@ -1480,9 +1480,7 @@ mod tests {
 
     #[test]
     fn a_cancelled_round_stops_and_publishes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "cart");
         let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
         for ep in 0..3u64 {
@@ -1507,9 +1505,7 @@ mod tests {
 
     #[test]
     fn offline_rounds_train_td3bc_on_fallback_rows_and_estimate_the_policy() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("shop", "cart");
         let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
         // Three fallback episodes of 30 steps; rewards 1.0, 1.2, 1.4 by episode.
@@ -1612,9 +1608,7 @@ mod tests {
 
     #[test]
     fn offline_rounds_wait_for_enough_fallback_data() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
-        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let (_dir, store, models) = stores();
         let t = Target::new("a", "b");
         let mut l = Learner::new(t.clone(), Bounds::default(), offline_cfg());
         store
