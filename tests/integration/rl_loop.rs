@@ -449,6 +449,21 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
         let want = 100.0 * (per_step / f.converged_disturbed_reward - 1.0);
         let got = a.final_regime_vs_reference_pct.expect("a reference");
         assert!((got - want).abs() < 1e-9, "{}: {got} vs {want}", a.arm);
+        // Per app: the same episodes as in process, against the same app's reference.
+        assert_eq!(a.final_regime_per_app.len(), f.per_app.len(), "{}", a.arm);
+        for (b, p) in a.final_regime_per_app.iter().zip(&f.per_app) {
+            assert_eq!(b.app, p.app);
+            assert_eq!(b.steps, p.episodes as u64 * 20, "{}", b.app);
+            let want = 100.0 * (b.reward / p.converged_disturbed_reward - 1.0);
+            let got = b.vs_reference_pct.expect("a reference");
+            assert!((got - want).abs() < 1e-9, "{}: {got} vs {want}", b.app);
+        }
+        let reward: f64 = a
+            .final_regime_per_app
+            .iter()
+            .map(|b| b.reward * b.steps as f64)
+            .sum();
+        assert!((reward - a.final_regime_reward).abs() < 1e-6, "{}", a.arm);
     }
     assert!(with.retrain_triggers >= 1, "{with:?}");
     assert!(with.online_episodes >= 1, "{with:?}");

@@ -428,6 +428,16 @@ fn parse_setting(s: &str) -> Result<(String, serde_json::Value), String> {
     Ok((k.to_string(), v))
 }
 
+/// The `n` lowest of `apps` (name, % against the reference), lowest first: "app-0017 −18.2%, …".
+fn worst(apps: &mut [(&str, f64)], n: usize) -> String {
+    apps.sort_by(|a, b| a.1.total_cmp(&b.1));
+    apps.iter()
+        .take(n)
+        .map(|(a, p)| format!("{a} {p:+.1}%"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -711,6 +721,15 @@ fn main() -> anyhow::Result<()> {
                         f.with_retraining_slo_violations,
                         f.without_retraining_slo_violations
                     );
+                    let mut apps: Vec<(&str, f64)> = f
+                        .per_app
+                        .iter()
+                        .map(|a| (a.app.as_str(), a.with_retraining_vs_reference_pct))
+                        .collect();
+                    println!(
+                        "final regime, furthest below the reference with retraining: {}",
+                        worst(&mut apps, 5)
+                    );
                 }
                 if let Some(b) = &r.bus {
                     for a in &b.arms {
@@ -732,6 +751,18 @@ fn main() -> anyhow::Result<()> {
                             a.scenarios_injected,
                             a.wall_seconds
                         );
+                        let mut apps: Vec<(&str, f64)> = a
+                            .final_regime_per_app
+                            .iter()
+                            .filter_map(|p| Some((p.app.as_str(), p.vs_reference_pct?)))
+                            .collect();
+                        if !apps.is_empty() {
+                            println!(
+                                "{:>22}  final regime, furthest below the reference: {}",
+                                "",
+                                worst(&mut apps, 5)
+                            );
+                        }
                     }
                     println!(
                         "on the bus: SLO violations without ÷ with retraining {:.2}×; reward with vs without {:+.1}% (final regime {:+.1}%)",

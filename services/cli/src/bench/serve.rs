@@ -319,6 +319,8 @@ pub struct ServeReport {
 /// Per app: the training curve and every arm's run.
 #[derive(Debug, Clone, Default)]
 pub struct AppResult {
+    /// The app's name (its target's name on the services).
+    pub app: String,
     pub train_curve: Vec<f64>,
     pub arms: Vec<(String, ArmRun)>,
     pub injected: usize,
@@ -352,6 +354,24 @@ pub struct FinalRegime {
     pub converged_disturbed_slo_violations: u64,
     pub with_retraining_slo_violations: u64,
     pub without_retraining_slo_violations: u64,
+    /// The same per app, in the order the apps ran: where retraining falls short of the
+    /// reference.
+    pub per_app: Vec<FinalRegimeApp>,
+}
+
+/// One app's final regime (see [`FinalRegime`]): mean per-step reward and SLO violations per arm.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalRegimeApp {
+    pub app: String,
+    pub episodes: usize,
+    pub converged_disturbed_reward: f64,
+    pub with_retraining_reward: f64,
+    pub without_retraining_reward: f64,
+    /// with_retraining / converged_disturbed − 1, %.
+    pub with_retraining_vs_reference_pct: f64,
+    pub converged_disturbed_slo_violations: u64,
+    pub with_retraining_slo_violations: u64,
+    pub without_retraining_slo_violations: u64,
 }
 
 /// [`FinalRegime`] over `results` (pure); `None` without a `converged_disturbed` arm on every app.
@@ -366,6 +386,8 @@ pub fn final_regime(results: &[AppResult]) -> Option<FinalRegime> {
     let mut slo = [0u64; 4];
     let mut steps = 0u64;
     let mut episodes = 0usize;
+    let mut per_app = Vec::with_capacity(results.len());
+    let pct = |a: f64, b: f64| 100.0 * (a / b - 1.0);
     for r in results {
         let runs: Vec<&ArmRun> = arms
             .iter()
@@ -374,18 +396,36 @@ pub fn final_regime(results: &[AppResult]) -> Option<FinalRegime> {
         let n = runs[0].episode_rewards.len();
         let spe = runs[0].steps / n.max(1) as u64;
         let from = r.final_regime_from.min(n);
+        let mut app_reward = [0.0f64; 4];
+        let mut app_slo = [0u64; 4];
         for (k, run) in runs.iter().enumerate() {
-            reward[k] += run.episode_rewards.iter().skip(from).sum::<f64>();
-            slo[k] += run.episode_slo_violations.iter().skip(from).sum::<u64>();
+            app_reward[k] = run.episode_rewards.iter().skip(from).sum::<f64>();
+            app_slo[k] = run.episode_slo_violations.iter().skip(from).sum::<u64>();
+            reward[k] += app_reward[k];
+            slo[k] += app_slo[k];
+        }
+        let app_steps = (n - from) as u64 * spe;
+        if app_steps > 0 {
+            let per = |x: f64| x / app_steps as f64;
+            per_app.push(FinalRegimeApp {
+                app: r.app.clone(),
+                episodes: n - from,
+                converged_disturbed_reward: per(app_reward[0]),
+                with_retraining_reward: per(app_reward[1]),
+                without_retraining_reward: per(app_reward[2]),
+                with_retraining_vs_reference_pct: pct(app_reward[1], app_reward[0]),
+                converged_disturbed_slo_violations: app_slo[0],
+                with_retraining_slo_violations: app_slo[1],
+                without_retraining_slo_violations: app_slo[2],
+            });
         }
         episodes += n - from;
-        steps += (n - from) as u64 * spe;
+        steps += app_steps;
     }
     if steps == 0 {
         return None;
     }
     let per_step = |x: f64| x / steps as f64;
-    let pct = |a: f64, b: f64| 100.0 * (a / b - 1.0);
     Some(FinalRegime {
         episodes,
         converged_disturbed_reward: per_step(reward[0]),
@@ -398,6 +438,7 @@ pub fn final_regime(results: &[AppResult]) -> Option<FinalRegime> {
         converged_disturbed_slo_violations: slo[0],
         with_retraining_slo_violations: slo[1],
         without_retraining_slo_violations: slo[2],
+        per_app,
     })
 }
 
@@ -875,7 +916,10 @@ pub fn run_app(
     let mut env = SimEnv::new(vec![app.clone()], cfg).map_err(fail)?;
     env.reset(app_seed).map_err(fail)?;
     let obs = first(env.step(&[TargetAction::Hold]).map_err(fail)?)?;
-    let mut result = AppResult::default();
+    let mut result = AppResult {
+        app: app.name.clone(),
+        ..AppResult::default()
+    };
     // The app before any training: HPA/VPA managing it from the first step instead of the agent
     // (same traces), and the disturbed reference's start.
     let (mut env_fb, mut obs_fb) = (env.clone(), obs.clone());
@@ -1293,7 +1337,12 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         let mut bus =
             system.block_on(async move { super::serve_bus::run(&bus_opts, &handoffs).await })?;
         if let Some(f) = &report.final_regime {
-            super::serve_bus::against_reference(&mut bus, f.converged_disturbed_reward);
+            let per_app = f
+                .per_app
+                .iter()
+                .map(|a| (a.app.clone(), a.converged_disturbed_reward))
+                .collect();
+            super::serve_bus::against_reference(&mut bus, f.converged_disturbed_reward, &per_app);
         }
         report.bus = Some(bus);
         report.wall_seconds = started.elapsed().as_secs_f64();
@@ -1333,6 +1382,7 @@ mod tests {
     #[test]
     fn aggregate_sums_apps_and_relates_to_converged_and_oracle() {
         let app = |c: f64, o: f64| AppResult {
+            app: "a".into(),
             train_curve: vec![1.0],
             arms: vec![
                 ("converged".into(), run_of(&[c, c], &[0, 1])),
@@ -1375,20 +1425,24 @@ mod tests {
     #[test]
     fn final_regime_counts_only_episodes_after_the_last_injection() {
         // Episode rewards per 10-step episode; app A's last injection at episode 2, B's at 1.
-        let app = |from: usize, d: [f64; 3], w: [f64; 3], wo: [f64; 3], c: [f64; 3]| AppResult {
-            train_curve: vec![],
-            arms: vec![
-                ("converged".into(), run_of(&c, &[0, 0, 0])),
-                ("with_retraining".into(), run_of(&w, &[1, 2, 3])),
-                ("without_retraining".into(), run_of(&wo, &[4, 5, 6])),
-                ("converged_disturbed".into(), run_of(&d, &[7, 8, 9])),
-            ],
-            injected: 2,
-            skipped: 0,
-            final_regime_from: from,
-            handoff: None,
+        let app = |name: &str, from: usize, d: [f64; 3], w: [f64; 3], wo: [f64; 3], c: [f64; 3]| {
+            AppResult {
+                app: name.into(),
+                train_curve: vec![],
+                arms: vec![
+                    ("converged".into(), run_of(&c, &[0, 0, 0])),
+                    ("with_retraining".into(), run_of(&w, &[1, 2, 3])),
+                    ("without_retraining".into(), run_of(&wo, &[4, 5, 6])),
+                    ("converged_disturbed".into(), run_of(&d, &[7, 8, 9])),
+                ],
+                injected: 2,
+                skipped: 0,
+                final_regime_from: from,
+                handoff: None,
+            }
         };
         let a = app(
+            "a",
             2,
             [0.0, 0.0, 10.0],
             [99.0, 99.0, 8.0],
@@ -1396,6 +1450,7 @@ mod tests {
             [20.0; 3],
         );
         let b = app(
+            "b",
             1,
             [0.0, 10.0, 10.0],
             [99.0, 6.0, 6.0],
@@ -1414,6 +1469,25 @@ mod tests {
         assert_eq!(f.converged_disturbed_slo_violations, 9 + 8 + 9);
         assert_eq!(f.with_retraining_slo_violations, 3 + 2 + 3);
         assert_eq!(f.without_retraining_slo_violations, 6 + 5 + 6);
+        // Per app: A over its episode 2 only, B over 1 and 2.
+        let names: Vec<&str> = f.per_app.iter().map(|p| p.app.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let (pa, pb) = (&f.per_app[0], &f.per_app[1]);
+        assert_eq!((pa.episodes, pb.episodes), (1, 2));
+        assert!((pa.converged_disturbed_reward - 1.0).abs() < 1e-12);
+        assert!((pa.with_retraining_reward - 0.8).abs() < 1e-12);
+        assert!((pa.without_retraining_reward - 0.5).abs() < 1e-12);
+        assert!((pa.with_retraining_vs_reference_pct + 20.0).abs() < 1e-9);
+        assert!((pb.with_retraining_reward - 0.6).abs() < 1e-12);
+        assert!((pb.with_retraining_vs_reference_pct + 40.0).abs() < 1e-9);
+        assert_eq!(
+            (
+                pb.converged_disturbed_slo_violations,
+                pb.with_retraining_slo_violations,
+                pb.without_retraining_slo_violations
+            ),
+            (8 + 9, 2 + 3, 5 + 6)
+        );
         // No reference arm on an app: no comparison.
         let mut c = a;
         c.arms.retain(|(n, _)| n != "converged_disturbed");
@@ -1712,6 +1786,7 @@ mod tests {
     fn svg_has_one_polyline_per_series() {
         let arms = aggregate(
             &[AppResult {
+                app: "a".into(),
                 train_curve: vec![1.0, 2.0],
                 arms: vec![("converged".into(), run_of(&[10.0, 20.0], &[0, 0]))],
                 injected: 0,

@@ -125,6 +125,8 @@ pub struct BusArmReport {
     /// regime's reward per step against RL converged on the changed workload over the same apps
     /// and episodes, % (see [`against_reference`]).
     pub final_regime_vs_reference_pct: Option<f64>,
+    /// The final regime per app (by target name, in name order).
+    pub final_regime_per_app: Vec<BusAppFinal>,
     /// SERVING → ONLINE (Algorithm 1's retraining trigger).
     pub retrain_triggers: usize,
     /// ONLINE → SERVING.
@@ -148,6 +150,18 @@ pub struct BusArmReport {
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
     pub wall_seconds: f64,
+}
+
+/// One app's final regime on one bus arm.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BusAppFinal {
+    pub app: String,
+    /// Mean per-step reward.
+    pub reward: f64,
+    pub slo_violations: u64,
+    pub steps: u64,
+    /// Against the in-process reference on the same app, % (see [`against_reference`]).
+    pub vs_reference_pct: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -511,14 +525,25 @@ pub async fn run_arm(
     let steps: u64 = rows.iter().map(|r| r.steps).sum();
     let total_reward: f64 = rows.iter().map(|r| r.reward).sum();
     let slo: u64 = rows.iter().map(|r| r.slo).sum();
-    let (mut final_reward, mut final_slo, mut final_steps) = (0.0, 0u64, 0u64);
+    let mut per_app = Vec::with_capacity(eps.len());
     for (t, e) in &eps {
         let f = from.get(t).copied().unwrap_or(first);
+        let mut app = BusAppFinal {
+            app: t.name.clone(),
+            ..BusAppFinal::default()
+        };
         for r in e.range(f..).map(|(_, r)| r) {
-            final_reward += r.reward;
-            final_slo += r.slo;
-            final_steps += r.steps;
+            app.reward += r.reward;
+            app.slo_violations += r.slo;
+            app.steps += r.steps;
         }
+        per_app.push(app);
+    }
+    let final_reward: f64 = per_app.iter().map(|a| a.reward).sum();
+    let final_slo: u64 = per_app.iter().map(|a| a.slo_violations).sum();
+    let final_steps: u64 = per_app.iter().map(|a| a.steps).sum();
+    for a in &mut per_app {
+        a.reward /= a.steps.max(1) as f64;
     }
     let mut curve = vec![0.0; want];
     for e in eps.values() {
@@ -539,6 +564,7 @@ pub async fn run_arm(
         final_regime_slo_violations: final_slo,
         final_regime_steps: final_steps,
         final_regime_vs_reference_pct: None,
+        final_regime_per_app: per_app,
         retrain_triggers: triggers,
         returns_to_serving: returns,
         rollbacks,
@@ -556,17 +582,30 @@ pub async fn run_arm(
 
 /// Sets each arm's `final_regime_vs_reference_pct` from the in-process reference's reward per
 /// step over the final regime (`FinalRegime::converged_disturbed_reward`): the issue's "within
-/// x% of the converged policy" measured on the services. Arms without a final-regime step, or a
+/// x% of the converged policy" measured on the services; and each app's
+/// `final_regime_per_app[].vs_reference_pct` from `per_app` (app name → the reference's reward
+/// per step on it, `FinalRegime::per_app`). Arms or apps without a final-regime step, or a
 /// reference that is not a positive finite number, get `None`.
-pub fn against_reference(report: &mut BusReport, reference_per_step: f64) {
+pub fn against_reference(
+    report: &mut BusReport,
+    reference_per_step: f64,
+    per_app: &BTreeMap<String, f64>,
+) {
+    let vs = |per_step: f64, steps: u64, reference: f64| {
+        (steps > 0 && reference.is_finite() && reference > 0.0)
+            .then(|| 100.0 * (per_step / reference - 1.0))
+    };
     for a in &mut report.arms {
-        a.final_regime_vs_reference_pct = (a.final_regime_steps > 0
-            && reference_per_step.is_finite()
-            && reference_per_step > 0.0)
-            .then(|| {
-                let per_step = a.final_regime_reward / a.final_regime_steps as f64;
-                100.0 * (per_step / reference_per_step - 1.0)
-            });
+        a.final_regime_vs_reference_pct = vs(
+            a.final_regime_reward / a.final_regime_steps.max(1) as f64,
+            a.final_regime_steps,
+            reference_per_step,
+        );
+        for app in &mut a.final_regime_per_app {
+            app.vs_reference_pct = per_app
+                .get(&app.app)
+                .and_then(|r| vs(app.reward, app.steps, *r));
+        }
     }
 }
 
@@ -600,10 +639,21 @@ mod tests {
 
     #[test]
     fn the_final_regime_is_compared_per_step_with_the_reference() {
+        let app = |name: &str, reward: f64, steps: u64| BusAppFinal {
+            app: name.into(),
+            reward,
+            steps,
+            ..BusAppFinal::default()
+        };
         let arm = |name: &str, reward: f64, steps: u64| BusArmReport {
             arm: name.into(),
             final_regime_reward: reward,
             final_regime_steps: steps,
+            final_regime_per_app: vec![
+                app("app-a", 1.1, steps / 2),
+                app("app-b", 0.5, steps / 2),
+                app("app-c", 1.0, steps),
+            ],
             ..BusArmReport::default()
         };
         let mut r = BusReport {
@@ -618,7 +668,9 @@ mod tests {
             with_vs_without_reward_pct: 0.0,
             final_regime_with_vs_without_pct: 0.0,
         };
-        against_reference(&mut r, 1.2);
+        let reference: BTreeMap<String, f64> =
+            [("app-a".to_string(), 1.0), ("app-b".to_string(), 0.8)].into();
+        against_reference(&mut r, 1.2, &reference);
         let pct: Vec<Option<f64>> = r
             .arms
             .iter()
@@ -628,12 +680,26 @@ mod tests {
         assert!((pct[0].unwrap() + 20.0).abs() < 1e-9, "{pct:?}");
         assert!((pct[1].unwrap() + 25.0).abs() < 1e-9, "{pct:?}");
         assert_eq!(pct[2], None);
+        // Per app: 1.1 / 1.0 − 1 = +10%, 0.5 / 0.8 − 1 = −37.5%; app-c has no reference, and
+        // the empty arm's apps no steps.
+        let apps = &r.arms[0].final_regime_per_app;
+        assert!((apps[0].vs_reference_pct.unwrap() - 10.0).abs() < 1e-9);
+        assert!((apps[1].vs_reference_pct.unwrap() + 37.5).abs() < 1e-9);
+        assert_eq!(apps[2].vs_reference_pct, None);
+        assert!(r.arms[2]
+            .final_regime_per_app
+            .iter()
+            .all(|a| a.vs_reference_pct.is_none()));
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            against_reference(&mut r, bad);
+            let reference: BTreeMap<String, f64> = [("app-a".to_string(), bad)].into();
+            against_reference(&mut r, bad, &reference);
             assert!(r
                 .arms
                 .iter()
-                .all(|a| a.final_regime_vs_reference_pct.is_none()));
+                .all(|a| a.final_regime_vs_reference_pct.is_none()
+                    && a.final_regime_per_app
+                        .iter()
+                        .all(|p| p.vs_reference_pct.is_none())));
         }
     }
 }
