@@ -276,6 +276,14 @@ enum BenchCommand {
         /// at the trigger.
         #[arg(long)]
         no_rollback: bool,
+        /// lifecycle_monitor.reprobe_after_episodes: a target serving at a re-baselined or
+        /// rolled-back level retrains again after this many episodes there (0: off).
+        #[arg(long, default_value_t = aware_lifecycle_monitor::MonitorConfig::default().reprobe_after_episodes)]
+        reprobe_after: usize,
+        /// lifecycle_monitor.serving_hysteresis: a target serving on t_serving retrains below
+        /// t_serving less this fraction of it.
+        #[arg(long, default_value_t = aware_lifecycle_monitor::MonitorConfig::default().serving_hysteresis)]
+        serving_hysteresis: f64,
         /// Shrink and perturb α applied to with_retraining's networks at every trigger
         /// (θ ← α·θ + (1 − α)·fresh; 1: off).
         #[arg(long, default_value_t = 1.0)]
@@ -641,6 +649,8 @@ fn main() -> anyhow::Result<()> {
                 rebaseline_tolerance,
                 rebaseline_margin,
                 no_rollback,
+                reprobe_after,
+                serving_hysteresis,
                 retrain_shrink,
                 retrain_eval_every,
                 no_oracle,
@@ -669,6 +679,8 @@ fn main() -> anyhow::Result<()> {
                     rebaseline_tolerance,
                     rebaseline_margin,
                     rebaseline_rollback: !no_rollback,
+                    reprobe_after,
+                    serving_hysteresis,
                     retrain_shrink,
                     retrain_eval_every,
                     oracle: !no_oracle,
@@ -688,7 +700,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 for a in &r.arms {
                     println!(
-                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {} ({} without noise), re-baselines {}, rollbacks {}",
+                        "{:>20}: reward {:.4}/step = {:.1}% of converged, {} of oracle; SLO violations {} ({:.2}%); retrain triggers {}, ONLINE episodes {} ({} without noise), re-baselines {}, rollbacks {}, re-probes {}",
                         a.arm,
                         a.mean_reward,
                         a.pct_of_converged,
@@ -698,7 +710,7 @@ fn main() -> anyhow::Result<()> {
                         a.retrain_triggers,
                         a.online_episodes,
                         a.eval_episodes,
-                        a.rebaselines, a.rollbacks
+                        a.rebaselines, a.rollbacks, a.reprobes
                     );
                 }
                 println!(

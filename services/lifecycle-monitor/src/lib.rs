@@ -101,6 +101,21 @@ pub struct MonitorConfig {
     /// `rebaseline_margin` (never above `t_serving`). A monitor that saw no model before the
     /// trigger keeps learning instead.
     pub rebaseline_rollback: bool,
+    /// Re-probing (0: off; needs `rebaseline_after_episodes`): a target SERVING at a
+    /// re-baselined or rolled-back level (below `t_serving`) retrains again after this many
+    /// SERVING episodes there, to look for a better policy than the one retraining settled on.
+    /// The re-probe is held to what the served policy earned over those episodes (their mean,
+    /// no margin): settling below it rolls back to the version served before the re-probe
+    /// (with `rebaseline_rollback`). A re-probe that ends without gaining more than
+    /// `rebaseline_tolerance` doubles the wait before the next (capped at 1000 episodes); one
+    /// that gains, reaches `t_serving`, or a retraining the rewards trigger, resets it.
+    pub reprobe_after_episodes: usize,
+    /// Hysteresis of the retraining trigger (relative, 0: off, Algorithm 1 as in the paper): a
+    /// target that went SERVING on `t_serving` retrains when the window's mean falls below
+    /// `t_serving` less this fraction of it (or its std exceeds `t_var`), so a policy whose
+    /// rewards hover at `t_serving` does not retrain on every dip. A re-baselined level already
+    /// has `rebaseline_margin` below it.
+    pub serving_hysteresis: f64,
 }
 
 impl Default for MonitorConfig {
@@ -117,6 +132,8 @@ impl Default for MonitorConfig {
             rebaseline_margin: 0.05,
             online_noise_free_only: true,
             rebaseline_rollback: true,
+            reprobe_after_episodes: 0,
+            serving_hysteresis: 0.0,
         }
     }
 }
@@ -151,6 +168,7 @@ impl MonitorConfig {
             ("probation_margin", self.probation_margin),
             ("rebaseline_tolerance", self.rebaseline_tolerance),
             ("rebaseline_margin", self.rebaseline_margin),
+            ("serving_hysteresis", self.serving_hysteresis),
         ] {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
                 return bad(key, "must be a fraction in [0, 1]");
@@ -164,6 +182,9 @@ impl MonitorConfig {
         }
         if self.readmit_after_episodes > 1_000 {
             return bad("readmit_after_episodes", "must be at most 1000");
+        }
+        if self.reprobe_after_episodes > 1_000 {
+            return bad("reprobe_after_episodes", "must be at most 1000");
         }
         if self.rebaseline_after_episodes == 1 || self.rebaseline_after_episodes > 1_000 {
             return bad(
@@ -223,6 +244,13 @@ pub struct LifecycleMachine {
     without_noise_free: usize,
     /// While retraining: the base-learner version the monitor last saw before the trigger.
     retrain_version: Option<u64>,
+    /// SERVING at a re-baselined or rolled-back level: Σ and count of the SERVING episode
+    /// rewards since (for re-probing).
+    served: (f64, usize),
+    /// While ONLINE: entered by a re-probe.
+    reprobing: bool,
+    /// Re-probes in a row that gained nothing (the wait doubles with each).
+    reprobe_failures: u32,
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -254,14 +282,18 @@ impl LifecycleMachine {
             retrain_from: None,
             without_noise_free: 0,
             retrain_version: None,
+            served: (0.0, 0),
+            reprobing: false,
+            reprobe_failures: 0,
         }
     }
 
-    /// The mean reward below which a SERVING target goes back to ONLINE: `t_serving`, or the
-    /// re-baselined level if that is lower.
+    /// The mean reward below which a SERVING target goes back to ONLINE: `t_serving` less
+    /// `serving_hysteresis`, or the re-baselined level (never above `t_serving`).
     pub fn serving_bar(&self) -> f64 {
+        let t = self.profile.t_serving;
         self.serving_floor
-            .map_or(self.profile.t_serving, |f| f.min(self.profile.t_serving))
+            .map_or(t - self.rules.serving_hysteresis * t.abs(), |f| f.min(t))
     }
 
     /// Whether the target is SERVING at a re-baselined level.
@@ -362,14 +394,46 @@ impl LifecycleMachine {
         self.serving_floor = None;
         self.retrain_from = None;
         self.retrain_version = None;
+        self.served = (0.0, 0);
+        self.reprobing = false;
         t
+    }
+
+    /// SERVING episodes at a re-baselined level before the next re-probe:
+    /// `reprobe_after_episodes`, doubled per re-probe in a row that gained nothing, capped at
+    /// 1000; `None` when re-probing is off.
+    pub fn reprobe_wait(&self) -> Option<usize> {
+        let n = self.rules.reprobe_after_episodes;
+        (n > 0 && self.rules.rebaseline_after_episodes > 0)
+            .then(|| (n << self.reprobe_failures.min(10)).min(1_000))
+    }
+
+    /// Whether the target is ONLINE for a re-probe.
+    pub fn reprobing(&self) -> bool {
+        self.stage == Stage::Online && self.reprobing
+    }
+
+    /// A re-probe ended (`gained`: it settled higher than the served policy earned, by more
+    /// than `rebaseline_tolerance`, or reached `t_serving`).
+    fn reprobe_ended(&mut self, gained: bool) {
+        if self.reprobing {
+            self.reprobe_failures = if gained {
+                0
+            } else {
+                self.reprobe_failures.saturating_add(1)
+            };
+        }
     }
 
     /// While retraining: the level re-baselining may not go below (see
     /// [`MonitorConfig::rebaseline_after_episodes`]), `None` otherwise.
     pub fn rebaseline_floor(&self) -> Option<f64> {
-        self.retrain_from
-            .map(|r| r - self.rules.rebaseline_margin * r.abs())
+        let margin = if self.reprobing {
+            0.0
+        } else {
+            self.rules.rebaseline_margin
+        };
+        self.retrain_from.map(|r| r - margin * r.abs())
     }
 
     /// Re-baselining (see [`MonitorConfig::rebaseline_after_episodes`]): ONLINE → SERVING at the
@@ -397,10 +461,17 @@ impl LifecycleMachine {
                     .filter(|_| self.rules.rebaseline_rollback)
                 {
                     let earned = self.retrain_from.unwrap_or(before);
-                    let floor = before.min(p.t_serving);
+                    let floor =
+                        (earned - self.rules.rebaseline_margin * earned.abs()).min(p.t_serving);
+                    let what = if self.reprobing {
+                        "re-probe"
+                    } else {
+                        "retraining"
+                    };
                     let reason = format!(
-                        "rolled back to version {v}: retraining settled at {newer:.3} (last {n} ONLINE episodes, std {std:.3}), below the {earned:.3} the policy earned before it; serving that policy while the mean stays >= {floor:.3}"
+                        "rolled back to version {v}: {what} settled at {newer:.3} (last {n} ONLINE episodes, std {std:.3}), below the {earned:.3} the policy earned before it; serving that policy while the mean stays >= {floor:.3}"
                     );
+                    self.reprobe_ended(false);
                     let mut t = self.go(Stage::Serving, reason, Some((newer, std)));
                     t.rollback_to = Some(v);
                     self.serving_floor = Some(floor);
@@ -419,6 +490,10 @@ impl LifecycleMachine {
             "re-baselined: the last {n} ONLINE episodes settled at {newer:.3} (older half {older:.3}, t_serving {} out of reach) with std {std:.3} <= t_var {}; serving while the mean stays >= {floor:.3}",
             p.t_serving, p.t_var
         );
+        let gained = self
+            .retrain_from
+            .is_some_and(|e| newer > e + self.rules.rebaseline_tolerance * e.abs());
+        self.reprobe_ended(gained);
         let t = self.go(Stage::Serving, reason, Some((newer, std)));
         self.serving_floor = Some(floor);
         Some(t)
@@ -534,6 +609,10 @@ impl LifecycleMachine {
         while self.rewards.len() > self.profile.window {
             self.rewards.pop_front();
         }
+        if self.stage == Stage::Serving && self.serving_floor.is_some() {
+            self.served.0 += r;
+            self.served.1 += 1;
+        }
         if self.stage == Stage::Online && self.rules.rebaseline_after_episodes > 0 {
             self.online_rewards.push_back(r);
             while self.online_rewards.len() > self.rules.rebaseline_after_episodes {
@@ -550,18 +629,24 @@ impl LifecycleMachine {
             // The episode-estimate path decides on t_online alone, as before the trainer
             // published estimates with the behaviour's reward on the same data.
             Stage::Offline => self.try_promote(mean, false, None, "estimated reward", stats),
-            Stage::Online if mean >= p.t_serving && std <= p.t_var => Some(self.go(
-                Stage::Serving,
-                format!(
+            Stage::Online if mean >= p.t_serving && std <= p.t_var => {
+                let reason = format!(
                     "reward mean {mean:.3} >= t_serving {} and std {std:.3} <= t_var {}",
                     p.t_serving, p.t_var
-                ),
-                stats,
-            )),
+                );
+                self.reprobe_ended(true);
+                Some(self.go(Stage::Serving, reason, stats))
+            }
             Stage::Online => self.try_rebaseline(std),
             Stage::Serving if mean < self.serving_bar() || std > p.t_var => {
                 let bar = match self.serving_floor {
                     Some(_) => format!("re-baselined level {:.3}", self.serving_bar()),
+                    None if self.rules.serving_hysteresis > 0.0 => format!(
+                        "t_serving {} less {:.0}% hysteresis: {:.3}",
+                        p.t_serving,
+                        100.0 * self.rules.serving_hysteresis,
+                        self.serving_bar()
+                    ),
                     None => format!("t_serving {}", p.t_serving),
                 };
                 let before = self.rewards.iter().copied().fold(f64::INFINITY, f64::min);
@@ -575,6 +660,27 @@ impl LifecycleMachine {
                 );
                 self.retrain_from = before.is_finite().then_some(before);
                 self.retrain_version = self.last_model;
+                self.reprobe_failures = 0;
+                Some(t)
+            }
+            Stage::Serving
+                if self.serving_floor.is_some()
+                    && self.reprobe_wait().is_some_and(|w| self.served.1 >= w) =>
+            {
+                let (sum, n) = self.served;
+                let earned = sum / n as f64;
+                let t = self.go(
+                    Stage::Online,
+                    format!(
+                        "re-probing: served {n} episodes at {earned:.3} below t_serving {} (re-baselined level {:.3}); retraining to look for a better policy, held to {earned:.3}",
+                        p.t_serving,
+                        self.serving_bar()
+                    ),
+                    stats,
+                );
+                self.retrain_from = Some(earned);
+                self.retrain_version = self.last_model;
+                self.reprobing = true;
                 Some(t)
             }
             _ => None,
@@ -1362,6 +1468,10 @@ mod tests {
                 rebaseline_tolerance: f64::INFINITY,
                 ..MonitorConfig::algorithm1()
             },
+            MonitorConfig {
+                reprobe_after_episodes: 1_001,
+                ..MonitorConfig::algorithm1()
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -1631,6 +1741,143 @@ mod tests {
         feed(&mut m, 1, &[1.4, 1.4, 1.0]);
         assert!(feed(&mut m, 4, &[0.5; 8]).is_empty());
         assert_eq!(m.stage(), Stage::Online);
+    }
+
+    #[test]
+    fn with_hysteresis_a_policy_serving_at_t_serving_retrains_only_below_the_band() {
+        let serving = |h: f64| {
+            let rules = MonitorConfig {
+                serving_hysteresis: h,
+                rebaseline_after_episodes: 6,
+                ..MonitorConfig::algorithm1()
+            };
+            let mut m = LifecycleMachine::with_rules(profile(false), rules);
+            m.restore(Stage::Serving);
+            m
+        };
+        // t_serving 1.3: a mean of 1.28 is a dip inside a 3% band (1.261), 1.25 is below it.
+        let mut m = serving(0.03);
+        assert!(
+            (m.serving_bar() - 1.261).abs() < 1e-9,
+            "{}",
+            m.serving_bar()
+        );
+        assert!(feed(&mut m, 1, &[1.28; 6]).is_empty());
+        assert_eq!(m.stage(), Stage::Serving);
+        let ts = feed(&mut m, 7, &[1.25; 3]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
+        assert!(
+            ts[0]
+                .reason
+                .contains("t_serving 1.3 less 3% hysteresis: 1.261"),
+            "{}",
+            ts[0].reason
+        );
+        // The std rule is unchanged.
+        let mut m = serving(0.03);
+        assert_eq!(feed(&mut m, 1, &[1.6, 1.3, 1.6]).len(), 1);
+        // Without it (Algorithm 1) the dip retrains.
+        let mut m = serving(0.0);
+        assert_eq!(feed(&mut m, 1, &[1.28; 3]).len(), 1);
+        // A re-baselined level keeps its own margin: retraining from 1.0 settles at 1.1, served
+        // while the mean stays >= 1.045, hysteresis or not.
+        let mut m = serving(0.03);
+        feed(&mut m, 1, &[1.0; 3]);
+        assert_eq!(feed(&mut m, 4, &[1.1; 6]).len(), 1);
+        assert!(m.rebaselined());
+        assert!(
+            (m.serving_bar() - 1.045).abs() < 1e-9,
+            "{}",
+            m.serving_bar()
+        );
+    }
+
+    #[test]
+    fn a_target_serving_below_t_serving_re_probes_and_keeps_only_what_gains() {
+        let profile = LifecycleProfile {
+            t_online: 0.0,
+            ..profile(false)
+        };
+        let rules = |reprobe: usize| MonitorConfig {
+            rebaseline_after_episodes: 6,
+            reprobe_after_episodes: reprobe,
+            ..MonitorConfig::algorithm1()
+        };
+        // Version 7 serves until a drop (lowest 1.0) retrains; retraining settles at 1.1 under
+        // version 8, out of t_serving's (1.3) reach: re-baselined.
+        let rebaselined = |reprobe: usize| {
+            let mut m = LifecycleMachine::with_rules(profile.clone(), rules(reprobe));
+            m.restore(Stage::Serving);
+            m.observe_model(&model(7, None, None));
+            assert_eq!(feed(&mut m, 1, &[1.4, 1.4, 1.0]).len(), 1);
+            m.observe_model(&model(8, None, None));
+            let ts = feed(&mut m, 4, &[1.1; 6]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert!(m.rebaselined() && ts[0].rollback_to.is_none(), "{ts:?}");
+            m
+        };
+        // Off: served for ever at the re-baselined level.
+        let mut m = rebaselined(0);
+        assert_eq!(m.reprobe_wait(), None);
+        assert!(feed(&mut m, 10, &[1.1; 40]).is_empty());
+        let mut m = rebaselined(4);
+        assert_eq!(m.reprobe_wait(), Some(4));
+        // The 4th SERVING episode there re-probes.
+        assert!(feed(&mut m, 10, &[1.1; 3]).is_empty());
+        let ts = feed(&mut m, 13, &[1.1]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Serving, Stage::Online));
+        assert!(
+            ts[0]
+                .reason
+                .starts_with("re-probing: served 4 episodes at 1.100"),
+            "{}",
+            ts[0].reason
+        );
+        assert!(m.reprobing());
+        // Held to what the served policy earned, without margin: settling at 1.05 (above the
+        // re-baselined level's margin, 1.045) rolls back to version 8, served before it.
+        m.observe_model(&model(9, None, None));
+        let ts = feed(&mut m, 14, &[1.05; 6]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!(ts[0].rollback_to, Some(8), "{ts:?}");
+        assert!(
+            ts[0].reason.contains("re-probe settled at 1.050"),
+            "{}",
+            ts[0].reason
+        );
+        assert!(!m.reprobing());
+        assert!(
+            (m.serving_bar() - 1.045).abs() < 1e-9,
+            "{}",
+            m.serving_bar()
+        );
+        // Nothing gained: the next re-probe waits twice as long.
+        assert_eq!(m.reprobe_wait(), Some(8));
+        assert!(feed(&mut m, 20, &[1.1; 7]).is_empty());
+        let ts = feed(&mut m, 27, &[1.1]);
+        assert_eq!(
+            (ts[0].from, ts[0].to),
+            (Stage::Serving, Stage::Online),
+            "{ts:?}"
+        );
+        // This one settles higher (1.2 > 1.1 + 2%): re-baselined there, the wait back to 4.
+        m.observe_model(&model(10, None, None));
+        let ts = feed(&mut m, 28, &[1.2; 6]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert!(m.rebaselined() && ts[0].rollback_to.is_none(), "{ts:?}");
+        assert_eq!(m.reprobe_wait(), Some(4));
+        assert!((m.serving_bar() - 1.14).abs() < 1e-9, "{}", m.serving_bar());
+        // A re-probe that reaches t_serving serves normally, with no more re-probes.
+        let ts = feed(&mut m, 34, &[1.2; 4]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        let ts = feed(&mut m, 38, &[1.35; 3]);
+        assert_eq!(ts.len(), 1, "{ts:?}");
+        assert_eq!((ts[0].from, ts[0].to), (Stage::Online, Stage::Serving));
+        assert!(!m.rebaselined());
+        assert!(feed(&mut m, 41, &[1.35; 40]).is_empty());
+        assert_eq!(m.stage(), Stage::Serving);
     }
 
     #[test]

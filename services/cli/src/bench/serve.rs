@@ -104,6 +104,12 @@ pub struct ServeBenchOptions {
     /// `lifecycle_monitor.rebaseline_rollback`: a retraining that settled below what the
     /// policy earned before it restores the agent in force at the trigger.
     pub rebaseline_rollback: bool,
+    /// `lifecycle_monitor.reprobe_after_episodes`: a target SERVING at a re-baselined or
+    /// rolled-back level retrains again after this many episodes there (0: off).
+    pub reprobe_after: usize,
+    /// `lifecycle_monitor.serving_hysteresis`: SERVING on `t_serving` retrains below
+    /// `t_serving` less this fraction.
+    pub serving_hysteresis: f64,
     /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
     /// [`Ddpg::shrink_perturb`]).
     pub retrain_shrink: f32,
@@ -174,6 +180,9 @@ impl Default for ServeBenchOptions {
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
             rebaseline_rollback: true,
+            reprobe_after: aware_lifecycle_monitor::MonitorConfig::default().reprobe_after_episodes,
+            serving_hysteresis: aware_lifecycle_monitor::MonitorConfig::default()
+                .serving_hysteresis,
             retrain_shrink: 1.0,
             retrain_eval_every: 2,
             oracle: true,
@@ -215,6 +224,8 @@ pub struct ArmRun {
     pub rebaselines: u32,
     /// ONLINE → SERVING rolled back to the policy in force at the trigger.
     pub rollbacks: u32,
+    /// Of the retrain triggers, re-probes (`reprobe_after`).
+    pub reprobes: u32,
     /// ONLINE episodes run without exploration noise (`retrain_eval_every`).
     pub eval_episodes: u32,
 }
@@ -245,6 +256,7 @@ pub struct ArmReport {
     pub retrain_triggers: u32,
     pub rebaselines: u32,
     pub rollbacks: u32,
+    pub reprobes: u32,
     pub eval_episodes: u32,
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
@@ -286,6 +298,8 @@ pub struct ServeReport {
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
     pub rebaseline_rollback: bool,
+    pub reprobe_after: usize,
+    pub serving_hysteresis: f64,
     pub retrain_shrink: f32,
     pub retrain_eval_every: u32,
     pub scenarios_injected: usize,
@@ -787,6 +801,7 @@ fn run_arm(
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");
                 if t.to == Stage::Online {
                     run.retrain_triggers += 1;
+                    run.reprobes += u32::from(machine.reprobing());
                     *saved = Some(agent.clone());
                     if ctx.opts.retrain_shrink < 1.0 {
                         let seed = rand::Rng::random::<u64>(rng.as_mut());
@@ -994,6 +1009,8 @@ pub fn run_app(
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
         rebaseline_rollback: opts.rebaseline_rollback,
+        reprobe_after_episodes: opts.reprobe_after,
+        serving_hysteresis: opts.serving_hysteresis,
         online_noise_free_only: opts.retrain_eval_every > 0,
         ..Default::default()
     };
@@ -1197,6 +1214,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
             retrain_triggers: runs.iter().map(|a| a.retrain_triggers).sum(),
             rebaselines: runs.iter().map(|a| a.rebaselines).sum(),
             rollbacks: runs.iter().map(|a| a.rollbacks).sum(),
+            reprobes: runs.iter().map(|a| a.reprobes).sum(),
             eval_episodes: runs.iter().map(|a| a.eval_episodes).sum(),
             curve,
         });
@@ -1293,6 +1311,8 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
         rebaseline_rollback: opts.rebaseline_rollback,
+        reprobe_after: opts.reprobe_after,
+        serving_hysteresis: opts.serving_hysteresis,
         retrain_shrink: opts.retrain_shrink,
         retrain_eval_every: opts.retrain_eval_every,
         scenarios_injected: results.iter().map(|r| r.injected).sum(),
@@ -1375,6 +1395,7 @@ mod tests {
             retrain_triggers: 0,
             rebaselines: 0,
             rollbacks: 0,
+            reprobes: 0,
             eval_episodes: 0,
         }
     }
