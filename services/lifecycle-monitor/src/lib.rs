@@ -454,13 +454,12 @@ impl LifecycleMachine {
         if newer - older > self.rules.rebaseline_tolerance * older.abs() || newer < p.t_online {
             return None;
         }
-        if let Some(before) = self.rebaseline_floor() {
+        if let (Some(before), Some(earned)) = (self.rebaseline_floor(), self.retrain_from) {
             if newer < before {
                 if let Some(v) = self
                     .retrain_version
                     .filter(|_| self.rules.rebaseline_rollback)
                 {
-                    let earned = self.retrain_from.unwrap_or(before);
                     let floor =
                         (earned - self.rules.rebaseline_margin * earned.abs()).min(p.t_serving);
                     let what = if self.reprobing {
