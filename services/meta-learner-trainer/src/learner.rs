@@ -173,9 +173,14 @@ pub enum TrainerError {
         #[source]
         source: ModelError,
     },
-    /// A rollback's checkpoint does not fit the learner.
-    #[error("{target}: cannot roll back: {reason}")]
-    Rollback { target: Target, reason: String },
+    /// A stored checkpoint has another state width than the learner's inputs.
+    #[error("{target}: model version {version} has {has} inputs, the learner {want}")]
+    Width {
+        target: Target,
+        version: u64,
+        has: usize,
+        want: usize,
+    },
     /// The service is shutting down: the round stopped between two gradient steps.
     #[error("{target}: round cancelled (shutting down)")]
     Cancelled { target: Target },
@@ -530,17 +535,13 @@ impl Learner {
             return fresh(&self.target);
         };
         self.version = self.version.max(v);
-        match models
-            .get(&key)
-            .map_err(|e| e.to_string())
-            .and_then(|b| Ddpg::from_bytes(&b).map_err(|e| e.to_string()))
-        {
-            Ok(d) if d.config().state_dim == width => {
+        match self.read_checkpoint(models, &key, v) {
+            Ok((d, _)) => {
                 tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
                 self.history_seen = true;
                 Ok(d)
             }
-            Ok(_) => {
+            Err(TrainerError::Width { .. }) => {
                 tracing::warn!(target = %self.target, version = v, "stored model has another state width; starting afresh");
                 fresh(&self.target)
             }
@@ -548,6 +549,34 @@ impl Learner {
                 tracing::warn!(target = %self.target, version = v, %error, "cannot resume from the stored model; starting afresh");
                 fresh(&self.target)
             }
+        }
+    }
+
+    /// The checkpoint stored at `key` (version `version`) as a network of the learner's state
+    /// width, with its bytes: read from the model store, decoded, and its width checked.
+    fn read_checkpoint(
+        &self,
+        models: &dyn ModelStore,
+        key: &str,
+        version: u64,
+    ) -> Result<(Ddpg, Vec<u8>), TrainerError> {
+        let bytes = models.get(key).map_err(|source| TrainerError::ModelStore {
+            target: self.target.clone(),
+            source,
+        })?;
+        let d = Ddpg::from_bytes(&bytes).map_err(|source| TrainerError::Model {
+            target: self.target.clone(),
+            source,
+        })?;
+        let want = self.state_dim();
+        match d.config().state_dim {
+            has if has == want => Ok((d, bytes)),
+            has => Err(TrainerError::Width {
+                target: self.target.clone(),
+                version,
+                has,
+                want,
+            }),
         }
     }
 
@@ -569,26 +598,10 @@ impl Learner {
             target: target.clone(),
             source,
         };
-        let model_err = |source| TrainerError::Model {
-            target: target.clone(),
-            source,
-        };
         // Resumed first, so the versions continue after the newest stored.
         self.ddpg(models)?;
-        let bytes = models
-            .get(&model_key(&target, BASE_LEARNER, to))
-            .map_err(store_err)?;
-        let restored = Ddpg::from_bytes(&bytes).map_err(model_err)?;
-        if restored.config().state_dim != self.state_dim() {
-            return Err(TrainerError::Rollback {
-                target,
-                reason: format!(
-                    "version {to} has {} inputs, the learner {}",
-                    restored.config().state_dim,
-                    self.state_dim()
-                ),
-            });
-        }
+        let (restored, bytes) =
+            self.read_checkpoint(models, &model_key(&target, BASE_LEARNER, to), to)?;
         let version = self.version + 1;
         let object = models
             .put(&model_key(&target, BASE_LEARNER, version), &bytes)
@@ -1202,6 +1215,34 @@ mod tests {
         ));
         assert_eq!(r.version(), 5);
         assert!(models.get(&model_key(&t, BASE_LEARNER, 6)).is_err());
+        // A version of another state width: an error naming both widths, nothing published.
+        let width = r.state_dim();
+        let other = Ddpg::new(cfg().ddpg_config(width + 1, &t)).unwrap();
+        models
+            .put(&model_key(&t, BASE_LEARNER, 6), &other.to_bytes().unwrap())
+            .unwrap();
+        match r.roll_back(6, (9, 550), &models) {
+            Err(TrainerError::Width {
+                version: 6,
+                has,
+                want,
+                ..
+            }) => assert_eq!((has, want), (width + 1, width)),
+            other => panic!("expected a width error, got {other:?}"),
+        }
+        assert_eq!(r.version(), 5);
+        assert!(models.get(&model_key(&t, BASE_LEARNER, 7)).is_err());
+        // A restarted trainer whose newest version has another width starts afresh, and its
+        // versions continue after it.
+        let mut fresh = Learner::new(t.clone(), Bounds::default(), cfg());
+        store
+            .append(&(0..60).map(|s| row(&t, 4, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p = fresh
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("a round");
+        assert_eq!((p.version, p.trained_steps), (7, 5));
     }
 
     /// The normalizer sees every recorded state exactly once, however often minibatches draw
