@@ -104,6 +104,8 @@ pub trait ModelStore: Send + Sync {
     fn key_of_uri(&self, uri: &str) -> Result<String, ModelStoreError>;
     /// Every key starting with `prefix`, sorted.
     fn keys(&self, prefix: &str) -> Result<Vec<String>, ModelStoreError>;
+    /// Removes the object under `key` (retention); a key that holds nothing is not an error.
+    fn delete(&self, key: &str) -> Result<(), ModelStoreError>;
 }
 
 /// Lower-case hex SHA-256 of `bytes`.
@@ -446,6 +448,19 @@ impl ModelStore for LocalDirStore {
         out.sort();
         Ok(out)
     }
+
+    fn delete(&self, key: &str) -> Result<(), ModelStoreError> {
+        let path = self.path_of(key)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err("remove", &path)(e)),
+        }
+        let dir = path.parent().unwrap_or(&self.root);
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", dir))
+    }
 }
 
 #[cfg(test)]
@@ -537,6 +552,30 @@ mod tests {
         );
         assert_eq!(store.keys("big/").unwrap(), vec![big_key.to_string()]);
         assert_eq!(store.keys("").unwrap().len(), 5);
+        // Delete: gone from get and keys, the other versions kept; deleting again, or a key
+        // never written, is not an error.
+        let gone = model_key(&t, "base_learner", 12);
+        store.delete(&gone).unwrap();
+        assert!(matches!(
+            store.get(&gone),
+            Err(ModelStoreError::NotFound { .. })
+        ));
+        assert_eq!(
+            store
+                .keys(&model_prefix(&t))
+                .unwrap()
+                .iter()
+                .map(|k| version_of_key(k))
+                .collect::<Vec<_>>(),
+            vec![Some(7)]
+        );
+        store.delete(&gone).unwrap();
+        store.delete(&missing).unwrap();
+        assert_eq!(store.get(&key).unwrap(), b"weights-TWO");
+        // Written again after a delete.
+        store.put(&gone, b"again").unwrap();
+        assert_eq!(store.get(&gone).unwrap(), b"again");
+        assert_eq!(store.keys("").unwrap().len(), 5);
         // Invalid keys, both ways.
         for bad in [
             "",
@@ -558,6 +597,10 @@ mod tests {
             assert!(
                 matches!(store.get(bad), Err(ModelStoreError::InvalidKey { .. })),
                 "get {bad:?}"
+            );
+            assert!(
+                matches!(store.delete(bad), Err(ModelStoreError::InvalidKey { .. })),
+                "delete {bad:?}"
             );
         }
         // Uris of other stores.

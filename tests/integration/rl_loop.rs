@@ -219,8 +219,9 @@ async fn evaluation_episodes_act_without_noise_and_alone_decide_serving() {
 /// retraining trigger). The trainer's online rounds take `gradient_steps` while the target first
 /// learns and `retrain_gradient_steps` once it retrains; the recommender keeps exploring (its
 /// noise scale while retraining is checked in its unit tests). Then a rollback (ONLINE →
-/// SERVING with `rollback_to` the first version): the trainer republishes that checkpoint as the
-/// next version and the recommender acts with it, without noise.
+/// SERVING with `rollback_to` the version in force at the trigger, as the monitor names it):
+/// the trainer republishes that checkpoint as the next version and the recommender acts with
+/// it, without noise. Retention (`keep_versions` 2) deleted nothing while the target retrained.
 #[actix_rt::test]
 async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     use aware_bus_schemas::{Lifecycle, Schema};
@@ -231,7 +232,8 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
         "trainer".into(),
         serde_json::json!({
             "train_every_transitions": 40, "gradient_steps": 20, "retrain_gradient_steps": 60,
-            "retrain_every_transitions": 40, "batch_size": 32, "min_transitions": 32, "poll_ms": 50
+            "retrain_every_transitions": 40, "batch_size": 32, "min_transitions": 32, "poll_ms": 50,
+            "keep_versions": 2
         }),
     );
     // Every ONLINE action explores (no evaluation episodes).
@@ -325,9 +327,11 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
             _ => {}
         }
     }
-    // The rollback, to the first version.
-    let (v1, newest) = (&models[0], models.last().unwrap().version);
-    publish_to(Stage::Serving, Stage::Online, Some(v1.version)).await;
+    // The rollback, to the version in force at the trigger: the last first-learning round's (a
+    // round already running at the trigger publishes after it).
+    let in_force = if retrain[0] == 20 { 2 } else { 1 };
+    let (back, newest) = (&models[in_force], models.last().unwrap().version);
+    publish_to(Stage::Serving, Stage::Online, Some(back.version)).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut republished: Option<aware_bus_schemas::Model> = None;
     let mut acted_with_it = 0u32;
@@ -335,13 +339,13 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
         match crate::next_event(&mut all, deadline, || {
             format!(
                 "the rollback to {} republished and acted on within 60 s: {republished:?}",
-                v1.version
+                back.version
             )
         })
         .await
         {
             // A round running at the rollback may still publish first.
-            Event::Model(m) if m.target == target && m.sha256 != v1.sha256 => {
+            Event::Model(m) if m.target == target && m.sha256 != back.sha256 => {
                 assert!(republished.is_none(), "no round after the rollback: {m:?}");
             }
             Event::Model(m) if m.target == target => republished = Some(m),
@@ -362,11 +366,26 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     assert!(m.version > newest, "{} after {newest}", m.version);
     assert_eq!(
         (m.trained_steps, m.size_bytes),
-        (v1.trained_steps, v1.size_bytes),
-        "version 1's checkpoint"
+        (back.trained_steps, back.size_bytes),
+        "the checkpoint in force at the trigger"
     );
     shutdown.cancel();
     running.join().await.unwrap();
+    // Retention (keep_versions 2): nothing was deleted while the target retrained (three rounds
+    // or more), or the version in force at the trigger could not have come back; after the
+    // rollback only the newest two remain.
+    use aware_shared::model_store::ModelStore as _;
+    let kept: Vec<u64> = aware_shared::model_store::LocalDirStore::open(dir.path().join("models"))
+        .unwrap()
+        .keys(&format!(
+            "{}/base_learner/",
+            aware_shared::model_store::model_prefix(&target)
+        ))
+        .unwrap()
+        .iter()
+        .filter_map(|k| aware_shared::model_store::version_of_key(k))
+        .collect();
+    assert_eq!(kept, [m.version - 1, m.version], "{models:?}");
     assert_eq!(first, [20, 20], "first learning: gradient_steps");
     // A round already running at the trigger may still take 20; every later one takes 60.
     let later = if retrain[0] == 20 {

@@ -260,6 +260,11 @@ enum BenchCommand {
         /// recommender.retrain_noise_scale, 0.1).
         #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_sigma)]
         retrain_sigma: f32,
+        /// Transitions per retraining round, each round taking --retrain-gradient-steps per
+        /// transition (1: after every transition; the services train every
+        /// trainer.retrain_every_transitions, 50).
+        #[arg(long, default_value_t = bench::serve::ServeBenchOptions::default().retrain_every)]
+        retrain_every: u32,
         /// Re-baselining of with_retraining's Algorithm 1 (lifecycle_monitor.
         /// rebaseline_after_episodes; 0: off): ONLINE episodes whose rewards no longer improve
         /// before it serves at the level they settled at (default: the services').
@@ -645,6 +650,7 @@ fn main() -> anyhow::Result<()> {
                 retrain_recent_fraction,
                 retrain_recent,
                 retrain_sigma,
+                retrain_every,
                 rebaseline_after,
                 rebaseline_tolerance,
                 rebaseline_margin,
@@ -675,6 +681,7 @@ fn main() -> anyhow::Result<()> {
                     retrain_recent_fraction,
                     retrain_recent,
                     retrain_sigma,
+                    retrain_every,
                     rebaseline_after,
                     rebaseline_tolerance,
                     rebaseline_margin,
@@ -1137,8 +1144,10 @@ mod tests {
                 retrain_eval_every,
                 retrain_gradient_steps,
                 retrain_sigma,
+                retrain_every,
                 ..
             } => {
+                assert_eq!(retrain_every, 1, "in process: after every transition");
                 assert_eq!(
                     (
                         retrain_recent_fraction,

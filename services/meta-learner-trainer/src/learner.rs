@@ -105,6 +105,12 @@ pub struct TrainerConfig {
     /// differ when a guardrail held or limited the request (a cooldown, a step limit, the minimum
     /// change, recommend-only).
     pub learn_action: LearnAction,
+    /// Retention: base-learner versions kept per target in the model store, the newest ones
+    /// (0: keep every version). Older versions are deleted after each round and rollback, and
+    /// when the target goes SERVING; never while it retrains, so the version a rollback returns
+    /// to (the one in force at the trigger) survives however long the retraining lasts and a
+    /// trainer restart during it.
+    pub keep_versions: u64,
 }
 
 /// The action a recorded row trains with (`trainer.learn_action`).
@@ -146,6 +152,7 @@ impl Default for TrainerConfig {
             recent_fraction: 0.5,
             recent_episodes: 20,
             learn_action: LearnAction::Intent,
+            keep_versions: 10,
         }
     }
 }
@@ -269,6 +276,12 @@ impl TrainerConfig {
         }
         if !(1..=100_000).contains(&self.recent_episodes) {
             return bad("recent_episodes", "must be in 1..=100000");
+        }
+        if self.keep_versions > 1_000_000 {
+            return bad(
+                "keep_versions",
+                "must be in 0..=1000000 (0: keep every version)",
+            );
         }
         Ok(())
     }
@@ -621,6 +634,31 @@ impl Learner {
             estimate: None,
             bc_weight: 0.0,
         })
+    }
+
+    /// Retention (`keep_versions`): deletes the target's base-learner versions older than the
+    /// newest `keep_versions` from the model store; returns how many it deleted. Nothing while
+    /// the target retrains (a rollback may return to the version in force at the trigger), nor
+    /// before the learner knows its newest version.
+    pub fn prune(&mut self, models: &dyn ModelStore) -> Result<usize, TrainerError> {
+        let keep = self.cfg.keep_versions;
+        if keep == 0 || self.retraining || self.ddpg.is_none() || self.version <= keep {
+            return Ok(0);
+        }
+        let oldest_kept = self.version - keep + 1;
+        let store_err = |source| TrainerError::ModelStore {
+            target: self.target.clone(),
+            source,
+        };
+        let prefix = format!("{}/{BASE_LEARNER}/", model_prefix(&self.target));
+        let mut deleted = 0;
+        for key in models.keys(&prefix).map_err(store_err)? {
+            if version_of_key(&key).is_some_and(|v| v < oldest_kept) {
+                models.delete(&key).map_err(store_err)?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     fn store_err(&self, source: StoreError) -> TrainerError {
@@ -1069,6 +1107,10 @@ mod tests {
                 ..TrainerConfig::default()
             },
             TrainerConfig {
+                keep_versions: 1_000_001,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
                 exploration_sigma: -0.1,
                 ..TrainerConfig::default()
             },
@@ -1243,6 +1285,85 @@ mod tests {
             .unwrap()
             .expect("a round");
         assert_eq!((p.version, p.trained_steps), (7, 5));
+    }
+
+    /// Retention keeps the newest `keep_versions` base-learner versions, deletes nothing while
+    /// the target retrains (so a rollback still finds the version in force at the trigger),
+    /// prunes again once the rollback made that version the newest, and leaves other targets'
+    /// versions alone.
+    #[test]
+    fn retention_keeps_the_newest_versions_and_never_prunes_while_retraining() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "kept");
+        let other = Target::new("shop", "other");
+        models
+            .put(&model_key(&other, BASE_LEARNER, 1), b"another target")
+            .unwrap();
+        let versions = || -> Vec<u64> {
+            models
+                .keys(&format!("{}/{BASE_LEARNER}/", model_prefix(&t)))
+                .unwrap()
+                .iter()
+                .filter_map(|k| version_of_key(k))
+                .collect()
+        };
+        let c = TrainerConfig {
+            keep_versions: 2,
+            retrain_every_transitions: 50,
+            retrain_gradient_steps: 5,
+            ..cfg()
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), c.clone());
+        // Before the learner knows its newest version: nothing.
+        assert_eq!(l.prune(&models).unwrap(), 0);
+        let mut ep = 0;
+        let mut round = |l: &mut Learner| {
+            store
+                .append(&(0..60).map(|s| row(&t, ep, s)).collect::<Vec<_>>())
+                .unwrap();
+            ep += 1;
+            l.maybe_train(&store, &models).unwrap().expect("a round");
+            l.prune(&models).unwrap()
+        };
+        let deleted: Vec<usize> = (0..4).map(|_| round(&mut l)).collect();
+        assert_eq!(deleted, vec![0, 0, 1, 1]);
+        assert_eq!(versions(), vec![3, 4]);
+        // Retraining from version 4: three rounds, nothing deleted.
+        l.set_retraining(true);
+        for _ in 0..3 {
+            assert_eq!(round(&mut l), 0);
+        }
+        assert_eq!(versions(), vec![3, 4, 5, 6, 7]);
+        // The retraining settles low: the rollback finds version 4 and republishes it as 8;
+        // out of retraining, the pass keeps 7 and 8.
+        l.set_retraining(false);
+        let p = l.roll_back(4, (99, 0), &models).unwrap();
+        assert_eq!(p.version, 8);
+        assert_eq!(l.prune(&models).unwrap(), 4);
+        assert_eq!(versions(), vec![7, 8]);
+        assert_eq!(
+            Ddpg::from_bytes(&models.get(&model_key(&t, BASE_LEARNER, 8)).unwrap())
+                .unwrap()
+                .train_steps(),
+            20,
+            "version 4's network: four rounds of 5 steps"
+        );
+        assert!(models.get(&model_key(&other, BASE_LEARNER, 1)).is_ok());
+        // A restarted trainer resumes from the newest kept version and numbers on after it.
+        let mut again = Learner::new(t.clone(), Bounds::default(), c.clone());
+        assert_eq!(round(&mut again), 1);
+        assert_eq!(versions(), vec![8, 9]);
+        // keep_versions 0: every version stays.
+        let mut all = Learner::new(
+            t.clone(),
+            Bounds::default(),
+            TrainerConfig {
+                keep_versions: 0,
+                ..c
+            },
+        );
+        assert_eq!(round(&mut all), 0);
+        assert_eq!(versions(), vec![8, 9, 10]);
     }
 
     /// The normalizer sees every recorded state exactly once, however often minibatches draw

@@ -76,6 +76,8 @@ pub struct TrainerMetrics {
     pub embeddings: prometheus::IntCounter,
     pub embedding_errors: prometheus::IntCounter,
     pub rollbacks: prometheus::IntCounter,
+    pub models_pruned: prometheus::IntCounter,
+    pub prune_errors: prometheus::IntCounter,
 }
 
 impl TrainerMetrics {
@@ -124,6 +126,18 @@ impl TrainerMetrics {
             "Rollbacks (lifecycle rollback_to): a version republished as the newest",
         )
         .map_err(err)?;
+        let models_pruned = prometheus::IntCounter::new(
+            "trainer_models_pruned_total",
+            "Base-learner versions deleted from the model store (trainer.keep_versions)",
+        )
+        .map_err(err)?;
+        let prune_errors = prometheus::IntCounter::new(
+            "trainer_prune_errors_total",
+            "Retention passes that failed (model store errors); the versions stay",
+        )
+        .map_err(err)?;
+        r.register(Box::new(models_pruned.clone())).map_err(err)?;
+        r.register(Box::new(prune_errors.clone())).map_err(err)?;
         r.register(Box::new(rollbacks.clone())).map_err(err)?;
         r.register(Box::new(embeddings.clone())).map_err(err)?;
         r.register(Box::new(embedding_errors.clone()))
@@ -142,6 +156,8 @@ impl TrainerMetrics {
             embeddings,
             embedding_errors,
             rollbacks,
+            models_pruned,
+            prune_errors,
         })
     }
 }
@@ -159,6 +175,9 @@ pub struct TargetTrainer {
     /// A rollback to run before the next round: the version and the lifecycle message's
     /// (episode, step).
     rollback: Option<(u64, (u64, u32))>,
+    /// The target went SERVING: a retention pass (`trainer.keep_versions`) is due once no round
+    /// runs.
+    prune_due: bool,
     /// `None` while a round runs on the blocking pool.
     learner: Option<Learner>,
     /// Meta-learning (`None`: off); taken with the learner while a round runs.
@@ -171,6 +190,10 @@ impl TargetTrainer {
     fn tick(&mut self, ctx: &mut Context<Self>) {
         if self.rollback.is_some() {
             self.roll_back(ctx);
+            return;
+        }
+        if self.prune_due {
+            self.prune(ctx);
             return;
         }
         if learner::RoundMode::of(self.stage).is_none() && self.meta.is_none() {
@@ -192,16 +215,21 @@ impl TargetTrainer {
             } else {
                 Ok(None) // conditioned, and no embedding yet
             };
-            (learner, meta, checked, res, t0.elapsed())
+            let took = t0.elapsed();
+            let pruned = matches!(res, Ok(Some(_))).then(|| learner.prune(models.as_ref()));
+            (learner, meta, checked, res, took, pruned)
         });
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
-            Ok((learner, meta, checked, res, took)) => {
+            Ok((learner, meta, checked, res, took, pruned)) => {
                 act.learner = Some(learner);
                 act.meta = meta;
                 if let Some(c) = checked {
                     act.finish_embedding(c);
                 }
                 act.finish_round(res, took);
+                if let Some(p) = pruned {
+                    act.finish_prune(p);
+                }
             }
             Err(e) => {
                 // The round panicked: the learner is lost; start again from the model store.
@@ -220,14 +248,19 @@ impl TargetTrainer {
             return; // a round is running: the next tick
         };
         self.rollback = None;
+        learner.set_retraining(self.retraining);
         let models = self.models.clone();
         let fut = tokio::task::spawn_blocking(move || {
             let res = learner.roll_back(to, at, models.as_ref());
-            (learner, res)
+            let pruned = res.is_ok().then(|| learner.prune(models.as_ref()));
+            (learner, res, pruned)
         });
         ctx.spawn(fut.into_actor(self).map(move |joined, act, _| match joined {
-            Ok((learner, res)) => {
+            Ok((learner, res, pruned)) => {
                 act.learner = Some(learner);
+                if let Some(p) = pruned {
+                    act.finish_prune(p);
+                }
                 match res {
                     Ok(p) => {
                         act.metrics.rollbacks.inc();
@@ -245,6 +278,45 @@ impl TargetTrainer {
                 tracing::error!(target = %act.target, to, error = %e, "rollback aborted");
             }
         }));
+    }
+
+    /// The retention pass due since the target went SERVING, on the blocking pool (once no
+    /// round runs).
+    fn prune(&mut self, ctx: &mut Context<Self>) {
+        let Some(mut learner) = self.learner.take() else {
+            return; // a round is running: the next tick
+        };
+        self.prune_due = false;
+        learner.set_retraining(self.retraining);
+        let models = self.models.clone();
+        let fut = tokio::task::spawn_blocking(move || {
+            let res = learner.prune(models.as_ref());
+            (learner, res)
+        });
+        ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
+            Ok((learner, res)) => {
+                act.learner = Some(learner);
+                act.finish_prune(res);
+            }
+            Err(e) => {
+                act.metrics.prune_errors.inc();
+                tracing::error!(target = %act.target, error = %e, "retention pass aborted");
+            }
+        }));
+    }
+
+    fn finish_prune(&mut self, res: Result<usize, learner::TrainerError>) {
+        match res {
+            Ok(0) => {}
+            Ok(n) => {
+                self.metrics.models_pruned.inc_by(n as u64);
+                tracing::debug!(target = %self.target, deleted = n, "deleted old base-learner versions");
+            }
+            Err(e) => {
+                self.metrics.prune_errors.inc();
+                tracing::warn!(target = %self.target, error = %e, "cannot delete old base-learner versions; they stay");
+            }
+        }
     }
 
     /// Announces a checkpoint written to the model store.
@@ -328,6 +400,7 @@ impl Handler<Deliver> for TargetTrainer {
         let Event::Lifecycle(l) = ev else { return };
         self.stage = l.stage;
         self.retraining = l.retraining(self.retraining);
+        self.prune_due |= l.stage == Stage::Serving;
         if let Some(to) = l.rollback_to {
             tracing::info!(target = %self.target, to, reason = %l.reason, "rollback requested");
             self.rollback = Some((to, (l.episode, l.step)));
@@ -377,6 +450,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             stage: Stage::Initialized,
             retraining: false,
             rollback: None,
+            prune_due: false,
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_cancel(shutdown.clone());

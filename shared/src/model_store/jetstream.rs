@@ -321,6 +321,19 @@ impl ModelStore for JetStreamStore {
         Ok(key.to_string())
     }
 
+    fn delete(&self, key: &str) -> Result<(), ModelStoreError> {
+        validate_key(key)?;
+        let (opener, name, bucket) = (self.opener.clone(), key.to_string(), self.bucket.clone());
+        self.block_on("delete", key, async move {
+            let store = opener.objects().await?;
+            match store.delete(name.as_str()).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == object_store::DeleteErrorKind::NotFound => Ok(()),
+                Err(e) => Err(nats_err(&bucket, "delete", &name, e)),
+            }
+        })
+    }
+
     fn keys(&self, prefix: &str) -> Result<Vec<String>, ModelStoreError> {
         let (opener, bucket) = (self.opener.clone(), self.bucket.clone());
         let prefix = prefix.to_string();

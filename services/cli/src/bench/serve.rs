@@ -96,6 +96,11 @@ pub struct ServeBenchOptions {
     pub retrain_recent: usize,
     /// Retraining: exploration σ while ONLINE.
     pub retrain_sigma: f32,
+    /// Retraining: transitions per training round (each round takes `retrain_gradient_steps`
+    /// per transition). 1: after every transition; the services' trainer trains in rounds every
+    /// `trainer.retrain_every_transitions` (50), the recommenders acting meanwhile with the
+    /// weights of the last round.
+    pub retrain_every: u32,
     /// `lifecycle_monitor.rebaseline_after_episodes` / `_tolerance` / `_margin` of the
     /// `with_retraining` arm's Algorithm 1 (0: off; default 10, the services').
     pub rebaseline_after: usize,
@@ -176,6 +181,7 @@ impl Default for ServeBenchOptions {
             retrain_recent_fraction: 0.5,
             retrain_recent: 1000,
             retrain_sigma,
+            retrain_every: 1,
             rebaseline_after: 10,
             rebaseline_tolerance: 0.02,
             rebaseline_margin: 0.05,
@@ -228,6 +234,8 @@ pub struct ArmRun {
     pub reprobes: u32,
     /// ONLINE episodes run without exploration noise (`retrain_eval_every`).
     pub eval_episodes: u32,
+    /// Gradient steps taken while ONLINE (retraining), `with_retraining` only.
+    pub gradient_steps: u64,
 }
 
 impl ArmRun {
@@ -258,6 +266,9 @@ pub struct ArmReport {
     pub rollbacks: u32,
     pub reprobes: u32,
     pub eval_episodes: u32,
+    /// Gradient steps taken while retraining (`with_retraining`; the services' bus arm reports
+    /// its trainer's `trained_steps` instead).
+    pub gradient_steps: u64,
     /// Mean per-step reward by serve episode (mean over apps).
     pub curve: Vec<f64>,
 }
@@ -294,6 +305,7 @@ pub struct ServeReport {
     pub retrain_recent_fraction: f32,
     pub retrain_recent: usize,
     pub retrain_sigma: f32,
+    pub retrain_every: u32,
     pub rebaseline_after: usize,
     pub rebaseline_tolerance: f64,
     pub rebaseline_margin: f64,
@@ -602,20 +614,23 @@ struct Ctx<'a> {
     target: Target,
 }
 
+/// `steps` gradient steps (minibatch 64, recency-mixed) once the replay holds a minibatch;
+/// returns the steps taken.
 fn train_round(
     agent: &mut Ddpg,
     replay: &mut ReplayBuffer,
     steps: u32,
     recent: usize,
     fraction: f32,
-) -> Result<(), BenchError> {
-    if replay.len() >= 64 {
-        for _ in 0..steps {
-            let b = replay.sample_recent(64, recent, fraction).map_err(fail)?;
-            agent.train_step(&b).map_err(fail)?;
-        }
+) -> Result<u64, BenchError> {
+    if replay.len() < 64 {
+        return Ok(0);
     }
-    Ok(())
+    for _ in 0..steps {
+        let b = replay.sample_recent(64, recent, fraction).map_err(fail)?;
+        agent.train_step(&b).map_err(fail)?;
+    }
+    Ok(u64::from(steps))
 }
 
 /// The recommender's HPA + VPA decision for `obs`.
@@ -674,6 +689,8 @@ fn run_arm(
     let spe = u64::from(ctx.opts.steps_per_episode);
     let grid = OracleGrid::default();
     let mut run = ArmRun::default();
+    // ONLINE transitions since the last retraining round (`retrain_every`).
+    let mut pending = 0u32;
     let mut online =
         matches!(&driver, Driver::Retrain { machine, .. } if machine.stage() == Stage::Online);
     if let Driver::Retrain {
@@ -741,13 +758,19 @@ fn run_arm(
                     .map_err(fail)?;
                 if online {
                     let o = ctx.opts;
-                    train_round(
-                        agent,
-                        replay,
-                        o.retrain_gradient_steps,
-                        o.retrain_recent,
-                        o.retrain_recent_fraction,
-                    )?;
+                    pending += 1;
+                    if pending >= o.retrain_every.max(1) {
+                        run.gradient_steps += train_round(
+                            agent,
+                            replay,
+                            o.retrain_gradient_steps.saturating_mul(pending),
+                            o.retrain_recent,
+                            o.retrain_recent_fraction,
+                        )?;
+                        pending = 0;
+                    }
+                } else {
+                    pending = 0;
                 }
             }
             obs = next;
@@ -1216,6 +1239,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
             rollbacks: runs.iter().map(|a| a.rollbacks).sum(),
             reprobes: runs.iter().map(|a| a.reprobes).sum(),
             eval_episodes: runs.iter().map(|a| a.eval_episodes).sum(),
+            gradient_steps: runs.iter().map(|a| a.gradient_steps).sum(),
             curve,
         });
     }
@@ -1307,6 +1331,7 @@ pub fn run(opts: &ServeBenchOptions) -> Result<ServeReport, BenchError> {
         retrain_recent_fraction: opts.retrain_recent_fraction,
         retrain_recent: opts.retrain_recent,
         retrain_sigma: opts.retrain_sigma,
+        retrain_every: opts.retrain_every,
         rebaseline_after: opts.rebaseline_after,
         rebaseline_tolerance: opts.rebaseline_tolerance,
         rebaseline_margin: opts.rebaseline_margin,
@@ -1397,6 +1422,7 @@ mod tests {
             rollbacks: 0,
             reprobes: 0,
             eval_episodes: 0,
+            gradient_steps: 0,
         }
     }
 
@@ -1744,6 +1770,74 @@ mod tests {
         assert_eq!((r.online_episodes, r.eval_episodes), (1, 0));
         let r = run(3, -1e9);
         assert_eq!((r.online_episodes, r.eval_episodes), (3, 1));
+    }
+
+    /// `retrain_every`: the same gradient steps per ONLINE transition, taken in rounds (the
+    /// services' cadence) instead of after every transition, so the agent acts with older
+    /// weights in between and the rewards differ.
+    #[test]
+    fn retraining_rounds_take_the_same_steps_per_transition_at_their_own_cadence() {
+        let app = generate_apps(1, 1002, &GeneratorOptions::default()).remove(0);
+        let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
+        env.reset(7).unwrap();
+        let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+        let run = |every: u32| {
+            let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
+            dcfg.seed = 7;
+            let mut replay = ReplayBuffer::new(1000, aware_loadgen::env::STATE_DIM, 7).unwrap();
+            for i in 0..64 {
+                replay
+                    .push(Transition {
+                        state: obs.state.to_vec(),
+                        action: [0.0; ACTION_DIM],
+                        reward: i as f32 / 64.0,
+                        next_state: obs.state.to_vec(),
+                        done: false,
+                    })
+                    .unwrap();
+            }
+            let profile = LifecycleProfile {
+                bootstrap: false,
+                t_online: 0.0,
+                t_serving: 1e9, // never serves: ONLINE throughout
+                t_var: 10.0,
+                window: 1,
+            };
+            let mut machine = LifecycleMachine::with_rules(profile, Default::default());
+            machine.restore(Stage::Online);
+            let driver = Driver::Retrain {
+                agent: Box::new(Ddpg::new(dcfg).unwrap()),
+                replay: Box::new(replay),
+                machine: Box::new(machine),
+                rng: Box::new(ChaCha8Rng::seed_from_u64(7)),
+                saved: None,
+                version: 1,
+            };
+            let opts = ServeBenchOptions {
+                serve_episodes: 7,
+                steps_per_episode: 10,
+                retrain_eval_every: 0,
+                retrain_gradient_steps: 4,
+                retrain_every: every,
+                ..ServeBenchOptions::default()
+            };
+            let ctx = Ctx {
+                opts: &opts,
+                target: Target::new(app.namespace.clone(), app.name.clone()),
+            };
+            run_arm(&ctx, env.clone(), obs.clone(), driver, &[], 1).unwrap()
+        };
+        let each = run(1);
+        assert_eq!((each.online_episodes, each.gradient_steps), (7, 70 * 4));
+        // Rounds of 10 transitions, one per episode: the same 280 steps.
+        let tens = run(10);
+        assert_eq!(tens.gradient_steps, 280);
+        // Rounds of 4: 17 rounds by transition 68, the last 2 transitions still pending.
+        assert_eq!(run(4).gradient_steps, 17 * 16);
+        // The first episode acts with the initial weights throughout in rounds of 10, not
+        // after every transition.
+        assert_ne!(each.episode_rewards, tens.episode_rewards);
+        assert_eq!(run(10).episode_rewards, tens.episode_rewards, "seeded");
     }
 
     #[test]
