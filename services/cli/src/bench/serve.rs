@@ -1705,59 +1705,84 @@ mod tests {
         assert!(with > base + 20, "{base} {with}");
     }
 
+    /// One app's simulator after a first step, for the retraining arm's tests.
+    fn one_app(app_seed: u64, seed: u64) -> (AppSpec, SimEnv, Observation) {
+        let app = generate_apps(1, app_seed, &GeneratorOptions::default()).remove(0);
+        let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
+        env.reset(seed).unwrap();
+        let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+        (app, env, obs)
+    }
+
+    /// A retraining driver (8-8 networks, seeded) whose Algorithm 1 starts ONLINE and serves
+    /// once a window of one episode reaches `t_serving`.
+    fn online_driver(
+        seed: u64,
+        t_serving: f64,
+        rules: aware_lifecycle_monitor::MonitorConfig,
+        replay: ReplayBuffer,
+    ) -> Driver {
+        let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
+        dcfg.seed = seed;
+        let profile = LifecycleProfile {
+            bootstrap: false,
+            t_online: 0.0,
+            t_serving,
+            t_var: 10.0,
+            window: 1,
+        };
+        let mut machine = LifecycleMachine::with_rules(profile, rules);
+        machine.restore(Stage::Online);
+        Driver::Retrain {
+            agent: Box::new(Ddpg::new(dcfg).unwrap()),
+            replay: Box::new(replay),
+            machine: Box::new(machine),
+            rng: Box::new(ChaCha8Rng::seed_from_u64(seed)),
+            saved: None,
+            version: 1,
+        }
+    }
+
+    /// `driver` over 7 serve episodes of 10 steps from `obs`.
+    fn run_seven(
+        app: &AppSpec,
+        env: &SimEnv,
+        obs: &Observation,
+        opts: ServeBenchOptions,
+        driver: Driver,
+    ) -> ArmRun {
+        let opts = ServeBenchOptions {
+            serve_episodes: 7,
+            steps_per_episode: 10,
+            ..opts
+        };
+        let ctx = Ctx {
+            opts: &opts,
+            target: Target::new(app.namespace.clone(), app.name.clone()),
+        };
+        run_arm(&ctx, env.clone(), obs.clone(), driver, &[], 1).unwrap()
+    }
+
     #[test]
     fn every_kth_online_episode_runs_without_noise_and_alone_reaches_the_monitor() {
-        let app = generate_apps(1, 1001, &GeneratorOptions::default()).remove(0);
-        let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
-        env.reset(5).unwrap();
-        let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
-        let retrain = |t_serving: f64, every: u32| {
-            let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
-            dcfg.seed = 5;
-            let profile = LifecycleProfile {
-                bootstrap: false,
-                t_online: 0.0,
-                t_serving,
-                t_var: 10.0,
-                window: 1,
-            };
+        let (app, env, obs) = one_app(1001, 5);
+        let run = |every: u32, t_serving: f64| {
             let rules = aware_lifecycle_monitor::MonitorConfig {
                 online_noise_free_only: every > 0,
                 ..Default::default()
             };
-            let mut machine = LifecycleMachine::with_rules(profile, rules);
-            machine.restore(Stage::Online);
-            Driver::Retrain {
-                agent: Box::new(Ddpg::new(dcfg).unwrap()),
-                replay: Box::new(
-                    ReplayBuffer::new(1000, aware_loadgen::env::STATE_DIM, 5).unwrap(),
-                ),
-                machine: Box::new(machine),
-                rng: Box::new(ChaCha8Rng::seed_from_u64(5)),
-                saved: None,
-                version: 1,
-            }
-        };
-        let run = |every: u32, t_serving: f64| {
+            let replay = ReplayBuffer::new(1000, aware_loadgen::env::STATE_DIM, 5).unwrap();
             let opts = ServeBenchOptions {
-                serve_episodes: 7,
-                steps_per_episode: 10,
                 retrain_eval_every: every,
                 ..ServeBenchOptions::default()
             };
-            let ctx = Ctx {
-                opts: &opts,
-                target: Target::new(app.namespace.clone(), app.name.clone()),
-            };
-            run_arm(
-                &ctx,
-                env.clone(),
-                obs.clone(),
-                retrain(t_serving, every),
-                &[],
-                1,
+            run_seven(
+                &app,
+                &env,
+                &obs,
+                opts,
+                online_driver(5, t_serving, rules, replay),
             )
-            .unwrap()
         };
         // never good enough to serve: ONLINE throughout, episodes 2 and 5 (k − 1 modulo k)
         // without noise
@@ -1777,13 +1802,9 @@ mod tests {
     /// weights in between and the rewards differ.
     #[test]
     fn retraining_rounds_take_the_same_steps_per_transition_at_their_own_cadence() {
-        let app = generate_apps(1, 1002, &GeneratorOptions::default()).remove(0);
-        let mut env = SimEnv::new(vec![app.clone()], SimConfig::default()).unwrap();
-        env.reset(7).unwrap();
-        let obs = first(env.step(&[TargetAction::Hold]).unwrap()).unwrap();
+        let (app, env, obs) = one_app(1002, 7);
         let run = |every: u32| {
-            let mut dcfg = DdpgConfig::with_hidden(aware_loadgen::env::STATE_DIM, &[8, 8]);
-            dcfg.seed = 7;
+            // A full minibatch from the start.
             let mut replay = ReplayBuffer::new(1000, aware_loadgen::env::STATE_DIM, 7).unwrap();
             for i in 0..64 {
                 replay
@@ -1796,36 +1817,15 @@ mod tests {
                     })
                     .unwrap();
             }
-            let profile = LifecycleProfile {
-                bootstrap: false,
-                t_online: 0.0,
-                t_serving: 1e9, // never serves: ONLINE throughout
-                t_var: 10.0,
-                window: 1,
-            };
-            let mut machine = LifecycleMachine::with_rules(profile, Default::default());
-            machine.restore(Stage::Online);
-            let driver = Driver::Retrain {
-                agent: Box::new(Ddpg::new(dcfg).unwrap()),
-                replay: Box::new(replay),
-                machine: Box::new(machine),
-                rng: Box::new(ChaCha8Rng::seed_from_u64(7)),
-                saved: None,
-                version: 1,
-            };
             let opts = ServeBenchOptions {
-                serve_episodes: 7,
-                steps_per_episode: 10,
                 retrain_eval_every: 0,
                 retrain_gradient_steps: 4,
                 retrain_every: every,
                 ..ServeBenchOptions::default()
             };
-            let ctx = Ctx {
-                opts: &opts,
-                target: Target::new(app.namespace.clone(), app.name.clone()),
-            };
-            run_arm(&ctx, env.clone(), obs.clone(), driver, &[], 1).unwrap()
+            // t_serving 10⁹: never serves, ONLINE throughout.
+            let driver = online_driver(7, 1e9, Default::default(), replay);
+            run_seven(&app, &env, &obs, opts, driver)
         };
         let each = run(1);
         assert_eq!((each.online_episodes, each.gradient_steps), (7, 70 * 4));
