@@ -364,6 +364,9 @@ pub struct Learner {
     /// The network was resumed from the target's checkpoint, whose normalizer has seen the
     /// history recorded so far: the next read only marks it as seen.
     history_seen: bool,
+    /// Retention: every base-learner version below this one is deleted (`None`: not known
+    /// yet; the first pass lists the store, later passes delete by version without listing).
+    pruned_below: Option<u64>,
 }
 
 impl Learner {
@@ -384,6 +387,7 @@ impl Learner {
             retraining: false,
             observed: None,
             history_seen: false,
+            pruned_below: None,
         }
     }
 
@@ -637,9 +641,12 @@ impl Learner {
     }
 
     /// Retention (`keep_versions`): deletes the target's base-learner versions older than the
-    /// newest `keep_versions` from the model store; returns how many it deleted. Nothing while
-    /// the target retrains (a rollback may return to the version in force at the trigger), nor
-    /// before the learner knows its newest version.
+    /// newest `keep_versions` from the model store; returns how many fell out of the window
+    /// (deleting one already gone is not an error). Nothing while the target retrains (a
+    /// rollback may return to the version in force at the trigger), nor before the learner
+    /// knows its newest version. The learner's first pass lists the store; later ones delete
+    /// by key the versions that fell out of the window since (versions only grow, and only this
+    /// learner writes them), so a round does not list the store (on JetStream, the bucket).
     pub fn prune(&mut self, models: &dyn ModelStore) -> Result<usize, TrainerError> {
         let keep = self.cfg.keep_versions;
         if keep == 0 || self.retraining || self.ddpg.is_none() || self.version <= keep {
@@ -650,15 +657,22 @@ impl Learner {
             target: self.target.clone(),
             source,
         };
-        let prefix = format!("{}/{BASE_LEARNER}/", model_prefix(&self.target));
-        let mut deleted = 0;
-        for key in models.keys(&prefix).map_err(store_err)? {
-            if version_of_key(&key).is_some_and(|v| v < oldest_kept) {
-                models.delete(&key).map_err(store_err)?;
-                deleted += 1;
-            }
+        let old: Vec<String> = match self.pruned_below {
+            Some(from) => (from..oldest_kept)
+                .map(|v| model_key(&self.target, BASE_LEARNER, v))
+                .collect(),
+            None => models
+                .keys(&format!("{}/{BASE_LEARNER}/", model_prefix(&self.target)))
+                .map_err(store_err)?
+                .into_iter()
+                .filter(|k| version_of_key(k).is_some_and(|v| v < oldest_kept))
+                .collect(),
+        };
+        for key in &old {
+            models.delete(key).map_err(store_err)?;
         }
-        Ok(deleted)
+        self.pruned_below = Some(oldest_kept);
+        Ok(old.len())
     }
 
     fn store_err(&self, source: StoreError) -> TrainerError {
