@@ -101,6 +101,100 @@ async fn fallback_loop_records_every_step() {
     }
 }
 
+/// Retention (`recorder.keep_transitions`): with 50 kept per target and 20-step episodes the
+/// recorder prunes whole episodes as it goes, so after 8 episodes each target keeps exactly its
+/// last two (at least 50 − 19 rows after a pass, at most 50 + 4 before the next), with their
+/// summaries, and the metrics count everything deleted.
+#[actix_rt::test]
+async fn retention_keeps_each_targets_newest_whole_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let (apps, spe, episodes) = (3usize, 20u32, 8u64);
+    let steps = u64::from(spe) * episodes;
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.collector.source = SourceKind::Simulator;
+    cfg.collector.steps_per_episode = spe;
+    cfg.collector.simulator.apps = apps;
+    cfg.collector.simulator.seed = 11;
+    cfg.collector.simulator.max_steps = steps;
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({
+            "sqlite_path": db.display().to_string(),
+            "batch": 16,
+            "keep_transitions": 50,
+        }),
+    );
+    let bus = Bus::in_process(65_536);
+    let (mut eps, running, shutdown) =
+        crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
+    let registry = running
+        .contexts
+        .iter()
+        .find(|c| c.name == "trajectory-recorder")
+        .expect("the recorder runs")
+        .metrics
+        .registry()
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut seen = 0u64;
+    while seen < apps as u64 * episodes {
+        if let Event::Episode(_) = crate::next_event(&mut eps, deadline, || {
+            format!("every episode summary within 120 s ({seen} so far)")
+        })
+        .await
+        {
+            seen += 1;
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+
+    let store = SqliteStore::open_path(&db).unwrap();
+    let targets = store.targets().unwrap();
+    assert_eq!(targets.len(), apps);
+    for t in &targets {
+        let rows = store.transitions(t, 0..u64::MAX).unwrap();
+        let kept: Vec<(u64, u32)> = rows.iter().map(|r| (r.episode, r.step)).collect();
+        let want: Vec<(u64, u32)> = (episodes - 2..episodes)
+            .flat_map(|e| (0..spe).map(move |s| (e, s)))
+            .collect();
+        assert_eq!(kept, want, "{t}: the last two whole episodes");
+        let summaries: Vec<u64> = store
+            .episodes(t, 100)
+            .unwrap()
+            .iter()
+            .map(|e| e.episode)
+            .collect();
+        assert_eq!(
+            summaries,
+            vec![episodes - 2, episodes - 1],
+            "{t}: summaries"
+        );
+    }
+    let counter = |name: &str| {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == name)
+            .map(|f| f.get_metric()[0].get_counter().get_value())
+    };
+    let n = apps as u64;
+    assert_eq!(
+        counter("aware_recorder_transitions_pruned_total"),
+        Some((n * (steps - 2 * u64::from(spe))) as f64)
+    );
+    assert_eq!(
+        counter("aware_recorder_episodes_pruned_total"),
+        Some((n * (episodes - 2)) as f64)
+    );
+    assert_eq!(
+        counter("aware_recorder_transitions_stored_total"),
+        Some((n * steps) as f64)
+    );
+}
+
 /// Three recommender shards on one bus: every target's every step gets exactly one action.
 #[actix_rt::test]
 async fn three_recommender_shards_serve_every_target_exactly_once() {

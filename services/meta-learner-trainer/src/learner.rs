@@ -481,8 +481,9 @@ impl Learner {
         let Some(mode) = RoundMode::of(stage) else {
             return Ok(None);
         };
+        // Rows ever recorded, pruned ones included: retention must not stall the trigger.
         let count = store
-            .count(&self.target)
+            .recorded(&self.target)
             .map_err(|source| TrainerError::Store {
                 target: self.target.clone(),
                 source: Box::new(source),
@@ -1432,6 +1433,42 @@ mod tests {
             .unwrap()
             .expect("a round");
         assert_eq!(count(p5.version), 160);
+    }
+
+    /// Retention deletes old rows under the trainer: rounds still come every
+    /// `train_every_transitions` new rows, and the normalizer still sees each new state once.
+    #[test]
+    fn rounds_keep_coming_after_the_recorder_prunes() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "pruned");
+        let normalized = |v: u64| {
+            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
+            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
+        };
+        let episode = |e: u64, n: u32| (0..n).map(|s| row(&t, e, s)).collect::<Vec<_>>();
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        store.append(&episode(0, 60)).unwrap();
+        l.maybe_train(&store, &models).unwrap().expect("a round");
+        store.append(&episode(1, 50)).unwrap();
+        l.maybe_train(&store, &models).unwrap().expect("a round");
+        // The recorder keeps 50: episode 0 goes, 50 rows remain of 110 recorded.
+        let p = store
+            .prune(&t, std::num::NonZeroU64::new(50).unwrap())
+            .unwrap();
+        assert_eq!(p.transitions, 60);
+        assert!(
+            l.maybe_train(&store, &models).unwrap().is_none(),
+            "nothing new"
+        );
+        store.append(&episode(2, 49)).unwrap();
+        assert!(l.maybe_train(&store, &models).unwrap().is_none(), "49 new");
+        store.append(&[row(&t, 2, 49)]).unwrap();
+        let p3 = l
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("50 new rows make a round although fewer rows are stored than before");
+        assert_eq!(store.count(&t).unwrap(), 100);
+        assert_eq!(normalized(p3.version), 160, "every recorded state once");
     }
 
     #[test]

@@ -8,7 +8,15 @@
 //! (the minimum over targets). A restarted recorder replays from there, rebuilds its joins and
 //! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
 //! crash or restart loses no transition and never duplicates a row or an `episode` message.
+//!
+//! Retention (`recorder.keep_transitions`, default 10^6 per target: the paper's replay-buffer size,
+//! Table 2): once a target has had that many plus a tenth more rows stored since its last pass
+//! (and on its first batch after a start), the writer prunes its oldest whole episodes
+//! ([`TrajectoryStore::prune`]), so the store holds at most 1.1 × `keep_transitions` rows per
+//! target and the trainer's replay is the newest `keep_transitions` at most.
 
+use std::collections::HashMap;
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +24,7 @@ use std::time::Duration;
 use actix::{Actor, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Target};
 use aware_shared::agents::{run_actors, Deliver, TargetActors};
+use aware_shared::config::ConfigError;
 use aware_shared::service::{ServiceContext, ServiceError};
 use prometheus::{IntCounter, IntCounterVec};
 use serde::{Deserialize, Serialize};
@@ -23,8 +32,8 @@ use tokio::sync::mpsc;
 
 use crate::join::Joiner;
 use crate::store::{
-    EpisodeSummary, QuestDbConfig, QuestDbStore, SqliteConfig, SqliteStore, TrajectoryStore,
-    Transition,
+    EpisodeSummary, QuestDbConfig, QuestDbStore, SqliteConfig, SqliteStore, StoreError,
+    TrajectoryStore, Transition,
 };
 
 /// The `[recorder]` configuration section.
@@ -44,6 +53,9 @@ pub struct RecorderConfig {
     pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
     pub batch: usize,
+    /// Retention: transitions kept per target, the newest whole episodes (0: keep everything).
+    /// The `sqlite` store only; with `questdb` it must be 0 (bound QuestDB's tables with a TTL).
+    pub keep_transitions: u64,
 }
 
 impl Default for RecorderConfig {
@@ -55,6 +67,7 @@ impl Default for RecorderConfig {
             questdb_table_prefix: "aware_".to_string(),
             resume_path: None,
             batch: 512,
+            keep_transitions: 1_000_000,
         }
     }
 }
@@ -69,6 +82,37 @@ pub enum StoreKind {
 }
 
 impl RecorderConfig {
+    /// Refuses settings the recorder cannot honour, naming the key.
+    pub fn validate(&self, steps_per_episode: u32) -> Result<(), ConfigError> {
+        let bad = |reason: String| ConfigError::Invalid {
+            key: "recorder.keep_transitions".into(),
+            reason,
+        };
+        if self.keep_transitions == 0 {
+            return Ok(());
+        }
+        if self.store == StoreKind::Questdb {
+            return Err(bad(
+                "the questdb store cannot delete rows per target (QuestDB drops whole time \
+                 partitions): set it to 0 and bound the tables with `ALTER TABLE … SET TTL`"
+                    .into(),
+            ));
+        }
+        if self.keep_transitions < u64::from(steps_per_episode) {
+            return Err(bad(format!(
+                "{} is less than one episode (collector.steps_per_episode = {steps_per_episode}); \
+                 use 0 to keep everything",
+                self.keep_transitions
+            )));
+        }
+        Ok(())
+    }
+
+    /// The retention in force: `None` keeps everything.
+    pub fn keep(&self) -> Option<NonZeroU64> {
+        NonZeroU64::new(self.keep_transitions)
+    }
+
     pub fn resume_path(&self) -> PathBuf {
         self.resume_path.clone().unwrap_or_else(|| {
             let mut p = self.sqlite_path.clone().into_os_string();
@@ -125,6 +169,8 @@ pub struct Sequenced(pub Event, pub Option<u64>);
 struct RecorderMetrics {
     stored: IntCounter,
     episodes: IntCounter,
+    pruned_transitions: IntCounter,
+    pruned_episodes: IntCounter,
     store_errors: IntCounterVec,
 }
 
@@ -136,6 +182,16 @@ impl RecorderMetrics {
             .map_err(err)?;
         let episodes =
             IntCounter::new("recorder_episodes_total", "Episode summaries stored").map_err(err)?;
+        let pruned_transitions = IntCounter::new(
+            "recorder_transitions_pruned_total",
+            "Transitions deleted by retention (recorder.keep_transitions)",
+        )
+        .map_err(err)?;
+        let pruned_episodes = IntCounter::new(
+            "recorder_episodes_pruned_total",
+            "Episode summaries deleted by retention (recorder.keep_transitions)",
+        )
+        .map_err(err)?;
         let store_errors = IntCounterVec::new(
             prometheus::Opts::new(
                 "recorder_store_errors_total",
@@ -146,10 +202,15 @@ impl RecorderMetrics {
         .map_err(err)?;
         r.register(Box::new(stored.clone())).map_err(err)?;
         r.register(Box::new(episodes.clone())).map_err(err)?;
+        r.register(Box::new(pruned_transitions.clone()))
+            .map_err(err)?;
+        r.register(Box::new(pruned_episodes.clone())).map_err(err)?;
         r.register(Box::new(store_errors.clone())).map_err(err)?;
         Ok(RecorderMetrics {
             stored,
             episodes,
+            pruned_transitions,
+            pruned_episodes,
             store_errors,
         })
     }
@@ -246,6 +307,73 @@ struct Resume {
     persisted: u64,
 }
 
+/// Retention's bookkeeping: rows stored per target since its last prune.
+struct Retention {
+    keep: Option<NonZeroU64>,
+    /// Rows stored since the last pass that make a target due again (a tenth of `keep`).
+    slack: u64,
+    since: HashMap<Target, u64>,
+}
+
+impl Retention {
+    fn new(keep: Option<NonZeroU64>) -> Self {
+        Retention {
+            keep,
+            slack: keep.map_or(0, |k| (k.get() / 10).max(1)),
+            since: HashMap::new(),
+        }
+    }
+
+    /// Counts a stored batch; the targets now due for a pass (each once, in batch order). A
+    /// target not seen since the start is due on its first batch.
+    fn stored(&mut self, batch: &[Transition]) -> Vec<Target> {
+        if self.keep.is_none() {
+            return Vec::new();
+        }
+        let mut due = Vec::new();
+        for t in batch {
+            let n = self.since.entry(t.target.clone()).or_insert(self.slack);
+            *n += 1;
+            if *n >= self.slack && !due.contains(&t.target) {
+                due.push(t.target.clone());
+            }
+        }
+        due
+    }
+}
+
+/// One retention pass over `due`. A failed pass is counted and logged; the target is tried again
+/// once another tenth of `keep` rows has been stored.
+async fn prune(
+    store: &Arc<dyn TrajectoryStore>,
+    metrics: &RecorderMetrics,
+    retention: &mut Retention,
+    due: Vec<Target>,
+) {
+    let Some(keep) = retention.keep else { return };
+    for target in due {
+        retention.since.insert(target.clone(), 0);
+        let (s, t) = (store.clone(), target.clone());
+        let outcome = tokio::task::spawn_blocking(move || s.prune(&t, keep))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
+        match outcome {
+            Ok(p) => {
+                metrics.pruned_transitions.inc_by(p.transitions);
+                metrics.pruned_episodes.inc_by(p.episodes);
+                if p.transitions > 0 || p.episodes > 0 {
+                    tracing::info!(target = %target, keep = keep.get(), transitions = p.transitions, episodes = p.episodes, below_episode = p.below_episode, "retention pruned the oldest episodes");
+                }
+            }
+            Err(e) => {
+                metrics.store_errors.with_label_values(&["prune"]).inc();
+                tracing::warn!(target = %target, error = %e, "retention pass failed; retrying later");
+            }
+        }
+    }
+}
+
 async fn writer(
     ctx: ServiceContext,
     store: Arc<dyn TrajectoryStore>,
@@ -253,6 +381,7 @@ async fn writer(
     metrics: RecorderMetrics,
     batch_size: usize,
     mut resume: Resume,
+    mut retention: Retention,
 ) {
     let mut batch: Vec<Transition> = Vec::new();
     let mut episodes: Vec<Episode> = Vec::new();
@@ -281,8 +410,10 @@ async fn writer(
                 None
             };
         }
+        let due = retention.stored(&batch);
         if flush(&ctx, &store, &metrics, &mut batch, &mut episodes).await {
             persist_resume(&mut resume, &metrics);
+            prune(&store, &metrics, &mut retention, due).await;
         }
     }
     // Shutdown: store what is still queued.
@@ -404,6 +535,7 @@ pub fn open_store(cfg: &RecorderConfig) -> Result<Arc<dyn TrajectoryStore>, Serv
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecorderConfig = ctx.config.section("recorder")?;
+    cfg.validate(ctx.config.collector.steps_per_episode)?;
     let store = open_store(&cfg)?;
     let metrics = RecorderMetrics::new(&ctx)?;
     let resume_path = cfg.resume_path();
@@ -421,6 +553,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         metrics,
         cfg.batch.max(1),
         resume,
+        Retention::new(cfg.keep()),
     ));
     let spe = ctx.config.collector.steps_per_episode;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetRecorder {
@@ -479,5 +612,58 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(cfg.resume_path(), PathBuf::from("/x/t.db.resume"));
+    }
+
+    #[test]
+    fn retention_settings_are_validated() {
+        let ok = RecorderConfig::default();
+        assert_eq!(ok.keep_transitions, 1_000_000, "the paper's replay size");
+        ok.validate(100).unwrap();
+        let keep = |store, keep_transitions| RecorderConfig {
+            store,
+            keep_transitions,
+            ..Default::default()
+        };
+        let e = keep(StoreKind::Questdb, 1_000_000)
+            .validate(100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("recorder.keep_transitions") && e.contains("TTL"),
+            "{e}"
+        );
+        keep(StoreKind::Questdb, 0).validate(100).unwrap();
+        let e = keep(StoreKind::Sqlite, 99)
+            .validate(100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("less than one episode"), "{e}");
+        keep(StoreKind::Sqlite, 100).validate(100).unwrap();
+        assert_eq!(keep(StoreKind::Sqlite, 0).keep(), None);
+    }
+
+    fn rows(target: &Target, n: u32) -> Vec<Transition> {
+        (0..n)
+            .map(|s| crate::store::conformance::transition(target, 0, s))
+            .collect()
+    }
+
+    #[test]
+    fn a_target_is_due_on_its_first_batch_then_after_a_tenth_of_keep() {
+        let (a, b) = (Target::new("ns", "a"), Target::new("ns", "b"));
+        let mut r = Retention::new(NonZeroU64::new(100));
+        assert_eq!(r.slack, 10);
+        let mut batch = rows(&a, 3);
+        batch.extend(rows(&b, 2));
+        assert_eq!(r.stored(&batch), vec![a.clone(), b.clone()], "first batch");
+        // The pass resets the counters (as `prune` does).
+        r.since.insert(a.clone(), 0);
+        r.since.insert(b.clone(), 0);
+        assert!(r.stored(&rows(&a, 9)).is_empty(), "9 of 10");
+        assert_eq!(r.stored(&rows(&a, 1)), vec![a.clone()], "10 of 10");
+        assert!(
+            Retention::new(None).stored(&batch).is_empty(),
+            "keep everything"
+        );
     }
 }

@@ -9,7 +9,9 @@ use std::fmt;
 
 use aware_bus_schemas::{DecisionSource, Resources, Stage, Target};
 
-use super::{sample_ordinals, EpisodeSummary, StoreError, TrajectoryStore, Transition};
+use std::num::NonZeroU64;
+
+use super::{sample_ordinals, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition};
 
 /// Opens handles on isolated storages.
 pub trait Backend {
@@ -80,13 +82,14 @@ pub const CASE_NAMES: &[&str] = &[
     "targets_are_listed",
     "reopen_keeps_data",
     "concurrent_appends_lose_nothing",
+    "pruning_keeps_the_newest_whole_episodes",
 ];
 
 type Case<B> = fn(&B) -> Result<(), Failure>;
 
 /// Every case with its name (same order as [`CASE_NAMES`]).
 pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
-    let fns: [Case<B>; 13] = [
+    let fns: [Case<B>; 14] = [
         append_and_read_in_order,
         reappend_is_idempotent,
         counts_per_target_and_total,
@@ -100,6 +103,7 @@ pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
         targets_are_listed,
         reopen_keeps_data,
         concurrent_appends_lose_nothing,
+        pruning_keeps_the_newest_whole_episodes,
     ];
     CASE_NAMES.iter().copied().zip(fns).collect()
 }
@@ -642,6 +646,126 @@ pub fn concurrent_appends_lose_nothing<B: Backend>(b: &B) -> Result<(), Failure>
     check!(
         h2.transitions(&a, 0..u64::MAX)? == want,
         "transitions of a after concurrent appends"
+    );
+    Ok(())
+}
+
+/// Retention: `prune(a, keep)` deletes a's oldest whole episodes, rows and summaries, until at most
+/// `keep` rows remain; other targets are untouched; re-writes of pruned episodes are ignored, also
+/// after a reopen; a target within `keep` loses nothing. A backend that cannot prune says so
+/// ([`StoreError::Unsupported`]) and deletes nothing.
+pub fn pruning_keeps_the_newest_whole_episodes<B: Backend>(b: &B) -> Result<(), Failure> {
+    let keep = |n: u64| NonZeroU64::new(n).ok_or_else(|| Failure("keep 0".into()));
+    let store = b.open("prune")?;
+    let (a, bb) = (tgt("a-app"), tgt("b-app"));
+    let ra = rows(&a, 0..10, 5);
+    let rb = rows(&bb, 0..4, 5);
+    store.append(&ra)?;
+    store.append(&rb)?;
+    for e in 0..10 {
+        store.put_episode(&episode(&a, e, e as f64))?;
+    }
+    for e in 0..4 {
+        store.put_episode(&episode(&bb, e, 10.0 + e as f64))?;
+    }
+    // 22 rows kept at most: the 23rd newest row is episode 5's, so episodes 0–5 go.
+    let pruned = match store.prune(&a, keep(22)?) {
+        Err(StoreError::Unsupported { .. }) => {
+            check_eq!(store.count(&a)?, 50, "count(a) after an unsupported prune");
+            check_eq!(store.recorded(&a)?, 50, "recorded(a) without pruning");
+            check_eq!(
+                store.episodes(&a, 100)?.len(),
+                10,
+                "episodes(a) after an unsupported prune"
+            );
+            return Ok(());
+        }
+        other => other?,
+    };
+    check_eq!(
+        pruned,
+        Pruned {
+            transitions: 30,
+            episodes: 6,
+            below_episode: 6
+        },
+        "prune(a, 22)"
+    );
+    let kept: Vec<_> = ra.iter().filter(|t| t.episode >= 6).cloned().collect();
+    check!(
+        store.transitions(&a, 0..u64::MAX)? == kept,
+        "prune(a, 22) did not keep exactly episodes 6-9"
+    );
+    check_eq!(store.count(&a)?, 20, "count(a) after the prune");
+    check_eq!(store.recorded(&a)?, 50, "recorded(a) counts pruned rows");
+    check_eq!(store.recorded(&bb)?, 20, "recorded(b), never pruned");
+    check_eq!(store.count_all()?, 40, "count_all after the prune");
+    check_eq!(
+        episode_numbers(&store.episodes(&a, 100)?),
+        vec![6, 7, 8, 9],
+        "episodes(a) after the prune"
+    );
+    check_eq!(
+        episode_numbers(&store.top_episodes(&a, 100)?),
+        vec![9, 8, 7, 6],
+        "top_episodes(a) after the prune"
+    );
+    check!(
+        store
+            .sample(Some(&a), 40, 3)?
+            .iter()
+            .all(|t| kept.contains(t)),
+        "sampled a pruned row"
+    );
+    check!(
+        store.transitions(&bb, 0..u64::MAX)? == rb && store.episodes(&bb, 100)?.len() == 4,
+        "pruning a changed another target"
+    );
+    // Again, or with exactly `keep` rows left: nothing more goes.
+    check_eq!(
+        store.prune(&a, keep(22)?)?,
+        Pruned {
+            below_episode: 6,
+            ..Pruned::default()
+        },
+        "prune(a, 22) again"
+    );
+    check_eq!(store.prune(&a, keep(20)?)?.transitions, 0, "prune(a, 20)");
+    check_eq!(
+        store.prune(&bb, keep(100)?)?,
+        Pruned::default(),
+        "prune(b, 100)"
+    );
+    // A replay of pruned episodes is ignored, also after a reopen; new rows are kept.
+    drop(store);
+    let store = b.open("prune")?;
+    store.append(&ra[..15])?;
+    store.put_episode(&episode(&a, 2, 99.0))?;
+    check_eq!(
+        store.count(&a)?,
+        20,
+        "count(a) after re-appending pruned rows"
+    );
+    check_eq!(
+        episode_numbers(&store.top_episodes(&a, 1)?),
+        vec![9],
+        "a re-written summary of a pruned episode came back"
+    );
+    store.append(&rows(&a, 10..11, 1))?;
+    check_eq!(store.count(&a)?, 21, "count(a) after a new row");
+    check_eq!(store.recorded(&a)?, 51, "recorded(a) after a new row");
+    // keep 5: the 6th newest row is episode 9's first, so only episode 10's row stays.
+    let p = store.prune(&a, keep(5)?)?;
+    check_eq!((p.transitions, p.below_episode), (20, 10), "prune(a, 5)");
+    check_eq!(store.recorded(&a)?, 51, "recorded(a) never decreases");
+    check_eq!(
+        keys(&store.transitions(&a, 0..u64::MAX)?),
+        keys(&rows(&a, 10..11, 1)),
+        "rows of a after prune(a, 5)"
+    );
+    check!(
+        store.targets()?.contains(&a),
+        "a pruned target is still listed"
     );
     Ok(())
 }

@@ -38,7 +38,19 @@
 //! same data gives the same minibatch, on either backend. It scans the scope's keys once per call;
 //! a trainer sampling at high rate keeps its own in-memory replay buffer filled from
 //! [`TrajectoryStore::transitions`].
+//!
+//! # Retention
+//!
+//! [`TrajectoryStore::prune`] bounds a target's history like the DDPG replay buffer's capacity
+//! (paper Table 2: 10^6): it deletes the target's oldest *whole* episodes, transitions and
+//! summaries together, until at most `keep` of its transitions remain, so every episode a reader
+//! finds (`episodes`, `top_episodes`) still has its transitions. The cut is remembered: rows and
+//! summaries of a pruned episode written again later (a replay after a restart) are ignored, so
+//! pruning never un-happens. [`TrajectoryStore::recorded`] counts pruned rows too, so it never
+//! decreases. A backend that cannot delete rows per target (QuestDB drops whole time partitions
+//! only) answers [`StoreError::Unsupported`] and deletes nothing.
 
+use std::num::NonZeroU64;
 use std::ops::Range;
 
 use aware_bus_schemas::{DecisionSource, Episode, Resources, Schema, Stage, Target};
@@ -189,6 +201,12 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("{backend}: {op} is not supported ({hint})")]
+    Unsupported {
+        backend: &'static str,
+        op: &'static str,
+        hint: &'static str,
+    },
     #[error("questdb: invalid configuration: {0}")]
     QuestDbConfig(String),
     #[error("questdb: {op} into table {table} at {url} failed: {source}")]
@@ -239,6 +257,13 @@ pub trait TrajectoryStore: Send + Sync {
     /// Number of transitions of all targets.
     fn count_all(&self) -> Result<u64, StoreError>;
 
+    /// Number of transitions ever stored for `target`, pruned ones included: never decreases,
+    /// so a reader counting new rows (the trainer's round trigger) is not fooled by retention.
+    /// Equal to [`TrajectoryStore::count`] on a backend that never prunes.
+    fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
+        self.count(target)
+    }
+
     /// The transitions of `target` whose episode is in `episodes` (half-open), ordered by
     /// `(episode, step)`. `0..u64::MAX` selects every episode.
     fn transitions(
@@ -269,6 +294,25 @@ pub trait TrajectoryStore: Send + Sync {
 
     /// Every target with at least one transition or episode, ordered by `(namespace, name)`.
     fn targets(&self) -> Result<Vec<Target>, StoreError>;
+
+    /// Retention (see the module documentation): deletes `target`'s oldest whole episodes, with
+    /// their summaries, so that at most `keep` of its transitions remain — every episode up to and
+    /// including the one holding its `keep + 1`-th newest transition — and ignores later writes
+    /// of rows or summaries of those episodes. Nothing is deleted when `target` has at most `keep`
+    /// transitions. [`StoreError::Unsupported`] from a backend that cannot delete per target.
+    fn prune(&self, target: &Target, keep: NonZeroU64) -> Result<Pruned, StoreError>;
+}
+
+/// What one [`TrajectoryStore::prune`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Transitions deleted.
+    pub transitions: u64,
+    /// Episode summaries deleted.
+    pub episodes: u64,
+    /// The target's first retained episode after this call (0 when it was never pruned): rows
+    /// and summaries of earlier episodes are ignored from now on.
+    pub below_episode: u64,
 }
 
 /// The ordinals (0-based positions in `(namespace, name, episode, step)` order among `rows` rows)

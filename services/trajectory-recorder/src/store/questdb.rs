@@ -22,8 +22,13 @@
 //!   write sees it (the contract both backends share), `append` and `put_episode` wait until the
 //!   table's `writerTxn` reaches its `sequencerTxn` (`wal_tables()`), up to
 //!   [`QuestDbConfig::visibility_timeout`]; a zero timeout does not wait.
+//! * **Retention.** QuestDB has no row `DELETE`; it drops whole time partitions (by TTL or
+//!   `ALTER TABLE … DROP PARTITION`), for every target at once. So [`TrajectoryStore::prune`]
+//!   answers [`StoreError::Unsupported`] and the recorder refuses `recorder.keep_transitions`
+//!   with this store: bound its tables with `ALTER TABLE <prefix>transitions SET TTL …` instead.
 
 use std::collections::{BTreeSet, HashMap};
+use std::num::NonZeroU64;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -34,7 +39,7 @@ use serde_json::Value;
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition,
 };
 
 /// Where QuestDB is and how to talk to it.
@@ -854,6 +859,15 @@ impl TrajectoryStore for QuestDbStore {
             }
         }
         Ok(set.into_iter().collect())
+    }
+
+    fn prune(&self, _target: &Target, _keep: NonZeroU64) -> Result<Pruned, StoreError> {
+        Err(StoreError::Unsupported {
+            backend: "questdb",
+            op: "prune",
+            hint: "QuestDB deletes whole time partitions only: bound the tables with \
+                   `ALTER TABLE … SET TTL` and set recorder.keep_transitions = 0",
+        })
     }
 }
 

@@ -12,6 +12,11 @@
 //!   prepared statement: all rows or none, and one commit (one fsync) per batch.
 //! * **Migrations.** `PRAGMA user_version` holds the schema version; opening applies the missing
 //!   steps of [`MIGRATIONS`] in one transaction, and refuses a file from a newer build.
+//! * **Retention.** `prune` deletes a target's oldest episodes (transitions and summaries) in one
+//!   transaction and records the cut in `retention` (`below_episode` and the running total
+//!   `pruned_rows` per target, schema v2);
+//!   `append` and `put_episode` skip rows of earlier episodes. Deleted pages are reused by later
+//!   writes, so a pruned file stops growing rather than shrinking (`VACUUM` returns the space).
 //! * **Durability.** WAL journal with `synchronous=FULL` by default ([`Durability::Full`]). WAL
 //!   alone already survives a *process* crash: a commit has written its frames to the WAL file
 //!   (the OS page cache) before returning, and the next open recovers them. `FULL` also fsyncs the
@@ -26,6 +31,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::num::NonZeroU64;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -36,11 +42,12 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition,
 };
 
 /// Schema migrations; `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[r#"
+pub const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE transitions (
     namespace TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -88,7 +95,17 @@ CREATE TABLE targets (
     name TEXT NOT NULL,
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;
-"#];
+"#,
+    r#"
+CREATE TABLE retention (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    below_episode INTEGER NOT NULL,
+    pruned_rows INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+"#,
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -542,6 +559,7 @@ impl TrajectoryStore for SqliteStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin append", "transitions", &scope))?;
+        let mut skipped = 0usize;
         {
             let mut ins = tx.prepare_cached(UPSERT_TRANSITION).map_err(sq(
                 "prepare append",
@@ -553,19 +571,28 @@ impl TrajectoryStore for SqliteStore {
                 "targets",
                 &scope,
             ))?;
-            let mut last: Option<&Target> = None;
+            let mut last: Option<(&Target, i64)> = None;
             for t in batch {
-                write_transition(&mut ins, t).map_err(sq("append", "transitions", t.key()))?;
-                if last != Some(&t.target) {
-                    tgt.execute(params![t.target.namespace, t.target.name])
-                        .map_err(sq("append", "targets", &t.target))?;
-                    last = Some(&t.target);
+                let below = match last {
+                    Some((lt, below)) if lt == &t.target => below,
+                    _ => {
+                        tgt.execute(params![t.target.namespace, t.target.name])
+                            .map_err(sq("append", "targets", &t.target))?;
+                        let below = below_episode(&tx, &t.target)?;
+                        last = Some((&t.target, below));
+                        below
+                    }
+                };
+                if i64_of(t.episode) < below {
+                    skipped += 1;
+                    continue;
                 }
+                write_transition(&mut ins, t).map_err(sq("append", "transitions", t.key()))?;
             }
         }
         tx.commit()
             .map_err(sq("commit append", "transitions", &scope))?;
-        tracing::debug!(rows = batch.len(), scope = %scope, "appended transitions");
+        tracing::debug!(rows = batch.len() - skipped, pruned_skipped = skipped, scope = %scope, "appended transitions");
         Ok(())
     }
 
@@ -575,6 +602,24 @@ impl TrajectoryStore for SqliteStore {
 
     fn count_all(&self) -> Result<u64, StoreError> {
         Self::count_scope(&self.lock(), None)
+    }
+
+    fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
+        let mut conn = self.lock();
+        // One read transaction: the count and the pruned total see the same snapshot.
+        let tx = conn
+            .transaction()
+            .map_err(sq("begin recorded", "transitions", target))?;
+        let present = Self::count_scope(&tx, Some(target))?;
+        let pruned: i64 = tx
+            .prepare_cached("SELECT pruned_rows FROM retention WHERE namespace = ?1 AND name = ?2")
+            .and_then(|mut s| {
+                s.query_row(params![target.namespace, target.name], |r| r.get(0))
+                    .optional()
+            })
+            .map(Option::unwrap_or_default)
+            .map_err(sq("read retention", "retention", target))?;
+        Ok(present.saturating_add(u64::try_from(pruned).unwrap_or(0)))
     }
 
     fn transitions(
@@ -704,6 +749,10 @@ impl TrajectoryStore for SqliteStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin put_episode", "episodes", &key))?;
+        if i64_of(s.episode) < below_episode(&tx, &s.target)? {
+            // A summary of a pruned episode (a replay after a restart): already gone for good.
+            return Ok(());
+        }
         tx.prepare_cached(UPSERT_EPISODE)
             .and_then(|mut stmt| {
                 stmt.execute(params![
@@ -760,6 +809,81 @@ impl TrajectoryStore for SqliteStore {
             })
             .map_err(sq("list targets", "targets", &self.path))
     }
+
+    fn prune(&self, target: &Target, keep: NonZeroU64) -> Result<Pruned, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq("begin prune", "transitions", target))?;
+        // The episode of the `keep + 1`-th newest row: it and every earlier episode go.
+        let cut: Option<i64> = tx
+            .prepare_cached(
+                "SELECT episode FROM transitions WHERE namespace = ?1 AND name = ?2 \
+                 ORDER BY episode DESC, step DESC LIMIT 1 OFFSET ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(
+                    params![target.namespace, target.name, i64_of(keep.get())],
+                    |r| r.get(0),
+                )
+                .optional()
+            })
+            .map_err(sq("prune", "transitions", target))?;
+        let Some(cut) = cut else {
+            let below = below_episode(&tx, target)?;
+            return Ok(Pruned {
+                below_episode: u64::try_from(below).unwrap_or(0),
+                ..Pruned::default()
+            });
+        };
+        let transitions = tx
+            .prepare_cached(
+                "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+            )
+            .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+            .map_err(sq("prune", "transitions", target))?;
+        let episodes = tx
+            .prepare_cached(
+                "DELETE FROM episodes WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+            )
+            .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+            .map_err(sq("prune", "episodes", target))?;
+        let below = cut.saturating_add(1);
+        tx.prepare_cached(
+            "INSERT INTO retention (namespace, name, below_episode, pruned_rows) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (namespace, name) DO UPDATE SET \
+             below_episode = max(below_episode, excluded.below_episode), \
+             pruned_rows = pruned_rows + excluded.pruned_rows",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                target.namespace,
+                target.name,
+                below,
+                i64::try_from(transitions).unwrap_or(i64::MAX)
+            ])
+        })
+        .map_err(sq("prune", "retention", target))?;
+        tx.commit()
+            .map_err(sq("commit prune", "transitions", target))?;
+        tracing::debug!(target = %target, transitions, episodes, below_episode = below, "pruned the oldest episodes");
+        Ok(Pruned {
+            transitions: transitions as u64,
+            episodes: episodes as u64,
+            below_episode: u64::try_from(below).unwrap_or(0),
+        })
+    }
+}
+
+/// The first episode of `target` that retention keeps (0: never pruned).
+fn below_episode(conn: &Connection, target: &Target) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT below_episode FROM retention WHERE namespace = ?1 AND name = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![target.namespace, target.name], |r| r.get(0))
+                .optional()
+        })
+        .map(Option::unwrap_or_default)
+        .map_err(sq("read retention", "retention", target))
 }
 
 #[cfg(test)]
@@ -816,6 +940,7 @@ mod tests {
             targets_are_listed,
             reopen_keeps_data,
             concurrent_appends_lose_nothing,
+            pruning_keeps_the_newest_whole_episodes,
         );
     }
 
@@ -874,6 +999,42 @@ mod tests {
             .pragma_query_value(None, "synchronous", |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 2, "FULL is 2");
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated_with_its_rows_and_can_be_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.sqlite");
+        let t = Target::new("ns", "old");
+        {
+            // A file written by a build that knew schema v1 only.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+        }
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            let tx = conn.transaction().unwrap();
+            {
+                let mut ins = tx.prepare_cached(UPSERT_TRANSITION).unwrap();
+                for e in 0..3 {
+                    for s in 0..4 {
+                        write_transition(&mut ins, &conformance::transition(&t, e, s)).unwrap();
+                    }
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let store = SqliteStore::open_path(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), 2);
+        assert_eq!(
+            store.count(&t).unwrap(),
+            12,
+            "v1 rows survive the migration"
+        );
+        let p = store.prune(&t, NonZeroU64::new(4).unwrap()).unwrap();
+        assert_eq!((p.transitions, p.below_episode), (8, 2));
+        assert_eq!(store.transitions(&t, 0..u64::MAX).unwrap().len(), 4);
     }
 
     #[test]
