@@ -404,6 +404,26 @@ enum BenchCommand {
         #[arg(long, default_value_t = bench::adapt::AdaptBenchOptions::default().critic_warmup_episodes)]
         critic_warmup: usize,
     },
+    /// The trajectory store at the retention bound (`recorder.keep_transitions`): append rate,
+    /// the trainer's reads before and after a retention pass, the passes; writes store.json.
+    Store {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Rows of one target stored before the first pass.
+        #[arg(long, default_value_t = bench::store::StoreBenchOptions::default().rows)]
+        rows: u64,
+        /// `recorder.keep_transitions`.
+        #[arg(long, default_value_t = bench::store::StoreBenchOptions::default().keep)]
+        keep: u64,
+        #[arg(long, default_value_t = bench::store::StoreBenchOptions::default().steps_per_episode)]
+        steps_per_episode: u32,
+        /// Rows per timed sample (a trainer round's draw).
+        #[arg(long, default_value_t = bench::store::StoreBenchOptions::default().sample)]
+        sample: usize,
+        /// Runs (medians reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus {
         #[arg(long, default_value = "bench-out")]
@@ -971,6 +991,59 @@ fn main() -> anyhow::Result<()> {
                     r.observed_target_steps_per_sec_median,
                 );
                 println!("wrote {}", r.json.display());
+            }
+            BenchCommand::Store {
+                out,
+                rows,
+                keep,
+                steps_per_episode,
+                sample,
+                runs,
+            } => {
+                let opts = bench::store::StoreBenchOptions {
+                    out: out.clone(),
+                    rows,
+                    keep,
+                    steps_per_episode,
+                    sample,
+                    runs,
+                    ..Default::default()
+                };
+                let r = bench::store::run(&opts)?;
+                for (i, x) in r.runs.iter().enumerate() {
+                    println!(
+                        "run {i}: append {:.0} rows/s ({:.0} MB); before the pass: poll {:.2} ms, recorded {:.1} ms, count {:.1} ms, sample {:.0} ms; first pass {:.0} ms ({} rows); after: poll {:.2} ms, recorded {:.1} ms, sample {:.0} ms; steady pass {:.0} ms ({} rows); {:.0} MB after",
+                        x.append_rows_per_s,
+                        x.file_bytes_before as f64 / 1e6,
+                        x.poll_ms_before,
+                        x.recorded_ms_before,
+                        x.count_ms_before,
+                        x.sample_ms_before,
+                        x.prune_ms,
+                        x.pruned_rows,
+                        x.poll_ms_after,
+                        x.recorded_ms_after,
+                        x.sample_ms_after,
+                        x.steady_prune_ms,
+                        x.steady_pruned_rows,
+                        x.file_bytes_after as f64 / 1e6,
+                    );
+                }
+                println!(
+                    "medians: append {:.0} rows/s; sample {:.0} → {:.0} ms; poll {:.2} → {:.2} ms (count {:.1} ms); recorded {:.1} → {:.1} ms; first pass {:.0} ms; steady pass {:.0} ms",
+                    r.median_append_rows_per_s,
+                    r.median_sample_ms_before,
+                    r.median_sample_ms_after,
+                    r.median_poll_ms_before,
+                    r.median_poll_ms_after,
+                    r.median_count_ms_before,
+                    r.median_recorded_ms_before,
+                    r.median_recorded_ms_after,
+                    r.median_prune_ms,
+                    r.median_steady_prune_ms,
+                );
+                let path = bench::write_json(&out, "store.json", &serde_json::to_value(&r)?)?;
+                println!("wrote {path}");
             }
             BenchCommand::Bus {
                 out,

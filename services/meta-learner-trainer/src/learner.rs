@@ -346,6 +346,10 @@ pub struct Learner {
     /// Last published (or found in the model store) version.
     version: u64,
     trained_at: u64,
+    /// Rows recorded for the target as this learner counted them (see [`Learner::poll_rows`]),
+    /// and the position of the newest.
+    polled: u64,
+    polled_through: Option<(u64, u32)>,
     last_round: Option<Instant>,
     rounds: u64,
     /// The mode of the last round and the online rounds since the last OFFLINE → ONLINE.
@@ -378,6 +382,8 @@ impl Learner {
             ddpg: None,
             version: 0,
             trained_at: 0,
+            polled: 0,
+            polled_through: None,
             last_round: None,
             rounds: 0,
             last_mode: None,
@@ -481,13 +487,7 @@ impl Learner {
         let Some(mode) = RoundMode::of(stage) else {
             return Ok(None);
         };
-        // Rows ever recorded, pruned ones included: retention must not stall the trigger.
-        let count = store
-            .recorded(&self.target)
-            .map_err(|source| TrainerError::Store {
-                target: self.target.clone(),
-                source: Box::new(source),
-            })?;
+        let count = self.poll_rows(store)?;
         let now = Instant::now();
         let min = match mode {
             RoundMode::Offline => self.cfg.offline_min_transitions,
@@ -513,6 +513,19 @@ impl Learner {
         self.trained_at = count;
         self.last_round = Some(now);
         Ok(Some(published))
+    }
+
+    /// The target's recorded rows as this learner has counted them: the first poll counts what
+    /// is stored, each later one adds the rows after the newest it saw
+    /// ([`TrajectoryStore::rows_after`]: the new rows, not the history, so a poll stays cheap at
+    /// the retention bound), and retention deleting old rows never lowers it.
+    fn poll_rows(&mut self, store: &dyn TrajectoryStore) -> Result<u64, TrainerError> {
+        let (n, newest) = store
+            .rows_after(&self.target, self.polled_through)
+            .map_err(|e| self.store_err(e))?;
+        self.polled = self.polled.saturating_add(n);
+        self.polled_through = self.polled_through.max(newest);
+        Ok(self.polled)
     }
 
     fn ddpg(&mut self, models: &dyn ModelStore) -> Result<&mut Ddpg, TrainerError> {

@@ -8,6 +8,7 @@ pub mod control_loop;
 pub mod embed;
 pub mod serve;
 pub mod serve_bus;
+pub mod store;
 
 use std::path::Path;
 

@@ -83,13 +83,14 @@ pub const CASE_NAMES: &[&str] = &[
     "reopen_keeps_data",
     "concurrent_appends_lose_nothing",
     "pruning_keeps_the_newest_whole_episodes",
+    "rows_after_counts_only_newer_rows",
 ];
 
 type Case<B> = fn(&B) -> Result<(), Failure>;
 
 /// Every case with its name (same order as [`CASE_NAMES`]).
 pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
-    let fns: [Case<B>; 14] = [
+    let fns: [Case<B>; 15] = [
         append_and_read_in_order,
         reappend_is_idempotent,
         counts_per_target_and_total,
@@ -104,6 +105,7 @@ pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
         reopen_keeps_data,
         concurrent_appends_lose_nothing,
         pruning_keeps_the_newest_whole_episodes,
+        rows_after_counts_only_newer_rows,
     ];
     CASE_NAMES.iter().copied().zip(fns).collect()
 }
@@ -766,6 +768,60 @@ pub fn pruning_keeps_the_newest_whole_episodes<B: Backend>(b: &B) -> Result<(), 
     check!(
         store.targets()?.contains(&a),
         "a pruned target is still listed"
+    );
+    Ok(())
+}
+
+/// `rows_after(target, position)`: the rows after the position and the newest of them; `None`
+/// counts every row; other targets and (where the backend prunes) pruned rows do not count.
+pub fn rows_after_counts_only_newer_rows<B: Backend>(b: &B) -> Result<(), Failure> {
+    let store = b.open("rows-after")?;
+    let (a, bb) = (tgt("a-app"), tgt("b-app"));
+    check_eq!(store.rows_after(&a, None)?, (0, None), "an empty target");
+    store.append(&rows(&a, 0..6, 5))?;
+    store.append(&rows(&bb, 0..9, 5))?;
+    for e in 0..5 {
+        store.put_episode(&episode(&a, e, 1.0))?;
+    }
+    check_eq!(
+        store.rows_after(&a, None)?,
+        (30, Some((5, 4))),
+        "rows_after(a, None)"
+    );
+    check_eq!(
+        store.rows_after(&a, Some((3, 2)))?,
+        (12, Some((5, 4))),
+        "rows_after(a, (3, 2))"
+    );
+    check_eq!(
+        store.rows_after(&a, Some((5, 4)))?,
+        (0, None),
+        "after the newest"
+    );
+    check_eq!(
+        store.rows_after(&a, Some((9, 0)))?,
+        (0, None),
+        "after a future position"
+    );
+    // A poller: the rows it has not counted yet, and nothing twice.
+    store.append(&rows(&a, 6..7, 3))?;
+    check_eq!(
+        store.rows_after(&a, Some((5, 4)))?,
+        (3, Some((6, 2))),
+        "three new rows"
+    );
+    let pruned = match store.prune(
+        &a,
+        NonZeroU64::new(10).ok_or_else(|| Failure("keep".into()))?,
+    ) {
+        Err(StoreError::Unsupported { .. }) => return Ok(()),
+        other => other?,
+    };
+    check!(pruned.transitions > 0, "keep 10 of 33 pruned nothing");
+    check_eq!(
+        store.rows_after(&a, Some((5, 4)))?,
+        (3, Some((6, 2))),
+        "pruning older rows changes nothing after a position"
     );
     Ok(())
 }

@@ -257,6 +257,34 @@ pub trait TrajectoryStore: Send + Sync {
     /// Number of transitions of all targets.
     fn count_all(&self) -> Result<u64, StoreError>;
 
+    /// How many of `target`'s transitions come after position `after` (`(episode, step)`,
+    /// exclusive; `None`: all of them), and the position of the newest of those (`None` when
+    /// there is none). A poller passing the newest position it saw counts only the new rows (an
+    /// index range on SQLite, not the history), and retention deleting old rows never changes
+    /// the answer. The default reads the rows from `after`'s episode (with `None`, the count and
+    /// the rows from the last summarized episode); SQLite answers from one snapshot.
+    fn rows_after(
+        &self,
+        target: &Target,
+        after: Option<(u64, u32)>,
+    ) -> Result<(u64, Option<(u64, u32)>), StoreError> {
+        let (from, all) = match after {
+            Some((episode, _)) => (episode, None),
+            None => (
+                self.episodes(target, 1)?.last().map_or(0, |e| e.episode),
+                Some(self.count(target)?),
+            ),
+        };
+        let newer: Vec<(u64, u32)> = self
+            .transitions(target, from..u64::MAX)?
+            .iter()
+            .map(|t| (t.episode, t.step))
+            .filter(|&p| after.is_none_or(|a| p > a))
+            .collect();
+        let n = all.unwrap_or(newer.len() as u64);
+        Ok((n, newer.into_iter().max()))
+    }
+
     /// Number of transitions ever stored for `target`, pruned ones included: never decreases,
     /// so a reader counting new rows (the trainer's round trigger) is not fooled by retention.
     /// Equal to [`TrajectoryStore::count`] on a backend that never prunes.

@@ -604,6 +604,46 @@ impl TrajectoryStore for SqliteStore {
         Self::count_scope(&self.lock(), None)
     }
 
+    fn rows_after(
+        &self,
+        target: &Target,
+        after: Option<(u64, u32)>,
+    ) -> Result<(u64, Option<(u64, u32)>), StoreError> {
+        let mut conn = self.lock();
+        // One read transaction: the count and the newest position see the same rows.
+        let tx = conn
+            .transaction()
+            .map_err(sq("begin rows_after", "transitions", target))?;
+        let (episode, step) = after.map_or((-1, -1), |(e, s)| (i64_of(e), i64::from(s)));
+        let n: i64 = tx
+            .prepare_cached(
+                "SELECT count(*) FROM transitions WHERE namespace = ?1 AND name = ?2 \
+                 AND (episode, step) > (?3, ?4)",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![target.namespace, target.name, episode, step], |r| {
+                    r.get(0)
+                })
+            })
+            .map_err(sq("rows_after", "transitions", target))?;
+        let newest: Option<(i64, i64)> = tx
+            .prepare_cached(
+                "SELECT episode, step FROM transitions WHERE namespace = ?1 AND name = ?2 \
+                 AND (episode, step) > (?3, ?4) ORDER BY episode DESC, step DESC LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![target.namespace, target.name, episode, step], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+            })
+            .map_err(sq("rows_after", "transitions", target))?;
+        Ok((
+            u64::try_from(n).unwrap_or(0),
+            newest.map(|(e, s)| (u64::try_from(e).unwrap_or(0), u32::try_from(s).unwrap_or(0))),
+        ))
+    }
+
     fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
         let mut conn = self.lock();
         // One read transaction: the count and the pruned total see the same snapshot.
@@ -941,7 +981,79 @@ mod tests {
             reopen_keeps_data,
             concurrent_appends_lose_nothing,
             pruning_keeps_the_newest_whole_episodes,
+            rows_after_counts_only_newer_rows,
         );
+    }
+
+    /// The SQLite store without its own `rows_after`: the trait's default, the one QuestDB uses.
+    struct DefaultRowsAfter(SqliteStore);
+
+    impl TrajectoryStore for DefaultRowsAfter {
+        fn backend(&self) -> &'static str {
+            "sqlite-default-rows-after"
+        }
+        fn append(&self, batch: &[Transition]) -> Result<(), StoreError> {
+            self.0.append(batch)
+        }
+        fn count(&self, target: &Target) -> Result<u64, StoreError> {
+            self.0.count(target)
+        }
+        fn count_all(&self) -> Result<u64, StoreError> {
+            self.0.count_all()
+        }
+        fn transitions(
+            &self,
+            target: &Target,
+            episodes: Range<u64>,
+        ) -> Result<Vec<Transition>, StoreError> {
+            self.0.transitions(target, episodes)
+        }
+        fn sample(
+            &self,
+            target: Option<&Target>,
+            n: usize,
+            seed: u64,
+        ) -> Result<Vec<Transition>, StoreError> {
+            self.0.sample(target, n, seed)
+        }
+        fn put_episode(&self, summary: &EpisodeSummary) -> Result<(), StoreError> {
+            self.0.put_episode(summary)
+        }
+        fn episodes(&self, target: &Target, n: usize) -> Result<Vec<EpisodeSummary>, StoreError> {
+            self.0.episodes(target, n)
+        }
+        fn top_episodes(
+            &self,
+            target: &Target,
+            m: usize,
+        ) -> Result<Vec<EpisodeSummary>, StoreError> {
+            self.0.top_episodes(target, m)
+        }
+        fn targets(&self) -> Result<Vec<Target>, StoreError> {
+            self.0.targets()
+        }
+        fn prune(&self, target: &Target, keep: NonZeroU64) -> Result<Pruned, StoreError> {
+            self.0.prune(target, keep)
+        }
+        fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
+            self.0.recorded(target)
+        }
+    }
+
+    struct DefaultBackend(SqliteBackend);
+
+    impl Backend for DefaultBackend {
+        type Store = DefaultRowsAfter;
+        fn open(&self, key: &str) -> Result<DefaultRowsAfter, StoreError> {
+            self.0.open(key).map(DefaultRowsAfter)
+        }
+    }
+
+    #[test]
+    fn the_default_rows_after_passes_the_suite() {
+        let backend = DefaultBackend(SqliteBackend::new());
+        let report = conformance::run_all(&backend);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
     }
 
     #[test]
