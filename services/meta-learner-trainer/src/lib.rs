@@ -21,6 +21,7 @@
 pub mod embedding;
 pub mod learner;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +70,8 @@ pub fn training_data(
 #[derive(Clone)]
 pub struct TrainerMetrics {
     pub transitions: prometheus::IntGauge,
+    /// A whole-store count for `transitions` is running (one at a time across targets).
+    counting_all: Arc<AtomicBool>,
     pub rounds: prometheus::IntCounter,
     pub round_errors: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
@@ -149,6 +152,7 @@ impl TrainerMetrics {
         r.register(Box::new(round_seconds.clone())).map_err(err)?;
         Ok(TrainerMetrics {
             transitions,
+            counting_all: Arc::new(AtomicBool::new(false)),
             rounds,
             round_errors,
             gradient_steps,
@@ -405,20 +409,36 @@ impl Handler<Deliver> for TargetTrainer {
             tracing::info!(target = %self.target, to, reason = %l.reason, "rollback requested");
             self.rollback = Some((to, (l.episode, l.step)));
         }
-        // The paper's top-M bundle (M = 20) is what the meta-learner will read.
-        match training_data(self.store.as_ref(), &self.target, 20) {
-            Ok(d) => {
-                tracing::info!(target = %self.target, stage = %l.stage, retraining = self.retraining, transitions = d.transitions, episodes = d.episodes, best = ?d.best_episode_reward, "training data at stage change");
-                if let Ok(all) = self.store.count_all() {
-                    self.metrics
-                        .transitions
-                        .set(i64::try_from(all).unwrap_or(i64::MAX));
+        // The paper's top-M bundle (M = 20) is what the meta-learner will read. Counting walks
+        // the store's rows (every target's for the gauge: seconds at the retention bound with
+        // many targets), so it runs on the blocking pool, never on the actor's thread, and one
+        // whole-store count at a time.
+        let (store, target, metrics) = (
+            self.store.clone(),
+            self.target.clone(),
+            self.metrics.clone(),
+        );
+        let (stage, retraining) = (l.stage, self.retraining);
+        tokio::task::spawn_blocking(move || {
+            match training_data(store.as_ref(), &target, 20) {
+                Ok(d) => {
+                    tracing::info!(target = %target, stage = %stage, retraining, transitions = d.transitions, episodes = d.episodes, best = ?d.best_episode_reward, "training data at stage change");
+                }
+                Err(e) => {
+                    tracing::warn!(target = %target, error = %e, "cannot read the trajectory store");
+                    return;
                 }
             }
-            Err(e) => {
-                tracing::warn!(target = %self.target, error = %e, "cannot read the trajectory store")
+            if metrics.counting_all.swap(true, Ordering::AcqRel) {
+                return; // another target's count is running
             }
-        }
+            if let Ok(all) = store.count_all() {
+                metrics
+                    .transitions
+                    .set(i64::try_from(all).unwrap_or(i64::MAX));
+            }
+            metrics.counting_all.store(false, Ordering::Release);
+        });
     }
 }
 
