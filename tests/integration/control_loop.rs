@@ -11,12 +11,9 @@ use aware_shared::config::{AppConfig, SourceKind};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 use tokio_util::sync::CancellationToken;
 
-#[actix_rt::test]
-async fn fallback_loop_records_every_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("trajectories.db");
-    let (apps, spe, episodes) = (4usize, 20u32, 3u64);
-    let steps = u64::from(spe) * episodes;
+/// The simulated cluster of `apps` (seed 11) for `steps` steps of `spe`-step episodes, the
+/// recorder's section `recorder`.
+fn simulated(apps: usize, spe: u32, steps: u64, recorder: serde_json::Value) -> AppConfig {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
@@ -24,8 +21,20 @@ async fn fallback_loop_records_every_step() {
     cfg.collector.simulator.apps = apps;
     cfg.collector.simulator.seed = 11;
     cfg.collector.simulator.max_steps = steps;
-    cfg.sections.insert(
-        "recorder".into(),
+    cfg.sections.insert("recorder".into(), recorder);
+    cfg
+}
+
+#[actix_rt::test]
+async fn fallback_loop_records_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let (apps, spe, episodes) = (4usize, 20u32, 3u64);
+    let steps = u64::from(spe) * episodes;
+    let cfg = simulated(
+        apps,
+        spe,
+        steps,
         serde_json::json!({ "sqlite_path": db.display().to_string(), "batch": 64 }),
     );
     let bus = Bus::in_process(65_536);
@@ -111,15 +120,10 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     let db = dir.path().join("trajectories.db");
     let (apps, spe, episodes) = (3usize, 20u32, 8u64);
     let steps = u64::from(spe) * episodes;
-    let mut cfg = AppConfig::default();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = spe;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 11;
-    cfg.collector.simulator.max_steps = steps;
-    cfg.sections.insert(
-        "recorder".into(),
+    let cfg = simulated(
+        apps,
+        spe,
+        steps,
         serde_json::json!({
             "sqlite_path": db.display().to_string(),
             "batch": 16,
@@ -129,14 +133,7 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     let bus = Bus::in_process(65_536);
     let (mut eps, running, shutdown) =
         crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
-    let registry = running
-        .contexts
-        .iter()
-        .find(|c| c.name == "trajectory-recorder")
-        .expect("the recorder runs")
-        .metrics
-        .registry()
-        .clone();
+    let counter = crate::metrics_of(&running, "trajectory-recorder");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut seen = 0u64;
     while seen < apps as u64 * episodes {
@@ -173,13 +170,6 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
             "{t}: summaries"
         );
     }
-    let counter = |name: &str| {
-        registry
-            .gather()
-            .iter()
-            .find(|f| f.name() == name)
-            .map(|f| f.get_metric()[0].get_counter().get_value())
-    };
     let n = apps as u64;
     assert_eq!(
         counter("aware_recorder_transitions_pruned_total"),
@@ -378,13 +368,9 @@ async fn held_observations(
             }
         }
     }
-    let injected = running.contexts[0]
-        .metrics
-        .registry()
-        .gather()
-        .iter()
-        .find(|f| f.name() == "aware_collector_scenarios_injected_total")
-        .map(|f| f.get_metric()[0].get_counter().get_value());
+    let injected = crate::metrics_of(&running, running.contexts[0].name)(
+        "aware_collector_scenarios_injected_total",
+    );
     shutdown.cancel();
     running.join().await.unwrap();
     (seen, injected)

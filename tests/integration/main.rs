@@ -40,6 +40,32 @@ pub(crate) async fn start_services(
     (sub, running, shutdown)
 }
 
+/// Reads the counters and gauges of `service` (one of `running`'s) by name: `None` for a metric
+/// it does not have. It keeps the service's registry, so it still answers after
+/// `running.join()`.
+pub(crate) fn metrics_of(
+    running: &aware_shared::launcher::Running,
+    service: &str,
+) -> impl Fn(&str) -> Option<f64> {
+    let registry = running
+        .contexts
+        .iter()
+        .find(|c| c.name == service)
+        .unwrap_or_else(|| panic!("{service} runs"))
+        .metrics
+        .registry()
+        .clone();
+    move |name| {
+        let families = registry.gather();
+        let f = families.iter().find(|f| f.name() == name)?;
+        let m = f.get_metric().first()?;
+        match f.get_field_type() {
+            prometheus::proto::MetricType::GAUGE => Some(m.get_gauge().get_value()),
+            _ => Some(m.get_counter().get_value()),
+        }
+    }
+}
+
 /// Waits (at most 10 s) until every service of `running` is ready: subscribed, so a message
 /// published now reaches them.
 pub(crate) async fn wait_ready(running: &aware_shared::launcher::Running) {

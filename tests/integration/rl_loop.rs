@@ -371,21 +371,8 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     );
     // The stage changes set the trainer's gauge of stored transitions (counted off the actor's
     // thread, so it may trail the last change briefly).
-    let registry = running
-        .contexts
-        .iter()
-        .find(|c| c.name == "meta-learner-trainer")
-        .expect("the trainer runs")
-        .metrics
-        .registry()
-        .clone();
-    let gauge = || {
-        registry
-            .gather()
-            .iter()
-            .find(|f| f.name() == "aware_trainer_transitions_available")
-            .map_or(0.0, |f| f.get_metric()[0].get_gauge().get_value())
-    };
+    let metric = crate::metrics_of(&running, "meta-learner-trainer");
+    let gauge = || metric("aware_trainer_transitions_available").unwrap_or(0.0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while gauge() <= 0.0 {
         assert!(tokio::time::Instant::now() < deadline, "the gauge stays 0");
