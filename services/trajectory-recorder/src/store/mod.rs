@@ -286,8 +286,9 @@ pub trait TrajectoryStore: Send + Sync {
     }
 
     /// Number of transitions ever stored for `target`, pruned ones included: never decreases,
-    /// so a reader counting new rows (the trainer's round trigger) is not fooled by retention.
-    /// Equal to [`TrajectoryStore::count`] on a backend that never prunes.
+    /// so retention does not fool a reader comparing it over time. A whole-history count, like
+    /// [`TrajectoryStore::count`] (to which it is equal on a backend that never prunes); a poller
+    /// counting new rows uses [`TrajectoryStore::rows_after`].
     fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
         self.count(target)
     }
