@@ -106,24 +106,25 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// `path` with `suffix` appended to its file name (SQLite's `-wal`, `-shm`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// The database file and its WAL.
 fn file_bytes(path: &Path) -> u64 {
-    let wal = {
-        let mut p = path.as_os_str().to_owned();
-        p.push("-wal");
-        PathBuf::from(p)
-    };
-    [path.to_path_buf(), wal]
+    ["", "-wal"]
         .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
+        .filter_map(|s| std::fs::metadata(with_suffix(path, s)).ok())
         .map(|m| m.len())
         .sum()
 }
 
 fn remove(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(p));
+        let _ = std::fs::remove_file(with_suffix(path, suffix));
     }
 }
 

@@ -651,14 +651,7 @@ impl TrajectoryStore for SqliteStore {
             .transaction()
             .map_err(sq("begin recorded", "transitions", target))?;
         let present = Self::count_scope(&tx, Some(target))?;
-        let pruned: i64 = tx
-            .prepare_cached("SELECT pruned_rows FROM retention WHERE namespace = ?1 AND name = ?2")
-            .and_then(|mut s| {
-                s.query_row(params![target.namespace, target.name], |r| r.get(0))
-                    .optional()
-            })
-            .map(Option::unwrap_or_default)
-            .map_err(sq("read retention", "retention", target))?;
+        let (_, pruned) = retention(&tx, target)?;
         Ok(present.saturating_add(u64::try_from(pruned).unwrap_or(0)))
     }
 
@@ -915,15 +908,25 @@ impl TrajectoryStore for SqliteStore {
     }
 }
 
+/// `target`'s retention row: the first episode retention keeps and the rows it deleted so far
+/// (both 0: never pruned).
+fn retention(conn: &Connection, target: &Target) -> Result<(i64, i64), StoreError> {
+    conn.prepare_cached(
+        "SELECT below_episode, pruned_rows FROM retention WHERE namespace = ?1 AND name = ?2",
+    )
+    .and_then(|mut s| {
+        s.query_row(params![target.namespace, target.name], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+    })
+    .map(Option::unwrap_or_default)
+    .map_err(sq("read retention", "retention", target))
+}
+
 /// The first episode of `target` that retention keeps (0: never pruned).
 fn below_episode(conn: &Connection, target: &Target) -> Result<i64, StoreError> {
-    conn.prepare_cached("SELECT below_episode FROM retention WHERE namespace = ?1 AND name = ?2")
-        .and_then(|mut s| {
-            s.query_row(params![target.namespace, target.name], |r| r.get(0))
-                .optional()
-        })
-        .map(Option::unwrap_or_default)
-        .map_err(sq("read retention", "retention", target))
+    retention(conn, target).map(|(below, _)| below)
 }
 
 #[cfg(test)]
