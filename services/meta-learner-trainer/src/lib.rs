@@ -409,10 +409,10 @@ impl Handler<Deliver> for TargetTrainer {
             tracing::info!(target = %self.target, to, reason = %l.reason, "rollback requested");
             self.rollback = Some((to, (l.episode, l.step)));
         }
-        // The paper's top-M bundle (M = 20) is what the meta-learner will read. Counting walks
-        // the store's rows (every target's for the gauge: seconds at the retention bound with
-        // many targets), so it runs on the blocking pool, never on the actor's thread, and one
-        // whole-store count at a time.
+        // The paper's top-M bundle (M = 20) is what the meta-learner will read. Counting may
+        // walk the store's rows (QuestDB, every target's for the gauge: seconds at the retention
+        // bound with many targets; SQLite sums per-episode counts), so it runs on the blocking
+        // pool, never on the actor's thread, and one whole-store count at a time.
         let (store, target, metrics) = (
             self.store.clone(),
             self.target.clone(),

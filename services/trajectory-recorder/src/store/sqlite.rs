@@ -2,7 +2,11 @@
 //!
 //! * **Layout.** Tables `transitions` (primary key `(namespace, name, episode, step)`), `episodes`
 //!   (primary key `(namespace, name, episode)`, plus an index by total reward for the top-M query)
-//!   and `targets` (every target seen, so listing targets does not scan the transitions). Vectors
+//!   and `targets` (every target seen, so listing targets does not scan the transitions).
+//!   `episode_rows` (schema v3) holds each episode's row count and step range, kept by triggers
+//!   on `transitions` in the writing transaction: counts, `sample` (an ordinal maps to an episode
+//!   and an offset in it, then to one primary-key read) and retention's cut read it instead of
+//!   walking a target's rows. Vectors
 //!   are BLOBs of little-endian `f32`s, 4 bytes per element (`f32::to_le_bytes`), so they
 //!   round-trip bit-exactly and are readable from any language; integers are `INTEGER` (i64),
 //!   floats `REAL` (f64), enums their snake-case names.
@@ -104,6 +108,34 @@ CREATE TABLE retention (
     pruned_rows INTEGER NOT NULL,
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE episode_rows (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    episode INTEGER NOT NULL,
+    rows INTEGER NOT NULL,
+    min_step INTEGER NOT NULL,
+    max_step INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name, episode)
+) WITHOUT ROWID;
+INSERT INTO episode_rows (namespace, name, episode, rows, min_step, max_step)
+    SELECT namespace, name, episode, count(*), min(step), max(step) FROM transitions
+    GROUP BY namespace, name, episode;
+CREATE TRIGGER transitions_count_insert AFTER INSERT ON transitions BEGIN
+    INSERT INTO episode_rows (namespace, name, episode, rows, min_step, max_step)
+        VALUES (new.namespace, new.name, new.episode, 1, new.step, new.step)
+        ON CONFLICT (namespace, name, episode) DO UPDATE SET
+        rows = rows + 1, min_step = min(min_step, excluded.min_step),
+        max_step = max(max_step, excluded.max_step);
+END;
+CREATE TRIGGER transitions_count_delete AFTER DELETE ON transitions BEGIN
+    UPDATE episode_rows SET rows = rows - 1
+        WHERE namespace = old.namespace AND name = old.name AND episode = old.episode;
+    DELETE FROM episode_rows
+        WHERE namespace = old.namespace AND name = old.name AND episode = old.episode
+        AND rows <= 0;
+END;
 "#,
 ];
 
@@ -268,19 +300,80 @@ impl SqliteStore {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Rows of `target` (every target's when `None`), from the per-episode counts.
     fn count_scope(conn: &Connection, target: Option<&Target>) -> Result<u64, StoreError> {
         let n: i64 = match target {
             Some(t) => conn
                 .prepare_cached(
-                    "SELECT count(*) FROM transitions WHERE namespace = ?1 AND name = ?2",
+                    "SELECT coalesce(sum(rows), 0) FROM episode_rows \
+                     WHERE namespace = ?1 AND name = ?2",
                 )
                 .and_then(|mut s| s.query_row(params![t.namespace, t.name], |r| r.get(0))),
             None => conn
-                .prepare_cached("SELECT count(*) FROM transitions")
+                .prepare_cached("SELECT coalesce(sum(rows), 0) FROM episode_rows")
                 .and_then(|mut s| s.query_row([], |r| r.get(0))),
         }
-        .map_err(sq("count", "transitions", scope_name(target)))?;
+        .map_err(sq("count", "episode_rows", scope_name(target)))?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// The episodes of `target` (every target's when `None`) in key order, with their row counts
+    /// and step ranges.
+    fn episode_rows(
+        conn: &Connection,
+        target: Option<&Target>,
+    ) -> Result<Vec<EpisodeRows>, StoreError> {
+        let (sql, args): (&str, Vec<&dyn rusqlite::ToSql>) = match target {
+            Some(t) => (
+                "SELECT namespace, name, episode, rows, min_step, max_step FROM episode_rows \
+                 WHERE namespace = ?1 AND name = ?2 ORDER BY namespace, name, episode",
+                vec![&t.namespace, &t.name],
+            ),
+            None => (
+                "SELECT namespace, name, episode, rows, min_step, max_step FROM episode_rows \
+                 ORDER BY namespace, name, episode",
+                vec![],
+            ),
+        };
+        conn.prepare_cached(sql)
+            .and_then(|mut s| {
+                s.query_map(args.as_slice(), |r| {
+                    Ok(EpisodeRows {
+                        namespace: r.get(0)?,
+                        name: r.get(1)?,
+                        episode: r.get(2)?,
+                        rows: r.get(3)?,
+                        min_step: r.get(4)?,
+                        max_step: r.get(5)?,
+                    })
+                })?
+                .collect()
+            })
+            .map_err(sq(
+                "read episode counts",
+                "episode_rows",
+                scope_name(target),
+            ))
+    }
+}
+
+/// One row of `episode_rows`: how many transitions an episode holds and its lowest and highest
+/// step (kept by triggers on `transitions`; after a deletion inside an episode the step range
+/// may be wider than the rows, never narrower).
+struct EpisodeRows {
+    namespace: String,
+    name: String,
+    episode: i64,
+    rows: i64,
+    min_step: i64,
+    max_step: i64,
+}
+
+impl EpisodeRows {
+    /// True when the episode's steps are exactly `min_step..=max_step`, so its `k`-th row is
+    /// step `min_step + k`.
+    fn contiguous(&self) -> bool {
+        self.max_step.checked_sub(self.min_step) == self.rows.checked_sub(1)
     }
 }
 
@@ -692,77 +785,70 @@ impl TrajectoryStore for SqliteStore {
     ) -> Result<Vec<Transition>, StoreError> {
         let scope = scope_name(target);
         let mut conn = self.lock();
-        // One read transaction: the count, the key scan and the row reads see one snapshot.
+        // One read transaction: the counts and the row reads see one snapshot.
         let tx = conn
             .transaction()
             .map_err(sq("begin sample", "transitions", &scope))?;
-        let rows = Self::count_scope(&tx, target)?;
+        // Ordinal → (episode, offset) from the per-episode counts: no walk over the rows.
+        let eps = Self::episode_rows(&tx, target)?;
+        let mut ends = Vec::with_capacity(eps.len());
+        let mut rows = 0u64;
+        for e in &eps {
+            rows = rows.saturating_add(u64::try_from(e.rows).unwrap_or(0));
+            ends.push(rows);
+        }
         let draws = sample_ordinals(rows, n, seed);
         let mut wanted: Vec<u64> = draws.clone();
         wanted.sort_unstable();
         wanted.dedup();
 
-        // Walk the primary-key index in order and keep the keys at the wanted ordinals.
-        let mut keys: HashMap<u64, (String, String, i64, i64)> = HashMap::new();
+        let mut by_ordinal: HashMap<u64, Transition> = HashMap::with_capacity(wanted.len());
         {
-            let (sql, args): (&str, Vec<&dyn rusqlite::ToSql>) = match target {
-                Some(t) => (
-                    "SELECT namespace, name, episode, step FROM transitions \
-                     WHERE namespace = ?1 AND name = ?2 ORDER BY namespace, name, episode, step",
-                    vec![&t.namespace, &t.name],
-                ),
-                None => (
-                    "SELECT namespace, name, episode, step FROM transitions \
-                     ORDER BY namespace, name, episode, step",
-                    vec![],
-                ),
-            };
-            let mut stmt = tx
-                .prepare_cached(sql)
-                .map_err(sq("sample", "transitions", &scope))?;
-            let mut it =
-                stmt.query(args.as_slice())
-                    .map_err(sq("sample", "transitions", &scope))?;
-            let mut next = wanted.iter().peekable();
-            let mut ordinal = 0u64;
-            while let Some(&&want) = next.peek() {
-                let Some(row) = it.next().map_err(sq("sample", "transitions", &scope))? else {
-                    break;
-                };
-                if ordinal == want {
-                    let key = (
-                        row.get(0).map_err(sq("sample", "transitions", &scope))?,
-                        row.get(1).map_err(sq("sample", "transitions", &scope))?,
-                        row.get(2).map_err(sq("sample", "transitions", &scope))?,
-                        row.get(3).map_err(sq("sample", "transitions", &scope))?,
-                    );
-                    keys.insert(want, key);
-                    next.next();
-                }
-                ordinal += 1;
-            }
-        }
-
-        let mut by_ordinal: HashMap<u64, Transition> = HashMap::with_capacity(keys.len());
-        {
-            let sql = format!(
+            let by_step = format!(
                 "SELECT {TRANSITION_COLS} FROM transitions \
                  WHERE namespace = ?1 AND name = ?2 AND episode = ?3 AND step = ?4"
             );
-            let mut stmt = tx
-                .prepare_cached(&sql)
-                .map_err(sq("sample", "transitions", &scope))?;
-            for (ordinal, (ns, name, ep, step)) in keys {
-                let raw = stmt
-                    .query_row(params![ns, name, ep, step], RawTransition::from_row)
-                    .optional()
-                    .map_err(sq("sample", "transitions", &scope))?
-                    .ok_or_else(|| StoreError::Corrupt {
-                        op: "sample",
-                        table: "transitions".to_owned(),
-                        key: format!("{ns}/{name} episode {ep} step {step}"),
-                        detail: "key seen in the index scan but row missing".to_owned(),
-                    })?;
+            let by_offset = format!(
+                "SELECT {TRANSITION_COLS} FROM transitions \
+                 WHERE namespace = ?1 AND name = ?2 AND episode = ?3 \
+                 ORDER BY step LIMIT 1 OFFSET ?4"
+            );
+            let mut by_step =
+                tx.prepare_cached(&by_step)
+                    .map_err(sq("sample", "transitions", &scope))?;
+            let mut by_offset =
+                tx.prepare_cached(&by_offset)
+                    .map_err(sq("sample", "transitions", &scope))?;
+            for ordinal in wanted {
+                // The first episode ending after the ordinal holds it.
+                let i = ends.partition_point(|&end| end <= ordinal);
+                let (Some(e), Some(&end)) = (eps.get(i), ends.get(i)) else {
+                    break;
+                };
+                let start = end - u64::try_from(e.rows).unwrap_or(0);
+                let offset = i64::try_from(ordinal - start).unwrap_or(i64::MAX);
+                let raw = if e.contiguous() {
+                    by_step.query_row(
+                        params![e.namespace, e.name, e.episode, e.min_step + offset],
+                        RawTransition::from_row,
+                    )
+                } else {
+                    by_offset.query_row(
+                        params![e.namespace, e.name, e.episode, offset],
+                        RawTransition::from_row,
+                    )
+                }
+                .optional()
+                .map_err(sq("sample", "transitions", &scope))?
+                .ok_or_else(|| StoreError::Corrupt {
+                    op: "sample",
+                    table: "episode_rows".to_owned(),
+                    key: format!("{}/{} episode {}", e.namespace, e.name, e.episode),
+                    detail: format!(
+                        "counts {} rows (steps {}..={}) but row {offset} is missing",
+                        e.rows, e.min_step, e.max_step
+                    ),
+                })?;
                 by_ordinal.insert(ordinal, raw.decode("sample")?);
             }
         }
@@ -848,20 +934,26 @@ impl TrajectoryStore for SqliteStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin prune", "transitions", target))?;
-        // The episode of the `keep + 1`-th newest row: it and every earlier episode go.
+        // The episode of the `keep + 1`-th newest row: it and every earlier episode go. Found
+        // from the per-episode counts, newest first.
         let cut: Option<i64> = tx
             .prepare_cached(
-                "SELECT episode FROM transitions WHERE namespace = ?1 AND name = ?2 \
-                 ORDER BY episode DESC, step DESC LIMIT 1 OFFSET ?3",
+                "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
+                 ORDER BY episode DESC",
             )
             .and_then(|mut s| {
-                s.query_row(
-                    params![target.namespace, target.name, i64_of(keep.get())],
-                    |r| r.get(0),
-                )
-                .optional()
+                let mut it = s.query(params![target.namespace, target.name])?;
+                let mut newer = 0u64;
+                while let Some(r) = it.next()? {
+                    let rows: i64 = r.get(1)?;
+                    newer = newer.saturating_add(u64::try_from(rows).unwrap_or(0));
+                    if newer > keep.get() {
+                        return r.get(0).map(Some);
+                    }
+                }
+                Ok(None)
             })
-            .map_err(sq("prune", "transitions", target))?;
+            .map_err(sq("prune", "episode_rows", target))?;
         let Some(cut) = cut else {
             let below = below_episode(&tx, target)?;
             return Ok(Pruned {
@@ -869,6 +961,13 @@ impl TrajectoryStore for SqliteStore {
                 ..Pruned::default()
             });
         };
+        // The counts of the episodes going first, in one statement: the delete trigger then
+        // finds no count to update for each row.
+        tx.prepare_cached(
+            "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+        )
+        .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+        .map_err(sq("prune", "episode_rows", target))?;
         let transitions = tx
             .prepare_cached(
                 "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
@@ -1141,15 +1240,148 @@ mod tests {
             tx.commit().unwrap();
         }
         let store = SqliteStore::open_path(&path).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 2);
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        assert_episode_rows_match(&store);
         assert_eq!(
             store.count(&t).unwrap(),
             12,
             "v1 rows survive the migration"
         );
+        let all = store.transitions(&t, 0..u64::MAX).unwrap();
+        assert_eq!(
+            store.sample(Some(&t), 20, 5).unwrap(),
+            sample_ordinals(12, 20, 5)
+                .into_iter()
+                .map(|o| all[o as usize].clone())
+                .collect::<Vec<_>>(),
+            "the migrated counts serve the documented draw"
+        );
         let p = store.prune(&t, NonZeroU64::new(4).unwrap()).unwrap();
         assert_eq!((p.transitions, p.below_episode), (8, 2));
         assert_eq!(store.transitions(&t, 0..u64::MAX).unwrap().len(), 4);
+        assert_episode_rows_match(&store);
+    }
+
+    /// `episode_rows` holds exactly the per-episode counts of `transitions`, and no step range
+    /// narrower than the episode's rows.
+    fn assert_episode_rows_match(store: &SqliteStore) {
+        let conn = store.lock();
+        let read = |sql: &str| -> Vec<(String, String, i64, i64, i64, i64)> {
+            conn.prepare(sql)
+                .unwrap()
+                .query_map([], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                })
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        };
+        let kept = read(
+            "SELECT namespace, name, episode, rows, min_step, max_step FROM episode_rows \
+             ORDER BY namespace, name, episode",
+        );
+        let actual = read(
+            "SELECT namespace, name, episode, count(*), min(step), max(step) FROM transitions \
+             GROUP BY namespace, name, episode ORDER BY namespace, name, episode",
+        );
+        assert_eq!(kept.len(), actual.len(), "one count per stored episode");
+        for (k, a) in kept.iter().zip(&actual) {
+            assert_eq!((&k.0, &k.1, k.2, k.3), (&a.0, &a.1, a.2, a.3), "rows");
+            assert!(
+                k.4 <= a.4 && k.5 >= a.5,
+                "step range {k:?} narrower than {a:?}"
+            );
+        }
+    }
+
+    /// Sampling from the per-episode counts draws exactly the documented ordinals over the rows
+    /// in key order, through replays, gaps in the steps, retention and a row deleted by hand
+    /// inside an episode (its step range then no longer matches its rows).
+    #[test]
+    fn per_episode_counts_follow_every_write_and_serve_the_documented_draw() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("c.sqlite")).unwrap();
+        let (a, b) = (Target::new("ns", "a"), Target::new("ns", "b"));
+        let check = |store: &SqliteStore, what: &str| {
+            assert_episode_rows_match(store);
+            let mut every = Vec::new();
+            for t in [&a, &b] {
+                let rows = store.transitions(t, 0..u64::MAX).unwrap();
+                assert_eq!(store.count(t).unwrap(), rows.len() as u64, "{what}: count");
+                for seed in [1, 2, 3] {
+                    let want: Vec<_> = sample_ordinals(rows.len() as u64, 64, seed)
+                        .into_iter()
+                        .map(|o| rows[o as usize].clone())
+                        .collect();
+                    assert_eq!(
+                        store.sample(Some(t), 64, seed).unwrap(),
+                        want,
+                        "{what}: {t}"
+                    );
+                }
+                every.extend(rows);
+            }
+            assert_eq!(
+                store.count_all().unwrap(),
+                every.len() as u64,
+                "{what}: count_all"
+            );
+            let want: Vec<_> = sample_ordinals(every.len() as u64, 64, 9)
+                .into_iter()
+                .map(|o| every[o as usize].clone())
+                .collect();
+            assert_eq!(
+                store.sample(None, 64, 9).unwrap(),
+                want,
+                "{what}: all targets"
+            );
+        };
+        // Contiguous episodes for a; for b, episodes with gaps (every third step missing).
+        let contiguous: Vec<_> = (0..6)
+            .flat_map(|e| (0..10).map(move |s| (e, s)))
+            .map(|(e, s)| conformance::transition(&a, e, s))
+            .collect();
+        let gapped: Vec<_> = (0..6)
+            .flat_map(|e| (1..15).filter(|s| s % 3 != 0).map(move |s| (e, s)))
+            .map(|(e, s)| conformance::transition(&b, e, s))
+            .collect();
+        store.append(&contiguous).unwrap();
+        store.append(&gapped).unwrap();
+        check(&store, "first writes");
+        // A replay of rows already stored changes no count.
+        store.append(&contiguous[5..25]).unwrap();
+        store.append(&gapped[..12]).unwrap();
+        check(&store, "replays");
+        // Retention, then a replay of pruned rows (skipped).
+        let p = store.prune(&a, NonZeroU64::new(25).unwrap()).unwrap();
+        assert_eq!(
+            (p.transitions, p.below_episode),
+            (40, 4),
+            "a keeps episodes 4 and 5"
+        );
+        store.prune(&b, NonZeroU64::new(20).unwrap()).unwrap();
+        store.append(&contiguous[..20]).unwrap();
+        check(&store, "retention");
+        // A row deleted by hand in the middle and one at the start of an episode of a.
+        store
+            .lock()
+            .execute_batch(
+                "DELETE FROM transitions WHERE name = 'a' AND episode = 4 AND step = 5; \
+                 DELETE FROM transitions WHERE name = 'a' AND episode = 5 AND step = 0;",
+            )
+            .unwrap();
+        check(&store, "rows deleted by hand");
+        // Reopening keeps the counts.
+        drop(store);
+        let store = SqliteStore::open_path(dir.path().join("c.sqlite")).unwrap();
+        check(&store, "reopen");
     }
 
     #[test]
