@@ -185,6 +185,163 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     );
 }
 
+/// Polls `metric` of a service until it equals `want`, failing after `within`.
+async fn wait_for_metric(
+    metric: &impl Fn(&str) -> Option<f64>,
+    name: &str,
+    want: f64,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    while metric(name) != Some(want) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} = {:?}, not {want}, after {within:?}",
+            metric(name)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A registration (`target/1`) of `target` at `ts_ms`: a deregistration when `spec` is `None`.
+async fn publish_registration(
+    bus: &Bus,
+    target: &Target,
+    ts_ms: i64,
+    spec: Option<aware_bus_schemas::RegisteredSpec>,
+) {
+    let ev: Event = aware_bus_schemas::Registration {
+        schema: aware_bus_schemas::Schema::new(),
+        target: target.clone(),
+        episode: 0,
+        step: 0,
+        ts_ms,
+        generation: 1,
+        source: target.to_string(),
+        spec,
+    }
+    .into();
+    let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+    let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+    bus.publish(&subj, bytes.into()).await.unwrap();
+}
+
+/// `recorder.forget_after_secs`: a deleted target's data goes once its deregistration is older
+/// than the grace period, and only then; a target registered again keeps its data; the mark
+/// survives a restart (the second run has no bus history at all).
+#[actix_rt::test]
+async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let (apps, spe, episodes) = (3usize, 10u32, 2u64);
+    let recorder = serde_json::json!({
+        "sqlite_path": db.display().to_string(),
+        "batch": 16,
+        "forget_after_secs": 3600,
+    });
+    let cfg = simulated(apps, spe, u64::from(spe) * episodes, recorder);
+    let bus = Bus::in_process(65_536);
+    let (mut eps, running, shutdown) =
+        crate::start_services(bus.clone(), cfg.clone(), "aware.v1.episode.*.*").await;
+    let metric = crate::metrics_of(&running, "trajectory-recorder");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut seen = 0u64;
+    while seen < apps as u64 * episodes {
+        if let Event::Episode(_) = crate::next_event(&mut eps, deadline, || {
+            format!("every episode summary within 120 s ({seen} so far)")
+        })
+        .await
+        {
+            seen += 1;
+        }
+    }
+    let reader = SqliteStore::open_path(&db).unwrap();
+    let targets = reader.targets().unwrap();
+    assert_eq!(targets.len(), apps);
+    let (gone, later, back) = (&targets[0], &targets[1], &targets[2]);
+    let rows = u64::from(spe) * episodes;
+    let spec = aware_shared::registry::to_registered(&cfg.spec_for(back), None);
+    let now = aware_bus_schemas::now_ms();
+    let hour = 3_600_000;
+    // Deleted an hour and a second ago: due at once.
+    publish_registration(&bus, gone, now - hour - 1_000, None).await;
+    // Deleted two hours ago but created again since: kept.
+    publish_registration(&bus, back, now - 2 * hour, None).await;
+    publish_registration(&bus, back, now - hour, Some(spec)).await;
+    // Deleted 15 s short of the grace period: due only after the restart below.
+    publish_registration(&bus, later, now - hour + 15_000, None).await;
+    wait_for_metric(
+        &metric,
+        "aware_recorder_targets_forgotten_total",
+        1.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        metric("aware_recorder_transitions_forgotten_total"),
+        Some(rows as f64)
+    );
+    assert_eq!(reader.count(gone).unwrap(), 0, "{gone} forgotten");
+    assert!(reader.episodes(gone, 10).unwrap().is_empty());
+    assert_eq!(
+        reader.count(later).unwrap(),
+        rows,
+        "{later} still in its grace period"
+    );
+    assert_eq!(reader.count(back).unwrap(), rows, "{back} registered again");
+    wait_for_metric(
+        &metric,
+        "aware_recorder_deregistered_targets",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        reader.deregistered().unwrap(),
+        vec![(later.clone(), now - hour + 15_000)],
+        "only the pending mark is stored"
+    );
+    shutdown.cancel();
+    running.join().await.unwrap();
+
+    // A restart: the recorder alone, on a new bus that never carried a registration.
+    let shutdown = CancellationToken::new();
+    let running = aware_shared::launcher::start_on(
+        Bus::in_process(1_024),
+        Arc::new(cfg),
+        &[aware_trajectory_recorder::ENTRY],
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let metric = crate::metrics_of(&running, "trajectory-recorder");
+    wait_for_metric(
+        &metric,
+        "aware_recorder_deregistered_targets",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(reader.count(later).unwrap(), rows, "not before its time");
+    wait_for_metric(
+        &metric,
+        "aware_recorder_targets_forgotten_total",
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        reader.count(later).unwrap(),
+        0,
+        "{later} forgotten after the restart"
+    );
+    assert!(reader.deregistered().unwrap().is_empty());
+    assert_eq!(reader.targets().unwrap(), vec![back.clone()]);
+    assert_eq!(reader.count(back).unwrap(), rows);
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
 /// Three recommender shards on one bus: every target's every step gets exactly one action.
 #[actix_rt::test]
 async fn three_recommender_shards_serve_every_target_exactly_once() {

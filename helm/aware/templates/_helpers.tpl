@@ -89,8 +89,10 @@ app.kubernetes.io/component: {{ .component }}
   value: questdb
 - name: AWARE_RECORDER__QUESTDB_URL
   value: {{ printf "http://%s-questdb:9000" (include "aware.fullname" .) | quote }}
-{{- /* QuestDB cannot delete rows per target: the recorder's retention is off with it. */}}
+{{- /* QuestDB cannot delete rows per target: the recorder's retention and forgetting are off with it. */}}
 - name: AWARE_RECORDER__KEEP_TRANSITIONS
+  value: "0"
+- name: AWARE_RECORDER__FORGET_AFTER_SECS
   value: "0"
 {{- end }}
 

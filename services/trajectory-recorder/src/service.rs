@@ -14,6 +14,13 @@
 //! (and on its first batch after a start), the writer prunes its oldest whole episodes
 //! ([`TrajectoryStore::prune`]), so the store holds at most 1.1 × `keep_transitions` rows per
 //! target and the trainer's replay is the newest `keep_transitions` at most.
+//!
+//! Forgetting (`recorder.forget_after_secs`, default 7 days): the recorder follows `target/1`. A
+//! deregistration (the target's `AwareAutoscaler` deleted) marks the target in the store with the
+//! deregistration's time and stops its episode from holding the resume point back; a registration
+//! clears the mark. Once a mark is older than the grace period, the target's data is deleted from
+//! the store ([`TrajectoryStore::forget`]). Marks are kept in the store, so a restart does not
+//! reset the grace period.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -22,11 +29,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
-use aware_bus_schemas::{Episode, Event, EventKind, Target};
+use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
 use aware_shared::agents::{run_actors, Deliver, TargetActors};
 use aware_shared::config::ConfigError;
 use aware_shared::service::{ServiceContext, ServiceError};
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -56,6 +63,10 @@ pub struct RecorderConfig {
     /// Retention: transitions kept per target, the newest whole episodes (0: keep everything).
     /// The `sqlite` store only; with `questdb` it must be 0 (bound QuestDB's tables with a TTL).
     pub keep_transitions: u64,
+    /// How long a deregistered target's data is kept (its `AwareAutoscaler` deleted and not
+    /// created again) before the recorder deletes it from the store, in seconds (0: never). The
+    /// `sqlite` store only; with `questdb` it must be 0.
+    pub forget_after_secs: u64,
 }
 
 impl Default for RecorderConfig {
@@ -68,6 +79,7 @@ impl Default for RecorderConfig {
             resume_path: None,
             batch: 512,
             keep_transitions: 1_000_000,
+            forget_after_secs: 7 * 24 * 3600,
         }
     }
 }
@@ -84,6 +96,14 @@ pub enum StoreKind {
 impl RecorderConfig {
     /// Refuses settings the recorder cannot honour, naming the key.
     pub fn validate(&self, steps_per_episode: u32) -> Result<(), ConfigError> {
+        if self.forget_after_secs > 0 && self.store == StoreKind::Questdb {
+            return Err(ConfigError::Invalid {
+                key: "recorder.forget_after_secs".into(),
+                reason: "the questdb store cannot delete one target's rows: set it to 0 (the \
+                         tables' TTL bounds a deleted target's rows)"
+                    .into(),
+            });
+        }
         let bad = |reason: String| ConfigError::Invalid {
             key: "recorder.keep_transitions".into(),
             reason,
@@ -106,6 +126,11 @@ impl RecorderConfig {
             )));
         }
         Ok(())
+    }
+
+    /// How long a deregistered target's data is kept: `None` keeps it for ever.
+    pub fn forget_after(&self) -> Option<Duration> {
+        (self.forget_after_secs > 0).then(|| Duration::from_secs(self.forget_after_secs))
     }
 
     /// The retention in force: `None` keeps everything.
@@ -157,6 +182,8 @@ enum Write {
     Episode(Box<Episode>),
     /// The oldest stream sequence a target may still need.
     Floor(Target, u64),
+    /// The target was deregistered: its floor no longer holds the resume point back.
+    Deregistered(Target),
 }
 
 /// An event with its JetStream stream sequence (on NATS).
@@ -171,6 +198,9 @@ struct RecorderMetrics {
     episodes: IntCounter,
     pruned_transitions: IntCounter,
     pruned_episodes: IntCounter,
+    forgotten_targets: IntCounter,
+    forgotten_transitions: IntCounter,
+    deregistered: IntGauge,
     store_errors: IntCounterVec,
 }
 
@@ -192,6 +222,21 @@ impl RecorderMetrics {
             "Episode summaries deleted by retention (recorder.keep_transitions)",
         )
         .map_err(err)?;
+        let forgotten_targets = IntCounter::new(
+            "recorder_targets_forgotten_total",
+            "Deregistered targets whose data was deleted (recorder.forget_after_secs)",
+        )
+        .map_err(err)?;
+        let forgotten_transitions = IntCounter::new(
+            "recorder_transitions_forgotten_total",
+            "Transitions of deregistered targets deleted (recorder.forget_after_secs)",
+        )
+        .map_err(err)?;
+        let deregistered = IntGauge::new(
+            "recorder_deregistered_targets",
+            "Deregistered targets whose data waits for recorder.forget_after_secs",
+        )
+        .map_err(err)?;
         let store_errors = IntCounterVec::new(
             prometheus::Opts::new(
                 "recorder_store_errors_total",
@@ -206,11 +251,19 @@ impl RecorderMetrics {
             .map_err(err)?;
         r.register(Box::new(pruned_episodes.clone())).map_err(err)?;
         r.register(Box::new(store_errors.clone())).map_err(err)?;
+        r.register(Box::new(forgotten_targets.clone()))
+            .map_err(err)?;
+        r.register(Box::new(forgotten_transitions.clone()))
+            .map_err(err)?;
+        r.register(Box::new(deregistered.clone())).map_err(err)?;
         Ok(RecorderMetrics {
             stored,
             episodes,
             pruned_transitions,
             pruned_episodes,
+            forgotten_targets,
+            forgotten_transitions,
+            deregistered,
             store_errors,
         })
     }
@@ -374,6 +427,181 @@ async fn prune(
     }
 }
 
+/// Deregistered targets waiting for `recorder.forget_after_secs` (times in Unix milliseconds).
+struct Deregistrations {
+    after_ms: i64,
+    /// Marked targets and the time of their deregistration.
+    marks: HashMap<Target, i64>,
+    /// Marks not yet written to the store (`None`: a clear), retried at every check.
+    unsaved: HashMap<Target, Option<i64>>,
+    /// Targets whose forgetting failed, and when to try again.
+    retry_at: HashMap<Target, i64>,
+}
+
+/// How often a failed store write of the forgetter is tried again.
+const FORGET_RETRY_MS: i64 = 30_000;
+
+impl Deregistrations {
+    fn new(after: Duration, marks: Vec<(Target, i64)>) -> Self {
+        Deregistrations {
+            after_ms: i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+            marks: marks.into_iter().collect(),
+            unsaved: HashMap::new(),
+            retry_at: HashMap::new(),
+        }
+    }
+
+    /// Folds a registration (`target/1`) in: a deregistration marks the target with its time, a
+    /// registration clears its mark. Resyncs change nothing.
+    fn on_registration(&mut self, r: &Registration) {
+        let t = &r.target;
+        if r.spec.is_none() {
+            if self.marks.get(t) != Some(&r.ts_ms) {
+                self.marks.insert(t.clone(), r.ts_ms);
+                self.unsaved.insert(t.clone(), Some(r.ts_ms));
+            }
+        } else if self.marks.remove(t).is_some() {
+            self.unsaved.insert(t.clone(), None);
+            self.retry_at.remove(t);
+        }
+    }
+
+    fn due_at(&self, target: &Target, since: i64) -> i64 {
+        since
+            .saturating_add(self.after_ms)
+            .max(self.retry_at.get(target).copied().unwrap_or(i64::MIN))
+    }
+
+    /// The marked targets whose grace period is over at `now`, in `(namespace, name)` order.
+    fn due(&self, now: i64) -> Vec<Target> {
+        let mut due: Vec<Target> = self
+            .marks
+            .iter()
+            .filter(|(t, &since)| self.due_at(t, since) <= now)
+            .map(|(t, _)| t.clone())
+            .collect();
+        due.sort();
+        due
+    }
+
+    /// How long until the next check: the earliest due time, sooner while a write waits for a
+    /// retry, at most an hour.
+    fn next_check(&self, now: i64) -> Duration {
+        let mut at = now.saturating_add(3_600_000);
+        if !self.unsaved.is_empty() {
+            at = at.min(now.saturating_add(FORGET_RETRY_MS));
+        }
+        for (t, &since) in &self.marks {
+            at = at.min(self.due_at(t, since));
+        }
+        Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0))
+    }
+}
+
+/// Forgets deregistered targets (`recorder.forget_after_secs`): keeps their marks in the store from
+/// `target/1`, and once a mark is older than the grace period deletes the target's data.
+async fn forgetter(
+    ctx: ServiceContext,
+    store: Arc<dyn TrajectoryStore>,
+    metrics: RecorderMetrics,
+    after: Duration,
+    mut registrations: mpsc::Receiver<Event>,
+    writes: mpsc::UnboundedSender<Write>,
+) {
+    let s = store.clone();
+    let Some(marks) = with_retry(&ctx, &metrics, "deregistered", move || s.deregistered()).await
+    else {
+        return;
+    };
+    tracing::info!(
+        marked = marks.len(),
+        forget_after_s = after.as_secs(),
+        "forgetting deregistered targets"
+    );
+    let mut d = Deregistrations::new(after, marks);
+    loop {
+        metrics.deregistered.set(d.marks.len() as i64);
+        let wait = d.next_check(aware_bus_schemas::now_ms());
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            ev = registrations.recv() => match ev {
+                Some(Event::Registration(r)) => take_registration(&mut d, &r, &writes),
+                Some(_) => continue,
+                None => break,
+            },
+            _ = tokio::time::sleep(wait) => {}
+        }
+        // Every registration already received first: a target registered again is not forgotten.
+        while let Ok(ev) = registrations.try_recv() {
+            if let Event::Registration(r) = ev {
+                take_registration(&mut d, &r, &writes);
+            }
+        }
+        save_marks(&store, &metrics, &mut d).await;
+        let now = aware_bus_schemas::now_ms();
+        for target in d.due(now) {
+            let (s, t) = (store.clone(), target.clone());
+            let outcome = tokio::task::spawn_blocking(move || s.forget(&t))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
+            match outcome {
+                Ok(f) => {
+                    metrics.forgotten_targets.inc();
+                    metrics.forgotten_transitions.inc_by(f.transitions);
+                    let since = d.marks.remove(&target).unwrap_or_default();
+                    d.unsaved.remove(&target);
+                    d.retry_at.remove(&target);
+                    tracing::info!(target = %target, deregistered_ms = since, transitions = f.transitions, episodes = f.episodes, "forgot a deregistered target");
+                }
+                Err(e) => {
+                    metrics.store_errors.with_label_values(&["forget"]).inc();
+                    d.retry_at
+                        .insert(target.clone(), now.saturating_add(FORGET_RETRY_MS));
+                    tracing::warn!(target = %target, error = %e, "forgetting failed; retrying later");
+                }
+            }
+        }
+    }
+}
+
+fn take_registration(
+    d: &mut Deregistrations,
+    r: &Registration,
+    writes: &mpsc::UnboundedSender<Write>,
+) {
+    if r.spec.is_none() {
+        let _ = writes.send(Write::Deregistered(r.target.clone()));
+    }
+    d.on_registration(r);
+}
+
+/// Writes the marks not yet stored; a failed write is counted and kept for the next check.
+async fn save_marks(
+    store: &Arc<dyn TrajectoryStore>,
+    metrics: &RecorderMetrics,
+    d: &mut Deregistrations,
+) {
+    let pending: Vec<(Target, Option<i64>)> = d.unsaved.drain().collect();
+    for (target, since) in pending {
+        let (s, t) = (store.clone(), target.clone());
+        let outcome = tokio::task::spawn_blocking(move || s.mark_deregistered(&t, since))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
+        match outcome {
+            Ok(()) => {
+                tracing::info!(target = %target, deregistered_ms = ?since, "deregistration mark stored");
+            }
+            Err(e) => {
+                metrics.store_errors.with_label_values(&["mark"]).inc();
+                tracing::warn!(target = %target, error = %e, "cannot store the deregistration mark; retrying");
+                d.unsaved.insert(target, since);
+            }
+        }
+    }
+}
+
 async fn writer(
     ctx: ServiceContext,
     store: Arc<dyn TrajectoryStore>,
@@ -393,6 +621,9 @@ async fn writer(
         Write::Episode(e) => episodes.push(*e),
         Write::Floor(t, seq) => {
             resume.floors.insert(t, seq);
+        }
+        Write::Deregistered(t) => {
+            resume.floors.remove(&t);
         }
     };
     loop {
@@ -546,6 +777,20 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         floors: Default::default(),
         persisted: start_seq,
     };
+    let forget_task = match cfg.forget_after() {
+        Some(after) => {
+            let registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
+            Some(tokio::spawn(forgetter(
+                ctx.clone(),
+                store.clone(),
+                metrics.clone(),
+                after,
+                registrations,
+                tx.clone(),
+            )))
+        }
+        None => None,
+    };
     let writer_task = tokio::spawn(writer(
         ctx.clone(),
         store,
@@ -589,6 +834,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         run_actors(&ctx, &kinds, false, &mut actors).await?;
     }
     drop(actors);
+    if let Some(task) = forget_task {
+        task.await
+            .map_err(|e| ServiceError::Other(format!("forget task: {e}")))?;
+    }
     writer_task
         .await
         .map_err(|e| ServiceError::Other(format!("writer task: {e}")))
@@ -622,6 +871,7 @@ mod tests {
         let keep = |store, keep_transitions| RecorderConfig {
             store,
             keep_transitions,
+            forget_after_secs: 0,
             ..Default::default()
         };
         let e = keep(StoreKind::Questdb, 1_000_000)
@@ -640,6 +890,112 @@ mod tests {
         assert!(e.contains("less than one episode"), "{e}");
         keep(StoreKind::Sqlite, 100).validate(100).unwrap();
         assert_eq!(keep(StoreKind::Sqlite, 0).keep(), None);
+    }
+
+    #[test]
+    fn forgetting_settings_are_validated() {
+        let ok = RecorderConfig::default();
+        assert_eq!(ok.forget_after(), Some(Duration::from_secs(7 * 24 * 3600)));
+        let cfg = |store, forget_after_secs| RecorderConfig {
+            store,
+            forget_after_secs,
+            keep_transitions: 0,
+            ..Default::default()
+        };
+        let e = cfg(StoreKind::Questdb, 60)
+            .validate(100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("recorder.forget_after_secs"), "{e}");
+        cfg(StoreKind::Questdb, 0).validate(100).unwrap();
+        assert_eq!(cfg(StoreKind::Sqlite, 0).forget_after(), None);
+    }
+
+    fn reg(target: &Target, ts_ms: i64, registered: bool) -> Registration {
+        let spec = aware_bus_schemas::RegisteredSpec {
+            min_replicas: 1,
+            max_replicas: 10,
+            min_cpu_millicores: 100,
+            max_cpu_millicores: 1_000,
+            min_memory_bytes: 64 << 20,
+            max_memory_bytes: 1 << 30,
+            slo_latency_p99_ms: Some(100.0),
+            slo_throughput_rps: None,
+            alpha: 0.5,
+            recommend_only: false,
+            lifecycle: None,
+        };
+        Registration {
+            schema: aware_bus_schemas::Schema::new(),
+            target: target.clone(),
+            episode: 0,
+            step: 0,
+            ts_ms,
+            generation: 1,
+            source: format!("{target}"),
+            spec: registered.then_some(spec),
+        }
+    }
+
+    #[test]
+    fn marks_follow_registrations_and_fall_due_after_the_grace_period() {
+        let (a, b, c) = (
+            Target::new("ns", "a"),
+            Target::new("ns", "b"),
+            Target::new("ns", "c"),
+        );
+        // c was marked before a restart (loaded from the store).
+        let mut d = Deregistrations::new(Duration::from_secs(10), vec![(c.clone(), 500)]);
+        assert_eq!(d.due(10_499), Vec::<Target>::new());
+        assert_eq!(
+            d.due(10_500),
+            vec![c.clone()],
+            "a loaded mark keeps its time"
+        );
+        // Registrations and resyncs of a target never deregistered change nothing.
+        d.on_registration(&reg(&a, 1_000, true));
+        d.on_registration(&reg(&a, 2_000, true));
+        assert!(d.unsaved.is_empty() && !d.marks.contains_key(&a));
+        // a is deregistered at 3 s; the same deregistration again (a bus replay) is a no-op.
+        d.on_registration(&reg(&a, 3_000, false));
+        assert_eq!(d.unsaved.remove(&a), Some(Some(3_000)), "a mark to store");
+        d.on_registration(&reg(&a, 3_000, false));
+        assert!(d.unsaved.is_empty(), "a repeated deregistration");
+        // b is deregistered, then registered again: its mark is cleared.
+        d.on_registration(&reg(&b, 4_000, false));
+        d.on_registration(&reg(&b, 5_000, true));
+        assert_eq!(d.unsaved.get(&b), Some(&None), "a clear to store");
+        assert!(!d.marks.contains_key(&b));
+        assert_eq!(d.due(12_999), vec![c.clone()]);
+        assert_eq!(d.due(13_000), vec![a.clone(), c.clone()]);
+        assert_eq!(d.next_check(12_000), Duration::ZERO, "c is overdue");
+        d.unsaved.clear();
+        d.marks.remove(&c);
+        assert_eq!(
+            d.next_check(12_000),
+            Duration::from_secs(1),
+            "a is due at 13 s"
+        );
+        // A failed forget of a waits FORGET_RETRY_MS.
+        d.retry_at.insert(a.clone(), 13_000 + FORGET_RETRY_MS);
+        assert!(d.due(13_000).is_empty());
+        assert_eq!(
+            d.next_check(13_000),
+            Duration::from_millis(FORGET_RETRY_MS as u64),
+            "the retry"
+        );
+        d.marks.clear();
+        assert_eq!(
+            d.next_check(0),
+            Duration::from_secs(3_600),
+            "nothing marked"
+        );
+        d.unsaved.insert(a.clone(), None);
+        assert_eq!(
+            d.next_check(0),
+            Duration::from_millis(FORGET_RETRY_MS as u64),
+            "a mark waiting to be stored"
+        );
     }
 
     fn rows(target: &Target, n: u32) -> Vec<Transition> {

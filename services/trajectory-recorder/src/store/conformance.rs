@@ -11,7 +11,9 @@ use aware_bus_schemas::{DecisionSource, Resources, Stage, Target};
 
 use std::num::NonZeroU64;
 
-use super::{sample_ordinals, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition};
+use super::{
+    sample_ordinals, EpisodeSummary, Forgotten, Pruned, StoreError, TrajectoryStore, Transition,
+};
 
 /// Opens handles on isolated storages.
 pub trait Backend {
@@ -84,13 +86,14 @@ pub const CASE_NAMES: &[&str] = &[
     "concurrent_appends_lose_nothing",
     "pruning_keeps_the_newest_whole_episodes",
     "rows_after_counts_only_newer_rows",
+    "forgetting_deletes_everything_of_one_target",
 ];
 
 type Case<B> = fn(&B) -> Result<(), Failure>;
 
 /// Every case with its name (same order as [`CASE_NAMES`]).
 pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
-    let fns: [Case<B>; 15] = [
+    let fns: [Case<B>; 16] = [
         append_and_read_in_order,
         reappend_is_idempotent,
         counts_per_target_and_total,
@@ -106,6 +109,7 @@ pub fn cases<B: Backend>() -> Vec<(&'static str, Case<B>)> {
         concurrent_appends_lose_nothing,
         pruning_keeps_the_newest_whole_episodes,
         rows_after_counts_only_newer_rows,
+        forgetting_deletes_everything_of_one_target,
     ];
     CASE_NAMES.iter().copied().zip(fns).collect()
 }
@@ -822,6 +826,100 @@ pub fn rows_after_counts_only_newer_rows<B: Backend>(b: &B) -> Result<(), Failur
         store.rows_after(&a, Some((5, 4)))?,
         (3, Some((6, 2))),
         "pruning older rows changes nothing after a position"
+    );
+    Ok(())
+}
+
+/// Deregistration marks and `forget`: marks are set, replaced, cleared and listed; forgetting a
+/// target deletes its rows, summaries, retention cut, mark and listing, and nothing of another
+/// target; its data written again afterwards is stored afresh (no retention cut survives), also
+/// after a reopen. A backend that cannot forget says so ([`StoreError::Unsupported`]) and deletes
+/// nothing.
+pub fn forgetting_deletes_everything_of_one_target<B: Backend>(b: &B) -> Result<(), Failure> {
+    let store = b.open("forget")?;
+    let (a, bb) = (tgt("a-app"), tgt("b-app"));
+    let ra = rows(&a, 0..6, 5);
+    let rb = rows(&bb, 0..3, 5);
+    store.append(&ra)?;
+    store.append(&rb)?;
+    for e in 0..6 {
+        store.put_episode(&episode(&a, e, e as f64))?;
+    }
+    store.put_episode(&episode(&bb, 0, 1.0))?;
+    match store.mark_deregistered(&a, Some(1_000)) {
+        Err(StoreError::Unsupported { .. }) => {
+            check!(
+                matches!(store.forget(&a), Err(StoreError::Unsupported { .. })),
+                "a backend that cannot mark cannot forget either"
+            );
+            check_eq!(store.count(&a)?, 30, "count(a) after an unsupported forget");
+            return Ok(());
+        }
+        other => other?,
+    }
+    store.mark_deregistered(&bb, Some(2_000))?;
+    store.mark_deregistered(&a, Some(3_000))?;
+    check_eq!(
+        store.deregistered()?,
+        vec![(a.clone(), 3_000), (bb.clone(), 2_000)],
+        "marks (a later mark replaces an earlier one)"
+    );
+    store.mark_deregistered(&bb, None)?;
+    store.mark_deregistered(&bb, None)?;
+    check_eq!(
+        store.deregistered()?,
+        vec![(a.clone(), 3_000)],
+        "a cleared mark (twice: idempotent)"
+    );
+    // A retention cut for a, which forgetting must drop too.
+    store.prune(
+        &a,
+        NonZeroU64::new(20).ok_or_else(|| Failure("keep 0".into()))?,
+    )?;
+    let f = store.forget(&a)?;
+    check_eq!(
+        f,
+        Forgotten {
+            transitions: 20,
+            episodes: 4
+        },
+        "forget(a) after retention kept episodes 2-5"
+    );
+    check_eq!(store.count(&a)?, 0, "count(a) after forget");
+    check!(
+        store.episodes(&a, 100)?.is_empty(),
+        "episodes(a) after forget"
+    );
+    check!(
+        store.sample(Some(&a), 10, 1)?.is_empty(),
+        "sample(a) after forget"
+    );
+    check_eq!(
+        store.targets()?,
+        vec![bb.clone()],
+        "targets after forget(a)"
+    );
+    check!(
+        store.deregistered()?.is_empty(),
+        "the mark goes with the target"
+    );
+    check!(store.transitions(&bb, 0..u64::MAX)? == rb, "b untouched");
+    check_eq!(store.episodes(&bb, 100)?.len(), 1, "b's summary untouched");
+    check_eq!(store.forget(&a)?, Forgotten::default(), "forgetting again");
+    // Re-registered later: its old episodes are stored afresh, below the old cut too.
+    store.append(&ra[..10])?;
+    store.put_episode(&episode(&a, 0, 0.5))?;
+    drop(store);
+    let store = b.open("forget")?;
+    check!(
+        store.transitions(&a, 0..u64::MAX)? == ra[..10],
+        "a's rows written after forget"
+    );
+    check_eq!(store.recorded(&a)?, 10, "recorded(a) starts afresh");
+    check_eq!(
+        episode_numbers(&store.episodes(&a, 10)?),
+        vec![0],
+        "a's new summary"
     );
     Ok(())
 }

@@ -35,9 +35,9 @@
 //! [`TrajectoryStore::sample`] draws `n` rows uniformly *with replacement* (the DDPG replay
 //! buffer's minibatch) from the rows in scope, ordered by `(namespace, name, episode, step)`: the
 //! ordinals come from [`sample_ordinals`] (ChaCha8 seeded with `seed`), so the same seed on the
-//! same data gives the same minibatch, on either backend. It scans the scope's keys once per call;
-//! a trainer sampling at high rate keeps its own in-memory replay buffer filled from
-//! [`TrajectoryStore::transitions`].
+//! same data gives the same minibatch, on either backend. SQLite maps each ordinal to an episode
+//! through its per-episode row counts and reads one row per draw; QuestDB scans the scope's keys
+//! once per call.
 //!
 //! # Retention
 //!
@@ -49,6 +49,16 @@
 //! pruning never un-happens. [`TrajectoryStore::recorded`] counts pruned rows too, so it never
 //! decreases. A backend that cannot delete rows per target (QuestDB drops whole time partitions
 //! only) answers [`StoreError::Unsupported`] and deletes nothing.
+//!
+//! # Forgetting deregistered targets
+//!
+//! When a target's `AwareAutoscaler` is deleted, the recorder marks it
+//! ([`TrajectoryStore::mark_deregistered`], with the deregistration's time); a registration clears
+//! the mark. Once the mark is older than `recorder.forget_after_secs` the recorder deletes
+//! everything the store holds of the target ([`TrajectoryStore::forget`]): rows, summaries, the
+//! retention cut and the mark. The mark lives in the store, so a restart (or a bus that no longer
+//! retains the deregistration) does not reset the grace period. QuestDB answers
+//! [`StoreError::Unsupported`] here too.
 
 use std::num::NonZeroU64;
 use std::ops::Range;
@@ -330,6 +340,27 @@ pub trait TrajectoryStore: Send + Sync {
     /// of rows or summaries of those episodes. Nothing is deleted when `target` has at most `keep`
     /// transitions. [`StoreError::Unsupported`] from a backend that cannot delete per target.
     fn prune(&self, target: &Target, keep: NonZeroU64) -> Result<Pruned, StoreError>;
+
+    /// Marks `target` deregistered since `since_ms` (Unix milliseconds; a later mark replaces an
+    /// earlier one), or clears its mark (`None`). Idempotent.
+    fn mark_deregistered(&self, target: &Target, since_ms: Option<i64>) -> Result<(), StoreError>;
+
+    /// Every marked target with the time of its mark, ordered by `(namespace, name)`.
+    fn deregistered(&self) -> Result<Vec<(Target, i64)>, StoreError>;
+
+    /// Deletes everything stored of `target` in one transaction: transitions, summaries, its
+    /// retention cut, its mark, and its place in [`TrajectoryStore::targets`]. A target with
+    /// nothing stored is not an error.
+    fn forget(&self, target: &Target) -> Result<Forgotten, StoreError>;
+}
+
+/// What one [`TrajectoryStore::forget`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Transitions deleted.
+    pub transitions: u64,
+    /// Episode summaries deleted.
+    pub episodes: u64,
 }
 
 /// What one [`TrajectoryStore::prune`] deleted.

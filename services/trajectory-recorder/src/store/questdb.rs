@@ -39,7 +39,7 @@ use serde_json::Value;
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Forgotten, Pruned, StoreError, TrajectoryStore, Transition,
 };
 
 /// Where QuestDB is and how to talk to it.
@@ -868,6 +868,32 @@ impl TrajectoryStore for QuestDbStore {
             hint: "QuestDB deletes whole time partitions only: bound the tables with \
                    `ALTER TABLE … SET TTL` and set recorder.keep_transitions = 0",
         })
+    }
+
+    fn mark_deregistered(
+        &self,
+        _target: &Target,
+        _since_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
+        Err(forget_unsupported("mark_deregistered"))
+    }
+
+    fn deregistered(&self) -> Result<Vec<(Target, i64)>, StoreError> {
+        Err(forget_unsupported("deregistered"))
+    }
+
+    fn forget(&self, _target: &Target) -> Result<Forgotten, StoreError> {
+        Err(forget_unsupported("forget"))
+    }
+}
+
+/// QuestDB cannot delete one target's rows, so it does not forget deregistered targets.
+fn forget_unsupported(op: &'static str) -> StoreError {
+    StoreError::Unsupported {
+        backend: "questdb",
+        op,
+        hint: "QuestDB deletes whole time partitions only: set recorder.forget_after_secs = 0 \
+               (the tables' TTL bounds a deleted target's rows)",
     }
 }
 

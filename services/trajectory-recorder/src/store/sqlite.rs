@@ -6,7 +6,8 @@
 //!   `episode_rows` (schema v3) holds each episode's row count and step range, kept by triggers
 //!   on `transitions` in the writing transaction: counts, `sample` (an ordinal maps to an episode
 //!   and an offset in it, then to one primary-key read) and retention's cut read it instead of
-//!   walking a target's rows. Vectors
+//!   walking a target's rows. `deregistered` (schema v4) holds the marks of deleted targets
+//!   waiting to be forgotten. Vectors
 //!   are BLOBs of little-endian `f32`s, 4 bytes per element (`f32::to_le_bytes`), so they
 //!   round-trip bit-exactly and are readable from any language; integers are `INTEGER` (i64),
 //!   floats `REAL` (f64), enums their snake-case names.
@@ -46,7 +47,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, Pruned, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Forgotten, Pruned, StoreError, TrajectoryStore, Transition,
 };
 
 /// Schema migrations; `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
@@ -136,6 +137,14 @@ CREATE TRIGGER transitions_count_delete AFTER DELETE ON transitions BEGIN
         WHERE namespace = old.namespace AND name = old.name AND episode = old.episode
         AND rows <= 0;
 END;
+"#,
+    r#"
+CREATE TABLE deregistered (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    since_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
 "#,
 ];
 
@@ -1005,7 +1014,93 @@ impl TrajectoryStore for SqliteStore {
             below_episode: u64::try_from(below).unwrap_or(0),
         })
     }
+
+    fn mark_deregistered(&self, target: &Target, since_ms: Option<i64>) -> Result<(), StoreError> {
+        let conn = self.lock();
+        match since_ms {
+            Some(since) => conn
+                .prepare_cached(
+                    "INSERT INTO deregistered (namespace, name, since_ms) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (namespace, name) DO UPDATE SET since_ms = excluded.since_ms",
+                )
+                .and_then(|mut s| s.execute(params![target.namespace, target.name, since])),
+            None => conn
+                .prepare_cached("DELETE FROM deregistered WHERE namespace = ?1 AND name = ?2")
+                .and_then(|mut s| s.execute(params![target.namespace, target.name])),
+        }
+        .map_err(sq("mark deregistered", "deregistered", target))?;
+        Ok(())
+    }
+
+    fn deregistered(&self) -> Result<Vec<(Target, i64)>, StoreError> {
+        self.lock()
+            .prepare_cached(
+                "SELECT namespace, name, since_ms FROM deregistered ORDER BY namespace, name",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok((
+                        Target::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?),
+                        r.get(2)?,
+                    ))
+                })?
+                .collect()
+            })
+            .map_err(sq("list deregistered", "deregistered", &self.path))
+    }
+
+    fn forget(&self, target: &Target) -> Result<Forgotten, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq("begin forget", "transitions", target))?;
+        let mut deleted = HashMap::new();
+        for &(table, sql) in FORGET {
+            let n = tx
+                .prepare_cached(sql)
+                .and_then(|mut s| s.execute(params![target.namespace, target.name]))
+                .map_err(sq("forget", table, target))?;
+            deleted.insert(table, n as u64);
+        }
+        tx.commit()
+            .map_err(sq("commit forget", "transitions", target))?;
+        let forgotten = Forgotten {
+            transitions: deleted.get("transitions").copied().unwrap_or(0),
+            episodes: deleted.get("episodes").copied().unwrap_or(0),
+        };
+        tracing::debug!(target = %target, transitions = forgotten.transitions, episodes = forgotten.episodes, "forgot a target");
+        Ok(forgotten)
+    }
 }
+
+/// The `DELETE`s of [`TrajectoryStore::forget`], in order (the per-episode counts before the
+/// rows, so the delete trigger finds nothing to update), with the table each names.
+const FORGET: &[(&str, &str)] = &[
+    (
+        "episode_rows",
+        "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2",
+    ),
+    (
+        "transitions",
+        "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2",
+    ),
+    (
+        "episodes",
+        "DELETE FROM episodes WHERE namespace = ?1 AND name = ?2",
+    ),
+    (
+        "retention",
+        "DELETE FROM retention WHERE namespace = ?1 AND name = ?2",
+    ),
+    (
+        "deregistered",
+        "DELETE FROM deregistered WHERE namespace = ?1 AND name = ?2",
+    ),
+    (
+        "targets",
+        "DELETE FROM targets WHERE namespace = ?1 AND name = ?2",
+    ),
+];
 
 /// `target`'s retention row: the first episode retention keeps and the rows it deleted so far
 /// (both 0: never pruned).
@@ -1084,6 +1179,7 @@ mod tests {
             concurrent_appends_lose_nothing,
             pruning_keeps_the_newest_whole_episodes,
             rows_after_counts_only_newer_rows,
+            forgetting_deletes_everything_of_one_target,
         );
     }
 
@@ -1139,6 +1235,19 @@ mod tests {
         }
         fn recorded(&self, target: &Target) -> Result<u64, StoreError> {
             self.0.recorded(target)
+        }
+        fn mark_deregistered(
+            &self,
+            target: &Target,
+            since_ms: Option<i64>,
+        ) -> Result<(), StoreError> {
+            self.0.mark_deregistered(target, since_ms)
+        }
+        fn deregistered(&self) -> Result<Vec<(Target, i64)>, StoreError> {
+            self.0.deregistered()
+        }
+        fn forget(&self, target: &Target) -> Result<Forgotten, StoreError> {
+            self.0.forget(target)
         }
     }
 
