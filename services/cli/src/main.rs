@@ -217,6 +217,11 @@ enum BenchCommand {
         /// a JSON value (repeatable), e.g. --set trainer.learn_action=applied.
         #[arg(long = "set", value_parser = parse_setting)]
         set: Vec<(String, serde_json::Value)>,
+        /// A setting of one arm only, ARM:SECTION.KEY=VALUE (ARM: fallback, bootstrap or
+        /// no_bootstrap; repeatable), applied after --set, e.g. each RL arm at its own best λ:
+        /// --bc-alpha 100 --set-arm no_bootstrap:trainer.bc_alpha=25.
+        #[arg(long = "set-arm", value_parser = parse_arm_setting)]
+        set_arm: Vec<(String, String, serde_json::Value)>,
     },
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
@@ -449,6 +454,21 @@ enum BenchCommand {
     },
 }
 
+/// `ARM:KEY=VALUE` of `bench bootstrap --set-arm`: an arm's name, then as [`parse_setting`].
+fn parse_arm_setting(s: &str) -> Result<(String, String, serde_json::Value), String> {
+    let (arm, setting) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected ARM:KEY=VALUE, got {s:?}"))?;
+    if !bench::bootstrap::ARM_NAMES.contains(&arm) {
+        return Err(format!(
+            "unknown arm {arm:?} in {s:?} (one of {})",
+            bench::bootstrap::ARM_NAMES.join(", ")
+        ));
+    }
+    let (k, v) = parse_setting(setting)?;
+    Ok((arm.to_string(), k, v))
+}
+
 /// `KEY=VALUE` with a JSON value (a bare word that is not JSON is taken as a string).
 fn parse_setting(s: &str) -> Result<(String, serde_json::Value), String> {
     let (k, v) = s
@@ -610,6 +630,7 @@ fn main() -> anyhow::Result<()> {
                 rebaseline_after,
                 eval_every,
                 set,
+                set_arm,
             } => {
                 aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
                 let opts = bench::bootstrap::BootstrapBenchOptions {
@@ -629,6 +650,7 @@ fn main() -> anyhow::Result<()> {
                     rebaseline_after,
                     eval_every,
                     settings: set,
+                    arm_settings: set_arm,
                     work: out.join("bootstrap-work"),
                     ..Default::default()
                 };
@@ -1284,6 +1306,21 @@ mod tests {
             }
             _ => unreachable!(),
         }
+        assert_eq!(
+            parse_arm_setting("no_bootstrap:trainer.bc_alpha=25").unwrap(),
+            (
+                "no_bootstrap".to_string(),
+                "trainer.bc_alpha".to_string(),
+                serde_json::json!(25)
+            )
+        );
+        assert!(parse_arm_setting("trainer.bc_alpha=25").is_err(), "no arm");
+        let e = parse_arm_setting("scratch:trainer.bc_alpha=25").unwrap_err();
+        assert!(
+            e.contains("unknown arm") && e.contains("no_bootstrap"),
+            "{e}"
+        );
+        assert!(parse_arm_setting("bootstrap:=1").is_err());
         assert!(parse_setting("no_equals").is_err());
         assert!(parse_setting("=1").is_err());
         assert_eq!(

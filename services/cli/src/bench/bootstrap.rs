@@ -74,6 +74,9 @@ pub struct BootstrapBenchOptions {
     /// Settings of the services other than their defaults in every arm, `(section.key[.key…],
     /// JSON value)`, applied after the bench's own (`--set`).
     pub settings: Vec<(String, serde_json::Value)>,
+    /// Settings of one arm only, `(arm, section.key[.key…], JSON value)`, applied after
+    /// `settings` (`--set-arm`): e.g. each RL arm at its own best `trainer.bc_alpha`.
+    pub arm_settings: Vec<(String, String, serde_json::Value)>,
 }
 
 /// The services' defaults of the retraining settings: `trainer.recent_fraction`,
@@ -108,9 +111,13 @@ impl Default for BootstrapBenchOptions {
             rebaseline_after: services.1,
             eval_every: services.2,
             settings: Vec::new(),
+            arm_settings: Vec::new(),
         }
     }
 }
+
+/// The arms' names, as `--set-arm` and the report spell them.
+pub const ARM_NAMES: [&str; 3] = ["fallback", "bootstrap", "no_bootstrap"];
 
 /// One arm's figures over the window.
 #[derive(Debug, Clone, Serialize)]
@@ -166,6 +173,9 @@ pub struct BootstrapReport {
     pub recent_fraction: f32,
     pub rebaseline_after: usize,
     pub eval_every: u32,
+    /// `--set` (every arm) and `--set-arm` (`arm:key=value`) settings, as given.
+    pub settings: Vec<String>,
+    pub arm_settings: Vec<String>,
     pub oracle_total_reward: f64,
     /// The oracle's SLO violations and mean utilization over the same apps and steps
     /// ([`OracleFigures`]).
@@ -279,6 +289,9 @@ fn arm_config(
     }
     cfg.sections.insert("trainer".into(), trainer);
     for (path, value) in &opts.settings {
+        super::serve_bus::set_path(&mut cfg.sections, path, value.clone())?;
+    }
+    for (_, path, value) in opts.arm_settings.iter().filter(|s| s.0 == arm.name()) {
         super::serve_bus::set_path(&mut cfg.sections, path, value.clone())?;
     }
     Ok(cfg)
@@ -631,6 +644,16 @@ pub async fn run(opts: &BootstrapBenchOptions) -> Result<BootstrapReport, BenchE
         recent_fraction: opts.recent_fraction,
         rebaseline_after: opts.rebaseline_after,
         eval_every: opts.eval_every,
+        settings: opts
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        arm_settings: opts
+            .arm_settings
+            .iter()
+            .map(|(a, k, v)| format!("{a}:{k}={v}"))
+            .collect(),
         oracle_total_reward: oracle.total_reward,
         oracle_slo_violations: oracle.slo_violations,
         oracle_cpu_util_mean: oracle.cpu_util_mean,
@@ -681,6 +704,62 @@ mod tests {
             memory_curve: vec![level; 3],
             wall_seconds: 1.0,
         }
+    }
+
+    #[test]
+    fn arm_settings_reach_their_arm_only_and_after_the_common_ones() {
+        let opts = BootstrapBenchOptions {
+            apps: 2,
+            bc_alpha: 100.0,
+            settings: vec![("trainer.batch_size".into(), serde_json::json!(32))],
+            arm_settings: vec![
+                (
+                    "no_bootstrap".into(),
+                    "trainer.bc_alpha".into(),
+                    serde_json::json!(25.0),
+                ),
+                (
+                    "no_bootstrap".into(),
+                    "trainer.batch_size".into(),
+                    serde_json::json!(48),
+                ),
+            ],
+            ..BootstrapBenchOptions::default()
+        };
+        let dir = std::path::Path::new("/tmp/x");
+        let trainer = |arm, key: &str| {
+            arm_config(&opts, arm, dir)
+                .unwrap()
+                .sections
+                .get("trainer")
+                .and_then(|t| t.get(key))
+                .cloned()
+        };
+        assert_eq!(
+            trainer(Arm::Bootstrap, "bc_alpha"),
+            Some(serde_json::json!(100.0))
+        );
+        assert_eq!(
+            trainer(Arm::Fallback, "bc_alpha"),
+            Some(serde_json::json!(100.0))
+        );
+        assert_eq!(
+            trainer(Arm::NoBootstrap, "bc_alpha"),
+            Some(serde_json::json!(25.0))
+        );
+        assert_eq!(
+            trainer(Arm::Bootstrap, "batch_size"),
+            Some(serde_json::json!(32))
+        );
+        assert_eq!(
+            trainer(Arm::NoBootstrap, "batch_size"),
+            Some(serde_json::json!(48))
+        );
+        assert_eq!(
+            ARM_NAMES,
+            [Arm::Fallback, Arm::Bootstrap, Arm::NoBootstrap].map(Arm::name)
+        );
+        validate_arms(&opts).unwrap();
     }
 
     #[test]
@@ -835,6 +914,8 @@ mod tests {
             recent_fraction: 0.0,
             rebaseline_after: 0,
             eval_every: 0,
+            settings: Vec::new(),
+            arm_settings: Vec::new(),
             oracle_total_reward: 1.5 * 300.0,
             // 10 violations per app-episode: above every arm's curve (≤ 5), so at the top;
             // CPU 0.2: below every arm's level (≥ 0.5), so at the bottom
