@@ -15,6 +15,11 @@ use crate::service::ServiceContext;
 #[rtype(result = "()")]
 pub struct Deliver(pub Event);
 
+/// Asks a target's actor to stop: its target was forgotten ([`crate::forget`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Retire;
+
 /// Ordered publishing from actors (which cannot await) to the bus.
 #[derive(Clone)]
 pub struct Outbox {
@@ -105,6 +110,19 @@ where
         self.get_or_start(&target).do_send(Deliver(ev));
     }
 
+    /// Stops `target`'s actor, if it has one ([`Retire`]); an event for it later starts a new one.
+    pub fn retire(&mut self, target: &Target)
+    where
+        A: Handler<Retire>,
+    {
+        if let Some(addr) = self.actors.remove(target) {
+            addr.do_send(Retire);
+            self.gauge
+                .set(i64::try_from(self.actors.len()).unwrap_or(i64::MAX));
+            tracing::debug!(%target, "target actor retired");
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.actors.len()
     }
@@ -119,7 +137,8 @@ where
 async fn intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
-    mut on_event: impl FnMut(aware_bus_schemas::Event),
+    mut retire: Option<mpsc::UnboundedReceiver<Target>>,
+    mut on: impl FnMut(Intake),
 ) -> Result<(), crate::service::ServiceError> {
     let mut rx = if consumes.is_empty() {
         None
@@ -134,14 +153,26 @@ async fn intake(
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => break,
                 ev = rx.recv() => match ev {
-                    Some(ev) => on_event(ev),
+                    Some(ev) => on(Intake::Event(ev)),
                     None => break,
+                },
+                t = async { retire.as_mut()?.recv().await }, if retire.is_some() => match t {
+                    Some(t) => on(Intake::Retire(t)),
+                    None => retire = None,
                 },
             }
         },
     }
     ctx.ready.set(false);
     Ok(())
+}
+
+/// What the intake loop hands on: an event, or a target whose actor is to stop.
+// Handed on at once, never stored: boxing the event would allocate for every event.
+#[allow(clippy::large_enum_variant)]
+enum Intake {
+    Event(aware_bus_schemas::Event),
+    Retire(Target),
 }
 
 /// The intake loop of a service: routes every decoded event of `consumes` to its target's actor
@@ -155,10 +186,35 @@ pub async fn run_actors<A>(
 where
     A: Actor<Context = Context<A>> + Handler<Deliver>,
 {
-    intake(ctx, consumes, |ev| {
-        if !sharded || ctx.config.shard.owns(ev.target()) {
-            actors.route(ev);
+    intake(ctx, consumes, None, |i| {
+        if let Intake::Event(ev) = i {
+            if !sharded || ctx.config.shard.owns(ev.target()) {
+                actors.route(ev);
+            }
         }
+    })
+    .await
+}
+
+/// [`run_actors`], also stopping the actor of every target received on `retire`
+/// ([`TargetActors::retire`]).
+pub async fn run_actors_retiring<A>(
+    ctx: &ServiceContext,
+    consumes: &[aware_bus_schemas::EventKind],
+    sharded: bool,
+    actors: &mut TargetActors<A>,
+    retire: mpsc::UnboundedReceiver<Target>,
+) -> Result<(), crate::service::ServiceError>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
+{
+    intake(ctx, consumes, Some(retire), |i| match i {
+        Intake::Event(ev) => {
+            if !sharded || ctx.config.shard.owns(ev.target()) {
+                actors.route(ev);
+            }
+        }
+        Intake::Retire(t) => actors.retire(&t),
     })
     .await
 }
@@ -169,8 +225,10 @@ pub async fn run_intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
 ) -> Result<(), crate::service::ServiceError> {
-    intake(ctx, consumes, |ev| {
-        tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received")
+    intake(ctx, consumes, None, |i| {
+        if let Intake::Event(ev) = i {
+            tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received")
+        }
     })
     .await
 }

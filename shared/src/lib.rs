@@ -5,6 +5,7 @@ pub mod agents;
 pub mod bus;
 pub mod cli;
 pub mod config;
+pub mod forget;
 #[cfg(feature = "kube-mock")]
 pub mod kube_mock;
 pub mod launcher;

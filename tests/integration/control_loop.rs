@@ -226,11 +226,23 @@ async fn publish_registration(
     bus.publish(&subj, bytes.into()).await.unwrap();
 }
 
-/// `recorder.forget_after_secs`: a deleted target's data goes once its deregistration is older
-/// than the grace period, and only then; a target registered again keeps its data; the mark
-/// survives a restart (the second run has no bus history at all).
+/// The model-store keys of `target` (checkpoints and mark).
+fn model_keys(models: &dyn aware_shared::model_store::ModelStore, target: &Target) -> Vec<String> {
+    models
+        .keys(&format!(
+            "{}/",
+            aware_shared::model_store::model_prefix(target)
+        ))
+        .unwrap()
+}
+
+/// `recorder.forget_after_secs` and `trainer.forget_after_secs`: a deleted target's trajectories
+/// and checkpoints go once its deregistration is older than the grace period, and only then, and
+/// the trainer stops its actor; a target created again keeps everything; the marks survive a
+/// restart (the second run has no bus history at all).
 #[actix_rt::test]
 async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
+    use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("trajectories.db");
     let (apps, spe, episodes) = (3usize, 10u32, 2u64);
@@ -239,11 +251,20 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         "batch": 16,
         "forget_after_secs": 3600,
     });
-    let cfg = simulated(apps, spe, u64::from(spe) * episodes, recorder);
+    let mut cfg = simulated(apps, spe, u64::from(spe) * episodes, recorder);
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
+    );
+    cfg.sections.insert(
+        "trainer".into(),
+        serde_json::json!({ "forget_after_secs": 3600 }),
+    );
     let bus = Bus::in_process(65_536);
     let (mut eps, running, shutdown) =
         crate::start_services(bus.clone(), cfg.clone(), "aware.v1.episode.*.*").await;
     let metric = crate::metrics_of(&running, "trajectory-recorder");
+    let trainer = crate::metrics_of(&running, "meta-learner-trainer");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut seen = 0u64;
     while seen < apps as u64 * episodes {
@@ -260,6 +281,22 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     assert_eq!(targets.len(), apps);
     let (gone, later, back) = (&targets[0], &targets[1], &targets[2]);
     let rows = u64::from(spe) * episodes;
+    // Two checkpoints per target in the trainer's model store.
+    let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+    for t in &targets {
+        for v in [1, 2] {
+            models
+                .put(&model_key(t, "base_learner", v), b"ckpt")
+                .unwrap();
+        }
+    }
+    wait_for_metric(
+        &trainer,
+        "aware_targets",
+        apps as f64,
+        Duration::from_secs(5),
+    )
+    .await;
     let spec = aware_shared::registry::to_registered(&cfg.spec_for(back), None);
     let now = aware_bus_schemas::now_ms();
     let hour = 3_600_000;
@@ -270,32 +307,64 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     publish_registration(&bus, back, now - hour, Some(spec)).await;
     // Deleted 15 s short of the grace period: due only after the restart below.
     publish_registration(&bus, later, now - hour + 15_000, None).await;
+    let within = Duration::from_secs(20);
     wait_for_metric(
         &metric,
         "aware_recorder_targets_forgotten_total",
         1.0,
-        Duration::from_secs(20),
+        within,
+    )
+    .await;
+    wait_for_metric(
+        &trainer,
+        "aware_trainer_targets_forgotten_total",
+        1.0,
+        within,
     )
     .await;
     assert_eq!(
         metric("aware_recorder_transitions_forgotten_total"),
         Some(rows as f64)
     );
+    assert_eq!(trainer("aware_trainer_models_forgotten_total"), Some(2.0));
     assert_eq!(reader.count(gone).unwrap(), 0, "{gone} forgotten");
     assert!(reader.episodes(gone, 10).unwrap().is_empty());
+    assert!(model_keys(&models, gone).is_empty(), "{gone}'s checkpoints");
+    wait_for_metric(
+        &trainer,
+        "aware_targets",
+        apps as f64 - 1.0,
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!(
         reader.count(later).unwrap(),
         rows,
         "{later} still in its grace period"
     );
     assert_eq!(reader.count(back).unwrap(), rows, "{back} registered again");
-    wait_for_metric(
-        &metric,
-        "aware_recorder_deregistered_targets",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    assert_eq!(model_keys(&models, back).len(), 2, "{back}'s checkpoints");
+    let mark = format!(
+        "{}/deregistered",
+        aware_shared::model_store::model_prefix(later)
+    );
+    assert_eq!(
+        model_keys(&models, later).len(),
+        3,
+        "{later}'s checkpoints and mark"
+    );
+    assert_eq!(
+        models.get(&mark).unwrap(),
+        (now - hour + 15_000).to_string().as_bytes()
+    );
+    for m in [&metric, &trainer] {
+        let gauge = if m("aware_recorder_deregistered_targets").is_some() {
+            "aware_recorder_deregistered_targets"
+        } else {
+            "aware_trainer_deregistered_targets"
+        };
+        wait_for_metric(m, gauge, 1.0, Duration::from_secs(5)).await;
+    }
     assert_eq!(
         reader.deregistered().unwrap(),
         vec![(later.clone(), now - hour + 15_000)],
@@ -304,17 +373,24 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     shutdown.cancel();
     running.join().await.unwrap();
 
-    // A restart: the recorder alone, on a new bus that never carried a registration.
+    // A restart: the recorder and the trainer, on a new bus that never carried a registration.
     let shutdown = CancellationToken::new();
+    let entries: Vec<_> = aware_cli::SERVICES
+        .iter()
+        .copied()
+        .filter(|e| ["trajectory-recorder", "meta-learner-trainer"].contains(&e.name))
+        .collect();
+    assert_eq!(entries.len(), 2);
     let running = aware_shared::launcher::start_on(
         Bus::in_process(1_024),
         Arc::new(cfg),
-        &[aware_trajectory_recorder::ENTRY],
+        &entries,
         shutdown.clone(),
     )
     .await
     .unwrap();
     let metric = crate::metrics_of(&running, "trajectory-recorder");
+    let trainer = crate::metrics_of(&running, "meta-learner-trainer");
     wait_for_metric(
         &metric,
         "aware_recorder_deregistered_targets",
@@ -322,12 +398,28 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         Duration::from_secs(5),
     )
     .await;
+    wait_for_metric(
+        &trainer,
+        "aware_trainer_deregistered_targets",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!(reader.count(later).unwrap(), rows, "not before its time");
+    assert_eq!(model_keys(&models, later).len(), 3, "not before its time");
+    let within = Duration::from_secs(30);
     wait_for_metric(
         &metric,
         "aware_recorder_targets_forgotten_total",
         1.0,
-        Duration::from_secs(30),
+        within,
+    )
+    .await;
+    wait_for_metric(
+        &trainer,
+        "aware_trainer_targets_forgotten_total",
+        1.0,
+        within,
     )
     .await;
     assert_eq!(
@@ -335,9 +427,14 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         0,
         "{later} forgotten after the restart"
     );
+    assert!(
+        model_keys(&models, later).is_empty(),
+        "{later}'s checkpoints and mark"
+    );
     assert!(reader.deregistered().unwrap().is_empty());
     assert_eq!(reader.targets().unwrap(), vec![back.clone()]);
     assert_eq!(reader.count(back).unwrap(), rows);
+    assert_eq!(model_keys(&models, back).len(), 2);
     shutdown.cancel();
     running.join().await.unwrap();
 }

@@ -1034,7 +1034,7 @@ fn main() -> anyhow::Result<()> {
                 let r = bench::store::run(&opts)?;
                 for (i, x) in r.runs.iter().enumerate() {
                     println!(
-                        "run {i}: append {:.0} rows/s ({:.0} MB); before the pass: poll {:.2} ms, recorded {:.1} ms, count {:.1} ms, sample {:.0} ms; first pass {:.0} ms ({} rows); after: poll {:.2} ms, recorded {:.1} ms, sample {:.0} ms; steady pass {:.0} ms ({} rows); {:.0} MB after",
+                        "run {i}: append {:.0} rows/s ({:.0} MB); before the pass: poll {:.2} ms, recorded {:.1} ms, count {:.1} ms, sample {:.0} ms; first pass {:.0} ms ({} rows); after: poll {:.2} ms, recorded {:.1} ms, sample {:.0} ms; steady pass {:.0} ms ({} rows); {:.0} MB after; forget {:.0} ms ({} rows)",
                         x.append_rows_per_s,
                         x.file_bytes_before as f64 / 1e6,
                         x.poll_ms_before,
@@ -1049,10 +1049,12 @@ fn main() -> anyhow::Result<()> {
                         x.steady_prune_ms,
                         x.steady_pruned_rows,
                         x.file_bytes_after as f64 / 1e6,
+                        x.forget_ms,
+                        x.forgotten_rows,
                     );
                 }
                 println!(
-                    "medians: append {:.0} rows/s; sample {:.0} → {:.0} ms; poll {:.2} → {:.2} ms (count {:.1} ms); recorded {:.1} → {:.1} ms; first pass {:.0} ms; steady pass {:.0} ms",
+                    "medians: append {:.0} rows/s; sample {:.0} → {:.0} ms; poll {:.2} → {:.2} ms (count {:.1} ms); recorded {:.1} → {:.1} ms; first pass {:.0} ms; steady pass {:.0} ms; forget {:.0} ms",
                     r.median_append_rows_per_s,
                     r.median_sample_ms_before,
                     r.median_sample_ms_after,
@@ -1063,6 +1065,7 @@ fn main() -> anyhow::Result<()> {
                     r.median_recorded_ms_after,
                     r.median_prune_ms,
                     r.median_steady_prune_ms,
+                    r.median_forget_ms,
                 );
                 let path = bench::write_json(&out, "store.json", &serde_json::to_value(&r)?)?;
                 println!("wrote {path}");

@@ -111,6 +111,10 @@ pub struct TrainerConfig {
     /// to (the one in force at the trigger) survives however long the retraining lasts and a
     /// trainer restart during it.
     pub keep_versions: u64,
+    /// How long a deleted target's checkpoints are kept after its deregistration (its
+    /// `AwareAutoscaler` deleted and not created again), in seconds (0: for ever); then they are
+    /// deleted from the model store and the target's actor stops.
+    pub forget_after_secs: u64,
 }
 
 /// The action a recorded row trains with (`trainer.learn_action`).
@@ -153,6 +157,7 @@ impl Default for TrainerConfig {
             recent_episodes: 20,
             learn_action: LearnAction::Intent,
             keep_versions: 10,
+            forget_after_secs: 7 * 24 * 3600,
         }
     }
 }

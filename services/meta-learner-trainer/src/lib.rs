@@ -25,11 +25,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
-use aware_bus_schemas::{Event, EventKind, Model, ModelKind, Schema, Stage, Target};
-use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use aware_bus_schemas::{Event, EventKind, Model, ModelKind, Registration, Schema, Stage, Target};
+use aware_shared::agents::{
+    run_actors_retiring, spawn_publisher, Deliver, Outbox, Retire, TargetActors,
+};
+use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::launcher::ServiceEntry;
-use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
+use aware_shared::model_store::{model_prefix, open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_trajectory_recorder::service::{open_store, RecorderConfig};
 use aware_trajectory_recorder::store::TrajectoryStore;
@@ -81,6 +84,8 @@ pub struct TrainerMetrics {
     pub rollbacks: prometheus::IntCounter,
     pub models_pruned: prometheus::IntCounter,
     pub prune_errors: prometheus::IntCounter,
+    /// Forgetting deleted targets (`trainer.forget_after_secs`).
+    pub forget: ForgetMetrics,
 }
 
 impl TrainerMetrics {
@@ -139,6 +144,35 @@ impl TrainerMetrics {
             "Retention passes that failed (model store errors); the versions stay",
         )
         .map_err(err)?;
+        let forget = ForgetMetrics {
+            targets: prometheus::IntCounter::new(
+                "trainer_targets_forgotten_total",
+                "Deleted targets whose checkpoints were deleted (trainer.forget_after_secs)",
+            )
+            .map_err(err)?,
+            items: prometheus::IntCounter::new(
+                "trainer_models_forgotten_total",
+                "Checkpoints of deleted targets deleted (trainer.forget_after_secs)",
+            )
+            .map_err(err)?,
+            waiting: prometheus::IntGauge::new(
+                "trainer_deregistered_targets",
+                "Deleted targets whose checkpoints wait for trainer.forget_after_secs",
+            )
+            .map_err(err)?,
+            errors: prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "trainer_forget_errors_total",
+                    "Failed model-store operations of forgetting (retried), by op",
+                ),
+                &["op"],
+            )
+            .map_err(err)?,
+        };
+        r.register(Box::new(forget.targets.clone())).map_err(err)?;
+        r.register(Box::new(forget.items.clone())).map_err(err)?;
+        r.register(Box::new(forget.waiting.clone())).map_err(err)?;
+        r.register(Box::new(forget.errors.clone())).map_err(err)?;
         r.register(Box::new(models_pruned.clone())).map_err(err)?;
         r.register(Box::new(prune_errors.clone())).map_err(err)?;
         r.register(Box::new(rollbacks.clone())).map_err(err)?;
@@ -162,7 +196,64 @@ impl TrainerMetrics {
             rollbacks,
             models_pruned,
             prune_errors,
+            forget,
         })
+    }
+}
+
+/// The trainer's side of forgetting ([`aware_shared::forget`]): a deleted target's mark is the
+/// object `<namespace>/<name>/deregistered` (the deregistration's time, decimal milliseconds) in
+/// the model store, next to its checkpoints; forgetting deletes every object under
+/// `<namespace>/<name>/`, the mark last.
+pub struct ModelForgetting(pub Arc<dyn ModelStore>);
+
+/// The model-store key of `target`'s deregistration mark.
+pub fn mark_key(target: &Target) -> String {
+    format!("{}/{MARK}", model_prefix(target))
+}
+
+const MARK: &str = "deregistered";
+
+impl Forgetting for ModelForgetting {
+    fn marks(&self) -> Result<Vec<(Target, i64)>, String> {
+        let mut marks = Vec::new();
+        for key in self.0.keys("").map_err(|e| e.to_string())? {
+            let parts: Vec<&str> = key.split('/').collect();
+            let [namespace, name, MARK] = parts.as_slice() else {
+                continue;
+            };
+            let bytes = self.0.get(&key).map_err(|e| e.to_string())?;
+            let since = std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| t.trim().parse::<i64>().ok())
+                .ok_or_else(|| format!("deregistration mark {key} is not a time in ms"))?;
+            marks.push((Target::new(*namespace, *name), since));
+        }
+        Ok(marks)
+    }
+
+    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), String> {
+        let key = mark_key(target);
+        match since_ms {
+            Some(since) => self.0.put(&key, since.to_string().as_bytes()).map(|_| ()),
+            None => self.0.delete(&key),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn forget(&self, target: &Target) -> Result<u64, String> {
+        let mark = mark_key(target);
+        let keys = self
+            .0
+            .keys(&format!("{}/", model_prefix(target)))
+            .map_err(|e| e.to_string())?;
+        let mut deleted = 0u64;
+        for key in keys.iter().filter(|k| **k != mark) {
+            self.0.delete(key).map_err(|e| e.to_string())?;
+            deleted += 1;
+        }
+        self.0.delete(&mark).map_err(|e| e.to_string())?;
+        Ok(deleted)
     }
 }
 
@@ -397,6 +488,15 @@ impl Actor for TargetTrainer {
     }
 }
 
+impl Handler<Retire> for TargetTrainer {
+    type Result = ();
+
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        tracing::info!(target = %self.target, "target forgotten: its trainer stops");
+        ctx.stop();
+    }
+}
+
 impl Handler<Deliver> for TargetTrainer {
     type Result = ();
 
@@ -454,7 +554,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .await
         .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let store = open_store(&cfg)?;
+    let forget_models = models.clone();
+    let forget_after = Duration::from_secs(trainer.forget_after_secs);
     let metrics = TrainerMetrics::register(ctx.metrics.registry())?;
+    let forget_metrics = metrics.forget.clone();
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let assets = load_assets(&trainer, &metrics);
     let config = ctx.config.clone();
@@ -488,8 +591,29 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             metrics: metrics.clone(),
         }
     });
-    run_actors(&ctx, CONSUMES, false, &mut actors).await?;
+    let (retire_tx, retire) = tokio::sync::mpsc::unbounded_channel();
+    let forget_task = if forget_after.is_zero() {
+        None
+    } else {
+        let registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
+        Some(tokio::spawn(aware_shared::forget::run(
+            ctx.clone(),
+            Arc::new(ModelForgetting(forget_models)),
+            forget_after,
+            registrations,
+            forget_metrics,
+            |_: &Registration| {},
+            move |t: &Target| {
+                let _ = retire_tx.send(t.clone());
+            },
+        )))
+    };
+    run_actors_retiring(&ctx, CONSUMES, false, &mut actors, retire).await?;
     drop(actors);
+    if let Some(task) = forget_task {
+        task.await
+            .map_err(|e| ServiceError::Other(format!("forget task: {e}")))?;
+    }
     aware_shared::agents::join_publisher(publisher).await
 }
 
@@ -516,6 +640,50 @@ pub fn load_assets(cfg: &TrainerConfig, metrics: &TrainerMetrics) -> Option<Arc<
 mod tests {
     use super::*;
     use aware_trajectory_recorder::store::{EpisodeSummary, SqliteStore};
+
+    /// Marks are objects next to the checkpoints; forgetting deletes every object of the target
+    /// (mark last) and nothing of another target, also not of one whose name extends it.
+    #[test]
+    fn model_forgetting_marks_and_deletes_one_targets_objects() {
+        use aware_shared::model_store::{model_key, LocalDirStore};
+        let dir = tempfile::tempdir().unwrap();
+        let models: Arc<dyn ModelStore> = Arc::new(LocalDirStore::open(dir.path()).unwrap());
+        let f = ModelForgetting(models.clone());
+        let (a, a2, b) = (
+            Target::new("ns", "a"),
+            Target::new("ns", "a-2"),
+            Target::new("other", "b"),
+        );
+        for t in [&a, &a2, &b] {
+            for v in 1..=3 {
+                models
+                    .put(&model_key(t, "base_learner", v), b"ckpt")
+                    .unwrap();
+            }
+        }
+        assert!(f.marks().unwrap().is_empty());
+        f.mark(&a, Some(1_000)).unwrap();
+        f.mark(&b, Some(2_000)).unwrap();
+        f.mark(&a, Some(3_000)).unwrap();
+        assert_eq!(
+            f.marks().unwrap(),
+            vec![(a.clone(), 3_000), (b.clone(), 2_000)],
+            "a later mark replaces an earlier one"
+        );
+        f.mark(&b, None).unwrap();
+        f.mark(&b, None).unwrap();
+        assert_eq!(f.marks().unwrap(), vec![(a.clone(), 3_000)]);
+        assert_eq!(f.forget(&a).unwrap(), 3, "a's three versions");
+        assert!(f.marks().unwrap().is_empty(), "the mark goes last");
+        let left = models.keys("").unwrap();
+        assert_eq!(left.len(), 6, "{left:?}");
+        assert!(left.iter().all(|k| !k.starts_with("ns/a/")), "{left:?}");
+        assert_eq!(f.forget(&a).unwrap(), 0, "forgetting again");
+        // A mark that is not a time is an error naming the key, not a silent skip.
+        models.put(&mark_key(&b), b"yesterday").unwrap();
+        let e = f.marks().unwrap_err();
+        assert!(e.contains("other/b/deregistered"), "{e}");
+    }
 
     #[test]
     fn reads_counts_and_the_best_episode() {

@@ -32,6 +32,7 @@ use actix::{Actor, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
 use aware_shared::agents::{run_actors, Deliver, TargetActors};
 use aware_shared::config::ConfigError;
+use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::service::{ServiceContext, ServiceError};
 use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use serde::{Deserialize, Serialize};
@@ -427,178 +428,25 @@ async fn prune(
     }
 }
 
-/// Deregistered targets waiting for `recorder.forget_after_secs` (times in Unix milliseconds).
-struct Deregistrations {
-    after_ms: i64,
-    /// Marked targets and the time of their deregistration.
-    marks: HashMap<Target, i64>,
-    /// Marks not yet written to the store (`None`: a clear), retried at every check.
-    unsaved: HashMap<Target, Option<i64>>,
-    /// Targets whose forgetting failed, and when to try again.
-    retry_at: HashMap<Target, i64>,
-}
+/// The recorder's side of forgetting ([`aware_shared::forget`]): marks and data in the
+/// trajectory store.
+struct StoreForgetting(Arc<dyn TrajectoryStore>);
 
-/// How often a failed store write of the forgetter is tried again.
-const FORGET_RETRY_MS: i64 = 30_000;
-
-impl Deregistrations {
-    fn new(after: Duration, marks: Vec<(Target, i64)>) -> Self {
-        Deregistrations {
-            after_ms: i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
-            marks: marks.into_iter().collect(),
-            unsaved: HashMap::new(),
-            retry_at: HashMap::new(),
-        }
+impl Forgetting for StoreForgetting {
+    fn marks(&self) -> Result<Vec<(Target, i64)>, String> {
+        self.0.deregistered().map_err(|e| e.to_string())
     }
 
-    /// Folds a registration (`target/1`) in: a deregistration marks the target with its time, a
-    /// registration clears its mark. Resyncs change nothing.
-    fn on_registration(&mut self, r: &Registration) {
-        let t = &r.target;
-        if r.spec.is_none() {
-            if self.marks.get(t) != Some(&r.ts_ms) {
-                self.marks.insert(t.clone(), r.ts_ms);
-                self.unsaved.insert(t.clone(), Some(r.ts_ms));
-            }
-        } else if self.marks.remove(t).is_some() {
-            self.unsaved.insert(t.clone(), None);
-            self.retry_at.remove(t);
-        }
-    }
-
-    fn due_at(&self, target: &Target, since: i64) -> i64 {
-        since
-            .saturating_add(self.after_ms)
-            .max(self.retry_at.get(target).copied().unwrap_or(i64::MIN))
-    }
-
-    /// The marked targets whose grace period is over at `now`, in `(namespace, name)` order.
-    fn due(&self, now: i64) -> Vec<Target> {
-        let mut due: Vec<Target> = self
-            .marks
-            .iter()
-            .filter(|(t, &since)| self.due_at(t, since) <= now)
-            .map(|(t, _)| t.clone())
-            .collect();
-        due.sort();
-        due
-    }
-
-    /// How long until the next check: the earliest due time, sooner while a write waits for a
-    /// retry, at most an hour.
-    fn next_check(&self, now: i64) -> Duration {
-        let mut at = now.saturating_add(3_600_000);
-        if !self.unsaved.is_empty() {
-            at = at.min(now.saturating_add(FORGET_RETRY_MS));
-        }
-        for (t, &since) in &self.marks {
-            at = at.min(self.due_at(t, since));
-        }
-        Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0))
-    }
-}
-
-/// Forgets deregistered targets (`recorder.forget_after_secs`): keeps their marks in the store from
-/// `target/1`, and once a mark is older than the grace period deletes the target's data.
-async fn forgetter(
-    ctx: ServiceContext,
-    store: Arc<dyn TrajectoryStore>,
-    metrics: RecorderMetrics,
-    after: Duration,
-    mut registrations: mpsc::Receiver<Event>,
-    writes: mpsc::UnboundedSender<Write>,
-) {
-    let s = store.clone();
-    let Some(marks) = with_retry(&ctx, &metrics, "deregistered", move || s.deregistered()).await
-    else {
-        return;
-    };
-    tracing::info!(
-        marked = marks.len(),
-        forget_after_s = after.as_secs(),
-        "forgetting deregistered targets"
-    );
-    let mut d = Deregistrations::new(after, marks);
-    loop {
-        metrics.deregistered.set(d.marks.len() as i64);
-        let wait = d.next_check(aware_bus_schemas::now_ms());
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            ev = registrations.recv() => match ev {
-                Some(Event::Registration(r)) => take_registration(&mut d, &r, &writes),
-                Some(_) => continue,
-                None => break,
-            },
-            _ = tokio::time::sleep(wait) => {}
-        }
-        // Every registration already received first: a target registered again is not forgotten.
-        while let Ok(ev) = registrations.try_recv() {
-            if let Event::Registration(r) = ev {
-                take_registration(&mut d, &r, &writes);
-            }
-        }
-        save_marks(&store, &metrics, &mut d).await;
-        let now = aware_bus_schemas::now_ms();
-        for target in d.due(now) {
-            let (s, t) = (store.clone(), target.clone());
-            let outcome = tokio::task::spawn_blocking(move || s.forget(&t))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
-            match outcome {
-                Ok(f) => {
-                    metrics.forgotten_targets.inc();
-                    metrics.forgotten_transitions.inc_by(f.transitions);
-                    let since = d.marks.remove(&target).unwrap_or_default();
-                    d.unsaved.remove(&target);
-                    d.retry_at.remove(&target);
-                    tracing::info!(target = %target, deregistered_ms = since, transitions = f.transitions, episodes = f.episodes, "forgot a deregistered target");
-                }
-                Err(e) => {
-                    metrics.store_errors.with_label_values(&["forget"]).inc();
-                    d.retry_at
-                        .insert(target.clone(), now.saturating_add(FORGET_RETRY_MS));
-                    tracing::warn!(target = %target, error = %e, "forgetting failed; retrying later");
-                }
-            }
-        }
-    }
-}
-
-fn take_registration(
-    d: &mut Deregistrations,
-    r: &Registration,
-    writes: &mpsc::UnboundedSender<Write>,
-) {
-    if r.spec.is_none() {
-        let _ = writes.send(Write::Deregistered(r.target.clone()));
-    }
-    d.on_registration(r);
-}
-
-/// Writes the marks not yet stored; a failed write is counted and kept for the next check.
-async fn save_marks(
-    store: &Arc<dyn TrajectoryStore>,
-    metrics: &RecorderMetrics,
-    d: &mut Deregistrations,
-) {
-    let pending: Vec<(Target, Option<i64>)> = d.unsaved.drain().collect();
-    for (target, since) in pending {
-        let (s, t) = (store.clone(), target.clone());
-        let outcome = tokio::task::spawn_blocking(move || s.mark_deregistered(&t, since))
-            .await
+    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), String> {
+        self.0
+            .mark_deregistered(target, since_ms)
             .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
-        match outcome {
-            Ok(()) => {
-                tracing::info!(target = %target, deregistered_ms = ?since, "deregistration mark stored");
-            }
-            Err(e) => {
-                metrics.store_errors.with_label_values(&["mark"]).inc();
-                tracing::warn!(target = %target, error = %e, "cannot store the deregistration mark; retrying");
-                d.unsaved.insert(target, since);
-            }
-        }
+    }
+
+    fn forget(&self, target: &Target) -> Result<u64, String> {
+        let f = self.0.forget(target).map_err(|e| e.to_string())?;
+        tracing::debug!(target = %target, transitions = f.transitions, episodes = f.episodes, "trajectories forgotten");
+        Ok(f.transitions)
     }
 }
 
@@ -780,13 +628,25 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let forget_task = match cfg.forget_after() {
         Some(after) => {
             let registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
-            Some(tokio::spawn(forgetter(
+            let forget_metrics = ForgetMetrics {
+                targets: metrics.forgotten_targets.clone(),
+                items: metrics.forgotten_transitions.clone(),
+                waiting: metrics.deregistered.clone(),
+                errors: metrics.store_errors.clone(),
+            };
+            let writes = tx.clone();
+            Some(tokio::spawn(aware_shared::forget::run(
                 ctx.clone(),
-                store.clone(),
-                metrics.clone(),
+                Arc::new(StoreForgetting(store.clone())),
                 after,
                 registrations,
-                tx.clone(),
+                forget_metrics,
+                move |r: &Registration| {
+                    if r.spec.is_none() {
+                        let _ = writes.send(Write::Deregistered(r.target.clone()));
+                    }
+                },
+                |_: &Target| {},
             )))
         }
         None => None,
@@ -909,93 +769,6 @@ mod tests {
         assert!(e.contains("recorder.forget_after_secs"), "{e}");
         cfg(StoreKind::Questdb, 0).validate(100).unwrap();
         assert_eq!(cfg(StoreKind::Sqlite, 0).forget_after(), None);
-    }
-
-    fn reg(target: &Target, ts_ms: i64, registered: bool) -> Registration {
-        let spec = aware_bus_schemas::RegisteredSpec {
-            min_replicas: 1,
-            max_replicas: 10,
-            min_cpu_millicores: 100,
-            max_cpu_millicores: 1_000,
-            min_memory_bytes: 64 << 20,
-            max_memory_bytes: 1 << 30,
-            slo_latency_p99_ms: Some(100.0),
-            slo_throughput_rps: None,
-            alpha: 0.5,
-            recommend_only: false,
-            lifecycle: None,
-        };
-        Registration {
-            schema: aware_bus_schemas::Schema::new(),
-            target: target.clone(),
-            episode: 0,
-            step: 0,
-            ts_ms,
-            generation: 1,
-            source: format!("{target}"),
-            spec: registered.then_some(spec),
-        }
-    }
-
-    #[test]
-    fn marks_follow_registrations_and_fall_due_after_the_grace_period() {
-        let (a, b, c) = (
-            Target::new("ns", "a"),
-            Target::new("ns", "b"),
-            Target::new("ns", "c"),
-        );
-        // c was marked before a restart (loaded from the store).
-        let mut d = Deregistrations::new(Duration::from_secs(10), vec![(c.clone(), 500)]);
-        assert_eq!(d.due(10_499), Vec::<Target>::new());
-        assert_eq!(
-            d.due(10_500),
-            vec![c.clone()],
-            "a loaded mark keeps its time"
-        );
-        // Registrations and resyncs of a target never deregistered change nothing.
-        d.on_registration(&reg(&a, 1_000, true));
-        d.on_registration(&reg(&a, 2_000, true));
-        assert!(d.unsaved.is_empty() && !d.marks.contains_key(&a));
-        // a is deregistered at 3 s; the same deregistration again (a bus replay) is a no-op.
-        d.on_registration(&reg(&a, 3_000, false));
-        assert_eq!(d.unsaved.remove(&a), Some(Some(3_000)), "a mark to store");
-        d.on_registration(&reg(&a, 3_000, false));
-        assert!(d.unsaved.is_empty(), "a repeated deregistration");
-        // b is deregistered, then registered again: its mark is cleared.
-        d.on_registration(&reg(&b, 4_000, false));
-        d.on_registration(&reg(&b, 5_000, true));
-        assert_eq!(d.unsaved.get(&b), Some(&None), "a clear to store");
-        assert!(!d.marks.contains_key(&b));
-        assert_eq!(d.due(12_999), vec![c.clone()]);
-        assert_eq!(d.due(13_000), vec![a.clone(), c.clone()]);
-        assert_eq!(d.next_check(12_000), Duration::ZERO, "c is overdue");
-        d.unsaved.clear();
-        d.marks.remove(&c);
-        assert_eq!(
-            d.next_check(12_000),
-            Duration::from_secs(1),
-            "a is due at 13 s"
-        );
-        // A failed forget of a waits FORGET_RETRY_MS.
-        d.retry_at.insert(a.clone(), 13_000 + FORGET_RETRY_MS);
-        assert!(d.due(13_000).is_empty());
-        assert_eq!(
-            d.next_check(13_000),
-            Duration::from_millis(FORGET_RETRY_MS as u64),
-            "the retry"
-        );
-        d.marks.clear();
-        assert_eq!(
-            d.next_check(0),
-            Duration::from_secs(3_600),
-            "nothing marked"
-        );
-        d.unsaved.insert(a.clone(), None);
-        assert_eq!(
-            d.next_check(0),
-            Duration::from_millis(FORGET_RETRY_MS as u64),
-            "a mark waiting to be stored"
-        );
     }
 
     fn rows(target: &Target, n: u32) -> Vec<Transition> {

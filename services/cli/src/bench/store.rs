@@ -8,7 +8,8 @@
 //! the whole-history `count` and `recorded`) and every round (`sample` of `sample` rows, a round's
 //! draw of 200 steps × 64); then the recorder's first retention pass (`prune` to `keep`) and the same
 //! reads after it; then `keep / 10` more rows, the amount that makes a target due again, and the
-//! steady-state pass over them. Medians over the runs.
+//! steady-state pass over them; last the recorder forgetting the (deleted) target: `forget` of
+//! every row left, the one transaction that holds the store's lock longest. Medians over the runs.
 
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
@@ -74,6 +75,9 @@ pub struct StoreRun {
     pub steady_prune_ms: f64,
     pub steady_pruned_rows: u64,
     pub file_bytes_after: u64,
+    /// `forget` of the target (every row left after the steady pass).
+    pub forget_ms: f64,
+    pub forgotten_rows: u64,
 }
 
 /// The report: every run and the medians.
@@ -91,6 +95,7 @@ pub struct StoreReport {
     pub median_recorded_ms_after: f64,
     pub median_prune_ms: f64,
     pub median_steady_prune_ms: f64,
+    pub median_forget_ms: f64,
 }
 
 fn row(target: &Target, index: u64, spe: u32) -> Transition {
@@ -226,6 +231,13 @@ fn one_run(o: &StoreBenchOptions, run: usize) -> Result<StoreRun, BenchError> {
     let steady = store.prune(&target, keep).map_err(fail)?;
     let steady_prune_ms = ms(t);
     let file_bytes_after = file_bytes(&path);
+    let t = Instant::now();
+    let forgotten = store.forget(&target).map_err(fail)?;
+    let forget_ms = ms(t);
+    let left = store.count(&target).map_err(fail)?;
+    if left != 0 {
+        return Err(fail(format!("{left} rows left after forget")));
+    }
     drop(store);
     remove(&path);
     Ok(StoreRun {
@@ -247,6 +259,8 @@ fn one_run(o: &StoreBenchOptions, run: usize) -> Result<StoreRun, BenchError> {
         steady_prune_ms,
         steady_pruned_rows: steady.transitions,
         file_bytes_after,
+        forget_ms,
+        forgotten_rows: forgotten.transitions,
     })
 }
 
@@ -268,6 +282,7 @@ pub fn run(opts: &StoreBenchOptions) -> Result<StoreReport, BenchError> {
         median_recorded_ms_after: m(|r| r.recorded_ms_after),
         median_prune_ms: m(|r| r.prune_ms),
         median_steady_prune_ms: m(|r| r.steady_prune_ms),
+        median_forget_ms: m(|r| r.forget_ms),
         runs,
     })
 }
@@ -277,7 +292,8 @@ mod tests {
     use super::*;
 
     /// A small run: the first pass cuts whole episodes down to `keep`, `recorded` counts what
-    /// it cut, the steady pass cuts what the extra tenth added, and the files are removed.
+    /// it cut, the steady pass cuts what the extra tenth added, forgetting deletes the rest, and
+    /// the files are removed.
     #[test]
     fn the_passes_cut_whole_episodes_down_to_keep() {
         let dir = std::env::temp_dir().join(format!("aware-bench-store-{}", std::process::id()));
@@ -300,6 +316,8 @@ mod tests {
             // 200 more: 2,150 rows, the 2,001st newest is in episode 12 (rows 1,100–1,199 and
             // 1,200–1,299 are episodes 11 and 12), so 200 go.
             assert_eq!(x.steady_pruned_rows, 200);
+            // 2,150 − 200 rows left, all forgotten (the run checks none remain).
+            assert_eq!(x.forgotten_rows, 1_950);
             assert!(x.append_rows_per_s > 0.0 && x.sample_ms_before >= 0.0);
             assert!(x.file_bytes_before > 0);
         }
