@@ -261,16 +261,7 @@ mod tests {
             recommend_only: false,
             lifecycle: None,
         };
-        Registration {
-            schema: aware_bus_schemas::Schema::new(),
-            target: target.clone(),
-            episode: 0,
-            step: 0,
-            ts_ms,
-            generation: 1,
-            source: format!("{target}"),
-            spec: registered.then_some(spec),
-        }
+        crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }
 
     #[test]

@@ -248,3 +248,22 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     s.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
+
+/// A `target/1` message of `target` at `ts_ms` as the controller sends it (generation 1, source
+/// the target's `namespace/name`): a registration with `spec`, a deregistration without.
+pub fn registration(
+    target: &aware_bus_schemas::Target,
+    ts_ms: i64,
+    spec: Option<aware_bus_schemas::RegisteredSpec>,
+) -> aware_bus_schemas::Registration {
+    aware_bus_schemas::Registration {
+        schema: aware_bus_schemas::Schema::new(),
+        target: target.clone(),
+        episode: 0,
+        step: 0,
+        ts_ms,
+        generation: 1,
+        source: target.to_string(),
+        spec,
+    }
+}

@@ -134,17 +134,7 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     let (mut eps, running, shutdown) =
         crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
     let counter = crate::metrics_of(&running, "trajectory-recorder");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut seen = 0u64;
-    while seen < apps as u64 * episodes {
-        if let Event::Episode(_) = crate::next_event(&mut eps, deadline, || {
-            format!("every episode summary within 120 s ({seen} so far)")
-        })
-        .await
-        {
-            seen += 1;
-        }
-    }
+    every_episode(&mut eps, apps as u64 * episodes).await;
     shutdown.cancel();
     running.join().await.unwrap();
 
@@ -185,6 +175,21 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     );
 }
 
+/// Waits for `n` episode summaries on `eps` (120 s at most).
+async fn every_episode(eps: &mut aware_shared::bus::Subscription, n: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut seen = 0u64;
+    while seen < n {
+        if let Event::Episode(_) = crate::next_event(eps, deadline, || {
+            format!("every episode summary within 120 s ({seen} so far)")
+        })
+        .await
+        {
+            seen += 1;
+        }
+    }
+}
+
 /// Polls `metric` of a service until it equals `want`, failing after `within`.
 async fn wait_for_metric(
     metric: &impl Fn(&str) -> Option<f64>,
@@ -210,20 +215,27 @@ async fn publish_registration(
     ts_ms: i64,
     spec: Option<aware_bus_schemas::RegisteredSpec>,
 ) {
-    let ev: Event = aware_bus_schemas::Registration {
-        schema: aware_bus_schemas::Schema::new(),
-        target: target.clone(),
-        episode: 0,
-        step: 0,
-        ts_ms,
-        generation: 1,
-        source: target.to_string(),
-        spec,
-    }
-    .into();
+    let ev: Event = aware_shared::testkit::registration(target, ts_ms, spec).into();
     let subj = subject::subject(ev.kind(), ev.target()).unwrap();
     let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
     bus.publish(&subj, bytes.into()).await.unwrap();
+}
+
+/// Waits until the recorder (`recorder`) and the trainer (`trainer`) have forgotten `n` targets.
+async fn wait_forgotten(
+    recorder: &impl Fn(&str) -> Option<f64>,
+    trainer: &impl Fn(&str) -> Option<f64>,
+    n: f64,
+    within: Duration,
+) {
+    wait_for_metric(
+        recorder,
+        "aware_recorder_targets_forgotten_total",
+        n,
+        within,
+    )
+    .await;
+    wait_for_metric(trainer, "aware_trainer_targets_forgotten_total", n, within).await;
 }
 
 /// The model-store keys of `target` (checkpoints and mark).
@@ -265,17 +277,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         crate::start_services(bus.clone(), cfg.clone(), "aware.v1.episode.*.*").await;
     let metric = crate::metrics_of(&running, "trajectory-recorder");
     let trainer = crate::metrics_of(&running, "meta-learner-trainer");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut seen = 0u64;
-    while seen < apps as u64 * episodes {
-        if let Event::Episode(_) = crate::next_event(&mut eps, deadline, || {
-            format!("every episode summary within 120 s ({seen} so far)")
-        })
-        .await
-        {
-            seen += 1;
-        }
-    }
+    every_episode(&mut eps, apps as u64 * episodes).await;
     let reader = SqliteStore::open_path(&db).unwrap();
     let targets = reader.targets().unwrap();
     assert_eq!(targets.len(), apps);
@@ -307,21 +309,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     publish_registration(&bus, back, now - hour, Some(spec)).await;
     // Deleted 15 s short of the grace period: due only after the restart below.
     publish_registration(&bus, later, now - hour + 15_000, None).await;
-    let within = Duration::from_secs(20);
-    wait_for_metric(
-        &metric,
-        "aware_recorder_targets_forgotten_total",
-        1.0,
-        within,
-    )
-    .await;
-    wait_for_metric(
-        &trainer,
-        "aware_trainer_targets_forgotten_total",
-        1.0,
-        within,
-    )
-    .await;
+    wait_forgotten(&metric, &trainer, 1.0, Duration::from_secs(20)).await;
     assert_eq!(
         metric("aware_recorder_transitions_forgotten_total"),
         Some(rows as f64)
@@ -407,21 +395,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     .await;
     assert_eq!(reader.count(later).unwrap(), rows, "not before its time");
     assert_eq!(model_keys(&models, later).len(), 3, "not before its time");
-    let within = Duration::from_secs(30);
-    wait_for_metric(
-        &metric,
-        "aware_recorder_targets_forgotten_total",
-        1.0,
-        within,
-    )
-    .await;
-    wait_for_metric(
-        &trainer,
-        "aware_trainer_targets_forgotten_total",
-        1.0,
-        within,
-    )
-    .await;
+    wait_forgotten(&metric, &trainer, 1.0, Duration::from_secs(30)).await;
     assert_eq!(
         reader.count(later).unwrap(),
         0,

@@ -450,10 +450,7 @@ pub fn sampling_is_reproducible_and_existing<B: Backend>(b: &B) -> Result<(), Fa
         s1.iter().all(|t| ra.contains(t)),
         "sampled a row of another target or a row never written"
     );
-    let want: Vec<_> = sample_ordinals(ra.len() as u64, 50, 42)
-        .into_iter()
-        .map(|o| ra[o as usize].clone())
-        .collect();
+    let want = documented_draw(&ra, 50, 42);
     check!(
         s1 == want,
         "sample(a, 50, 42) is not the documented draw: got {:?}",
@@ -465,10 +462,7 @@ pub fn sampling_is_reproducible_and_existing<B: Backend>(b: &B) -> Result<(), Fa
     let mut all: Vec<_> = ra.iter().chain(rb.iter()).cloned().collect();
     all.sort_by(|x, y| (&x.target, x.episode, x.step).cmp(&(&y.target, y.episode, y.step)));
     let s_all = store.sample(None, 30, 7)?;
-    let want_all: Vec<_> = sample_ordinals(all.len() as u64, 30, 7)
-        .into_iter()
-        .map(|o| all[o as usize].clone())
-        .collect();
+    let want_all = documented_draw(&all, 30, 7);
     check!(
         s_all == want_all,
         "sample(all, 30, 7) is not the documented draw: got {:?}",
@@ -487,6 +481,15 @@ pub fn sampling_is_reproducible_and_existing<B: Backend>(b: &B) -> Result<(), Fa
         "sampling an unknown target returns nothing"
     );
     Ok(())
+}
+
+/// What [`TrajectoryStore::sample`] must return for `n` and `seed` when the scope holds exactly
+/// `rows`, in key order ([`sample_ordinals`] over them).
+pub fn documented_draw(rows: &[Transition], n: usize, seed: u64) -> Vec<Transition> {
+    sample_ordinals(rows.len() as u64, n, seed)
+        .into_iter()
+        .map(|o| rows[o as usize].clone())
+        .collect()
 }
 
 /// `episodes(target, n)`: the n highest episode numbers, ascending.

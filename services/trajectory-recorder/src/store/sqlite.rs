@@ -1359,10 +1359,7 @@ mod tests {
         let all = store.transitions(&t, 0..u64::MAX).unwrap();
         assert_eq!(
             store.sample(Some(&t), 20, 5).unwrap(),
-            sample_ordinals(12, 20, 5)
-                .into_iter()
-                .map(|o| all[o as usize].clone())
-                .collect::<Vec<_>>(),
+            conformance::documented_draw(&all, 20, 5),
             "the migrated counts serve the documented draw"
         );
         let p = store.prune(&t, NonZeroU64::new(4).unwrap()).unwrap();
@@ -1425,10 +1422,7 @@ mod tests {
                 let rows = store.transitions(t, 0..u64::MAX).unwrap();
                 assert_eq!(store.count(t).unwrap(), rows.len() as u64, "{what}: count");
                 for seed in [1, 2, 3] {
-                    let want: Vec<_> = sample_ordinals(rows.len() as u64, 64, seed)
-                        .into_iter()
-                        .map(|o| rows[o as usize].clone())
-                        .collect();
+                    let want = conformance::documented_draw(&rows, 64, seed);
                     assert_eq!(
                         store.sample(Some(t), 64, seed).unwrap(),
                         want,
@@ -1442,10 +1436,7 @@ mod tests {
                 every.len() as u64,
                 "{what}: count_all"
             );
-            let want: Vec<_> = sample_ordinals(every.len() as u64, 64, 9)
-                .into_iter()
-                .map(|o| every[o as usize].clone())
-                .collect();
+            let want = conformance::documented_draw(&every, 64, 9);
             assert_eq!(
                 store.sample(None, 64, 9).unwrap(),
                 want,
