@@ -279,6 +279,9 @@ pub struct TargetTrainer {
     meta: Option<TargetMeta>,
     outbox: Outbox,
     metrics: TrainerMetrics,
+    /// Stops a running round (the learner's cancel token: a child of the service's shutdown),
+    /// so a target forgotten mid-round gets no checkpoint after its checkpoints were deleted.
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 impl TargetTrainer {
@@ -493,6 +496,7 @@ impl Handler<Retire> for TargetTrainer {
 
     fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
         tracing::info!(target = %self.target, "target forgotten: its trainer stops");
+        self.cancel.cancel();
         ctx.stop();
     }
 }
@@ -565,6 +569,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let shutdown = ctx.shutdown.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let bounds = config.spec_for(t).bounds;
+        let cancel = shutdown.child_token();
         TargetTrainer {
             target: t.clone(),
             store: store.clone(),
@@ -576,7 +581,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             prune_due: false,
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
-                l.set_cancel(shutdown.clone());
+                l.set_cancel(cancel.clone());
                 l
             }),
             meta: assets.as_ref().map(|a| {
@@ -589,6 +594,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             }),
             outbox: outbox.clone(),
             metrics: metrics.clone(),
+            cancel,
         }
     });
     let (retire_tx, retire) = tokio::sync::mpsc::unbounded_channel();
