@@ -1034,7 +1034,7 @@ fn main() -> anyhow::Result<()> {
                 let r = bench::store::run(&opts)?;
                 for (i, x) in r.runs.iter().enumerate() {
                     println!(
-                        "run {i}: append {:.0} rows/s ({:.0} MB); before the pass: poll {:.2} ms, recorded {:.1} ms, count {:.1} ms, sample {:.0} ms; first pass {:.0} ms ({} rows); after: poll {:.2} ms, recorded {:.1} ms, sample {:.0} ms; steady pass {:.0} ms ({} rows); {:.0} MB after; forget {:.0} ms ({} rows)",
+                        "run {i}: append {:.0} rows/s ({:.0} MB); before the pass: poll {:.2} ms, recorded {:.1} ms, count {:.1} ms, sample {:.0} ms; first pass {:.0} ms ({} rows); after: poll {:.2} ms, recorded {:.1} ms, sample {:.0} ms; steady pass {:.0} ms ({} rows); {:.0} MB after; forget {:.0} ms ({} rows, WAL {:.1} MB after)",
                         x.append_rows_per_s,
                         x.file_bytes_before as f64 / 1e6,
                         x.poll_ms_before,
@@ -1051,6 +1051,7 @@ fn main() -> anyhow::Result<()> {
                         x.file_bytes_after as f64 / 1e6,
                         x.forget_ms,
                         x.forgotten_rows,
+                        x.wal_bytes_after_forget as f64 / 1e6,
                     );
                 }
                 println!(

@@ -78,6 +78,8 @@ pub struct StoreRun {
     /// `forget` of the target (every row left after the steady pass).
     pub forget_ms: f64,
     pub forgotten_rows: u64,
+    /// The WAL file right after `forget` (bounded by the store's `journal_size_limit`).
+    pub wal_bytes_after_forget: u64,
 }
 
 /// The report: every run and the medians.
@@ -234,6 +236,8 @@ fn one_run(o: &StoreBenchOptions, run: usize) -> Result<StoreRun, BenchError> {
     let t = Instant::now();
     let forgotten = store.forget(&target).map_err(fail)?;
     let forget_ms = ms(t);
+    let wal_bytes_after_forget =
+        std::fs::metadata(with_suffix(&path, "-wal")).map_or(0, |m| m.len());
     let left = store.count(&target).map_err(fail)?;
     if left != 0 {
         return Err(fail(format!("{left} rows left after forget")));
@@ -261,6 +265,7 @@ fn one_run(o: &StoreBenchOptions, run: usize) -> Result<StoreRun, BenchError> {
         file_bytes_after,
         forget_ms,
         forgotten_rows: forgotten.transitions,
+        wal_bytes_after_forget,
     })
 }
 

@@ -348,8 +348,10 @@ pub trait TrajectoryStore: Send + Sync {
     /// Every marked target with the time of its mark, ordered by `(namespace, name)`.
     fn deregistered(&self) -> Result<Vec<(Target, i64)>, StoreError>;
 
-    /// Deletes everything stored of `target` in one transaction: transitions, summaries, its
-    /// retention cut, its mark, and its place in [`TrajectoryStore::targets`]. A target with
+    /// Deletes everything stored of `target`: transitions, summaries, its retention cut, its
+    /// mark, and its place in [`TrajectoryStore::targets`]. A backend may delete the rows in
+    /// several transactions (SQLite: whole episodes, about 10^4 rows each, oldest first); the
+    /// mark goes in the last one, so an interrupted call is finished by the next. A target with
     /// nothing stored is not an error.
     fn forget(&self, target: &Target) -> Result<Forgotten, StoreError>;
 }

@@ -7,7 +7,8 @@
 //!   on `transitions` in the writing transaction: counts, `sample` (an ordinal maps to an episode
 //!   and an offset in it, then to one primary-key read) and retention's cut read it instead of
 //!   walking a target's rows. `deregistered` (schema v4) holds the marks of deleted targets
-//!   waiting to be forgotten. Vectors
+//!   waiting to be forgotten; `forget` deletes a target's rows in transactions of about 10^4
+//!   (the lock is held briefly, the WAL stays small), its mark last. Vectors
 //!   are BLOBs of little-endian `f32`s, 4 bytes per element (`f32::to_le_bytes`), so they
 //!   round-trip bit-exactly and are readable from any language; integers are `INTEGER` (i64),
 //!   floats `REAL` (f64), enums their snake-case names.
@@ -148,6 +149,10 @@ CREATE TABLE deregistered (
 "#,
 ];
 
+/// `PRAGMA journal_size_limit`: the WAL is truncated to this many bytes when a checkpoint
+/// resets it.
+pub const WAL_SIZE_LIMIT: i64 = 64 << 20;
+
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
@@ -274,6 +279,10 @@ impl SqliteStore {
             Durability::Normal => "NORMAL",
         };
         conn.pragma_update(None, "synchronous", sync)
+            .map_err(open_err)?;
+        // A large transaction (a retention pass) grows the WAL by the pages it wrote; without a
+        // limit the file keeps that size for as long as the connection lives.
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
             .map_err(open_err)?;
         let (from, to) = migrate(&mut conn, &path)?;
         if from == to {
@@ -1050,6 +1059,15 @@ impl TrajectoryStore for SqliteStore {
     }
 
     fn forget(&self, target: &Target) -> Result<Forgotten, StoreError> {
+        // The rows first, oldest episodes first, in transactions of about FORGET_CHUNK_ROWS:
+        // each holds the lock briefly (appends of other targets go on in between) and adds a
+        // few MB to the WAL, where one transaction over 10^6 rows would grow it by their size.
+        // The mark goes in the last transaction, so an interrupted forget is finished by the
+        // next attempt.
+        let mut chunked = 0u64;
+        while let Some(n) = self.forget_oldest_rows(target)? {
+            chunked += n;
+        }
         let mut conn = self.lock();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -1065,11 +1083,60 @@ impl TrajectoryStore for SqliteStore {
         tx.commit()
             .map_err(sq("commit forget", "transitions", target))?;
         let forgotten = Forgotten {
-            transitions: deleted.get("transitions").copied().unwrap_or(0),
+            transitions: chunked + deleted.get("transitions").copied().unwrap_or(0),
             episodes: deleted.get("episodes").copied().unwrap_or(0),
         };
         tracing::debug!(target = %target, transitions = forgotten.transitions, episodes = forgotten.episodes, "forgot a target");
         Ok(forgotten)
+    }
+}
+
+/// Rows [`TrajectoryStore::forget`] deletes per transaction (whole episodes: at least one).
+const FORGET_CHUNK_ROWS: u64 = 10_000;
+
+impl SqliteStore {
+    /// Deletes `target`'s oldest episodes holding about [`FORGET_CHUNK_ROWS`] rows in one
+    /// transaction; the rows deleted, `None` when it has none left.
+    fn forget_oldest_rows(&self, target: &Target) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq("begin forget", "transitions", target))?;
+        let cut: Option<i64> = tx
+            .prepare_cached(
+                "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
+                 ORDER BY episode",
+            )
+            .and_then(|mut s| {
+                let mut it = s.query(params![target.namespace, target.name])?;
+                let (mut rows, mut last) = (0u64, None);
+                while let Some(r) = it.next()? {
+                    last = Some(r.get(0)?);
+                    rows = rows.saturating_add(u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0));
+                    if rows >= FORGET_CHUNK_ROWS {
+                        break;
+                    }
+                }
+                Ok(last)
+            })
+            .map_err(sq("forget", "episode_rows", target))?;
+        let Some(cut) = cut else {
+            return Ok(None);
+        };
+        tx.prepare_cached(
+            "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+        )
+        .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+        .map_err(sq("forget", "episode_rows", target))?;
+        let n = tx
+            .prepare_cached(
+                "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+            )
+            .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+            .map_err(sq("forget", "transitions", target))?;
+        tx.commit()
+            .map_err(sq("commit forget", "transitions", target))?;
+        Ok(Some(n as u64))
     }
 }
 
@@ -1366,6 +1433,47 @@ mod tests {
         assert_eq!((p.transitions, p.below_episode), (8, 2));
         assert_eq!(store.transitions(&t, 0..u64::MAX).unwrap().len(), 4);
         assert_episode_rows_match(&store);
+    }
+
+    /// A target of 25,000 rows is forgotten in chunks of whole episodes (three transactions of
+    /// rows, then the rest), every row counted once; another target keeps everything; the WAL's
+    /// size limit is set.
+    #[test]
+    fn forgetting_a_large_target_goes_in_chunks_and_counts_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("f.sqlite")).unwrap();
+        let (big, small) = (Target::new("ns", "big"), Target::new("ns", "small"));
+        let rows = |t: &Target, episodes: u64| -> Vec<Transition> {
+            (0..episodes)
+                .flat_map(|e| (0..100).map(move |s| (e, s)))
+                .map(|(e, s)| conformance::transition(t, e, s))
+                .collect()
+        };
+        for chunk in rows(&big, 250).chunks(5_000) {
+            store.append(chunk).unwrap();
+        }
+        store.append(&rows(&small, 3)).unwrap();
+        store.mark_deregistered(&big, Some(1)).unwrap();
+        assert_eq!(
+            store.forget_oldest_rows(&big).unwrap(),
+            Some(FORGET_CHUNK_ROWS),
+            "one chunk: the oldest 100 episodes"
+        );
+        assert_eq!(store.count(&big).unwrap(), 15_000);
+        assert_eq!(store.transitions(&big, 0..100).unwrap().len(), 0);
+        let f = store.forget(&big).unwrap();
+        assert_eq!(f.transitions, 15_000, "the rest, counted once");
+        assert_eq!(store.count(&big).unwrap(), 0);
+        assert_eq!(store.forget_oldest_rows(&big).unwrap(), None);
+        assert!(store.deregistered().unwrap().is_empty());
+        assert_eq!(store.count(&small).unwrap(), 300);
+        assert_eq!(store.targets().unwrap(), vec![small.clone()]);
+        assert_episode_rows_match(&store);
+        let limit: i64 = store
+            .lock()
+            .pragma_query_value(None, "journal_size_limit", |r| r.get(0))
+            .unwrap();
+        assert_eq!(limit, WAL_SIZE_LIMIT);
     }
 
     /// `episode_rows` holds exactly the per-episode counts of `transitions`, and no step range
