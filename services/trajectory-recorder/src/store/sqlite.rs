@@ -979,19 +979,7 @@ impl TrajectoryStore for SqliteStore {
                 ..Pruned::default()
             });
         };
-        // The counts of the episodes going first, in one statement: the delete trigger then
-        // finds no count to update for each row.
-        tx.prepare_cached(
-            "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
-        )
-        .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
-        .map_err(sq("prune", "episode_rows", target))?;
-        let transitions = tx
-            .prepare_cached(
-                "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
-            )
-            .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
-            .map_err(sq("prune", "transitions", target))?;
+        let transitions = delete_rows_through(&tx, target, cut, "prune")?;
         let episodes = tx
             .prepare_cached(
                 "DELETE FROM episodes WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
@@ -1018,7 +1006,7 @@ impl TrajectoryStore for SqliteStore {
             .map_err(sq("commit prune", "transitions", target))?;
         tracing::debug!(target = %target, transitions, episodes, below_episode = below, "pruned the oldest episodes");
         Ok(Pruned {
-            transitions: transitions as u64,
+            transitions,
             episodes: episodes as u64,
             below_episode: u64::try_from(below).unwrap_or(0),
         })
@@ -1123,21 +1111,33 @@ impl SqliteStore {
         let Some(cut) = cut else {
             return Ok(None);
         };
-        tx.prepare_cached(
-            "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
-        )
-        .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
-        .map_err(sq("forget", "episode_rows", target))?;
-        let n = tx
-            .prepare_cached(
-                "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
-            )
-            .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
-            .map_err(sq("forget", "transitions", target))?;
+        let n = delete_rows_through(&tx, target, cut, "forget")?;
         tx.commit()
             .map_err(sq("commit forget", "transitions", target))?;
-        Ok(Some(n as u64))
+        Ok(Some(n))
     }
+}
+
+/// Deletes `target`'s transitions of episodes up to and including `cut`, with their counts; the
+/// rows deleted. The counts go first, in one statement, so the delete trigger finds none to
+/// update for each row.
+fn delete_rows_through(
+    conn: &Connection,
+    target: &Target,
+    cut: i64,
+    op: &'static str,
+) -> Result<u64, StoreError> {
+    conn.prepare_cached(
+        "DELETE FROM episode_rows WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+    )
+    .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+    .map_err(sq(op, "episode_rows", target))?;
+    conn.prepare_cached(
+        "DELETE FROM transitions WHERE namespace = ?1 AND name = ?2 AND episode <= ?3",
+    )
+    .and_then(|mut s| s.execute(params![target.namespace, target.name, cut]))
+    .map(|n| n as u64)
+    .map_err(sq(op, "transitions", target))
 }
 
 /// The `DELETE`s of [`TrajectoryStore::forget`], in order (the per-episode counts before the
