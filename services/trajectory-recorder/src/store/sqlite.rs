@@ -952,26 +952,16 @@ impl TrajectoryStore for SqliteStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin prune", "transitions", target))?;
-        // The episode of the `keep + 1`-th newest row: it and every earlier episode go. Found
-        // from the per-episode counts, newest first.
-        let cut: Option<i64> = tx
-            .prepare_cached(
-                "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
-                 ORDER BY episode DESC",
-            )
-            .and_then(|mut s| {
-                let mut it = s.query(params![target.namespace, target.name])?;
-                let mut newer = 0u64;
-                while let Some(r) = it.next()? {
-                    let rows: i64 = r.get(1)?;
-                    newer = newer.saturating_add(u64::try_from(rows).unwrap_or(0));
-                    if newer > keep.get() {
-                        return r.get(0).map(Some);
-                    }
-                }
-                Ok(None)
-            })
-            .map_err(sq("prune", "episode_rows", target))?;
+        // The episode of the `keep + 1`-th newest row: it and every earlier episode go.
+        let cut = episode_reaching(
+            &tx,
+            target,
+            Order::NewestFirst,
+            keep.get().saturating_add(1),
+            "prune",
+        )?
+        .filter(|&(_, reached)| reached)
+        .map(|(episode, _)| episode);
         let Some(cut) = cut else {
             let below = below_episode(&tx, target)?;
             return Ok(Pruned {
@@ -1090,24 +1080,9 @@ impl SqliteStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin forget", "transitions", target))?;
-        let cut: Option<i64> = tx
-            .prepare_cached(
-                "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
-                 ORDER BY episode",
-            )
-            .and_then(|mut s| {
-                let mut it = s.query(params![target.namespace, target.name])?;
-                let (mut rows, mut last) = (0u64, None);
-                while let Some(r) = it.next()? {
-                    last = Some(r.get(0)?);
-                    rows = rows.saturating_add(u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0));
-                    if rows >= FORGET_CHUNK_ROWS {
-                        break;
-                    }
-                }
-                Ok(last)
-            })
-            .map_err(sq("forget", "episode_rows", target))?;
+        // The oldest episodes holding FORGET_CHUNK_ROWS rows, or all there are.
+        let cut = episode_reaching(&tx, target, Order::OldestFirst, FORGET_CHUNK_ROWS, "forget")?
+            .map(|(episode, _)| episode);
         let Some(cut) = cut else {
             return Ok(None);
         };
@@ -1116,6 +1091,49 @@ impl SqliteStore {
             .map_err(sq("commit forget", "transitions", target))?;
         Ok(Some(n))
     }
+}
+
+/// The direction [`episode_reaching`] walks a target's episodes in.
+#[derive(Clone, Copy)]
+enum Order {
+    OldestFirst,
+    NewestFirst,
+}
+
+/// Walks `target`'s per-episode counts in `order` until they add up to `rows`: that episode and
+/// `true`, or the last episode and `false` when they never do; `None` when it has no rows.
+fn episode_reaching(
+    conn: &Connection,
+    target: &Target,
+    order: Order,
+    rows: u64,
+    op: &'static str,
+) -> Result<Option<(i64, bool)>, StoreError> {
+    let sql = match order {
+        Order::OldestFirst => {
+            "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
+             ORDER BY episode"
+        }
+        Order::NewestFirst => {
+            "SELECT episode, rows FROM episode_rows WHERE namespace = ?1 AND name = ?2 \
+             ORDER BY episode DESC"
+        }
+    };
+    conn.prepare_cached(sql)
+        .and_then(|mut s| {
+            let mut it = s.query(params![target.namespace, target.name])?;
+            let (mut seen, mut last) = (0u64, None);
+            while let Some(r) = it.next()? {
+                let episode: i64 = r.get(0)?;
+                seen = seen.saturating_add(u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0));
+                if seen >= rows {
+                    return Ok(Some((episode, true)));
+                }
+                last = Some((episode, false));
+            }
+            Ok(last)
+        })
+        .map_err(sq(op, "episode_rows", target))
 }
 
 /// Deletes `target`'s transitions of episodes up to and including `cut`, with their counts; the
