@@ -71,24 +71,65 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
 }
 
 /// The actors of one service, one per target.
+///
+/// **Retirement** (`actors.retire_after_secs`, 0: off): a target the controller deregistered (its
+/// `AwareAutoscaler` deleted) keeps its actor while messages sent before the deletion may still
+/// arrive; once the deregistration is `retire_after_secs` old, [`TargetActors::sweep`] stops the
+/// actor ([`Retire`]) and frees what it held (the recommender's policy, the monitor's windows).
+/// From then on the target is *retired*: its events are counted and dropped, never handed to a
+/// new actor (one started from defaults would act on a deleted workload), until a registration
+/// creates it again, which starts a fresh actor. A retired target is remembered for
+/// `bus.jetstream.max_age_secs` more, as long as the bus can still deliver a message sent before
+/// the deletion; the deregistration's own time counts, so a restarted service that reads an old
+/// deregistration from the bus's retained state retires the target without starting its actor.
 pub struct TargetActors<A>
 where
-    A: Actor<Context = Context<A>> + Handler<Deliver>,
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
     actors: HashMap<Target, Addr<A>>,
     factory: Box<dyn FnMut(&Target) -> A>,
     gauge: prometheus::IntGauge,
+    retiring: Option<Retiring>,
+}
+
+/// Deregistered and retired targets (times in Unix milliseconds).
+struct Retiring {
+    after_ms: i64,
+    /// How long a retired target is remembered after its retirement is due.
+    remember_ms: i64,
+    /// Deregistered targets with an actor: the time of the deregistration.
+    deregistered: HashMap<Target, i64>,
+    /// Retired targets: until when their events are dropped.
+    retired: HashMap<Target, i64>,
+    retired_total: prometheus::IntCounter,
+    dropped: prometheus::IntCounter,
+}
+
+/// Milliseconds of `secs` seconds, saturating.
+fn secs_ms(secs: u64) -> i64 {
+    i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
 }
 
 impl<A> TargetActors<A>
 where
-    A: Actor<Context = Context<A>> + Handler<Deliver>,
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
+    /// The actors of the service of `ctx`, retiring deregistered targets as `ctx.config.actors`
+    /// says.
     pub fn new(ctx: &ServiceContext, factory: impl FnMut(&Target) -> A + 'static) -> Self {
+        let after = ctx.config.actors.retire_after_secs;
         TargetActors {
             actors: HashMap::new(),
             factory: Box::new(factory),
             gauge: ctx.metrics.targets.clone(),
+            retiring: (after > 0).then(|| Retiring {
+                after_ms: secs_ms(after),
+                remember_ms: secs_ms(ctx.config.bus.jetstream.max_age_secs),
+                deregistered: HashMap::new(),
+                retired: HashMap::new(),
+                retired_total: ctx.metrics.targets_retired.clone(),
+                dropped: ctx.metrics.retired_target_events.clone(),
+            }),
         }
     }
 
@@ -97,28 +138,121 @@ where
         if !self.actors.contains_key(target) {
             let actor = (self.factory)(target);
             self.actors.insert(target.clone(), actor.start());
-            self.gauge
-                .set(i64::try_from(self.actors.len()).unwrap_or(i64::MAX));
+            self.set_gauge();
             tracing::debug!(%target, "target actor started");
         }
         &self.actors[target]
     }
 
-    /// Delivers an event to its target's actor.
+    fn set_gauge(&self) {
+        self.gauge
+            .set(i64::try_from(self.actors.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Delivers an event to its target's actor; see the type's documentation for retired targets.
     pub fn route(&mut self, ev: Event) {
+        self.route_at(ev, aware_bus_schemas::now_ms());
+    }
+
+    /// [`TargetActors::route`] at the time `now_ms`.
+    pub fn route_at(&mut self, ev: Event, now_ms: i64) {
         let target = ev.target().clone();
+        if let Some(r) = self.retiring.as_mut() {
+            let live = self.actors.contains_key(&target);
+            match &ev {
+                Event::Registration(reg) if reg.spec.is_some() => {
+                    // Created (again): a retired target starts afresh.
+                    r.deregistered.remove(&target);
+                    if r.retired.remove(&target).is_some() {
+                        tracing::info!(%target, "retired target registered again: a new actor starts");
+                    }
+                }
+                Event::Registration(reg) => {
+                    if r.retired.contains_key(&target) {
+                        return; // a repeat (a resync, the bus's retained state)
+                    }
+                    if !live && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
+                        // An old deregistration (a restart): retired without an actor.
+                        r.retired.insert(
+                            target,
+                            reg.ts_ms
+                                .saturating_add(r.after_ms)
+                                .saturating_add(r.remember_ms),
+                        );
+                        return;
+                    }
+                    r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
+                }
+                _ if r.retired.contains_key(&target) => {
+                    r.dropped.inc();
+                    tracing::debug!(%target, event = %ev.kind(), step = ev.step(), "event of a retired target dropped");
+                    return;
+                }
+                _ => {}
+            }
+        }
         self.get_or_start(&target).do_send(Deliver(ev));
     }
 
+    /// Stops the actor of every target deregistered `retire_after_secs` ago or more (their
+    /// targets are retired from then on) and forgets retired targets whose time is up; the
+    /// targets retired now. The intake loop calls it every [`TargetActors::sweep_every`].
+    pub fn sweep(&mut self, now_ms: i64) -> Vec<Target> {
+        let Some(r) = self.retiring.as_mut() else {
+            return Vec::new();
+        };
+        r.retired.retain(|_, until| *until > now_ms);
+        let due: Vec<Target> = r
+            .deregistered
+            .iter()
+            .filter(|(_, since)| now_ms.saturating_sub(**since) >= r.after_ms)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for t in &due {
+            if let Some(since) = r.deregistered.remove(t) {
+                r.retired.insert(
+                    t.clone(),
+                    since
+                        .saturating_add(r.after_ms)
+                        .saturating_add(r.remember_ms),
+                );
+            }
+            if let Some(addr) = self.actors.remove(t) {
+                addr.do_send(Retire);
+                r.retired_total.inc();
+                tracing::info!(target = %t, "deregistered target retired: its actor stops");
+            }
+        }
+        if !due.is_empty() {
+            self.set_gauge();
+        }
+        due
+    }
+
+    /// How often the intake loop calls [`TargetActors::sweep`]: a tenth of the retirement delay,
+    /// between 100 ms and a minute; `None` when retirement is off.
+    pub fn sweep_every(&self) -> Option<std::time::Duration> {
+        self.retiring.as_ref().map(|r| {
+            std::time::Duration::from_millis(
+                u64::try_from(r.after_ms / 10)
+                    .unwrap_or(u64::MAX)
+                    .clamp(100, 60_000),
+            )
+        })
+    }
+
+    /// Whether `target` is retired: its events are dropped.
+    pub fn is_retired(&self, target: &Target) -> bool {
+        self.retiring
+            .as_ref()
+            .is_some_and(|r| r.retired.contains_key(target))
+    }
+
     /// Stops `target`'s actor, if it has one ([`Retire`]); an event for it later starts a new one.
-    pub fn retire(&mut self, target: &Target)
-    where
-        A: Handler<Retire>,
-    {
+    pub fn retire(&mut self, target: &Target) {
         if let Some(addr) = self.actors.remove(target) {
             addr.do_send(Retire);
-            self.gauge
-                .set(i64::try_from(self.actors.len()).unwrap_or(i64::MAX));
+            self.set_gauge();
             tracing::debug!(%target, "target actor retired");
         }
     }
@@ -133,11 +267,13 @@ where
 }
 
 /// The intake loop shared by every service: subscribes to `consumes`, reports ready, and hands
-/// each decoded event to `on_event` until shutdown. With nothing to consume it only waits.
+/// each decoded event to `on_event` until shutdown (and a tick every `tick`, if given). With
+/// nothing to consume it only waits.
 async fn intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
     mut retire: Option<mpsc::UnboundedReceiver<Target>>,
+    tick: Option<std::time::Duration>,
     mut on: impl FnMut(Intake),
 ) -> Result<(), crate::service::ServiceError> {
     let mut rx = if consumes.is_empty() {
@@ -145,6 +281,11 @@ async fn intake(
     } else {
         Some(ctx.subscribe_events(consumes).await?)
     };
+    let mut ticks = tick.map(|every| {
+        let mut t = tokio::time::interval(every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     ctx.ready.set(true);
     tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
     match rx.as_mut() {
@@ -160,6 +301,9 @@ async fn intake(
                     Some(t) => on(Intake::Retire(t)),
                     None => retire = None,
                 },
+                _ = async { ticks.as_mut()?.tick().await; Some(()) }, if ticks.is_some() => {
+                    on(Intake::Tick)
+                }
             }
         },
     }
@@ -167,16 +311,18 @@ async fn intake(
     Ok(())
 }
 
-/// What the intake loop hands on: an event, or a target whose actor is to stop.
+/// What the intake loop hands on: an event, a target whose actor is to stop, or a tick.
 // Handed on at once, never stored: boxing the event would allocate for every event.
 #[allow(clippy::large_enum_variant)]
 enum Intake {
     Event(aware_bus_schemas::Event),
     Retire(Target),
+    Tick,
 }
 
 /// The intake loop of a service: routes every decoded event of `consumes` to its target's actor
-/// until shutdown. With `sharded`, events of targets outside this instance's shard are skipped.
+/// until shutdown, retiring deregistered targets ([`TargetActors::sweep`]). With `sharded`,
+/// events of targets outside this instance's shard are skipped.
 pub async fn run_actors<A>(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
@@ -184,16 +330,9 @@ pub async fn run_actors<A>(
     actors: &mut TargetActors<A>,
 ) -> Result<(), crate::service::ServiceError>
 where
-    A: Actor<Context = Context<A>> + Handler<Deliver>,
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
-    intake(ctx, consumes, None, |i| {
-        if let Intake::Event(ev) = i {
-            if !sharded || ctx.config.shard.owns(ev.target()) {
-                actors.route(ev);
-            }
-        }
-    })
-    .await
+    run(ctx, consumes, sharded, actors, None).await
 }
 
 /// [`run_actors`], also stopping the actor of every target received on `retire`
@@ -208,13 +347,30 @@ pub async fn run_actors_retiring<A>(
 where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
-    intake(ctx, consumes, Some(retire), |i| match i {
+    run(ctx, consumes, sharded, actors, Some(retire)).await
+}
+
+async fn run<A>(
+    ctx: &ServiceContext,
+    consumes: &[aware_bus_schemas::EventKind],
+    sharded: bool,
+    actors: &mut TargetActors<A>,
+    retire: Option<mpsc::UnboundedReceiver<Target>>,
+) -> Result<(), crate::service::ServiceError>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
+{
+    let tick = actors.sweep_every();
+    intake(ctx, consumes, retire, tick, |i| match i {
         Intake::Event(ev) => {
             if !sharded || ctx.config.shard.owns(ev.target()) {
                 actors.route(ev);
             }
         }
         Intake::Retire(t) => actors.retire(&t),
+        Intake::Tick => {
+            actors.sweep(aware_bus_schemas::now_ms());
+        }
     })
     .await
 }
@@ -225,10 +381,210 @@ pub async fn run_intake(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
 ) -> Result<(), crate::service::ServiceError> {
-    intake(ctx, consumes, None, |i| {
+    intake(ctx, consumes, None, None, |i| {
         if let Intake::Event(ev) = i {
             tracing::trace!(service = ctx.name, event = %ev.kind(), target = %ev.target(), step = ev.step(), "received")
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use actix::ActorContext;
+    use aware_bus_schemas::generated::samples;
+
+    use super::*;
+    use crate::bus::Bus;
+    use crate::config::AppConfig;
+    use crate::testkit::registration;
+
+    /// Records what it is handed: (actor number, event kind or "retire").
+    struct Probe {
+        id: usize,
+        log: Arc<Mutex<Vec<(usize, String)>>>,
+    }
+
+    impl Actor for Probe {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Deliver> for Probe {
+        type Result = ();
+        fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+            let kind = ev.kind().to_string();
+            self.log.lock().unwrap().push((self.id, kind));
+        }
+    }
+
+    impl Handler<Retire> for Probe {
+        type Result = ();
+        fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+            self.log.lock().unwrap().push((self.id, "retire".into()));
+            ctx.stop();
+        }
+    }
+
+    fn obs_of(target: &Target) -> Event {
+        let mut ev = samples()
+            .into_iter()
+            .find(|e| matches!(e, Event::Obs(_)))
+            .unwrap();
+        if let Event::Obs(o) = &mut ev {
+            o.target = target.clone();
+        }
+        ev
+    }
+
+    fn actors(
+        retire_after_secs: u64,
+        log: &Arc<Mutex<Vec<(usize, String)>>>,
+    ) -> (TargetActors<Probe>, ServiceContext) {
+        let mut cfg = AppConfig::default();
+        cfg.actors.retire_after_secs = retire_after_secs;
+        cfg.bus.jetstream.max_age_secs = 100;
+        let ctx = ServiceContext::new(
+            "probe",
+            Bus::in_process(16),
+            Arc::new(cfg),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        let (log, mut next) = (log.clone(), 0);
+        let actors = TargetActors::new(&ctx, move |_: &Target| {
+            next += 1;
+            Probe {
+                id: next,
+                log: log.clone(),
+            }
+        });
+        (actors, ctx)
+    }
+
+    /// What each actor was handed, in its order (actors run concurrently).
+    fn by_actor(log: &Arc<Mutex<Vec<(usize, String)>>>) -> Vec<(usize, String)> {
+        let mut l = log.lock().unwrap().clone();
+        l.sort_by_key(|(id, _)| *id);
+        l
+    }
+
+    /// Lets the started actors run what was sent to them.
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    #[test]
+    fn a_deregistered_target_is_retired_after_the_delay_until_it_is_registered_again() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (mut a, ctx) = actors(10, &log);
+            let m = &ctx.metrics;
+            let (gone, kept) = (Target::new("shop", "gone"), Target::new("shop", "kept"));
+            let spec = crate::registry::to_registered(&ctx.config.spec_for(&gone), None);
+            let t0 = 1_000_000;
+            a.route_at(
+                registration(&gone, t0 - 5_000, Some(spec.clone())).into(),
+                t0,
+            );
+            a.route_at(obs_of(&kept), t0);
+            a.route_at(registration(&gone, t0, None).into(), t0);
+            assert_eq!((a.len(), m.targets.get()), (2, 2));
+            // A repeated deregistration (a resync) does not move the due time.
+            a.route_at(registration(&gone, t0 + 5_000, None).into(), t0 + 5_000);
+            assert!(a.sweep(t0 + 9_999).is_empty(), "not before the delay");
+            assert_eq!(a.sweep(t0 + 10_000), vec![gone.clone()]);
+            assert_eq!((a.len(), m.targets.get()), (1, 1));
+            assert_eq!(m.targets_retired.get(), 1);
+            assert!(a.is_retired(&gone) && !a.is_retired(&kept));
+            // Events of the retired target are dropped and start no actor; a repeated
+            // deregistration is a no-op.
+            a.route_at(obs_of(&gone), t0 + 11_000);
+            a.route_at(registration(&gone, t0 + 12_000, None).into(), t0 + 12_000);
+            assert_eq!(a.len(), 1);
+            assert_eq!(m.retired_target_events.get(), 1);
+            settle().await;
+            assert_eq!(
+                by_actor(&log),
+                vec![
+                    (1, "target".to_string()),
+                    (1, "target".into()),
+                    (1, "target".into()),
+                    (1, "retire".into()),
+                    (2, "obs".into()),
+                ]
+            );
+            // Registered again: a fresh actor, and its events reach it.
+            log.lock().unwrap().clear();
+            a.route_at(
+                registration(&gone, t0 + 20_000, Some(spec)).into(),
+                t0 + 20_000,
+            );
+            a.route_at(obs_of(&gone), t0 + 20_000);
+            assert!(!a.is_retired(&gone));
+            assert_eq!((a.len(), m.targets.get()), (2, 2));
+            // It is no longer deregistered: no retirement later.
+            assert!(a.sweep(t0 + 1_000_000).is_empty());
+            settle().await;
+            assert_eq!(
+                by_actor(&log),
+                vec![(3, "target".to_string()), (3, "obs".into())]
+            );
+        });
+    }
+
+    #[test]
+    fn an_old_deregistration_retires_without_an_actor_and_is_remembered_for_the_bus_retention() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (mut a, ctx) = actors(10, &log);
+            let t = Target::new("shop", "old");
+            let t0 = 1_000_000;
+            // A restart reads a deregistration 10 s old from the bus's retained state.
+            a.route_at(registration(&t, t0 - 10_000, None).into(), t0);
+            assert!(a.is_empty() && a.is_retired(&t));
+            assert_eq!(ctx.metrics.targets_retired.get(), 0, "no actor was stopped");
+            a.route_at(obs_of(&t), t0);
+            assert!(a.is_empty());
+            // Remembered until the retirement's due time plus the bus's retention (100 s).
+            a.sweep(t0 + 99_999);
+            assert!(a.is_retired(&t));
+            a.sweep(t0 + 100_000);
+            assert!(!a.is_retired(&t));
+            a.route_at(obs_of(&t), t0 + 100_000);
+            assert_eq!(a.len(), 1);
+            assert_eq!(ctx.metrics.retired_target_events.get(), 1);
+            settle().await;
+            assert_eq!(*log.lock().unwrap(), vec![(1, "obs".to_string())]);
+        });
+    }
+
+    #[test]
+    fn with_retirement_off_a_deregistered_target_keeps_its_actor() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (mut a, ctx) = actors(0, &log);
+            assert_eq!(a.sweep_every(), None);
+            let t = Target::new("shop", "old");
+            a.route_at(registration(&t, 0, None).into(), 1_000_000_000);
+            assert!(a.sweep(2_000_000_000).is_empty());
+            a.route_at(obs_of(&t), 2_000_000_000);
+            assert_eq!(a.len(), 1);
+            assert_eq!(ctx.metrics.retired_target_events.get(), 0);
+        });
+    }
+
+    #[test]
+    fn the_sweep_runs_a_tenth_of_the_delay_apart_within_bounds() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let every = |secs| actors(secs, &log).0.sweep_every();
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(every(1), Some(ms(100)));
+        assert_eq!(every(30), Some(ms(3_000)));
+        assert_eq!(every(3600), Some(ms(60_000)));
+    }
 }

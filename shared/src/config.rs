@@ -32,6 +32,7 @@ pub struct AppConfig {
     pub http: HttpConfig,
     pub log: LogConfig,
     pub shard: ShardConfig,
+    pub actors: ActorsConfig,
     /// Targets managed from start-up (the Kubernetes controller registers more at run time).
     pub targets: Vec<crate::spec::TargetSpec>,
     pub lifecycle: LifecycleProfile,
@@ -401,6 +402,24 @@ impl ShardConfig {
     }
 }
 
+/// The per-target actors of the recommender, actuator, lifecycle monitor and trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActorsConfig {
+    /// A deregistered target's actor (its `AwareAutoscaler` deleted and not created again) is
+    /// stopped this long after the deregistration, seconds; 0 keeps it while the service runs.
+    /// Its events are dropped from then on until it is registered again ([`crate::agents`]).
+    pub retire_after_secs: u64,
+}
+
+impl Default for ActorsConfig {
+    fn default() -> Self {
+        ActorsConfig {
+            retire_after_secs: 3600,
+        }
+    }
+}
+
 /// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher).
 pub fn stable_hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -637,6 +656,7 @@ name = "cart"
                 ("AWARE_BUS__URL", "nats://env:4222"),
                 ("AWARE_HTTP__LISTEN", "127.0.0.1:2000"),
                 ("AWARE_BUS__JETSTREAM__MAX_AGE_SECS", "60"),
+                ("AWARE_ACTORS__RETIRE_AFTER_SECS", "0"),
             ]),
             overrides: vec![("http.listen".into(), "127.0.0.1:3000".into())],
         })
@@ -645,6 +665,8 @@ name = "cart"
         assert_eq!(cfg.bus.channel_capacity, 10, "file beats defaults");
         assert_eq!(cfg.http.listen, "127.0.0.1:3000", "flags beat env");
         assert_eq!(cfg.bus.jetstream.max_age_secs, 60, "nested env key");
+        assert_eq!(cfg.actors.retire_after_secs, 0);
+        assert_eq!(AppConfig::default().actors.retire_after_secs, 3600);
         assert_eq!(cfg.lifecycle.window, 5);
         assert_eq!(cfg.lifecycle.t_serving, 1.3, "untouched default kept");
         assert_eq!(cfg.targets.len(), 1);
@@ -670,6 +692,10 @@ name = "cart"
                 "shard.index",
             ),
             (&[("AWARE_LIFECYCLE__WINDOW", "0")], "lifecycle.window"),
+            (
+                &[("AWARE_ACTORS__RETIRE_AFTER_SECS", "-1")],
+                "actors.retire_after_secs",
+            ),
             (&[("AWARE_LIFECYCLE__T_VAR", "-1")], "lifecycle.t_var"),
             (
                 &[("AWARE_BUS__JETSTREAM__STORAGE", "tape")],

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use aware_bus_schemas::EventKind;
-use prometheus::{Encoder, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LogFormat;
@@ -57,6 +57,10 @@ pub struct ServiceMetrics {
     /// Controller registrations (`target/1`) applied, by change: registered (new or changed),
     /// deregistered, refused (invalid spec; what was in force stays). Repeats are not counted.
     pub registrations: IntCounterVec,
+    /// Deregistered targets whose actor was stopped ([`crate::agents::TargetActors::sweep`]).
+    pub targets_retired: IntCounter,
+    /// Events of retired targets dropped.
+    pub retired_target_events: IntCounter,
 }
 
 impl ServiceMetrics {
@@ -91,6 +95,16 @@ impl ServiceMetrics {
         for change in ["registered", "deregistered", "refused"] {
             registrations.with_label_values(&[change]);
         }
+        let targets_retired = IntCounter::new(
+            "targets_retired_total",
+            "Deregistered targets whose actor was stopped after actors.retire_after_secs",
+        )?;
+        registry.register(Box::new(targets_retired.clone()))?;
+        let retired_target_events = IntCounter::new(
+            "retired_target_events_total",
+            "Events of retired (deregistered) targets dropped",
+        )?;
+        registry.register(Box::new(retired_target_events.clone()))?;
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
             for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
@@ -106,6 +120,8 @@ impl ServiceMetrics {
             publish_errors,
             targets,
             registrations,
+            targets_retired,
+            retired_target_events,
         })
     }
 

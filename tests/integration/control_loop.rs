@@ -190,24 +190,6 @@ async fn every_episode(eps: &mut aware_shared::bus::Subscription, n: u64) {
     }
 }
 
-/// Polls `metric` of a service until it equals `want`, failing after `within`.
-async fn wait_for_metric(
-    metric: &impl Fn(&str) -> Option<f64>,
-    name: &str,
-    want: f64,
-    within: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + within;
-    while metric(name) != Some(want) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} = {:?}, not {want}, after {within:?}",
-            metric(name)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A registration (`target/1`) of `target` at `ts_ms`: a deregistration when `spec` is `None`.
 async fn publish_registration(
     bus: &Bus,
@@ -228,14 +210,14 @@ async fn wait_forgotten(
     n: f64,
     within: Duration,
 ) {
-    wait_for_metric(
+    crate::wait_for_metric(
         recorder,
         "aware_recorder_targets_forgotten_total",
         n,
         within,
     )
     .await;
-    wait_for_metric(trainer, "aware_trainer_targets_forgotten_total", n, within).await;
+    crate::wait_for_metric(trainer, "aware_trainer_targets_forgotten_total", n, within).await;
 }
 
 /// The model-store keys of `target` (checkpoints and mark).
@@ -292,7 +274,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
                 .unwrap();
         }
     }
-    wait_for_metric(
+    crate::wait_for_metric(
         &trainer,
         "aware_targets",
         apps as f64,
@@ -318,7 +300,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     assert_eq!(reader.count(gone).unwrap(), 0, "{gone} forgotten");
     assert!(reader.episodes(gone, 10).unwrap().is_empty());
     assert!(model_keys(&models, gone).is_empty(), "{gone}'s checkpoints");
-    wait_for_metric(
+    crate::wait_for_metric(
         &trainer,
         "aware_targets",
         apps as f64 - 1.0,
@@ -351,7 +333,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         } else {
             "aware_trainer_deregistered_targets"
         };
-        wait_for_metric(m, gauge, 1.0, Duration::from_secs(5)).await;
+        crate::wait_for_metric(m, gauge, 1.0, Duration::from_secs(5)).await;
     }
     assert_eq!(
         reader.deregistered().unwrap(),
@@ -379,14 +361,14 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     .unwrap();
     let metric = crate::metrics_of(&running, "trajectory-recorder");
     let trainer = crate::metrics_of(&running, "meta-learner-trainer");
-    wait_for_metric(
+    crate::wait_for_metric(
         &metric,
         "aware_recorder_deregistered_targets",
         1.0,
         Duration::from_secs(5),
     )
     .await;
-    wait_for_metric(
+    crate::wait_for_metric(
         &trainer,
         "aware_trainer_deregistered_targets",
         1.0,

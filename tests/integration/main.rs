@@ -66,6 +66,24 @@ pub(crate) fn metrics_of(
     }
 }
 
+/// Polls `metric` of a service until it equals `want`, failing after `within`.
+pub(crate) async fn wait_for_metric(
+    metric: &impl Fn(&str) -> Option<f64>,
+    name: &str,
+    want: f64,
+    within: std::time::Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    while metric(name) != Some(want) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} = {:?}, not {want}, after {within:?}",
+            metric(name)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits (at most 10 s) until every service of `running` is ready: subscribed, so a message
 /// published now reaches them.
 pub(crate) async fn wait_ready(running: &aware_shared::launcher::Running) {

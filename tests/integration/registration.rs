@@ -198,6 +198,121 @@ async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
     running.join().await.unwrap();
 }
 
+/// Retirement over NATS (`actors.retire_after_secs`): a deregistered target's actors in the
+/// recommender, the actuator and the lifecycle monitor stop after the delay; messages of the
+/// target arriving later are counted and dropped (a new actor started from the defaults would
+/// act on the deleted workload again); a registration brings the target back with fresh actors.
+#[actix_rt::test]
+async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_nats() {
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.actors.retire_after_secs = 1;
+    let services = [
+        aware_actuator::ENTRY,
+        aware_recommender::ENTRY,
+        aware_lifecycle_monitor::ENTRY,
+    ];
+    let (running, shutdown) = start_ready(&cfg, &services).await;
+    let metrics: Vec<_> = services
+        .iter()
+        .map(|e| (e.name, crate::metrics_of(&running, e.name)))
+        .collect();
+    let bus = Bus::connect(&cfg.bus, "retirement-test").await.unwrap();
+    let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+    let mut actions = bus.subscribe("aware.v1.action.>").await.unwrap();
+    let spec = TargetSpec::new(&target());
+
+    // Registered: every service has the target's actor, the recommender and actuator act.
+    publish(&bus, registration(Some(&spec), 1).into()).await;
+    let mut step = 0u32;
+    act_until(&bus, &mut applied, &mut step, 3, |a| {
+        a.outcome == Outcome::Applied
+    })
+    .await;
+    publish(&bus, obs(1).into()).await;
+    tokio::time::timeout(Duration::from_secs(5), actions.next())
+        .await
+        .expect("an action for a registered target")
+        .unwrap();
+    for (name, m) in &metrics {
+        assert_eq!(m("aware_targets"), Some(1.0), "{name}");
+    }
+
+    // Deregistered: a second later every actor is stopped.
+    publish(&bus, registration(None, 2).into()).await;
+    for (_, m) in &metrics {
+        crate::wait_for_metric(
+            m,
+            "aware_targets_retired_total",
+            1.0,
+            Duration::from_secs(10),
+        )
+        .await;
+        crate::wait_for_metric(m, "aware_targets", 0.0, Duration::from_secs(1)).await;
+    }
+    while tokio::time::timeout(Duration::from_millis(50), actions.next())
+        .await
+        .is_ok()
+    {}
+    // Late messages: no action, no decision, no new actor; each counted.
+    let (recommender, actuator) = (&metrics[1].1, &metrics[0].1);
+    for s in 2..6 {
+        publish(&bus, obs(s).into()).await;
+    }
+    crate::wait_for_metric(
+        recommender,
+        "aware_retired_target_events_total",
+        4.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), actions.next())
+            .await
+            .is_err(),
+        "an action for a retired target"
+    );
+    for s in 1..4 {
+        publish(&bus, action(step + s, 3).into()).await;
+    }
+    step += 3;
+    crate::wait_for_metric(
+        actuator,
+        "aware_retired_target_events_total",
+        3.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        next_applied(&mut applied, step).await.is_none(),
+        "a decision for a retired target"
+    );
+    for (name, m) in &metrics {
+        assert_eq!(m("aware_targets"), Some(0.0), "{name}: no new actor");
+    }
+
+    // Created again: fresh actors, the recommender and the actuator act again.
+    publish(&bus, registration(Some(&spec), 3).into()).await;
+    act_until(&bus, &mut applied, &mut step, 3, |a| {
+        a.outcome == Outcome::Applied
+    })
+    .await;
+    publish(&bus, obs(6).into()).await;
+    tokio::time::timeout(Duration::from_secs(5), actions.next())
+        .await
+        .expect("an action for the target registered again")
+        .unwrap();
+    for (name, m) in &metrics {
+        assert_eq!(m("aware_targets"), Some(1.0), "{name}");
+        assert_eq!(m("aware_targets_retired_total"), Some(1.0), "{name}");
+    }
+
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
 /// The lifecycle monitor over NATS: a restarted monitor resumes a target at the stage its previous
 /// run published (read back from the JetStream capture) instead of announcing OFFLINE again, and a
 /// registered lifecycle profile that turns bootstrapping off takes a new target ONLINE.

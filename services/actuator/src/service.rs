@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{Action, Applied, Event, EventKind, Outcome, Schema, Target};
-use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
@@ -131,6 +131,15 @@ pub struct TargetActuator {
 
 impl Actor for TargetActuator {
     type Context = Context<Self>;
+}
+
+impl Handler<Retire> for TargetActuator {
+    type Result = ();
+
+    /// Its target was deregistered `actors.retire_after_secs` ago.
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
 }
 
 impl TargetActuator {

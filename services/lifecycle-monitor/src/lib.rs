@@ -24,11 +24,11 @@
 
 use std::collections::VecDeque;
 
-use actix::{Actor, Context, Handler};
+use actix::{Actor, ActorContext, Context, Handler};
 use aware_bus_schemas::{
     now_ms, Episode, Event, EventKind, Lifecycle, Model, ModelKind, Schema, Stage, Target,
 };
-use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::config::LifecycleProfile;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::registry::{log_change, Change, Registered};
@@ -761,6 +761,15 @@ impl Actor for LifecycleAgent {
     }
 }
 
+impl Handler<Retire> for LifecycleAgent {
+    type Result = ();
+
+    /// Its target was deregistered `actors.retire_after_secs` ago.
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
 impl Handler<Deliver> for LifecycleAgent {
     type Result = ();
 
@@ -806,7 +815,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .map_err(|e| ServiceError::Other(e.to_string()))?;
     // A restart resumes every target at the stage the previous run published (NATS with the
     // JetStream capture; the embedded bus's retained messages).
-    let restored: std::collections::HashMap<Target, Stage> = ctx
+    let mut restored: std::collections::HashMap<Target, Stage> = ctx
         .current_state(EventKind::Lifecycle)
         .await
         .into_iter()
@@ -821,8 +830,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let registrations = ctx.metrics.registrations.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
-        if let Some(stage) = restored.get(t) {
-            machine.restore(*stage);
+        // Only the target's first actor resumes there: one started again after a retirement is
+        // for a target deleted and created again.
+        if let Some(stage) = restored.remove(t) {
+            machine.restore(stage);
         }
         LifecycleAgent {
             target: t.clone(),

@@ -18,11 +18,11 @@ pub mod rl;
 
 use std::sync::Arc;
 
-use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
-use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, TargetActors};
+use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::config::stable_hash;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
@@ -485,6 +485,15 @@ pub struct Agent {
 
 impl Actor for Agent {
     type Context = Context<Self>;
+}
+
+impl Handler<Retire> for Agent {
+    type Result = ();
+
+    /// Its target was deregistered `actors.retire_after_secs` ago: the policy's weights go.
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
 }
 
 impl Handler<Deliver> for Agent {

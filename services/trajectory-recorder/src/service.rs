@@ -28,9 +28,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Context, Handler};
+use actix::{Actor, ActorContext, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
-use aware_shared::agents::{run_actors, Deliver, TargetActors};
+use aware_shared::agents::{run_actors, Deliver, Retire, TargetActors};
 use aware_shared::config::ConfigError;
 use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -280,6 +280,16 @@ pub struct TargetRecorder {
 
 impl Actor for TargetRecorder {
     type Context = Context<Self>;
+}
+
+impl Handler<Retire> for TargetRecorder {
+    type Result = ();
+
+    /// Never sent in practice: the recorder's actors do not follow registrations, so its targets
+    /// are never retired ([`TargetActors`]).
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
 }
 
 impl TargetRecorder {
