@@ -21,13 +21,14 @@ use aware_loadgen::app::{Allocation, Bounds as SimBounds};
 use aware_loadgen::env::{map_action, ActionMap};
 use aware_shared::model_store::{get_verified, ModelStore, ModelStoreError};
 use aware_shared::spec::Bounds;
-use aware_shared_model::{Ddpg, ModelError, ACTION_DIM};
+use aware_shared_model::{ModelError, Policy, ACTION_DIM};
 use rand::Rng;
 
-/// A loaded base-learner.
+/// A loaded base-learner: its acting half only (the critic, target networks and optimizer state
+/// of the checkpoint are dropped on load, [`Policy`]).
 #[derive(Debug, Clone)]
 pub struct RlPolicy {
-    pub ddpg: Ddpg,
+    pub policy: Policy,
     pub version: u64,
     pub trained_steps: u64,
 }
@@ -50,11 +51,11 @@ pub fn load_policy(store: &dyn ModelStore, m: &Model) -> Result<RlPolicy, LoadEr
         return Err(LoadError::Kind(m.kind));
     }
     let bytes = get_verified(store, &m.uri, &m.sha256, m.size_bytes)?;
-    let ddpg = Ddpg::from_bytes(&bytes)?;
+    let policy = Policy::from_bytes(&bytes)?;
     Ok(RlPolicy {
         version: m.version,
-        trained_steps: ddpg.train_steps(),
-        ddpg,
+        trained_steps: policy.train_steps(),
+        policy,
     })
 }
 
@@ -158,11 +159,11 @@ pub fn rl_decide<R: Rng + ?Sized>(
     if state.iter().any(|x| !x.is_finite()) {
         return Err(FallbackReason::NonFiniteState);
     }
-    let input = policy_input(policy.ddpg.config().state_dim, state, embedding)?;
+    let input = policy_input(policy.policy.config().state_dim, state, embedding)?;
     let conditioned = input.len() > state.len();
     let raw = if let (Some(scale), true) = (explore, conditioned) {
         // Fold the state in, keep the embedding features at mean 0, std 1, then act on them.
-        let d = &mut policy.ddpg;
+        let d = &mut policy.policy;
         d.normalizer_mut().unfreeze();
         d.observe(&input).and_then(|()| {
             d.normalizer_mut().pin_identity(state.len());
@@ -170,11 +171,11 @@ pub fn rl_decide<R: Rng + ?Sized>(
             d.act_explore_scaled(&input, rng, scale)
         })
     } else if let Some(scale) = explore {
-        policy.ddpg.normalizer_mut().unfreeze();
-        policy.ddpg.act_explore_scaled(&input, rng, scale)
+        policy.policy.normalizer_mut().unfreeze();
+        policy.policy.act_explore_scaled(&input, rng, scale)
     } else {
-        policy.ddpg.normalizer_mut().freeze();
-        policy.ddpg.act(&input)
+        policy.policy.normalizer_mut().freeze();
+        policy.policy.act(&input)
     }
     .map_err(|e| match e {
         ModelError::NonFinite { .. } => FallbackReason::NonFiniteOutput,
@@ -225,14 +226,14 @@ fn sim_bounds(b: &Bounds) -> SimBounds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aware_shared_model::DdpgConfig;
+    use aware_shared_model::{Ddpg, DdpgConfig};
     use rand::SeedableRng;
 
     fn policy(dim: usize) -> RlPolicy {
         let mut c = DdpgConfig::with_hidden(dim, &[16]);
         c.seed = 4;
         RlPolicy {
-            ddpg: Ddpg::new(c).unwrap(),
+            policy: Ddpg::new(c).unwrap().into_policy(),
             version: 1,
             trained_steps: 0,
         }
@@ -266,7 +267,7 @@ mod tests {
         let d = rl_decide(&mut p, &s, Some(&e), cur, &b, None, &mut rng).unwrap();
         assert_eq!(
             d.raw,
-            p.ddpg.act(&x).unwrap(),
+            p.policy.act(&x).unwrap(),
             "the actor saw state ‖ embedding"
         );
         assert_eq!(
@@ -278,7 +279,7 @@ mod tests {
             let s: Vec<f32> = (0..9).map(|j| ((i * 9 + j) as f32).cos()).collect();
             rl_decide(&mut p, &s, Some(&e), cur, &b, Some(1.0), &mut rng).unwrap();
         }
-        let n = p.ddpg.normalizer();
+        let n = p.policy.normalizer();
         assert_eq!(n.count(), 20);
         assert!(n.mean()[..9].iter().any(|&m| m != 0.0));
         assert!(n.mean()[9..].iter().all(|&m| m == 0.0));
@@ -286,6 +287,6 @@ mod tests {
         // A 9-d policy explores as before.
         let mut plain = policy(9);
         rl_decide(&mut plain, &s, Some(&e), cur, &b, Some(1.0), &mut rng).unwrap();
-        assert_eq!(plain.ddpg.normalizer().count(), 1);
+        assert_eq!(plain.policy.normalizer().count(), 1);
     }
 }

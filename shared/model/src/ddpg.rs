@@ -153,15 +153,7 @@ impl Ddpg {
     /// The policy's action μ(s) in [−1, 1]³. A non-finite or wrongly sized state, or a
     /// non-finite network output, is an error: the caller uses its fallback.
     pub fn act(&self, state: &[f32]) -> Result<[f32; ACTION_DIM], ModelError> {
-        let s = self.normalizer.normalize(state)?;
-        let x = net::mat(&self.dev, s, 1, self.cfg.state_dim);
-        let out = net::host(&self.actor.forward(x));
-        check_finite("actor output", &out)?;
-        let mut a = [0.0; ACTION_DIM];
-        for (d, v) in a.iter_mut().zip(&out) {
-            *d = v.clamp(-1.0, 1.0);
-        }
-        Ok(a)
+        actor_action(&self.dev, &self.cfg, &self.actor, &self.normalizer, state)
     }
 
     /// Actions for many states at once (`states` row-major, `n × state_dim`).
@@ -208,27 +200,27 @@ impl Ddpg {
         rng: &mut R,
         scale: f32,
     ) -> Result<[f32; ACTION_DIM], ModelError> {
-        if !(scale.is_finite() && scale >= 0.0) {
-            return Err(ModelError::InvalidConfig(format!(
-                "exploration noise scale must be finite and >= 0, got {scale}"
-            )));
+        explore(
+            &self.dev,
+            &self.cfg,
+            &self.actor,
+            &mut self.normalizer,
+            &mut self.noise,
+            (state, rng, scale),
+        )
+    }
+
+    /// The acting half of the agent ([`Policy`]): the actor, normalizer and exploration state;
+    /// the critic, target networks and optimizer state are dropped.
+    pub fn into_policy(self) -> Policy {
+        Policy {
+            cfg: self.cfg,
+            dev: self.dev,
+            actor: self.actor,
+            normalizer: self.normalizer,
+            noise: self.noise,
+            steps: self.steps,
         }
-        self.observe(state)?;
-        let mut a = self.act(state)?;
-        let n = self.cfg.noise;
-        for (ai, ou) in a.iter_mut().zip(self.noise.ou.iter_mut()) {
-            let z: f32 = rng.sample(StandardNormal);
-            let noise = match n.kind {
-                NoiseKind::Gaussian => n.mu + n.sigma * z,
-                NoiseKind::OrnsteinUhlenbeck { theta } => {
-                    *ou += theta * (n.mu - *ou) + n.sigma * z;
-                    *ou
-                }
-            };
-            *ai = (*ai + scale * self.noise.epsilon * noise).clamp(-1.0, 1.0);
-        }
-        self.noise.epsilon = (self.noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
-        Ok(a)
     }
 
     /// Q(s, a) of the online critic.
@@ -514,6 +506,140 @@ impl Ddpg {
     }
 }
 
+/// μ(s) of `actor` on the normalized `state`, clamped to [−1, 1]³; a non-finite or wrongly sized
+/// state, or a non-finite output, is an error.
+fn actor_action(
+    dev: &Dev,
+    cfg: &DdpgConfig,
+    actor: &Mlp,
+    normalizer: &Normalizer,
+    state: &[f32],
+) -> Result<[f32; ACTION_DIM], ModelError> {
+    let s = normalizer.normalize(state)?;
+    let x = net::mat(dev, s, 1, cfg.state_dim);
+    let out = net::host(&actor.forward(x));
+    check_finite("actor output", &out)?;
+    let mut a = [0.0; ACTION_DIM];
+    for (d, v) in a.iter_mut().zip(&out) {
+        *d = v.clamp(-1.0, 1.0);
+    }
+    Ok(a)
+}
+
+/// The exploring action: folds the state into the normalizer (unless frozen), then
+/// `clamp(μ(s) + scale·ε·noise, −1, 1)` and decays ε. A scale that is not finite and ≥ 0 is
+/// refused.
+fn explore<R: Rng + ?Sized>(
+    dev: &Dev,
+    cfg: &DdpgConfig,
+    actor: &Mlp,
+    normalizer: &mut Normalizer,
+    noise: &mut NoiseState,
+    (state, rng, scale): (&[f32], &mut R, f32),
+) -> Result<[f32; ACTION_DIM], ModelError> {
+    if !(scale.is_finite() && scale >= 0.0) {
+        return Err(ModelError::InvalidConfig(format!(
+            "exploration noise scale must be finite and >= 0, got {scale}"
+        )));
+    }
+    normalizer.update(state)?;
+    let mut a = actor_action(dev, cfg, actor, normalizer, state)?;
+    let n = cfg.noise;
+    for (ai, ou) in a.iter_mut().zip(noise.ou.iter_mut()) {
+        let z: f32 = rng.sample(StandardNormal);
+        let eps = match n.kind {
+            NoiseKind::Gaussian => n.mu + n.sigma * z,
+            NoiseKind::OrnsteinUhlenbeck { theta } => {
+                *ou += theta * (n.mu - *ou) + n.sigma * z;
+                *ou
+            }
+        };
+        *ai = (*ai + scale * noise.epsilon * eps).clamp(-1.0, 1.0);
+    }
+    noise.epsilon = (noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
+    Ok(a)
+}
+
+/// The acting half of a DDPG agent: the actor network, the state normalizer and the exploration
+/// state of a checkpoint, without the critic, the target networks and the optimizer's moments
+/// (about an eighth of the agent's parameters at the default sizes). What a recommender holds
+/// per target: it acts, explores and folds states into the normalizer exactly as the full
+/// agent does ([`Ddpg::into_policy`]).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    cfg: DdpgConfig,
+    dev: Dev,
+    actor: Mlp,
+    normalizer: Normalizer,
+    noise: NoiseState,
+    steps: u64,
+}
+
+impl Policy {
+    /// The policy of a checkpoint ([`Ddpg::to_bytes`]): the whole checkpoint is verified and
+    /// decoded, then everything but the acting half is dropped.
+    pub fn from_bytes(buf: &[u8]) -> Result<Self, ModelError> {
+        Ddpg::from_bytes(buf).map(Ddpg::into_policy)
+    }
+
+    /// The configuration of the agent it came from.
+    pub fn config(&self) -> &DdpgConfig {
+        &self.cfg
+    }
+
+    /// Gradient steps the agent had taken.
+    pub fn train_steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Current exploration scale ε.
+    pub fn epsilon(&self) -> f32 {
+        self.noise.epsilon
+    }
+
+    /// The state normalizer.
+    pub fn normalizer(&self) -> &Normalizer {
+        &self.normalizer
+    }
+
+    /// Mutable normalizer (freeze for serving).
+    pub fn normalizer_mut(&mut self) -> &mut Normalizer {
+        &mut self.normalizer
+    }
+
+    /// Folds a state into the normalizer (no-op while frozen).
+    pub fn observe(&mut self, state: &[f32]) -> Result<(), ModelError> {
+        self.normalizer.update(state).map(|_| ())
+    }
+
+    /// As [`Ddpg::act`].
+    pub fn act(&self, state: &[f32]) -> Result<[f32; ACTION_DIM], ModelError> {
+        actor_action(&self.dev, &self.cfg, &self.actor, &self.normalizer, state)
+    }
+
+    /// As [`Ddpg::act_explore_scaled`].
+    pub fn act_explore_scaled<R: Rng + ?Sized>(
+        &mut self,
+        state: &[f32],
+        rng: &mut R,
+        scale: f32,
+    ) -> Result<[f32; ACTION_DIM], ModelError> {
+        explore(
+            &self.dev,
+            &self.cfg,
+            &self.actor,
+            &mut self.normalizer,
+            &mut self.noise,
+            (state, rng, scale),
+        )
+    }
+
+    /// Parameters held (the actor's).
+    pub fn num_params(&self) -> usize {
+        self.actor.param_sizes().iter().sum()
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -571,6 +697,57 @@ pub(crate) mod tests {
         assert!(e.shrink_perturb(1.5, 9).is_err());
         assert!(e.shrink_perturb(f32::NAN, 9).is_err());
         assert!(close(&e.actor.export(), &trained.actor.export()));
+    }
+
+    #[test]
+    fn a_policy_acts_and_explores_as_its_agent_and_holds_only_the_actor() {
+        let mut agent = Ddpg::new(small(7)).unwrap();
+        let b = batch(64, 3);
+        for _ in 0..20 {
+            agent.train_step(&b).unwrap();
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for _ in 0..10 {
+            let s: Vec<f32> = (0..3).map(|_| rng.random_range(-2.0..2.0)).collect();
+            agent.act_explore(&s, &mut rng).unwrap();
+        }
+        let bytes = agent.to_bytes().unwrap();
+        let mut full = Ddpg::from_bytes(&bytes).unwrap();
+        let mut policy = Policy::from_bytes(&bytes).unwrap();
+        assert_eq!(policy.train_steps(), 20);
+        assert_eq!(policy.epsilon(), full.epsilon());
+        assert_eq!(policy.config(), full.config());
+        let (actor, critic) = full.num_params();
+        assert_eq!(policy.num_params(), actor);
+        assert!(critic > 0);
+        // The same actions, deterministic and exploring (same noise draws), the same states folded
+        // into the normalizer, the same ε decay.
+        let (mut r1, mut r2) = (ChaCha8Rng::seed_from_u64(9), ChaCha8Rng::seed_from_u64(9));
+        for i in 0..30 {
+            let s = [0.1 * i as f32, -0.5, (i as f32).sin()];
+            assert_eq!(policy.act(&s).unwrap(), full.act(&s).unwrap());
+            assert_eq!(
+                policy.act_explore_scaled(&s, &mut r1, 0.5).unwrap(),
+                full.act_explore_scaled(&s, &mut r2, 0.5).unwrap()
+            );
+        }
+        assert_eq!(policy.epsilon(), full.epsilon());
+        assert_eq!(policy.normalizer().mean(), full.normalizer().mean());
+        assert_eq!(policy.normalizer().count(), full.normalizer().count());
+        policy.normalizer_mut().freeze();
+        policy.observe(&[9.0, 9.0, 9.0]).unwrap();
+        assert_eq!(policy.normalizer().count(), full.normalizer().count());
+        // Bad input is refused as by the agent.
+        assert!(policy.act(&[f32::NAN, 0.0, 0.0]).is_err());
+        assert!(policy.act(&[0.0, 0.0]).is_err());
+        assert!(policy
+            .act_explore_scaled(&[0.0, 0.0, 0.0], &mut r1, f32::INFINITY)
+            .is_err());
+        // A corrupt checkpoint is an error, as for the agent.
+        let mut bad = bytes.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        assert!(Policy::from_bytes(&bad).is_err());
     }
 
     fn batch(n: usize, seed: u64) -> Batch {

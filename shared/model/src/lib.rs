@@ -34,7 +34,7 @@ pub use checkpoint::{FORMAT_VERSION, MAGIC, MAX_CHECKPOINT_BYTES};
 pub use config::{
     BcConfig, DdpgConfig, NoiseConfig, NoiseKind, MAX_HIDDEN_LAYERS, MAX_STATE_DIM, MAX_WIDTH,
 };
-pub use ddpg::{Ddpg, PolicyEstimate, TrainStats};
+pub use ddpg::{Ddpg, Policy, PolicyEstimate, TrainStats};
 pub use error::ModelError;
 pub use meta::{
     EmbedActivation, EpisodeBundle, MetaConfig, MetaDdpg, MetaGroup, MetaLearner, MetaTrainStats,
