@@ -214,12 +214,25 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         aware_recommender::ENTRY,
         aware_lifecycle_monitor::ENTRY,
     ];
+    let bus = Bus::connect(&cfg.bus, "retirement-test").await.unwrap();
+    // What a previous run published: the target is SERVING. The monitor's first actor of it
+    // resumes there; one started after a retirement (the object created again) starts afresh.
+    let Some(Event::Lifecycle(mut prior)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    prior.target = target();
+    prior.stage = aware_bus_schemas::Stage::Serving;
+    publish(&bus, prior.into()).await;
+    aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
+    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
     let (running, shutdown) = start_ready(&cfg, &services).await;
     let metrics: Vec<_> = services
         .iter()
         .map(|e| (e.name, crate::metrics_of(&running, e.name)))
         .collect();
-    let bus = Bus::connect(&cfg.bus, "retirement-test").await.unwrap();
     let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
     let mut actions = bus.subscribe("aware.v1.action.>").await.unwrap();
     let spec = TargetSpec::new(&target());
@@ -293,8 +306,21 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         assert_eq!(m("aware_targets"), Some(0.0), "{name}: no new actor");
     }
 
-    // Created again: fresh actors, the recommender and the actuator act again.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), lifecycle.next())
+            .await
+            .is_err(),
+        "the first actor resumed SERVING without announcing a stage"
+    );
+
+    // Created again: fresh actors, the recommender and the actuator act again; the monitor
+    // starts the target OFFLINE (bootstrapping behind the fallback) instead of resuming SERVING.
     publish(&bus, registration(Some(&spec), 3).into()).await;
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!(
+        (l.target, l.stage),
+        (target(), aware_bus_schemas::Stage::Offline)
+    );
     act_until(&bus, &mut applied, &mut step, 3, |a| {
         a.outcome == Outcome::Applied
     })
