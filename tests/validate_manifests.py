@@ -12,13 +12,18 @@ a message naming what is wrong:
      AwareAutoscaler objects validate against the CRD's openAPIV3Schema (jsonschema);
   6. policy checks on every rendered workload (non-root, read-only root filesystem, no
      capabilities, seccomp, probes, resources, scrape annotations, RBAC of the chart);
-  7. deploy/manifests/aware.yaml equals a fresh render with default values (staleness).
+  7. deploy/manifests/aware.yaml equals a fresh render with default values (staleness);
+  8. the chart's alerting rules (helm/aware/files/) equal deploy/prometheus/aware-alerts.yaml, the
+     rendered PrometheusRule carries them and passes `promtool check rules`, and the rendered
+     ServiceMonitor selects exactly the services' metrics ports, keeping their `service` label.
+     (deploy/prometheus/ holds Prometheus files, not Kubernetes manifests: step 5 skips it.)
 
 helm-sdkpy exposes install but not `helm template`: the chart is rendered by a real Helm install
 (HELM_DRIVER=memory) against a minimal in-process fake API server that answers discovery and
 accepts every object; the release's manifest is the rendered chart.
 
-`--update` rewrites deploy/manifests/aware.yaml and the chart's CRD copy instead of failing.
+`--update` rewrites deploy/manifests/aware.yaml and the chart's CRD and alerting-rules copies
+instead of failing.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "aware"
 CRD = ROOT / "deploy" / "crd" / "awareautoscalers.aware.dev.yaml"
 CHART_CRD = CHART / "crds" / "awareautoscalers.aware.dev.yaml"
+ALERTS = ROOT / "deploy" / "prometheus" / "aware-alerts.yaml"
+CHART_ALERTS = CHART / "files" / "aware-alerts.yaml"
 MANIFESTS = ROOT / "deploy" / "manifests"
 RENDERED = MANIFESTS / "aware.yaml"
 VALUES_DIR = ROOT / "tests" / "helm"
@@ -88,6 +95,8 @@ API_GROUPS = {
     "networking.k8s.io": {"v1": [("networkpolicies", "NetworkPolicy", True)]},
     "apiextensions.k8s.io": {"v1": [("customresourcedefinitions", "CustomResourceDefinition", False)]},
     "aware.dev": {"v1alpha1": [("awareautoscalers", "AwareAutoscaler", True)]},
+    "monitoring.coreos.com": {"v1": [("servicemonitors", "ServiceMonitor", True),
+                                     ("prometheusrules", "PrometheusRule", True)]},
 }
 RESOURCE_NAMES = {r[0]: r[1] for g in API_GROUPS.values() for v in g.values() for r in v}
 
@@ -262,7 +271,77 @@ def crd_schema() -> dict:
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
+def validate_monitoring(label: str, doc: dict) -> bool:
+    """prometheus-operator objects (no schema offline): a PrometheusRule must carry exactly the
+    rules of deploy/prometheus/aware-alerts.yaml and pass `promtool check rules`; a ServiceMonitor
+    is checked against the Services of its render in check_monitoring."""
+    if doc.get("kind") == "ServiceMonitor":
+        return True
+    if doc.get("kind") != "PrometheusRule":
+        fail(f"{label}: unexpected monitoring.coreos.com kind")
+        return False
+    spec = doc.get("spec") or {}
+    if spec != yaml.safe_load(ALERTS.read_text()):
+        fail(f"{label}: spec differs from deploy/prometheus/aware-alerts.yaml")
+        return False
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(spec, f)
+        f.flush()
+        try:
+            res = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True)
+        except FileNotFoundError:
+            fail(f"{label}: promtool not found (Debian package prometheus)")
+            return False
+    if res.returncode != 0:
+        fail(f"{label}: promtool check rules:\n{res.stdout}{res.stderr}")
+        return False
+    return True
+
+
+def check_monitoring(label: str, docs: list[tuple[str, dict]], enabled: bool) -> None:
+    """The ServiceMonitor selects exactly the services' Services and scrapes their metrics port
+    with honorLabels (each metric's own `service` label would otherwise become exported_service);
+    both objects render exactly when enabled."""
+    kinds = {}
+    for _, d in docs:
+        kinds.setdefault(d["kind"], []).append(d)
+    monitors, rules = kinds.get("ServiceMonitor", []), kinds.get("PrometheusRule", [])
+    if (len(monitors), len(rules)) != ((1, 1) if enabled else (0, 0)):
+        fail(f"{label}: {len(monitors)} ServiceMonitors and {len(rules)} PrometheusRules, "
+             f"want {'one each' if enabled else 'none'}")
+        return
+    if not enabled:
+        return
+    sm = monitors[0]["spec"]
+    ep = sm["endpoints"]
+    if len(ep) != 1 or ep[0].get("port") != "metrics" or ep[0].get("path") != "/metrics" \
+            or ep[0].get("honorLabels") is not True:
+        fail(f"{label}: the ServiceMonitor must scrape port `metrics` at /metrics with honorLabels")
+
+    def selects(svc: dict) -> bool:
+        labels = svc["metadata"].get("labels") or {}
+        sel = sm["selector"]
+        if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
+            return False
+        for e in sel.get("matchExpressions") or []:
+            if e["operator"] != "In" or labels.get(e["key"]) not in e["values"]:
+                return False
+        return True
+
+    selected = {s["metadata"]["labels"].get("app.kubernetes.io/component")
+                for s in kinds.get("Service", []) if selects(s)}
+    if selected != SERVICE_COMPONENTS:
+        fail(f"{label}: the ServiceMonitor selects {sorted(selected)}, want {sorted(SERVICE_COMPONENTS)}")
+    for s in kinds.get("Service", []):
+        if selects(s) and not any(p.get("name") == "metrics" and p.get("port") == 9464
+                                  for p in s["spec"]["ports"]):
+            fail(f"{label}: Service {s['metadata']['name']} has no `metrics` port 9464")
+
+
 def validate_doc(label: str, doc: dict, cr_schema: dict) -> bool:
+    if str(doc.get("apiVersion", "")).startswith("monitoring.coreos.com/"):
+        return validate_monitoring(label, doc)
     if doc.get("apiVersion") == "aware.dev/v1alpha1" and doc.get("kind") == "AwareAutoscaler":
         errors = sorted(jsonschema.Draft7Validator(cr_schema).iter_errors(doc), key=str)
         # x-kubernetes-* extensions and CEL rules are the API server's; the structure is checked here.
@@ -361,6 +440,18 @@ def main() -> int:
     else:
         ok("helm/aware/crds/ equals deploy/crd/")
 
+    # 8 (first part). The chart's alerting rules are deploy/prometheus/'s.
+    if not CHART_ALERTS.exists() or CHART_ALERTS.read_bytes() != ALERTS.read_bytes():
+        if update:
+            CHART_ALERTS.parent.mkdir(exist_ok=True)
+            shutil.copyfile(ALERTS, CHART_ALERTS)
+            ok("updated helm/aware/files/aware-alerts.yaml from deploy/prometheus/")
+        else:
+            fail("helm/aware/files/aware-alerts.yaml differs from deploy/prometheus/aware-alerts.yaml "
+                 "(run `bash tests/validate-manifests.sh --update`)")
+    else:
+        ok("helm/aware/files/aware-alerts.yaml equals deploy/prometheus/")
+
     with tempfile.TemporaryDirectory(prefix="aware-helm-") as tmp:
         helm = Helm(Path(tmp))
         full = load_values("values-full.yaml")
@@ -408,6 +499,7 @@ def main() -> int:
             docs = docs_of(renders[name], f"render({name})")
             valid = sum(validate_doc(label, d, cr_schema) for label, d in docs)
             check_policies(f"render({name})", docs)
+            check_monitoring(f"render({name})", docs, enabled=values is not None)
             ok(f"render({name}): {valid}/{len(docs)} documents valid for Kubernetes {', '.join(K8S_VERSIONS)}")
         if "values-full.yaml" in renders:
             docs = [d for _, d in docs_of(renders["values-full.yaml"], "full")]
@@ -421,7 +513,8 @@ def main() -> int:
                 fail("values-full.yaml: NATS auth is not wired into the Secret and AWARE_BUS__URL")
 
         # deploy/: manifests, examples, CRD
-        files = sorted(p for p in (ROOT / "deploy").rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        files = sorted(p for p in (ROOT / "deploy").rglob("*.y*ml") if p.suffix in (".yaml", ".yml")
+                       and "prometheus" not in p.relative_to(ROOT / "deploy").parts)
         total = valid = 0
         for path in files:
             docs = docs_of(path.read_text(), str(path.relative_to(ROOT)))

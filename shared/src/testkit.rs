@@ -166,6 +166,16 @@ impl PrometheusServer {
     /// Starts `prometheus` (or `$PROMETHEUS_BIN`) with a generated configuration and waits until
     /// `/-/ready` answers 200.
     pub fn start(targets: &[String], scrape_interval: Duration) -> Result<Self, HarnessError> {
+        Self::start_with_rules(targets, scrape_interval, &[])
+    }
+
+    /// [`PrometheusServer::start`], also loading the rule files `rules` (evaluated every scrape
+    /// interval).
+    pub fn start_with_rules(
+        targets: &[String],
+        scrape_interval: Duration,
+        rules: &[PathBuf],
+    ) -> Result<Self, HarnessError> {
         let bin = find_binary("PROMETHEUS_BIN", "prometheus");
         let port = free_port()?;
         let dir =
@@ -178,8 +188,15 @@ impl PrometheusServer {
             .map(|t| format!("\"{t}\""))
             .collect::<Vec<_>>()
             .join(", ");
+        let rule_files: String = if rules.is_empty() {
+            " []\n".into()
+        } else {
+            std::iter::once("\n".to_string())
+                .chain(rules.iter().map(|r| format!("  - \"{}\"\n", r.display())))
+                .collect()
+        };
         let config = format!(
-            "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\nscrape_configs:\n  - job_name: aware\n    honor_labels: true\n    static_configs:\n      - targets: [{list}]\n"
+            "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\nrule_files:{rule_files}scrape_configs:\n  - job_name: aware\n    honor_labels: true\n    static_configs:\n      - targets: [{list}]\n"
         );
         let config_path = dir.join("prometheus.yml");
         std::fs::write(&config_path, config).map_err(HarnessError::TempDir)?;

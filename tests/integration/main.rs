@@ -3,6 +3,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod alerts;
 mod bootstrap_loop;
 mod bus_conformance;
 mod control_loop;
@@ -81,6 +82,39 @@ pub(crate) async fn wait_for_metric(
             metric(name)
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// [`metrics_of`] for labelled series: the value of `name`'s series with exactly `labels`
+/// (besides the service's own `service` label).
+pub(crate) fn labelled_metrics_of(
+    running: &aware_shared::launcher::Running,
+    service: &str,
+) -> impl Fn(&str, &[(&str, &str)]) -> Option<f64> {
+    let registry = running
+        .contexts
+        .iter()
+        .find(|c| c.name == service)
+        .unwrap_or_else(|| panic!("{service} runs"))
+        .metrics
+        .registry()
+        .clone();
+    move |name, labels| {
+        let families = registry.gather();
+        let f = families.iter().find(|f| f.name() == name)?;
+        let m = f.get_metric().iter().find(|m| {
+            let have: Vec<(&str, &str)> = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .filter(|(n, _)| *n != "service")
+                .collect();
+            have.len() == labels.len() && labels.iter().all(|l| have.contains(l))
+        })?;
+        match f.get_field_type() {
+            prometheus::proto::MetricType::GAUGE => Some(m.get_gauge().get_value()),
+            _ => Some(m.get_counter().get_value()),
+        }
     }
 }
 

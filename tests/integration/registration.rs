@@ -265,6 +265,12 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         .await;
         crate::wait_for_metric(m, "aware_targets", 0.0, Duration::from_secs(1)).await;
     }
+    // The monitor's stopped actor no longer counts in its stage.
+    let stages = crate::labelled_metrics_of(&running, aware_lifecycle_monitor::NAME);
+    assert_eq!(
+        stages("aware_lifecycle_targets", &[("stage", "serving")]),
+        Some(0.0)
+    );
     while tokio::time::timeout(Duration::from_millis(50), actions.next())
         .await
         .is_ok()
@@ -320,6 +326,10 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
     assert_eq!(
         (l.target, l.stage),
         (target(), aware_bus_schemas::Stage::Offline)
+    );
+    assert_eq!(
+        stages("aware_lifecycle_targets", &[("stage", "offline")]),
+        Some(1.0)
     );
     act_until(&bus, &mut applied, &mut step, 3, |a| {
         a.outcome == Outcome::Applied
@@ -413,6 +423,34 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
         seen.iter().all(|(name, _)| name != "web"),
         "the restored target was announced again: {seen:?}"
     );
+    // The monitor's metrics: one target per stage, and the transitions it made (a restored
+    // stage is counted, not a transition).
+    let m = crate::labelled_metrics_of(&running, aware_lifecycle_monitor::NAME);
+    for (stage, n) in [
+        ("initialized", 0.0),
+        ("offline", 1.0),
+        ("online", 1.0),
+        ("serving", 1.0),
+    ] {
+        assert_eq!(
+            m("aware_lifecycle_targets", &[("stage", stage)]),
+            Some(n),
+            "{stage}"
+        );
+    }
+    let moved = |from: &str, to: &str| {
+        m(
+            "aware_lifecycle_transitions_total",
+            &[("from", from), ("to", to)],
+        )
+    };
+    assert_eq!(
+        moved("initialized", "offline"),
+        Some(2.0),
+        "fresh and eager"
+    );
+    assert_eq!(moved("offline", "online"), Some(1.0), "eager");
+    assert_eq!(moved("online", "serving"), Some(0.0));
     shutdown.cancel();
     running.join().await.unwrap();
 }

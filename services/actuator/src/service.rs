@@ -70,7 +70,12 @@ impl ActuatorMetrics {
                 "Dimensions clamped by bounds, step limits, cooldowns or the minimum change",
                 "dimension",
             )?,
-            sink_errors: vec("actuator_sink_errors_total", "Failed sink calls", "sink")?,
+            sink_errors: {
+                let v = vec("actuator_sink_errors_total", "Failed sink calls", "sink")?;
+                // At 0 from the start, so a scrape (and an alert's rate) sees the series.
+                v.with_label_values(&["kubernetes"]);
+                v
+            },
             registrations: ctx.metrics.registrations.clone(),
         })
     }

@@ -148,6 +148,19 @@ impl ControllerMetrics {
         r.register(Box::new(reconciles.clone())).map_err(err)?;
         r.register(Box::new(status_writes.clone())).map_err(err)?;
         r.register(Box::new(managed.clone())).map_err(err)?;
+        // Every result at 0 from the start, so a scrape (and an alert's rate) sees the series.
+        for result in [
+            "registered",
+            "invalid",
+            "target_missing",
+            "deregistered",
+            "error",
+        ] {
+            reconciles.with_label_values(&[result]);
+        }
+        for result in ["ok", "error"] {
+            status_writes.with_label_values(&[result]);
+        }
         Ok(ControllerMetrics {
             reconciles,
             status_writes,

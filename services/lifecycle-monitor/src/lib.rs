@@ -741,6 +741,65 @@ fn message(target: &Target, episode: u64, step: u32, t: Transition) -> Lifecycle
     }
 }
 
+/// Every stage, for the metrics' labels.
+const STAGES: [Stage; 4] = [
+    Stage::Initialized,
+    Stage::Offline,
+    Stage::Online,
+    Stage::Serving,
+];
+
+/// The monitor's metrics (in the service's registry).
+#[derive(Clone)]
+pub struct LifecycleMetrics {
+    /// Targets of this monitor per stage (`aware_lifecycle_targets{stage}`).
+    pub stages: prometheus::IntGaugeVec,
+    /// Stage transitions (`aware_lifecycle_transitions_total{from,to}`).
+    pub transitions: prometheus::IntCounterVec,
+}
+
+impl LifecycleMetrics {
+    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
+        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
+        let stages = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "lifecycle_targets",
+                "Targets with a live actor in this monitor, by stage",
+            ),
+            &["stage"],
+        )
+        .map_err(err)?;
+        let transitions = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "lifecycle_transitions_total",
+                "Stage transitions (Algorithm 1, probation, re-baselining, rollback), by from and to",
+            ),
+            &["from", "to"],
+        )
+        .map_err(err)?;
+        r.register(Box::new(stages.clone())).map_err(err)?;
+        r.register(Box::new(transitions.clone())).map_err(err)?;
+        // Every series at 0 from the start, so a scrape (and an alert's rate) sees it.
+        for s in STAGES {
+            stages.with_label_values(&[s.as_str()]);
+        }
+        for (from, to) in [
+            (Stage::Initialized, Stage::Offline),
+            (Stage::Initialized, Stage::Online),
+            (Stage::Offline, Stage::Online),
+            (Stage::Online, Stage::Offline),
+            (Stage::Online, Stage::Serving),
+            (Stage::Serving, Stage::Online),
+        ] {
+            transitions.with_label_values(&[from.as_str(), to.as_str()]);
+        }
+        Ok(LifecycleMetrics {
+            stages,
+            transitions,
+        })
+    }
+}
+
 /// The actor of one target.
 pub struct LifecycleAgent {
     target: Target,
@@ -748,15 +807,46 @@ pub struct LifecycleAgent {
     outbox: Outbox,
     registered: Registered,
     registrations: prometheus::IntCounterVec,
+    metrics: LifecycleMetrics,
+    /// The stage this actor counts in `aware_lifecycle_targets`.
+    counted: Option<Stage>,
+}
+
+impl LifecycleAgent {
+    /// Counts a transition and moves the target to its new stage in the per-stage gauge.
+    fn track(&mut self, t: Option<&Transition>) {
+        if let Some(t) = t {
+            self.metrics
+                .transitions
+                .with_label_values(&[t.from.as_str(), t.to.as_str()])
+                .inc();
+        }
+        let now = self.machine.stage();
+        if self.counted != Some(now) {
+            if let Some(old) = self.counted {
+                self.metrics.stages.with_label_values(&[old.as_str()]).dec();
+            }
+            self.metrics.stages.with_label_values(&[now.as_str()]).inc();
+            self.counted = Some(now);
+        }
+    }
 }
 
 impl Actor for LifecycleAgent {
     type Context = Context<Self>;
 
     fn started(&mut self, _: &mut Self::Context) {
-        if let Some(t) = self.machine.start() {
+        let t = self.machine.start();
+        self.track(t.as_ref());
+        if let Some(t) = t {
             tracing::info!(target = %self.target, stage = %t.to, "agent initialized");
             self.outbox.send(message(&self.target, 0, 0, t));
+        }
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(old) = self.counted.take() {
+            self.metrics.stages.with_label_values(&[old.as_str()]).dec();
         }
     }
 }
@@ -798,6 +888,7 @@ impl Handler<Deliver> for LifecycleAgent {
             }
             _ => return,
         };
+        self.track(t.as_ref());
         if let Some(t) = t {
             tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, "lifecycle transition");
             self.outbox.send(message(&self.target, episode, step, t));
@@ -828,6 +919,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         tracing::info!(targets = restored.len(), "stages restored from the capture");
     }
     let registrations = ctx.metrics.registrations.clone();
+    let metrics = LifecycleMetrics::register(ctx.metrics.registry())?;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         // Only the target's first actor resumes there: one started again after a retirement is
@@ -841,6 +933,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             outbox: outbox.clone(),
             registered: Registered::default(),
             registrations: registrations.clone(),
+            metrics: metrics.clone(),
+            counted: None,
         }
     });
     for spec in &ctx.config.targets {

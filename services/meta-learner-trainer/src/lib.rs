@@ -173,6 +173,9 @@ impl TrainerMetrics {
         r.register(Box::new(forget.items.clone())).map_err(err)?;
         r.register(Box::new(forget.waiting.clone())).map_err(err)?;
         r.register(Box::new(forget.errors.clone())).map_err(err)?;
+        for op in ["marks", "mark", "forget"] {
+            forget.errors.with_label_values(&[op]);
+        }
         r.register(Box::new(models_pruned.clone())).map_err(err)?;
         r.register(Box::new(prune_errors.clone())).map_err(err)?;
         r.register(Box::new(rollbacks.clone())).map_err(err)?;

@@ -252,6 +252,20 @@ impl RecorderMetrics {
             .map_err(err)?;
         r.register(Box::new(pruned_episodes.clone())).map_err(err)?;
         r.register(Box::new(store_errors.clone())).map_err(err)?;
+        // Every op at 0 from the start, so a scrape (and an alert's rate) sees the series.
+        for op in [
+            "append",
+            "put_episode",
+            "episodes",
+            "prune",
+            "resume",
+            "invalid",
+            "marks",
+            "mark",
+            "forget",
+        ] {
+            store_errors.with_label_values(&[op]);
+        }
         r.register(Box::new(forgotten_targets.clone()))
             .map_err(err)?;
         r.register(Box::new(forgotten_transitions.clone()))

@@ -1,0 +1,219 @@
+//! The alerting rules of `deploy/prometheus/aware-alerts.yaml`: valid for `promtool`, their unit
+//! tests pass, every metric they read is one the services export, and a real Prometheus scraping
+//! the real services loads them all and fires `AwareMalformedMessages` when a service drops
+//! malformed messages.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aware_shared::bus::Bus;
+use aware_shared::config::AppConfig;
+use aware_shared::testkit::{find_binary, PrometheusServer};
+use bytes::Bytes;
+
+fn rules_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus")
+}
+
+fn promtool(args: &[&str]) -> String {
+    let bin = find_binary("PROMTOOL_BIN", "promtool");
+    let out = std::process::Command::new(&bin)
+        .args(args)
+        .current_dir(rules_dir())
+        .output()
+        .unwrap_or_else(|e| panic!("{bin}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    text
+}
+
+/// The `aware_…` metric names the rule file reads (outside comments; annotations name none).
+fn metrics_read_by_rules() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(rules_dir().join("aware-alerts.yaml")).unwrap();
+    let mut names = BTreeSet::new();
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let mut rest = line;
+        while let Some(i) = rest.find("aware_") {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// GETs a Prometheus API path and returns its `data`.
+async fn prom_api(port: u16, path: &str) -> serde_json::Value {
+    let path = path.to_string();
+    let (code, body) = tokio::task::spawn_blocking(move || {
+        aware_shared::probe::http_get(([127, 0, 0, 1], port).into(), &path).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "{body}");
+    v["data"].clone()
+}
+
+#[test]
+fn the_rules_pass_promtool_and_their_unit_tests() {
+    let checked = promtool(&["check", "rules", "aware-alerts.yaml"]);
+    assert!(checked.contains("SUCCESS: 12 rules found"), "{checked}");
+    let tested = promtool(&["test", "rules", "aware-alerts.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+#[actix_rt::test]
+async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() {
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let data = tempfile::tempdir().unwrap();
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({ "sqlite_path": data.path().join("t.db").display().to_string() }),
+    );
+    let bus = Bus::in_process(1024);
+    let (_all, running, shutdown) =
+        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*").await;
+    crate::wait_ready(&running).await;
+    let addr = running.http_addr;
+
+    // Every metric the rules read is exported: by the six services (one /metrics for all of
+    // them here) or by the controller, which runs only on Kubernetes.
+    let (code, body) = tokio::task::spawn_blocking(move || {
+        aware_shared::probe::http_get(addr, "/metrics").unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    let mut exported: BTreeSet<String> = aware_tests::parse_metrics(&body)
+        .samples
+        .into_iter()
+        .map(|s| s.metric)
+        .collect();
+    let controller = aware_shared::telemetry::ServiceMetrics::new("controller").unwrap();
+    aware_controller::controller::ControllerMetrics::register(controller.registry()).unwrap();
+    let text = aware_shared::telemetry::render_metrics(&[controller]);
+    exported.extend(
+        aware_tests::parse_metrics(&text)
+            .samples
+            .into_iter()
+            .map(|s| s.metric),
+    );
+    let read = metrics_read_by_rules();
+    assert!(read.len() >= 10, "{read:?}");
+    let missing: Vec<_> = read.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "read by the rules, exported by no service: {missing:?}"
+    );
+
+    // A real Prometheus scraping the services with the rules loaded.
+    let rules = rules_dir().join("aware-alerts.yaml");
+    let target = addr.to_string();
+    let prom = tokio::task::spawn_blocking(move || {
+        PrometheusServer::start_with_rules(&[target], Duration::from_millis(250), &[rules])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let port = prom.port();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let groups = prom_api(port, "/api/v1/rules").await;
+        let rules: Vec<_> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().clone())
+            .collect();
+        assert_eq!(rules.len(), 12, "{groups}");
+        if rules.iter().all(|r| r["health"] == "ok") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rules not all healthy: {groups}\n{}",
+            prom.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Scraped at least once before anything goes wrong (an increase needs the 0 before it).
+    loop {
+        let q = prom_api(port, "/api/v1/query?query=aware_decode_errors_total").await;
+        let scraped = q["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["metric"]["event"] == "episode");
+        if scraped {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never scraped: {q}\n{}",
+            prom.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Nothing is wrong yet: no alert.
+    let alerts = prom_api(port, "/api/v1/alerts").await;
+    assert_eq!(alerts["alerts"], serde_json::json!([]), "{alerts}");
+
+    // Malformed `episode` messages: dropped and counted by the services that consume episodes,
+    // and the alert fires for them.
+    for _ in 0..3 {
+        bus.publish(
+            "aware.v1.episode.shop.cart",
+            Bytes::from_static(b"\xc1garbage"),
+        )
+        .await
+        .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let firing = loop {
+        let alerts = prom_api(port, "/api/v1/alerts").await;
+        let firing: Vec<serde_json::Value> = alerts["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["state"] == "firing")
+            .cloned()
+            .collect();
+        if !firing.is_empty() {
+            break firing;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no alert fired: {alerts}\n{}",
+            prom.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    for a in &firing {
+        let l = &a["labels"];
+        assert_eq!(l["alertname"], "AwareMalformedMessages", "{a}");
+        assert_eq!(l["event"], "episode", "{a}");
+        assert_eq!(l["severity"], "warning", "{a}");
+        let service = l["service"].as_str().unwrap();
+        assert!(aware_cli::SERVICES.iter().any(|s| s.name == service), "{a}");
+        assert!(
+            a["annotations"]["summary"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("{service} dropped malformed episode messages")),
+            "{a}"
+        );
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
