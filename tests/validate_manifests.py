@@ -13,7 +13,8 @@ a message naming what is wrong:
   6. policy checks on every rendered workload (non-root, read-only root filesystem, no
      capabilities, seccomp, probes, resources, scrape annotations, RBAC of the chart);
   7. deploy/manifests/aware.yaml equals a fresh render with default values (staleness);
-  8. the chart's alerting rules (helm/aware/files/) equal deploy/prometheus/aware-alerts.yaml, the
+  8. the chart's alerting rules and Grafana dashboard (helm/aware/files/) equal deploy/prometheus/
+     and deploy/grafana/'s, the rendered dashboard ConfigMap carries the dashboard, the
      rendered PrometheusRule carries them and passes `promtool check rules`, and the rendered
      ServiceMonitor selects exactly the services' metrics ports, keeping their `service` label.
      (deploy/prometheus/ holds Prometheus files, not Kubernetes manifests: step 5 skips it.)
@@ -51,6 +52,8 @@ CRD = ROOT / "deploy" / "crd" / "awareautoscalers.aware.dev.yaml"
 CHART_CRD = CHART / "crds" / "awareautoscalers.aware.dev.yaml"
 ALERTS = ROOT / "deploy" / "prometheus" / "aware-alerts.yaml"
 CHART_ALERTS = CHART / "files" / "aware-alerts.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "aware-dashboard.json"
+CHART_DASHBOARD = CHART / "files" / "aware-dashboard.json"
 MANIFESTS = ROOT / "deploy" / "manifests"
 RENDERED = MANIFESTS / "aware.yaml"
 VALUES_DIR = ROOT / "tests" / "helm"
@@ -307,12 +310,17 @@ def check_monitoring(label: str, docs: list[tuple[str, dict]], enabled: bool) ->
     for _, d in docs:
         kinds.setdefault(d["kind"], []).append(d)
     monitors, rules = kinds.get("ServiceMonitor", []), kinds.get("PrometheusRule", [])
-    if (len(monitors), len(rules)) != ((1, 1) if enabled else (0, 0)):
-        fail(f"{label}: {len(monitors)} ServiceMonitors and {len(rules)} PrometheusRules, "
-             f"want {'one each' if enabled else 'none'}")
+    dashboards = [c for c in kinds.get("ConfigMap", []) if "aware-dashboard.json" in (c.get("data") or {})]
+    if (len(monitors), len(rules), len(dashboards)) != ((1, 1, 1) if enabled else (0, 0, 0)):
+        fail(f"{label}: {len(monitors)} ServiceMonitors, {len(rules)} PrometheusRules and "
+             f"{len(dashboards)} dashboard ConfigMaps, want {'one each' if enabled else 'none'}")
         return
     if not enabled:
         return
+    if json.loads(dashboards[0]["data"]["aware-dashboard.json"]) != json.loads(DASHBOARD.read_text()):
+        fail(f"{label}: the dashboard ConfigMap differs from deploy/grafana/aware-dashboard.json")
+    if (dashboards[0]["metadata"].get("labels") or {}).get("grafana_dashboard") != "1":
+        fail(f"{label}: the dashboard ConfigMap lacks the grafana_dashboard label")
     sm = monitors[0]["spec"]
     ep = sm["endpoints"]
     if len(ep) != 1 or ep[0].get("port") != "metrics" or ep[0].get("path") != "/metrics" \
@@ -440,17 +448,18 @@ def main() -> int:
     else:
         ok("helm/aware/crds/ equals deploy/crd/")
 
-    # 8 (first part). The chart's alerting rules are deploy/prometheus/'s.
-    if not CHART_ALERTS.exists() or CHART_ALERTS.read_bytes() != ALERTS.read_bytes():
-        if update:
-            CHART_ALERTS.parent.mkdir(exist_ok=True)
-            shutil.copyfile(ALERTS, CHART_ALERTS)
-            ok("updated helm/aware/files/aware-alerts.yaml from deploy/prometheus/")
+    # 8 (first part). The chart's alerting rules and dashboard are deploy/'s.
+    for source, copy_ in ((ALERTS, CHART_ALERTS), (DASHBOARD, CHART_DASHBOARD)):
+        src, dst = source.relative_to(ROOT), copy_.relative_to(ROOT)
+        if not copy_.exists() or copy_.read_bytes() != source.read_bytes():
+            if update:
+                copy_.parent.mkdir(exist_ok=True)
+                shutil.copyfile(source, copy_)
+                ok(f"updated {dst} from {src}")
+            else:
+                fail(f"{dst} differs from {src} (run `bash tests/validate-manifests.sh --update`)")
         else:
-            fail("helm/aware/files/aware-alerts.yaml differs from deploy/prometheus/aware-alerts.yaml "
-                 "(run `bash tests/validate-manifests.sh --update`)")
-    else:
-        ok("helm/aware/files/aware-alerts.yaml equals deploy/prometheus/")
+            ok(f"{dst} equals {src}")
 
     with tempfile.TemporaryDirectory(prefix="aware-helm-") as tmp:
         helm = Helm(Path(tmp))

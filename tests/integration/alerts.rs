@@ -1,7 +1,8 @@
 //! The alerting rules of `deploy/prometheus/aware-alerts.yaml`: valid for `promtool`, their unit
 //! tests pass, every metric they read is one the services export, and a real Prometheus scraping
 //! the real services loads them all and fires `AwareMalformedMessages` when a service drops
-//! malformed messages.
+//! malformed messages. The Grafana dashboard `deploy/grafana/aware-dashboard.json`: every query
+//! reads exported metrics and runs on that Prometheus.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -32,20 +33,58 @@ fn promtool(args: &[&str]) -> String {
     text
 }
 
+/// The `aware_…` metric names in `text` (a histogram's `_bucket`, `_sum`, `_count` series named
+/// by their family).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("aware_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        names.insert(family.to_string());
+    }
+    names
+}
+
+/// The dashboard's queries.
+fn dashboard_queries() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/aware-dashboard.json");
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `s` percent-encoded for a URL's query string.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The `aware_…` metric names the rule file reads (outside comments; annotations name none).
 fn metrics_read_by_rules() -> BTreeSet<String> {
     let text = std::fs::read_to_string(rules_dir().join("aware-alerts.yaml")).unwrap();
     let mut names = BTreeSet::new();
     for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        let mut rest = line;
-        while let Some(i) = rest.find("aware_") {
-            let name: String = rest[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[i + name.len()..];
-            names.insert(name);
-        }
+        names.extend(metric_names(line));
     }
     names
 }
@@ -109,12 +148,21 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             .into_iter()
             .map(|s| s.metric),
     );
+    let exported: BTreeSet<String> = exported.iter().flat_map(|n| metric_names(n)).collect();
     let read = metrics_read_by_rules();
     assert!(read.len() >= 10, "{read:?}");
     let missing: Vec<_> = read.difference(&exported).collect();
     assert!(
         missing.is_empty(),
         "read by the rules, exported by no service: {missing:?}"
+    );
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 16, "{queries:?}");
+    let read: BTreeSet<String> = queries.iter().flat_map(|q| metric_names(q)).collect();
+    let missing: Vec<_> = read.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "read by the dashboard, exported by no service: {missing:?}"
     );
 
     // A real Prometheus scraping the services with the rules loaded.
@@ -164,6 +212,11 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             prom.log()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Every dashboard query runs (Grafana's $__rate_interval as a minute).
+    for q in &queries {
+        let q = q.replace("$__rate_interval", "1m");
+        prom_api(port, &format!("/api/v1/query?query={}", url_encode(&q))).await;
     }
     // Nothing is wrong yet: no alert.
     let alerts = prom_api(port, "/api/v1/alerts").await;

@@ -59,7 +59,7 @@ impl ActuatorMetrics {
                 .map_err(|e| ServiceError::Other(e.to_string()))?;
             Ok(c)
         };
-        Ok(ActuatorMetrics {
+        let m = ActuatorMetrics {
             decisions: vec(
                 "actuator_decisions_total",
                 "Decisions by outcome (applied, recommend_only, rejected)",
@@ -70,14 +70,18 @@ impl ActuatorMetrics {
                 "Dimensions clamped by bounds, step limits, cooldowns or the minimum change",
                 "dimension",
             )?,
-            sink_errors: {
-                let v = vec("actuator_sink_errors_total", "Failed sink calls", "sink")?;
-                // At 0 from the start, so a scrape (and an alert's rate) sees the series.
-                v.with_label_values(&["kubernetes"]);
-                v
-            },
+            sink_errors: vec("actuator_sink_errors_total", "Failed sink calls", "sink")?,
             registrations: ctx.metrics.registrations.clone(),
-        })
+        };
+        // Every series at 0 from the start, so a scrape (and an alert's rate) sees it.
+        for o in [Outcome::Applied, Outcome::RecommendOnly, Outcome::Rejected] {
+            m.decisions.with_label_values(&[outcome_label(o)]);
+        }
+        for d in ["replicas", "cpu", "memory"] {
+            m.clamped.with_label_values(&[d]);
+        }
+        m.sink_errors.with_label_values(&["kubernetes"]);
+        Ok(m)
     }
 }
 
