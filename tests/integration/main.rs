@@ -42,12 +42,35 @@ pub(crate) async fn start_services(
 }
 
 /// Reads the counters and gauges of `service` (one of `running`'s) by name: `None` for a metric
-/// it does not have. It keeps the service's registry, so it still answers after
-/// `running.join()`.
+/// it does not have (of a labelled one, its first series). It keeps the service's registry, so
+/// it still answers after `running.join()`.
 pub(crate) fn metrics_of(
     running: &aware_shared::launcher::Running,
     service: &str,
 ) -> impl Fn(&str) -> Option<f64> {
+    let read = series_of(running, service);
+    move |name| read(name, None)
+}
+
+/// [`metrics_of`] for labelled series: the value of `name`'s series with exactly `labels`
+/// (besides the service's own `service` label).
+pub(crate) fn labelled_metrics_of(
+    running: &aware_shared::launcher::Running,
+    service: &str,
+) -> impl Fn(&str, &[(&str, &str)]) -> Option<f64> {
+    let read = series_of(running, service);
+    move |name, labels| read(name, Some(labels))
+}
+
+/// Label pairs of a series, besides `service`.
+type Labels<'a> = &'a [(&'a str, &'a str)];
+
+/// The reader behind [`metrics_of`] (`labels` `None`: the first series) and
+/// [`labelled_metrics_of`].
+fn series_of(
+    running: &aware_shared::launcher::Running,
+    service: &str,
+) -> impl Fn(&str, Option<Labels>) -> Option<f64> {
     let registry = running
         .contexts
         .iter()
@@ -56,10 +79,21 @@ pub(crate) fn metrics_of(
         .metrics
         .registry()
         .clone();
-    move |name| {
+    move |name, labels| {
         let families = registry.gather();
         let f = families.iter().find(|f| f.name() == name)?;
-        let m = f.get_metric().first()?;
+        let m = f.get_metric().iter().find(|m| {
+            let Some(labels) = labels else {
+                return true;
+            };
+            let have: Vec<(&str, &str)> = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .filter(|(n, _)| *n != "service")
+                .collect();
+            have.len() == labels.len() && labels.iter().all(|l| have.contains(l))
+        })?;
         match f.get_field_type() {
             prometheus::proto::MetricType::GAUGE => Some(m.get_gauge().get_value()),
             _ => Some(m.get_counter().get_value()),
@@ -82,39 +116,6 @@ pub(crate) async fn wait_for_metric(
             metric(name)
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
-/// [`metrics_of`] for labelled series: the value of `name`'s series with exactly `labels`
-/// (besides the service's own `service` label).
-pub(crate) fn labelled_metrics_of(
-    running: &aware_shared::launcher::Running,
-    service: &str,
-) -> impl Fn(&str, &[(&str, &str)]) -> Option<f64> {
-    let registry = running
-        .contexts
-        .iter()
-        .find(|c| c.name == service)
-        .unwrap_or_else(|| panic!("{service} runs"))
-        .metrics
-        .registry()
-        .clone();
-    move |name, labels| {
-        let families = registry.gather();
-        let f = families.iter().find(|f| f.name() == name)?;
-        let m = f.get_metric().iter().find(|m| {
-            let have: Vec<(&str, &str)> = m
-                .get_label()
-                .iter()
-                .map(|l| (l.name(), l.value()))
-                .filter(|(n, _)| *n != "service")
-                .collect();
-            have.len() == labels.len() && labels.iter().all(|l| have.contains(l))
-        })?;
-        match f.get_field_type() {
-            prometheus::proto::MetricType::GAUGE => Some(m.get_gauge().get_value()),
-            _ => Some(m.get_counter().get_value()),
-        }
     }
 }
 
