@@ -284,8 +284,14 @@ def validate_monitoring(label: str, doc: dict) -> bool:
         fail(f"{label}: unexpected monitoring.coreos.com kind")
         return False
     spec = doc.get("spec") or {}
-    if spec != yaml.safe_load(ALERTS.read_text()):
-        fail(f"{label}: spec differs from deploy/prometheus/aware-alerts.yaml")
+    groups = spec.get("groups") or []
+    file_groups = [g for g in groups if g.get("name") != "aware-release"]
+    if {"groups": file_groups} != yaml.safe_load(ALERTS.read_text()):
+        fail(f"{label}: groups other than aware-release differ from deploy/prometheus/aware-alerts.yaml")
+        return False
+    release = [g for g in groups if g.get("name") == "aware-release"]
+    if len(release) != 1 or not all(r.get("alert") == "AwarePodsNotScraped" for r in release[0]["rules"]):
+        fail(f"{label}: no aware-release group of AwarePodsNotScraped rules")
         return False
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
@@ -317,6 +323,51 @@ def check_monitoring(label: str, docs: list[tuple[str, dict]], enabled: bool) ->
         return
     if not enabled:
         return
+    # One AwarePodsNotScraped rule per running service, counting its Service's scraped pods against
+    # the replicas (shards) its workload runs.
+    replicas = {d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component"): d["spec"]["replicas"]
+                for d in kinds.get("Deployment", []) + kinds.get("StatefulSet", [])}
+    services = {s["metadata"]["labels"].get("app.kubernetes.io/component"): s["metadata"]["name"]
+                for s in kinds.get("Service", [])}
+    want = {c: (services[c], n) for c, n in replicas.items() if c in SERVICE_COMPONENTS and n > 0}
+    got = {}
+    for g in rules[0]["spec"]["groups"]:
+        if g["name"] != "aware-release":
+            continue
+        for r in g["rules"]:
+            m = re.fullmatch(r'\(sum\(up\{namespace="([^"]+)", job="([^"]+)"\}\) or vector\(0\)\) < (\d+)', r["expr"])
+            if not m or m.group(1) != NAMESPACE:
+                fail(f"{label}: unexpected AwarePodsNotScraped expression {r['expr']!r}")
+                continue
+            got[r["labels"]["component"]] = (m.group(2), int(m.group(3)))
+    if got != want:
+        fail(f"{label}: AwarePodsNotScraped rules {got}, want {want} (component: (Service, replicas))")
+    elif "recommender" in want:
+        # promtool runs the rendered rules: one recommender shard of several down fires for the
+        # recommender only, after 5 minutes.
+        service, shards = want["recommender"]
+        others = [(c, s) for c, (s, _) in want.items() if c != "recommender"]
+        series = [{"series": f'up{{namespace="{NAMESPACE}",job="{service}",instance="pod-{i}"}}',
+                   "values": "1x20" if i else "1 1 0x18"} for i in range(shards)]
+        series += [{"series": f'up{{namespace="{NAMESPACE}",job="{s}",instance="pod-0"}}', "values": "1x20"}
+                   for _, s in others]
+        rule = next(r for g in rules[0]["spec"]["groups"] if g["name"] == "aware-release"
+                    for r in g["rules"] if r["labels"]["component"] == "recommender")
+        fires = {"exp_labels": {"severity": "critical", "component": "recommender"},
+                 "exp_annotations": {k: v.replace("{{ $value }}", str(shards - 1))
+                                     for k, v in rule["annotations"].items()}}
+        test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
+                    {"eval_time": "5m", "alertname": "AwarePodsNotScraped", "exp_alerts": []},
+                    {"eval_time": "10m", "alertname": "AwarePodsNotScraped", "exp_alerts": [fires]}]}]}
+        with tempfile.TemporaryDirectory() as tmp:
+            groups = [g for g in rules[0]["spec"]["groups"] if g["name"] == "aware-release"]
+            (Path(tmp) / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+            (Path(tmp) / "test.yaml").write_text(yaml.safe_dump(test))
+            promtool = shutil.which("promtool") or "/usr/bin/promtool"
+            res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:
+            fail(f"{label}: promtool test of AwarePodsNotScraped:\n{res.stdout}{res.stderr}")
     if json.loads(dashboards[0]["data"]["aware-dashboard.json"]) != json.loads(DASHBOARD.read_text()):
         fail(f"{label}: the dashboard ConfigMap differs from deploy/grafana/aware-dashboard.json")
     if (dashboards[0]["metadata"].get("labels") or {}).get("grafana_dashboard") != "1":
