@@ -571,6 +571,13 @@ def main() -> int:
                 fail("values-full.yaml: the recommender StatefulSet does not run `shards` shards")
             if not secret or "$(NATS_PASSWORD)@" not in env.get("AWARE_BUS__URL", {}).get("value", ""):
                 fail("values-full.yaml: NATS auth is not wired into the Secret and AWARE_BUS__URL")
+            for d in docs:
+                if d["kind"] not in ("Deployment", "StatefulSet") or \
+                        d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") not in SERVICE_COMPONENTS:
+                    continue
+                e = {x["name"]: x.get("value") for x in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+                if e.get("AWARE_ACTORS__RETIRE_AFTER_SECS") != str(full["retireAfterSeconds"]):
+                    fail(f"values-full.yaml: {d['metadata']['name']} does not get retireAfterSeconds")
 
         # deploy/: manifests, examples, CRD
         files = sorted(p for p in (ROOT / "deploy").rglob("*.y*ml") if p.suffix in (".yaml", ".yml")

@@ -81,6 +81,8 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.logFormat | quote }}
 - name: RUST_LOG
   value: {{ .Values.logLevel | quote }}
+- name: AWARE_ACTORS__RETIRE_AFTER_SECS
+  value: {{ .Values.retireAfterSeconds | quote }}
 {{- end }}
 
 {{/* The trajectory store (QuestDB), read by the recorder and the trainer (`[recorder]`). */}}
