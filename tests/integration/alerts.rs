@@ -106,7 +106,7 @@ async fn prom_api(port: u16, path: &str) -> serde_json::Value {
 #[test]
 fn the_rules_pass_promtool_and_their_unit_tests() {
     let checked = promtool(&["check", "rules", "aware-alerts.yaml"]);
-    assert!(checked.contains("SUCCESS: 13 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 14 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "aware-alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -184,7 +184,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             .iter()
             .flat_map(|g| g["rules"].as_array().unwrap().clone())
             .collect();
-        assert_eq!(rules.len(), 13, "{groups}");
+        assert_eq!(rules.len(), 14, "{groups}");
         if rules.iter().all(|r| r["health"] == "ok") {
             break;
         }
