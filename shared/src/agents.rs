@@ -105,6 +105,19 @@ struct Retiring {
     dropped: prometheus::IntCounter,
 }
 
+impl Retiring {
+    /// Retires `target`, deregistered at `since_ms`: its events are dropped until its retirement
+    /// is due plus `remember_ms`, while the bus may still deliver a message sent before.
+    fn mark_retired(&mut self, target: Target, since_ms: i64) {
+        self.retired.insert(
+            target,
+            since_ms
+                .saturating_add(self.after_ms)
+                .saturating_add(self.remember_ms),
+        );
+    }
+}
+
 /// Milliseconds of `secs` seconds, saturating.
 fn secs_ms(secs: u64) -> i64 {
     i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)
@@ -173,12 +186,7 @@ where
                     }
                     if !live && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
                         // An old deregistration (a restart): retired without an actor.
-                        r.retired.insert(
-                            target,
-                            reg.ts_ms
-                                .saturating_add(r.after_ms)
-                                .saturating_add(r.remember_ms),
-                        );
+                        r.mark_retired(target, reg.ts_ms);
                         return;
                     }
                     r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
@@ -210,21 +218,16 @@ where
             .collect();
         for t in &due {
             if let Some(since) = r.deregistered.remove(t) {
-                r.retired.insert(
-                    t.clone(),
-                    since
-                        .saturating_add(r.after_ms)
-                        .saturating_add(r.remember_ms),
-                );
-            }
-            if let Some(addr) = self.actors.remove(t) {
-                addr.do_send(Retire);
-                r.retired_total.inc();
-                tracing::info!(target = %t, "deregistered target retired: its actor stops");
+                r.mark_retired(t.clone(), since);
             }
         }
-        if !due.is_empty() {
-            self.set_gauge();
+        for t in &due {
+            if self.retire(t) {
+                if let Some(r) = &self.retiring {
+                    r.retired_total.inc();
+                }
+                tracing::info!(target = %t, "deregistered target retired: its actor stops");
+            }
         }
         due
     }
@@ -248,13 +251,16 @@ where
             .is_some_and(|r| r.retired.contains_key(target))
     }
 
-    /// Stops `target`'s actor, if it has one ([`Retire`]); an event for it later starts a new one.
-    pub fn retire(&mut self, target: &Target) {
-        if let Some(addr) = self.actors.remove(target) {
-            addr.do_send(Retire);
-            self.set_gauge();
-            tracing::debug!(%target, "target actor retired");
-        }
+    /// Stops `target`'s actor, if it has one ([`Retire`]); whether it had one. An event for it
+    /// later starts a new one unless the target is retired ([`TargetActors::sweep`]).
+    pub fn retire(&mut self, target: &Target) -> bool {
+        let Some(addr) = self.actors.remove(target) else {
+            return false;
+        };
+        addr.do_send(Retire);
+        self.set_gauge();
+        tracing::debug!(%target, "target actor retired");
+        true
     }
 
     pub fn len(&self) -> usize {
@@ -367,7 +373,9 @@ where
                 actors.route(ev);
             }
         }
-        Intake::Retire(t) => actors.retire(&t),
+        Intake::Retire(t) => {
+            actors.retire(&t);
+        }
         Intake::Tick => {
             actors.sweep(aware_bus_schemas::now_ms());
         }

@@ -103,6 +103,29 @@ async fn prom_api(port: u16, path: &str) -> serde_json::Value {
     v["data"].clone()
 }
 
+/// Polls the Prometheus API `path` until `ready` accepts its `data` (30 s at most; failing with
+/// `what`, the last answer and Prometheus' log).
+async fn poll<T>(
+    prom: &PrometheusServer,
+    path: &str,
+    what: &str,
+    ready: impl Fn(&serde_json::Value) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let data = prom_api(prom.port(), path).await;
+        if let Some(t) = ready(&data) {
+            return t;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {data}\n{}",
+            prom.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[test]
 fn the_rules_pass_promtool_and_their_unit_tests() {
     let checked = promtool(&["check", "rules", "aware-alerts.yaml"]);
@@ -175,9 +198,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     .unwrap()
     .unwrap();
     let port = prom.port();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let groups = prom_api(port, "/api/v1/rules").await;
+    let rules = poll(&prom, "/api/v1/rules", "rules not all healthy", |groups| {
         let rules: Vec<_> = groups["groups"]
             .as_array()
             .unwrap()
@@ -185,34 +206,21 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             .flat_map(|g| g["rules"].as_array().unwrap().clone())
             .collect();
         assert_eq!(rules.len(), 14, "{groups}");
-        if rules.iter().all(|r| r["health"] == "ok") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "rules not all healthy: {groups}\n{}",
-            prom.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        rules.iter().all(|r| r["health"] == "ok").then_some(rules)
+    })
+    .await;
+    assert_eq!(rules.len(), 14);
     // Scraped at least once before anything goes wrong (an increase needs the 0 before it).
-    loop {
-        let q = prom_api(port, "/api/v1/query?query=aware_decode_errors_total").await;
-        let scraped = q["result"]
+    let path = "/api/v1/query?query=aware_decode_errors_total";
+    poll(&prom, path, "never scraped", |q| {
+        q["result"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|r| r["metric"]["event"] == "episode");
-        if scraped {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never scraped: {q}\n{}",
-            prom.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            .any(|r| r["metric"]["event"] == "episode")
+            .then_some(())
+    })
+    .await;
     // Every dashboard query runs (Grafana's $__rate_interval as a minute).
     for q in &queries {
         let q = q.replace("$__rate_interval", "1m");
@@ -220,18 +228,10 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     }
     // Nothing is wrong: no alert, once the rules have seen a scrape (before it, every service is
     // absent and `AwareServiceAbsent` is pending).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let alerts = prom_api(port, "/api/v1/alerts").await;
-        if alerts["alerts"] == serde_json::json!([]) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "alerts with nothing wrong: {alerts}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    poll(&prom, "/api/v1/alerts", "alerts with nothing wrong", |a| {
+        (a["alerts"] == serde_json::json!([])).then_some(())
+    })
+    .await;
 
     // Malformed `episode` messages: dropped and counted by the services that consume episodes,
     // and the alert fires for them.
@@ -243,9 +243,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
         .await
         .unwrap();
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let firing = loop {
-        let alerts = prom_api(port, "/api/v1/alerts").await;
+    let firing = poll(&prom, "/api/v1/alerts", "no alert fired", |alerts| {
         let firing: Vec<serde_json::Value> = alerts["alerts"]
             .as_array()
             .unwrap()
@@ -253,16 +251,9 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             .filter(|a| a["state"] == "firing")
             .cloned()
             .collect();
-        if !firing.is_empty() {
-            break firing;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no alert fired: {alerts}\n{}",
-            prom.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        (!firing.is_empty()).then_some(firing)
+    })
+    .await;
     for a in &firing {
         let l = &a["labels"];
         assert_eq!(l["alertname"], "AwareMalformedMessages", "{a}");
