@@ -82,6 +82,10 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
 /// `bus.jetstream.max_age_secs` more, as long as the bus can still deliver a message sent before
 /// the deletion; the deregistration's own time counts, so a restarted service that reads an old
 /// deregistration from the bus's retained state retires the target without starting its actor.
+///
+/// With [`LateEvents::Record`] (the trajectory recorder, which acts on nothing and must lose no
+/// transition) a retired target's events are still counted but handed to a new actor, which is
+/// retired again `retire_after_secs` after the last such event started it.
 pub struct TargetActors<A>
 where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
@@ -90,6 +94,16 @@ where
     factory: Box<dyn FnMut(&Target) -> A>,
     gauge: prometheus::IntGauge,
     retiring: Option<Retiring>,
+    late: LateEvents,
+}
+
+/// What becomes of the events of a retired target ([`TargetActors`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateEvents {
+    /// Counted and dropped: no actor acts on a deleted workload (the default).
+    Drop,
+    /// Counted and handed to a new actor, retired again `retire_after_secs` later.
+    Record,
 }
 
 /// Deregistered and retired targets (times in Unix milliseconds).
@@ -143,7 +157,14 @@ where
                 retired_total: ctx.metrics.targets_retired.clone(),
                 dropped: ctx.metrics.retired_target_events.clone(),
             }),
+            late: LateEvents::Drop,
         }
+    }
+
+    /// The same, with `late` for the events of retired targets.
+    pub fn with_late_events(mut self, late: LateEvents) -> Self {
+        self.late = late;
+        self
     }
 
     /// The actor of `target`, started on first use (must run inside an actix system).
@@ -169,37 +190,58 @@ where
 
     /// [`TargetActors::route`] at the time `now_ms`.
     pub fn route_at(&mut self, ev: Event, now_ms: i64) {
-        let target = ev.target().clone();
-        if let Some(r) = self.retiring.as_mut() {
-            let live = self.actors.contains_key(&target);
-            match &ev {
-                Event::Registration(reg) if reg.spec.is_some() => {
-                    // Created (again): a retired target starts afresh.
-                    r.deregistered.remove(&target);
-                    if r.retired.remove(&target).is_some() {
-                        tracing::info!(%target, "retired target registered again: a new actor starts");
-                    }
-                }
-                Event::Registration(reg) => {
-                    if r.retired.contains_key(&target) {
-                        return; // a repeat (a resync, the bus's retained state)
-                    }
-                    if !live && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
-                        // An old deregistration (a restart): retired without an actor.
-                        r.mark_retired(target, reg.ts_ms);
-                        return;
-                    }
-                    r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
-                }
-                _ if r.retired.contains_key(&target) => {
-                    r.dropped.inc();
-                    tracing::debug!(%target, event = %ev.kind(), step = ev.step(), "event of a retired target dropped");
-                    return;
-                }
-                _ => {}
-            }
+        if self.admit_at(&ev, now_ms) {
+            let target = ev.target().clone();
+            self.get_or_start(&target).do_send(Deliver(ev));
         }
-        self.get_or_start(&target).do_send(Deliver(ev));
+    }
+
+    /// The retirement bookkeeping of [`TargetActors::route_at`] without the delivery: whether
+    /// `ev`, received at `now_ms`, is to be handed to its target's actor
+    /// ([`TargetActors::get_or_start`]), for a service that sends its actors another message.
+    pub fn admit_at(&mut self, ev: &Event, now_ms: i64) -> bool {
+        let Some(r) = self.retiring.as_mut() else {
+            return true;
+        };
+        let target = ev.target();
+        let live = self.actors.contains_key(target);
+        match ev {
+            Event::Registration(reg) if reg.spec.is_some() => {
+                // Created (again): a retired target starts afresh.
+                r.deregistered.remove(target);
+                if r.retired.remove(target).is_some() {
+                    tracing::info!(%target, "retired target registered again: a new actor starts");
+                }
+            }
+            Event::Registration(reg) => {
+                if r.retired.contains_key(target) {
+                    return false; // a repeat (a resync, the bus's retained state)
+                }
+                if !live && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
+                    // An old deregistration (a restart): retired without an actor.
+                    r.mark_retired(target.clone(), reg.ts_ms);
+                    return false;
+                }
+                r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
+            }
+            _ if r.retired.contains_key(target) => {
+                r.dropped.inc();
+                match self.late {
+                    LateEvents::Drop => {
+                        tracing::debug!(%target, event = %ev.kind(), step = ev.step(), "event of a retired target dropped");
+                        return false;
+                    }
+                    LateEvents::Record => {
+                        // Kept, by an actor retired again after the delay.
+                        r.retired.remove(target);
+                        r.deregistered.insert(target.clone(), now_ms);
+                        tracing::info!(%target, event = %ev.kind(), step = ev.step(), "event of a retired target: an actor starts until the delay passes again");
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
     }
 
     /// Stops the actor of every target deregistered `retire_after_secs` ago or more (their
@@ -568,6 +610,52 @@ mod tests {
             assert_eq!(ctx.metrics.retired_target_events.get(), 1);
             settle().await;
             assert_eq!(*log.lock().unwrap(), vec![(1, "obs".to_string())]);
+        });
+    }
+
+    #[test]
+    fn recording_late_events_starts_an_actor_retired_again_after_the_delay() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (a, ctx) = actors(10, &log);
+            let mut a = a.with_late_events(LateEvents::Record);
+            let m = &ctx.metrics;
+            let t = Target::new("shop", "gone");
+            let t0 = 1_000_000;
+            a.route_at(obs_of(&t), t0);
+            a.route_at(registration(&t, t0, None).into(), t0);
+            assert_eq!(a.sweep(t0 + 10_000), vec![t.clone()]);
+            assert!(a.is_empty() && a.is_retired(&t));
+            // A late event is counted and kept, by a new actor...
+            a.route_at(obs_of(&t), t0 + 50_000);
+            assert!(a.admit_at(&obs_of(&t), t0 + 51_000), "no longer retired");
+            assert_eq!((a.len(), m.retired_target_events.get()), (1, 1));
+            assert!(!a.is_retired(&t));
+            // ...retired again the delay after it started, not at the first deregistration's
+            // due time.
+            assert!(a.sweep(t0 + 59_999).is_empty());
+            assert_eq!(a.sweep(t0 + 60_000), vec![t.clone()]);
+            assert_eq!((a.len(), m.targets_retired.get()), (0, 2));
+            assert!(a.is_retired(&t));
+            // A repeated deregistration still changes nothing.
+            a.route_at(registration(&t, t0 + 61_000, None).into(), t0 + 61_000);
+            assert!(a.is_empty());
+            settle().await;
+            assert_eq!(
+                by_actor(&log),
+                vec![
+                    (1, "obs".to_string()),
+                    (1, "target".into()),
+                    (1, "retire".into()),
+                    (2, "obs".into()),
+                    (2, "retire".into()),
+                ]
+            );
+            // The default drops it, as before.
+            let (mut d, ctx) = actors(10, &log);
+            d.route_at(registration(&t, t0 - 20_000, None).into(), t0);
+            assert!(!d.admit_at(&obs_of(&t), t0));
+            assert_eq!((d.len(), ctx.metrics.retired_target_events.get()), (0, 1));
         });
     }
 

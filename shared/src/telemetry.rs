@@ -59,7 +59,7 @@ pub struct ServiceMetrics {
     pub registrations: IntCounterVec,
     /// Deregistered targets whose actor was stopped ([`crate::agents::TargetActors::sweep`]).
     pub targets_retired: IntCounter,
-    /// Events of retired targets dropped.
+    /// Events of retired targets: dropped, or (the recorder) recorded by a new actor.
     pub retired_target_events: IntCounter,
 }
 
@@ -102,7 +102,7 @@ impl ServiceMetrics {
         registry.register(Box::new(targets_retired.clone()))?;
         let retired_target_events = IntCounter::new(
             "retired_target_events_total",
-            "Events of retired (deregistered) targets dropped",
+            "Events of retired (deregistered) targets: dropped (the recorder records them)",
         )?;
         registry.register(Box::new(retired_target_events.clone()))?;
         // Pre-create every label so a scrape shows zeros instead of missing series.

@@ -349,6 +349,131 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
     running.join().await.unwrap();
 }
 
+/// The recorder's retirement over NATS (JetStream replay): a deregistration releases the
+/// deleted target's floor (the resume point moves past its unfinished episode) and its actor stops
+/// after `actors.retire_after_secs`. A late step of the target is still recorded, by a new actor
+/// that holds the resume point back only until it is retired again.
+#[actix_rt::test]
+async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late_steps() {
+    let server = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.actors.retire_after_secs = 1;
+    cfg.sections.insert(
+        "recorder".into(),
+        // Forgetting off (as with QuestDB): the release does not depend on it.
+        serde_json::json!({
+            "sqlite_path": db.display().to_string(),
+            "batch": 1,
+            "forget_after_secs": 0,
+        }),
+    );
+    let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
+    let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
+    let bus = Bus::connect(&cfg.bus, "recorder-retirement-test")
+        .await
+        .unwrap();
+    let (gone, kept) = (target(), Target::new("shop", "kept"));
+    let resume = {
+        let path = db.with_extension("db.resume");
+        move || aware_trajectory_recorder::service::read_resume(&path).unwrap()
+    };
+    // One step of `t` (obs, action, then the next obs closing the transition).
+    let step = |t: &Target, episode: u64, step: u32| {
+        let mut o = obs(step);
+        o.target = t.clone();
+        o.episode = episode;
+        o.reward = Some(1.0);
+        let mut a = action(step, 3);
+        a.target = t.clone();
+        a.episode = episode;
+        let mut next = obs(step + 1);
+        next.target = t.clone();
+        next.episode = episode;
+        next.reward = Some(1.0);
+        [Event::from(o), a.into(), next.into()]
+    };
+    let mut stored = 0.0;
+    // Publishes one step and waits until its transition is stored.
+    async fn recorded(
+        bus: &Bus,
+        m: &impl Fn(&str) -> Option<f64>,
+        stored: &mut f64,
+        events: [Event; 3],
+    ) {
+        for ev in events {
+            publish(bus, ev).await;
+        }
+        *stored += 1.0;
+        crate::wait_for_metric(
+            m,
+            "aware_recorder_transitions_stored_total",
+            *stored,
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+
+    // Both targets mid-episode: the resume point is the deleted one's floor, the older.
+    publish(&bus, registration(Some(&TargetSpec::new(&gone)), 1).into()).await;
+    recorded(&bus, &m, &mut stored, step(&gone, 0, 0)).await;
+    recorded(&bus, &m, &mut stored, step(&kept, 0, 0)).await;
+    let held_by_gone = resume();
+    assert!(held_by_gone > 0);
+
+    // Deregistered: its floor no longer holds the resume point back, and its actor stops.
+    publish(&bus, registration(None, 2).into()).await;
+    crate::wait_for_metric(
+        &m,
+        "aware_targets_retired_total",
+        1.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(1)).await;
+    recorded(&bus, &m, &mut stored, step(&kept, 0, 2)).await;
+    let after_release = resume();
+    assert!(
+        after_release > held_by_gone,
+        "{after_release} vs {held_by_gone}"
+    );
+
+    // A late step of the deleted target: recorded by a new actor, which its first event started
+    // (counted).
+    recorded(&bus, &m, &mut stored, step(&gone, 0, 5)).await;
+    assert_eq!(m("aware_retired_target_events_total"), Some(1.0));
+    assert_eq!(m("aware_targets"), Some(2.0));
+    // The kept target starts a new episode: its floor moves past the late actor's, which now
+    // holds the resume point (the kept target's floor does not move again below).
+    recorded(&bus, &m, &mut stored, step(&kept, 1, 0)).await;
+    let held_by_late = resume();
+    assert!(
+        held_by_late > after_release,
+        "{held_by_late} vs {after_release}"
+    );
+    // The late actor is retired in its turn and releases its floor.
+    crate::wait_for_metric(
+        &m,
+        "aware_targets_retired_total",
+        2.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(1)).await;
+    recorded(&bus, &m, &mut stored, step(&kept, 1, 2)).await;
+    assert!(resume() > held_by_late, "{} vs {held_by_late}", resume());
+
+    shutdown.cancel();
+    running.join().await.unwrap();
+    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
+    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    assert_eq!(store.count(&gone).unwrap(), 2, "the late step is recorded");
+    assert_eq!(store.count(&kept).unwrap(), 4);
+}
+
 /// The lifecycle monitor over NATS: a restarted monitor resumes a target at the stage its previous
 /// run published (read back from the JetStream capture) instead of announcing OFFLINE again, and a
 /// registered lifecycle profile that turns bootstrapping off takes a new target ONLINE.

@@ -12,7 +12,14 @@ pub mod service;
 pub mod store;
 
 pub const NAME: &str = "trajectory-recorder";
-pub const CONSUMES: &[EventKind] = &[EventKind::Obs, EventKind::Action, EventKind::Applied];
+/// What the recorder reads: the three halves of a transition, and registrations (a deleted
+/// target's floor released, its actor retired).
+pub const CONSUMES: &[EventKind] = &[
+    EventKind::Obs,
+    EventKind::Action,
+    EventKind::Applied,
+    EventKind::Target,
+];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),

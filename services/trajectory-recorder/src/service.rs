@@ -21,6 +21,13 @@
 //! clears the mark. Once a mark is older than the grace period, the target's data is deleted from
 //! the store ([`TrajectoryStore::forget`]). Marks are kept in the store, so a restart does not
 //! reset the grace period.
+//!
+//! Retirement (`actors.retire_after_secs`, [`TargetActors`]): every deregistration releases the
+//! target's floor at once, with or without forgetting, and the target's actor stops once the
+//! deregistration is `retire_after_secs` old, releasing its floor again (a replay after a
+//! restart may have set it since). The recorder acts on nothing and must lose no transition, so
+//! an event of a retired target is still recorded, by a new actor retired again after the delay
+//! ([`LateEvents::Record`]).
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -30,7 +37,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorContext, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
-use aware_shared::agents::{run_actors, Deliver, Retire, TargetActors};
+use aware_shared::agents::{run_actors, Deliver, LateEvents, Retire, TargetActors};
 use aware_shared::config::ConfigError;
 use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -183,8 +190,9 @@ enum Write {
     Episode(Box<Episode>),
     /// The oldest stream sequence a target may still need.
     Floor(Target, u64),
-    /// The target was deregistered: its floor no longer holds the resume point back.
-    Deregistered(Target),
+    /// The target was deregistered or its actor retired: its floor no longer holds the resume
+    /// point back.
+    Release(Target),
 }
 
 /// An event with its JetStream stream sequence (on NATS).
@@ -286,6 +294,7 @@ impl RecorderMetrics {
 
 /// The actor of one target.
 pub struct TargetRecorder {
+    target: Target,
     joiner: Joiner,
     writes: mpsc::UnboundedSender<Write>,
     /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen).
@@ -299,9 +308,12 @@ impl Actor for TargetRecorder {
 impl Handler<Retire> for TargetRecorder {
     type Result = ();
 
-    /// Never sent in practice: the recorder's actors do not follow registrations, so its targets
-    /// are never retired ([`TargetActors`]).
+    /// The target was deregistered `actors.retire_after_secs` ago: what the actor still joins is
+    /// of a deleted workload, so its floor stops holding the resume point back.
     fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        if self.floor.is_some() {
+            let _ = self.writes.send(Write::Release(self.target.clone()));
+        }
         ctx.stop();
     }
 }
@@ -494,7 +506,7 @@ async fn writer(
         Write::Floor(t, seq) => {
             resume.floors.insert(t, seq);
         }
-        Write::Deregistered(t) => {
+        Write::Release(t) => {
             resume.floors.remove(&t);
         }
     };
@@ -658,18 +670,13 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 waiting: metrics.deregistered.clone(),
                 errors: metrics.store_errors.clone(),
             };
-            let writes = tx.clone();
             Some(tokio::spawn(aware_shared::forget::run(
                 ctx.clone(),
                 Arc::new(StoreForgetting(store.clone())),
                 after,
                 registrations,
                 forget_metrics,
-                move |r: &Registration| {
-                    if r.spec.is_none() {
-                        let _ = writes.send(Write::Deregistered(r.target.clone()));
-                    }
-                },
+                |_: &Registration| {},
                 |_: &Target| {},
             )))
         }
@@ -685,16 +692,27 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         Retention::new(cfg.keep()),
     ));
     let spe = ctx.config.collector.steps_per_episode;
+    let writes = tx.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetRecorder {
+        target: t.clone(),
         joiner: Joiner::new(t.clone(), spe),
-        writes: tx.clone(),
+        writes: writes.clone(),
         floor: None,
-    });
+    })
+    .with_late_events(LateEvents::Record);
     let kinds = [EventKind::Obs, EventKind::Action, EventKind::Applied];
     let replay =
         matches!(ctx.bus, aware_shared::bus::Bus::Nats(_)) && ctx.config.bus.jetstream.enabled;
     if replay {
         let mut rx = ctx.subscribe_replay(&kinds, start_seq).await?;
+        // Registrations live (and the bus's retained state), not replayed: they release floors
+        // and retire actors, whatever the replay has reached.
+        let mut registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
+        let mut sweeps = actors.sweep_every().map(|every| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         ctx.ready.set(true);
         tracing::info!(
             service = ctx.name,
@@ -706,18 +724,36 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 _ = ctx.shutdown.cancelled() => break,
                 ev = rx.recv() => match ev {
                     Some((ev, seq)) => {
-                        let target = ev.target().clone();
-                        actors.get_or_start(&target).do_send(Sequenced(ev, seq));
+                        if actors.admit_at(&ev, aware_bus_schemas::now_ms()) {
+                            let target = ev.target().clone();
+                            actors.get_or_start(&target).do_send(Sequenced(ev, seq));
+                        }
                     }
                     None => break,
                 },
+                ev = registrations.recv() => match ev {
+                    Some(ev) => {
+                        if let Event::Registration(r) = &ev {
+                            if r.spec.is_none() {
+                                let _ = tx.send(Write::Release(r.target.clone()));
+                            }
+                        }
+                        actors.route(ev);
+                    }
+                    None => break,
+                },
+                _ = async { sweeps.as_mut()?.tick().await; Some(()) }, if sweeps.is_some() => {
+                    actors.sweep(aware_bus_schemas::now_ms());
+                }
             }
         }
         ctx.ready.set(false);
     } else {
-        run_actors(&ctx, &kinds, false, &mut actors).await?;
+        // No stream sequences, so no floors: registrations only retire actors.
+        run_actors(&ctx, crate::CONSUMES, false, &mut actors).await?;
     }
     drop(actors);
+    drop(tx);
     if let Some(task) = forget_task {
         task.await
             .map_err(|e| ServiceError::Other(format!("forget task: {e}")))?;
