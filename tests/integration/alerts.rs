@@ -129,7 +129,7 @@ async fn poll<T>(
 #[test]
 fn the_rules_pass_promtool_and_their_unit_tests() {
     let checked = promtool(&["check", "rules", "aware-alerts.yaml"]);
-    assert!(checked.contains("SUCCESS: 14 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 17 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "aware-alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -205,11 +205,11 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
             .iter()
             .flat_map(|g| g["rules"].as_array().unwrap().clone())
             .collect();
-        assert_eq!(rules.len(), 14, "{groups}");
+        assert_eq!(rules.len(), 17, "{groups}");
         rules.iter().all(|r| r["health"] == "ok").then_some(rules)
     })
     .await;
-    assert_eq!(rules.len(), 14);
+    assert_eq!(rules.len(), 17);
     // Scraped at least once before anything goes wrong (an increase needs the 0 before it).
     let path = "/api/v1/query?query=aware_decode_errors_total";
     poll(&prom, path, "never scraped", |q| {
@@ -271,4 +271,90 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     }
     shutdown.cancel();
     running.join().await.unwrap();
+}
+
+/// The shard rules against real recommenders: three instances deployed wrongly at once — shard 0
+/// of 2 twice, and shard 1 of 3 — scraped by a real Prometheus put every shard rule in `pending`
+/// (each waits its `for` before firing): a shard missing (2 distinct of 3), shard 0 on two
+/// instances, and two shard counts. The first test has one recommender and no alert.
+#[actix_rt::test]
+async fn a_real_prometheus_finds_misdeployed_recommender_shards() {
+    let mut cfg = AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let bus = Bus::in_process(1024);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut running = Vec::new();
+    for (index, count) in [(0, 2), (0, 2), (1, 3)] {
+        let mut c = cfg.clone();
+        c.shard = aware_shared::config::ShardConfig { index, count };
+        running.push(
+            aware_shared::launcher::start_on(
+                bus.clone(),
+                std::sync::Arc::new(c),
+                &[aware_recommender::ENTRY],
+                shutdown.clone(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let targets: Vec<String> = running.iter().map(|r| r.http_addr.to_string()).collect();
+    let rules = rules_dir().join("aware-alerts.yaml");
+    let prom = tokio::task::spawn_blocking(move || {
+        PrometheusServer::start_with_rules(&targets, Duration::from_millis(250), &[rules])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let want = [
+        "AwareRecommenderShardCountsDiffer",
+        "AwareRecommenderShardDuplicated",
+        "AwareRecommenderShardsMissing",
+    ];
+    let shard_alerts = poll(&prom, "/api/v1/alerts", "the shard rules pending", |a| {
+        let mut shard: Vec<serde_json::Value> = a["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| {
+                a["labels"]["alertname"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("AwareRecommenderShard"))
+            })
+            .cloned()
+            .collect();
+        shard.sort_by_key(|a| a["labels"]["alertname"].as_str().unwrap().to_string());
+        let names: Vec<&str> = shard
+            .iter()
+            .map(|a| a["labels"]["alertname"].as_str().unwrap())
+            .collect();
+        (names == want).then_some(shard)
+    })
+    .await;
+    for a in &shard_alerts {
+        assert_eq!(a["state"], "pending", "{a}");
+        assert_eq!(a["labels"]["service"], "recommender", "{a}");
+        assert_eq!(a["labels"]["severity"], "critical", "{a}");
+    }
+    assert_eq!(shard_alerts[1]["labels"]["shard"], "0");
+    assert_eq!(
+        shard_alerts[1]["annotations"]["summary"],
+        "2 recommender instances run shard 0"
+    );
+    assert_eq!(
+        shard_alerts[0]["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .split(" different shard counts")
+            .next(),
+        Some("Recommender instances have run with 2")
+    );
+    assert_eq!(
+        shard_alerts[2]["annotations"]["summary"],
+        "only 2 recommender shards report"
+    );
+    shutdown.cancel();
+    for r in running {
+        r.join().await.unwrap();
+    }
 }

@@ -467,22 +467,37 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
     let targets: std::collections::BTreeSet<_> = seen.keys().map(|(t, _)| t.clone()).collect();
     assert_eq!(targets.len(), apps);
     // Each shard owns at least one target and their metrics add up to all of them.
+    // Each shard names itself and the count for the alerting rules
+    // (`AwareRecommenderShardsMissing` and the others).
     let mut owned = 0.0;
-    for r in &running[..3] {
+    for (i, r) in running[..3].iter().enumerate() {
         let (_, text) = tokio::task::spawn_blocking({
             let addr = r.http_addr;
             move || aware_tests::http_get(addr, "/metrics").unwrap()
         })
         .await
         .unwrap();
-        let n = aware_tests::metric(
-            &aware_tests::parse_metrics(&text),
-            "aware_targets",
-            &[("service", "recommender")],
-        )
-        .unwrap();
+        let parsed = aware_tests::parse_metrics(&text);
+        let n =
+            aware_tests::metric(&parsed, "aware_targets", &[("service", "recommender")]).unwrap();
         assert!(n >= 1.0, "a shard owns no target");
         owned += n;
+        let shard = i.to_string();
+        assert_eq!(
+            aware_tests::metric(
+                &parsed,
+                "aware_recommender_shards",
+                &[("service", "recommender"), ("shard", shard.as_str())],
+            ),
+            Some(3.0),
+            "shard {i}"
+        );
+        let shards = parsed
+            .samples
+            .iter()
+            .filter(|s| s.metric == "aware_recommender_shards")
+            .count();
+        assert_eq!(shards, 1, "one series per instance");
     }
     assert_eq!(owned, apps as f64);
     shutdown.cancel();

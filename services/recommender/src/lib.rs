@@ -184,6 +184,25 @@ impl RecommenderMetrics {
     pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
         let mut m = Self::register(ctx.metrics.registry())?;
         m.registrations = ctx.metrics.registrations.clone();
+        // The shard count this instance runs with, labelled by its shard: the alerting rules
+        // find a missing shard, one run twice and instances that split the targets differently.
+        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
+        let shards = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "recommender_shards",
+                "Shards the targets are split into (shard.count), labelled by this instance's shard (shard.index)",
+            ),
+            &["shard"],
+        )
+        .map_err(err)?;
+        ctx.metrics
+            .registry()
+            .register(Box::new(shards.clone()))
+            .map_err(err)?;
+        let shard = &ctx.config.shard;
+        shards
+            .with_label_values(&[&shard.index.to_string()])
+            .set(i64::from(shard.count));
         Ok(m)
     }
 
