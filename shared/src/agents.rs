@@ -329,11 +329,7 @@ async fn intake(
     } else {
         Some(ctx.subscribe_events(consumes).await?)
     };
-    let mut ticks = tick.map(|every| {
-        let mut t = tokio::time::interval(every);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
+    let mut ticks = tick.map(sweep_ticks);
     ctx.ready.set(true);
     tracing::info!(service = ctx.name, bus = ctx.bus.kind(), "ready");
     match rx.as_mut() {
@@ -357,6 +353,14 @@ async fn intake(
     }
     ctx.ready.set(false);
     Ok(())
+}
+
+/// The ticks of a loop that calls [`TargetActors::sweep`] every `every`
+/// ([`TargetActors::sweep_every`]); a late tick delays the next rather than bursting.
+pub fn sweep_ticks(every: std::time::Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(every);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
 }
 
 /// What the intake loop hands on: an event, a target whose actor is to stop, or a tick.

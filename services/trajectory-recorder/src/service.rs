@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorContext, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
-use aware_shared::agents::{run_actors, Deliver, LateEvents, Retire, TargetActors};
+use aware_shared::agents::{run_actors, sweep_ticks, Deliver, LateEvents, Retire, TargetActors};
 use aware_shared::config::ConfigError;
 use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -708,11 +708,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         // Registrations live (and the bus's retained state), not replayed: they release floors
         // and retire actors, whatever the replay has reached.
         let mut registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
-        let mut sweeps = actors.sweep_every().map(|every| {
-            let mut t = tokio::time::interval(every);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
+        let mut sweeps = actors.sweep_every().map(sweep_ticks);
         ctx.ready.set(true);
         tracing::info!(
             service = ctx.name,
