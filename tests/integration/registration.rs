@@ -463,8 +463,16 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
     )
     .await;
     crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     recorded(&bus, &m, &mut stored, step(&kept, 1, 2)).await;
     assert!(resume() > held_by_late, "{} vs {held_by_late}", resume());
+    // The kept target's open episode has held the resume point for over a second.
+    let labelled = crate::labelled_metrics_of(&running, aware_trajectory_recorder::NAME);
+    let held = labelled(
+        "aware_recorder_resume_held_seconds",
+        &[("target", "shop/kept")],
+    );
+    assert!(held.is_some_and(|h| (1.0..60.0).contains(&h)), "{held:?}");
 
     shutdown.cancel();
     running.join().await.unwrap();

@@ -210,6 +210,8 @@ struct RecorderMetrics {
     forgotten_targets: IntCounter,
     forgotten_transitions: IntCounter,
     deregistered: IntGauge,
+    /// How long the oldest open episode has held the resume point back, labelled by its target.
+    resume_held: prometheus::IntGaugeVec,
     store_errors: IntCounterVec,
 }
 
@@ -246,6 +248,15 @@ impl RecorderMetrics {
             "Deregistered targets whose data waits for recorder.forget_after_secs",
         )
         .map_err(err)?;
+        let resume_held = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "recorder_resume_held_seconds",
+                "How long the oldest open episode has held the JetStream resume point back, by its target (0 and no target: none)",
+            ),
+            &["target"],
+        )
+        .map_err(err)?;
+        resume_held.with_label_values(&[""]).set(0);
         let store_errors = IntCounterVec::new(
             prometheus::Opts::new(
                 "recorder_store_errors_total",
@@ -279,6 +290,7 @@ impl RecorderMetrics {
         r.register(Box::new(forgotten_transitions.clone()))
             .map_err(err)?;
         r.register(Box::new(deregistered.clone())).map_err(err)?;
+        r.register(Box::new(resume_held.clone())).map_err(err)?;
         Ok(RecorderMetrics {
             stored,
             episodes,
@@ -287,6 +299,7 @@ impl RecorderMetrics {
             forgotten_targets,
             forgotten_transitions,
             deregistered,
+            resume_held,
             store_errors,
         })
     }
@@ -391,10 +404,37 @@ async fn with_retry<T: Send + 'static>(
     }
 }
 
+/// The JetStream resume point: each target's floor (the first `obs` of its open episode) and
+/// what was persisted.
 struct Resume {
     path: PathBuf,
-    floors: std::collections::HashMap<Target, u64>,
+    floors: std::collections::HashMap<Target, Floor>,
     persisted: u64,
+}
+
+/// A target's floor: its stream sequence and when the writer received it (Unix ms).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Floor {
+    seq: u64,
+    since_ms: i64,
+}
+
+impl Resume {
+    /// The floor holding the resume point back (the lowest sequence) and its target, if any.
+    fn oldest(&self) -> Option<(&Target, Floor)> {
+        self.floors
+            .iter()
+            .min_by_key(|(_, f)| f.seq)
+            .map(|(t, f)| (t, *f))
+    }
+
+    /// How long, at `now_ms`, the oldest floor has held the resume point back (0: none), in
+    /// seconds: a target whose episode never completes (its observations stopped without a
+    /// deregistration) holds it for good, and a restart replays everything since.
+    fn held_secs(&self, now_ms: i64) -> i64 {
+        self.oldest()
+            .map_or(0, |(_, f)| now_ms.saturating_sub(f.since_ms).max(0) / 1000)
+    }
 }
 
 /// Retention's bookkeeping: rows stored per target since its last prune.
@@ -504,7 +544,8 @@ async fn writer(
         Write::Transition(t) => batch.push(*t),
         Write::Episode(e) => episodes.push(*e),
         Write::Floor(t, seq) => {
-            resume.floors.insert(t, seq);
+            let since_ms = aware_bus_schemas::now_ms();
+            resume.floors.insert(t, Floor { seq, since_ms });
         }
         Write::Release(t) => {
             resume.floors.remove(&t);
@@ -540,9 +581,17 @@ async fn writer(
     }
 }
 
-/// Persists the minimum floor once everything received before it is stored.
+/// Persists the minimum floor once everything received before it is stored, and reports how
+/// long it has held the resume point back.
 fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
-    let Some(&min) = resume.floors.values().min() else {
+    let held = resume.held_secs(aware_bus_schemas::now_ms());
+    let holder = resume
+        .oldest()
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_default();
+    metrics.resume_held.reset();
+    metrics.resume_held.with_label_values(&[&holder]).set(held);
+    let Some(min) = resume.oldest().map(|(_, f)| f.seq) else {
         return;
     };
     if min == resume.persisted {
@@ -777,6 +826,49 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(cfg.resume_path(), PathBuf::from("/x/t.db.resume"));
+    }
+
+    #[test]
+    fn the_oldest_floor_holds_the_resume_point_and_its_age_is_reported() {
+        let (a, b) = (Target::new("ns", "a"), Target::new("ns", "b"));
+        let mut r = Resume {
+            path: PathBuf::from("/nonexistent/r"),
+            floors: Default::default(),
+            persisted: 0,
+        };
+        assert_eq!((r.oldest(), r.held_secs(5_000)), (None, 0));
+        r.floors.insert(
+            a.clone(),
+            Floor {
+                seq: 10,
+                since_ms: 1_000,
+            },
+        );
+        r.floors.insert(
+            b.clone(),
+            Floor {
+                seq: 7,
+                since_ms: 3_000,
+            },
+        );
+        assert_eq!(
+            r.oldest().map(|(t, f)| (t.clone(), f.seq)),
+            Some((b.clone(), 7)),
+            "the lowest sequence"
+        );
+        assert_eq!(r.held_secs(63_999), 60, "held since b's floor");
+        // b's episode completes: its next floor is past a's, which now holds it.
+        r.floors.insert(
+            b,
+            Floor {
+                seq: 12,
+                since_ms: 70_000,
+            },
+        );
+        assert_eq!(r.held_secs(71_000), 70);
+        r.floors.remove(&a);
+        assert_eq!(r.held_secs(71_000), 1);
+        assert_eq!(r.held_secs(0), 0, "a clock gone back reports 0");
     }
 
     #[test]
