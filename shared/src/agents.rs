@@ -95,6 +95,10 @@ where
     gauge: prometheus::IntGauge,
     retiring: Option<Retiring>,
     late: LateEvents,
+    /// Targets whose latest registration registers them, and the gauges that report them.
+    registered: std::collections::HashSet<Target>,
+    registered_gauge: prometheus::IntGauge,
+    registration_received: prometheus::Gauge,
 }
 
 /// What becomes of the events of a retired target ([`TargetActors`]).
@@ -158,6 +162,9 @@ where
                 dropped: ctx.metrics.retired_target_events.clone(),
             }),
             late: LateEvents::Drop,
+            registered: std::collections::HashSet::new(),
+            registered_gauge: ctx.metrics.registered_targets.clone(),
+            registration_received: ctx.metrics.registration_last_received.clone(),
         }
     }
 
@@ -200,6 +207,16 @@ where
     /// `ev`, received at `now_ms`, is to be handed to its target's actor
     /// ([`TargetActors::get_or_start`]), for a service that sends its actors another message.
     pub fn admit_at(&mut self, ev: &Event, now_ms: i64) -> bool {
+        if let Event::Registration(reg) = ev {
+            if reg.spec.is_some() {
+                self.registered.insert(reg.target.clone());
+            } else {
+                self.registered.remove(&reg.target);
+            }
+            self.registered_gauge
+                .set(i64::try_from(self.registered.len()).unwrap_or(i64::MAX));
+            self.registration_received.set(now_ms as f64 / 1000.0);
+        }
         let Some(r) = self.retiring.as_mut() else {
             return true;
         };
@@ -545,11 +562,19 @@ mod tests {
                 registration(&gone, t0 - 5_000, Some(spec.clone())).into(),
                 t0,
             );
+            assert_eq!(m.registered_targets.get(), 1);
+            assert_eq!(m.registration_last_received.get(), 1_000.0, "seconds");
             a.route_at(obs_of(&kept), t0);
             a.route_at(registration(&gone, t0, None).into(), t0);
             assert_eq!((a.len(), m.targets.get()), (2, 2));
+            assert_eq!(m.registered_targets.get(), 0, "deregistered");
             // A repeated deregistration (a resync) does not move the due time.
             a.route_at(registration(&gone, t0 + 5_000, None).into(), t0 + 5_000);
+            assert_eq!(
+                m.registration_last_received.get(),
+                1_005.0,
+                "a repeat counts"
+            );
             assert!(a.sweep(t0 + 9_999).is_empty(), "not before the delay");
             assert_eq!(a.sweep(t0 + 10_000), vec![gone.clone()]);
             assert_eq!((a.len(), m.targets.get()), (1, 1));
@@ -581,6 +606,7 @@ mod tests {
             a.route_at(obs_of(&gone), t0 + 20_000);
             assert!(!a.is_retired(&gone));
             assert_eq!((a.len(), m.targets.get()), (2, 2));
+            assert_eq!(m.registered_targets.get(), 1, "registered again");
             // It is no longer deregistered: no retirement later.
             assert!(a.sweep(t0 + 1_000_000).is_empty());
             settle().await;

@@ -61,6 +61,13 @@ pub struct ServiceMetrics {
     pub targets_retired: IntCounter,
     /// Events of retired targets: dropped, or (the recorder) recorded by a new actor.
     pub retired_target_events: IntCounter,
+    /// Targets whose latest registration registers them (not deregistered), among those this
+    /// service's actors route ([`crate::agents::TargetActors`]).
+    pub registered_targets: IntGauge,
+    /// When this service last received a registration (Unix seconds; 0: never). The controller
+    /// re-sends every registration each `controller.resync_seconds`, so with targets registered
+    /// a long silence means the controller is gone.
+    pub registration_last_received: prometheus::Gauge,
 }
 
 impl ServiceMetrics {
@@ -105,6 +112,16 @@ impl ServiceMetrics {
             "Events of retired (deregistered) targets: dropped (the recorder records them)",
         )?;
         registry.register(Box::new(retired_target_events.clone()))?;
+        let registered_targets = IntGauge::new(
+            "registered_targets",
+            "Targets whose latest controller registration registers them (not deregistered)",
+        )?;
+        registry.register(Box::new(registered_targets.clone()))?;
+        let registration_last_received = prometheus::Gauge::new(
+            "registration_last_received_timestamp_seconds",
+            "When the last controller registration was received (Unix seconds; 0: never)",
+        )?;
+        registry.register(Box::new(registration_last_received.clone()))?;
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
             for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
@@ -122,6 +139,8 @@ impl ServiceMetrics {
             registrations,
             targets_retired,
             retired_target_events,
+            registered_targets,
+            registration_last_received,
         })
     }
 

@@ -249,8 +249,13 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         .await
         .expect("an action for a registered target")
         .unwrap();
+    let before = (aware_bus_schemas::now_ms() / 1000) as f64;
     for (name, m) in &metrics {
         assert_eq!(m("aware_targets"), Some(1.0), "{name}");
+        // What `AwareRegistrationsStopped` reads.
+        assert_eq!(m("aware_registered_targets"), Some(1.0), "{name}");
+        let at = m("aware_registration_last_received_timestamp_seconds").unwrap();
+        assert!(at > before - 60.0 && at <= before + 1.0, "{name}: {at}");
     }
 
     // Deregistered: a second later every actor is stopped.
@@ -264,6 +269,7 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         )
         .await;
         crate::wait_for_metric(m, "aware_targets", 0.0, Duration::from_secs(1)).await;
+        assert_eq!(m("aware_registered_targets"), Some(0.0));
     }
     // The monitor's stopped actor no longer counts in its stage.
     let stages = crate::labelled_metrics_of(&running, aware_lifecycle_monitor::NAME);
