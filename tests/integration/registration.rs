@@ -78,6 +78,21 @@ async fn publish(bus: &Bus, ev: Event) {
     bus.flush().await.unwrap();
 }
 
+/// What a previous run published: shop/web is SERVING (in the JetStream capture, where a
+/// starting lifecycle monitor reads it back).
+async fn publish_serving_before_start(bus: &Bus, server: &NatsServer) {
+    let Some(Event::Lifecycle(mut prior)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    prior.target = target();
+    prior.stage = aware_bus_schemas::Stage::Serving;
+    publish(bus, prior.into()).await;
+    aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
+}
+
 async fn next_applied(sub: &mut Subscription, step: u32) -> Option<Applied> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
@@ -215,18 +230,9 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         aware_lifecycle_monitor::ENTRY,
     ];
     let bus = Bus::connect(&cfg.bus, "retirement-test").await.unwrap();
-    // What a previous run published: the target is SERVING. The monitor's first actor of it
-    // resumes there; one started after a retirement (the object created again) starts afresh.
-    let Some(Event::Lifecycle(mut prior)) = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Lifecycle)
-    else {
-        unreachable!()
-    };
-    prior.target = target();
-    prior.stage = aware_bus_schemas::Stage::Serving;
-    publish(&bus, prior.into()).await;
-    aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
+    // The monitor's first actor of the target resumes SERVING; one started after a retirement
+    // (the object created again) starts afresh.
+    publish_serving_before_start(&bus, &server).await;
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
     let (running, shutdown) = start_ready(&cfg, &services).await;
     let metrics: Vec<_> = services
@@ -501,17 +507,7 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     let bus = Bus::connect(&cfg.bus, "lifecycle-restart-test")
         .await
         .unwrap();
-    // What a previous run published: shop/web is SERVING.
-    let Some(Event::Lifecycle(mut prior)) = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Lifecycle)
-    else {
-        unreachable!()
-    };
-    prior.target = target();
-    prior.stage = Stage::Serving;
-    publish(&bus, prior.into()).await;
-    aware_tests::wait_captured(&server.url(), "AWARE", 1).await;
+    publish_serving_before_start(&bus, &server).await;
 
     let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
     let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;

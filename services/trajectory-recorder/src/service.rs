@@ -427,13 +427,14 @@ impl Resume {
             .min_by_key(|(_, f)| f.seq)
             .map(|(t, f)| (t, *f))
     }
+}
 
-    /// How long, at `now_ms`, the oldest floor has held the resume point back (0: none), in
-    /// seconds: a target whose episode never completes (its observations stopped without a
-    /// deregistration) holds it for good, and a restart replays everything since.
+impl Floor {
+    /// How long, at `now_ms`, this floor has held the resume point back, in seconds: a target
+    /// whose episode never completes (its observations stopped without a deregistration) holds
+    /// it for good, and a restart replays everything since.
     fn held_secs(&self, now_ms: i64) -> i64 {
-        self.oldest()
-            .map_or(0, |(_, f)| now_ms.saturating_sub(f.since_ms).max(0) / 1000)
+        now_ms.saturating_sub(self.since_ms).max(0) / 1000
     }
 }
 
@@ -584,14 +585,14 @@ async fn writer(
 /// Persists the minimum floor once everything received before it is stored, and reports how
 /// long it has held the resume point back.
 fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
-    let held = resume.held_secs(aware_bus_schemas::now_ms());
-    let holder = resume
-        .oldest()
-        .map(|(t, _)| t.to_string())
-        .unwrap_or_default();
+    let oldest = resume.oldest().map(|(t, f)| (t.to_string(), f));
+    let (holder, held) = match &oldest {
+        Some((t, f)) => (t.as_str(), f.held_secs(aware_bus_schemas::now_ms())),
+        None => ("", 0),
+    };
     metrics.resume_held.reset();
-    metrics.resume_held.with_label_values(&[&holder]).set(held);
-    let Some(min) = resume.oldest().map(|(_, f)| f.seq) else {
+    metrics.resume_held.with_label_values(&[holder]).set(held);
+    let Some((_, Floor { seq: min, .. })) = oldest else {
         return;
     };
     if min == resume.persisted {
@@ -836,7 +837,8 @@ mod tests {
             floors: Default::default(),
             persisted: 0,
         };
-        assert_eq!((r.oldest(), r.held_secs(5_000)), (None, 0));
+        let held = |r: &Resume, now_ms| r.oldest().map_or(0, |(_, f)| f.held_secs(now_ms));
+        assert_eq!((r.oldest(), held(&r, 5_000)), (None, 0));
         r.floors.insert(
             a.clone(),
             Floor {
@@ -856,7 +858,7 @@ mod tests {
             Some((b.clone(), 7)),
             "the lowest sequence"
         );
-        assert_eq!(r.held_secs(63_999), 60, "held since b's floor");
+        assert_eq!(held(&r, 63_999), 60, "held since b's floor");
         // b's episode completes: its next floor is past a's, which now holds it.
         r.floors.insert(
             b,
@@ -865,10 +867,10 @@ mod tests {
                 since_ms: 70_000,
             },
         );
-        assert_eq!(r.held_secs(71_000), 70);
+        assert_eq!(held(&r, 71_000), 70);
         r.floors.remove(&a);
-        assert_eq!(r.held_secs(71_000), 1);
-        assert_eq!(r.held_secs(0), 0, "a clock gone back reports 0");
+        assert_eq!(held(&r, 71_000), 1);
+        assert_eq!(held(&r, 0), 0, "a clock gone back reports 0");
     }
 
     #[test]

@@ -249,20 +249,20 @@ impl Ddpg {
         // saving stays `&self`.
         let mut aopt = self.actor_opt.clone();
         let mut copt = self.critic_opt.clone();
-        let (am, av) = aopt.export(&self.actor)?;
+        let (am, av) = aopt.export(&self.policy.actor)?;
         let (cm, cv) = copt.export(&self.critic)?;
         let header = Header {
-            config: self.cfg.clone(),
-            train_steps: self.steps,
+            config: self.policy.cfg.clone(),
+            train_steps: self.policy.steps,
             actor_adam_t: self.actor_opt.t,
             critic_adam_t: self.critic_opt.t,
-            epsilon: self.noise.epsilon,
-            ou: self.noise.ou,
-            normalizer_count: self.normalizer.count,
-            normalizer_frozen: self.normalizer.frozen,
+            epsilon: self.policy.noise.epsilon,
+            ou: self.policy.noise.ou,
+            normalizer_count: self.policy.normalizer.count,
+            normalizer_frozen: self.policy.normalizer.frozen,
         };
         let f32_blocks: Vec<Vec<f32>> = [
-            self.actor.export(),
+            self.policy.actor.export(),
             self.actor_target.export(),
             self.critic.export(),
             self.critic_target.export(),
@@ -279,7 +279,7 @@ impl Ddpg {
             FORMAT_VERSION,
             &header,
             &f32_blocks,
-            &[&self.normalizer.mean, &self.normalizer.m2],
+            &[&self.policy.normalizer.mean, &self.policy.normalizer.m2],
         )
     }
 
@@ -298,14 +298,16 @@ impl Ddpg {
         let mut built = None;
         let (header, mut c) = decode(buf, &MAGIC, FORMAT_VERSION, |h: &Header| {
             let agent = Ddpg::new(h.config.clone())?;
-            let n = 4 * agent.actor.param_sizes().len() + 4 * agent.critic.param_sizes().len() + 2;
+            let n = 4 * agent.policy.actor.param_sizes().len()
+                + 4 * agent.critic.param_sizes().len()
+                + 2;
             built = Some(agent);
             Ok(n)
         })?;
         let Some(mut agent) = built else {
             return Err(ModelError::Header("no configuration".into()));
         };
-        let actor_sizes = agent.actor.param_sizes();
+        let actor_sizes = agent.policy.actor.param_sizes();
         let critic_sizes = agent.critic.param_sizes();
         let actor = c.f32_blocks(&actor_sizes)?;
         let actor_target = c.f32_blocks(&actor_sizes)?;
@@ -315,27 +317,27 @@ impl Ddpg {
         let av = c.f32_blocks(&actor_sizes)?;
         let cm = c.f32_blocks(&critic_sizes)?;
         let cv = c.f32_blocks(&critic_sizes)?;
-        let d = agent.cfg.state_dim;
+        let d = agent.policy.cfg.state_dim;
         let mean = c.f64s(d)?;
         let m2 = c.f64s(d)?;
         c.finish()?;
-        agent.actor.import(&actor)?;
+        agent.policy.actor.import(&actor)?;
         agent.actor_target.import(&actor_target)?;
         agent.critic.import(&critic)?;
         agent.critic_target.import(&critic_target)?;
         agent
             .actor_opt
-            .import(&agent.actor, header.actor_adam_t, &am, &av)?;
+            .import(&agent.policy.actor, header.actor_adam_t, &am, &av)?;
         agent
             .critic_opt
             .import(&agent.critic, header.critic_adam_t, &cm, &cv)?;
-        agent.normalizer.mean = mean;
-        agent.normalizer.m2 = m2;
-        agent.normalizer.count = header.normalizer_count;
-        agent.normalizer.frozen = header.normalizer_frozen;
-        agent.noise.epsilon = header.epsilon;
-        agent.noise.ou = header.ou;
-        agent.steps = header.train_steps;
+        agent.policy.normalizer.mean = mean;
+        agent.policy.normalizer.m2 = m2;
+        agent.policy.normalizer.count = header.normalizer_count;
+        agent.policy.normalizer.frozen = header.normalizer_frozen;
+        agent.policy.noise.epsilon = header.epsilon;
+        agent.policy.noise.ou = header.ou;
+        agent.policy.steps = header.train_steps;
         Ok(agent)
     }
 }

@@ -60,17 +60,13 @@ pub(crate) struct NoiseState {
 /// A DDPG agent. All tensors are private; the API speaks `&[f32]` and `[f32; 3]`.
 #[derive(Debug, Clone)]
 pub struct Ddpg {
-    pub(crate) cfg: DdpgConfig,
-    pub(crate) dev: Dev,
-    pub(crate) actor: Mlp,
+    /// The acting half (actor, normalizer, exploration state, configuration, steps taken).
+    pub(crate) policy: Policy,
     pub(crate) actor_target: Mlp,
     pub(crate) critic: Mlp,
     pub(crate) critic_target: Mlp,
     pub(crate) actor_opt: Adam,
     pub(crate) critic_opt: Adam,
-    pub(crate) normalizer: Normalizer,
-    pub(crate) noise: NoiseState,
-    pub(crate) steps: u64,
 }
 
 impl Ddpg {
@@ -90,96 +86,77 @@ impl Ddpg {
         Ok(Self {
             actor_target: actor.clone(),
             critic_target: critic.clone(),
-            actor,
             critic,
             actor_opt: Adam::new(cfg.actor_lr),
             critic_opt: Adam::new(cfg.critic_lr),
-            normalizer: Normalizer::new(cfg.state_dim, cfg.state_clip),
-            noise: NoiseState {
-                epsilon: cfg.noise.epsilon_start,
-                ou: [0.0; ACTION_DIM],
+            policy: Policy {
+                actor,
+                normalizer: Normalizer::new(cfg.state_dim, cfg.state_clip),
+                noise: NoiseState {
+                    epsilon: cfg.noise.epsilon_start,
+                    ou: [0.0; ACTION_DIM],
+                },
+                steps: 0,
+                dev,
+                cfg,
             },
-            steps: 0,
-            dev,
-            cfg,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &DdpgConfig {
-        &self.cfg
+        self.policy.config()
     }
 
     /// Gradient steps taken.
     pub fn train_steps(&self) -> u64 {
-        self.steps
+        self.policy.train_steps()
     }
 
     /// Current exploration scale ε.
     pub fn epsilon(&self) -> f32 {
-        self.noise.epsilon
+        self.policy.epsilon()
     }
 
     /// The state normalizer.
     pub fn normalizer(&self) -> &Normalizer {
-        &self.normalizer
+        self.policy.normalizer()
     }
 
     /// Mutable normalizer (freeze for serving, fit on offline data).
     pub fn normalizer_mut(&mut self) -> &mut Normalizer {
-        &mut self.normalizer
+        self.policy.normalizer_mut()
     }
 
     /// Folds a state into the normalizer (no-op while frozen).
     pub fn observe(&mut self, state: &[f32]) -> Result<(), ModelError> {
-        self.normalizer.update(state).map(|_| ())
+        self.policy.observe(state)
     }
 
     /// Sets the exploration noise σ (for fine-tuning a pre-trained policy, which needs less
     /// exploration than learning from scratch). Not finite or negative: an error, σ unchanged.
     pub fn set_exploration_sigma(&mut self, sigma: f32) -> Result<(), ModelError> {
-        let mut cfg = self.cfg.clone();
+        let mut cfg = self.policy.cfg.clone();
         cfg.noise.sigma = sigma;
         cfg.validate()?;
-        self.cfg = cfg;
+        self.policy.cfg = cfg;
         Ok(())
     }
 
     /// Resets per-episode exploration state (the OU process).
     pub fn reset_noise(&mut self) {
-        self.noise.ou = [0.0; ACTION_DIM];
+        self.policy.noise.ou = [0.0; ACTION_DIM];
     }
 
     /// The policy's action μ(s) in [−1, 1]³. A non-finite or wrongly sized state, or a
     /// non-finite network output, is an error: the caller uses its fallback.
     pub fn act(&self, state: &[f32]) -> Result<[f32; ACTION_DIM], ModelError> {
-        actor_action(&self.dev, &self.cfg, &self.actor, &self.normalizer, state)
+        self.policy.act(state)
     }
 
     /// Actions for many states at once (`states` row-major, `n × state_dim`).
     pub fn act_batch(&self, states: &[f32]) -> Result<Vec<[f32; ACTION_DIM]>, ModelError> {
-        let d = self.cfg.state_dim;
-        let n = states.len() / d;
-        if n * d != states.len() {
-            return Err(ModelError::Dimension {
-                what: "state batch (multiple of state_dim)",
-                expected: (n + 1) * d,
-                got: states.len(),
-            });
-        }
-        let s = self.normalizer.normalize_rows(states)?;
-        let out = net::host(&self.actor.forward(net::mat(&self.dev, s, n, d)));
-        check_finite("actor output", &out)?;
-        Ok(out
-            .chunks(ACTION_DIM)
-            .map(|c| {
-                let mut a = [0.0; ACTION_DIM];
-                for (d, v) in a.iter_mut().zip(c) {
-                    *d = v.clamp(-1.0, 1.0);
-                }
-                a
-            })
-            .collect())
+        self.policy.act_batch(states)
     }
 
     /// Exploring action: folds the state into the normalizer (unless frozen), then
@@ -200,40 +177,26 @@ impl Ddpg {
         rng: &mut R,
         scale: f32,
     ) -> Result<[f32; ACTION_DIM], ModelError> {
-        explore(
-            &self.dev,
-            &self.cfg,
-            &self.actor,
-            &mut self.normalizer,
-            &mut self.noise,
-            (state, rng, scale),
-        )
+        self.policy.act_explore_scaled(state, rng, scale)
     }
 
     /// The acting half of the agent ([`Policy`]): the actor, normalizer and exploration state;
     /// the critic, target networks and optimizer state are dropped.
     pub fn into_policy(self) -> Policy {
-        Policy {
-            cfg: self.cfg,
-            dev: self.dev,
-            actor: self.actor,
-            normalizer: self.normalizer,
-            noise: self.noise,
-            steps: self.steps,
-        }
+        self.policy
     }
 
     /// Q(s, a) of the online critic.
     pub fn q_value(&self, state: &[f32], action: &[f32; ACTION_DIM]) -> Result<f32, ModelError> {
         check_finite("action", action)?;
-        let s = self.normalizer.normalize(state)?;
+        let s = self.policy.normalizer.normalize(state)?;
         let mut x = action.to_vec();
         x.extend_from_slice(&s);
         let q = net::host(&self.critic.forward(net::mat(
-            &self.dev,
+            &self.policy.dev,
             x,
             1,
-            ACTION_DIM + self.cfg.state_dim,
+            ACTION_DIM + self.policy.cfg.state_dim,
         )));
         let q = q.first().copied().unwrap_or(f32::NAN);
         check_finite("critic output", &[q])?;
@@ -279,23 +242,29 @@ impl Ddpg {
         bc: Option<&BcConfig>,
         train_actor: bool,
     ) -> Result<TrainStats, ModelError> {
-        check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
+        check_dim(
+            "batch state_dim",
+            self.policy.cfg.state_dim,
+            batch.state_dim,
+        )?;
         batch.validate()?;
         let n = batch.len();
         if n == 0 {
             return Err(ModelError::NotEnoughSamples { len: 0, need: 1 });
         }
-        let d = self.cfg.state_dim;
-        let s = self.normalizer.normalize_rows(&batch.states)?;
-        let s2 = self.normalizer.normalize_rows(&batch.next_states)?;
+        let d = self.policy.cfg.state_dim;
+        let s = self.policy.normalizer.normalize_rows(&batch.states)?;
+        let s2 = self.policy.normalizer.normalize_rows(&batch.next_states)?;
 
         // Bootstrapped target (no gradients).
-        let s2_t = net::mat(&self.dev, s2, n, d);
+        let s2_t = net::mat(&self.policy.dev, s2, n, d);
         let a2 = self.actor_target.forward(s2_t.clone());
         let a2 = match bc {
             Some(b) if b.policy_noise > 0.0 => {
                 // Target policy smoothing, reproducible per step.
-                let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed ^ self.steps.rotate_left(17));
+                let mut rng = ChaCha8Rng::seed_from_u64(
+                    self.policy.cfg.seed ^ self.policy.steps.rotate_left(17),
+                );
                 let noisy: Vec<f32> = net::host(&a2)
                     .into_iter()
                     .map(|a| {
@@ -304,15 +273,15 @@ impl Ddpg {
                             .clamp(-1.0, 1.0)
                     })
                     .collect();
-                net::mat(&self.dev, noisy, n, ACTION_DIM)
+                net::mat(&self.policy.dev, noisy, n, ACTION_DIM)
             }
             _ => a2,
         };
         let q2 = net::host(&self.critic_target.forward(net::concat_cols(a2, s2_t)));
         let y: Vec<f32> = (0..n)
             .map(|i| {
-                self.cfg.clamp_target(
-                    batch.rewards[i] + self.cfg.gamma * (1.0 - batch.dones[i]) * q2[i],
+                self.policy.cfg.clamp_target(
+                    batch.rewards[i] + self.policy.cfg.gamma * (1.0 - batch.dones[i]) * q2[i],
                 )
             })
             .collect();
@@ -324,24 +293,27 @@ impl Ddpg {
             sa.extend_from_slice(&batch.actions[i * ACTION_DIM..(i + 1) * ACTION_DIM]);
             sa.extend_from_slice(&s[i * d..(i + 1) * d]);
         }
-        let q = self
-            .critic
-            .forward(net::traced(net::mat(&self.dev, sa, n, ACTION_DIM + d)));
+        let q = self.critic.forward(net::traced(net::mat(
+            &self.policy.dev,
+            sa,
+            n,
+            ACTION_DIM + d,
+        )));
         let mean_q = net::host(&q).iter().sum::<f32>() / n as f32;
-        let critic_loss = net::mse(q, net::mat(&self.dev, y, n, 1));
+        let critic_loss = net::mse(q, net::mat(&self.policy.dev, y, n, 1));
         let critic_loss_v = net::scalar(&critic_loss);
         check_finite("critic loss", &[critic_loss_v, mean_q])?;
         let mut cg = net::backward(critic_loss);
         let critic_grad_norm = self
             .critic
-            .clip_grad_norm(&mut cg, self.cfg.max_grad_norm)?;
+            .clip_grad_norm(&mut cg, self.policy.cfg.max_grad_norm)?;
 
         if !train_actor {
             self.critic_opt.step(&mut self.critic, &mut cg)?;
             self.soft_update();
-            self.steps += 1;
+            self.policy.steps += 1;
             return Ok(TrainStats {
-                step: self.steps,
+                step: self.policy.steps,
                 critic_loss: critic_loss_v,
                 actor_loss: 0.0,
                 mean_q,
@@ -352,8 +324,8 @@ impl Ddpg {
         }
 
         // Actor (through the critic as it was before this step's update).
-        let s_t = net::mat(&self.dev, s, n, d);
-        let pre = self.actor.forward_pre(net::traced(s_t.clone()));
+        let s_t = net::mat(&self.policy.dev, s, n, d);
+        let pre = self.policy.actor.forward_pre(net::traced(s_t.clone()));
         let (a, pre_copy) = net::tanh_and_pre(pre);
         let (actor_loss, bc_loss) = match bc {
             None => (
@@ -374,13 +346,13 @@ impl Ddpg {
                 let level = (0..n)
                     .map(|i| {
                         batch.rewards[i].abs()
-                            / (1.0 - self.cfg.gamma * (1.0 - batch.dones[i])).max(1e-3)
+                            / (1.0 - self.policy.cfg.gamma * (1.0 - batch.dones[i])).max(1e-3)
                     })
                     .sum::<f32>()
                     / n as f32;
                 check_finite("mean |Q|", &[mean_abs, level])?;
                 let scale = b.alpha / mean_abs.max(level).max(1e-6);
-                let behaviour = net::mat(&self.dev, batch.actions.clone(), n, ACTION_DIM);
+                let behaviour = net::mat(&self.policy.dev, batch.actions.clone(), n, ACTION_DIM);
                 let (loss, _, bc_v) =
                     net::bc_actor_loss(a, s_t, &self.critic, behaviour, scale, b.bc_weight);
                 (loss, bc_v)
@@ -389,20 +361,23 @@ impl Ddpg {
         let actor_loss = net::with_preactivation_penalty(
             actor_loss,
             pre_copy,
-            self.cfg.actor_preactivation_penalty,
+            self.policy.cfg.actor_preactivation_penalty,
         );
         let actor_loss_v = net::scalar(&actor_loss);
         check_finite("actor loss", &[actor_loss_v, bc_loss])?;
         let mut ag = net::backward(actor_loss);
-        let actor_grad_norm = self.actor.clip_grad_norm(&mut ag, self.cfg.max_grad_norm)?;
+        let actor_grad_norm = self
+            .policy
+            .actor
+            .clip_grad_norm(&mut ag, self.policy.cfg.max_grad_norm)?;
 
         // Everything checked: apply.
         self.critic_opt.step(&mut self.critic, &mut cg)?;
-        self.actor_opt.step(&mut self.actor, &mut ag)?;
+        self.actor_opt.step(&mut self.policy.actor, &mut ag)?;
         self.soft_update();
-        self.steps += 1;
+        self.policy.steps += 1;
         Ok(TrainStats {
-            step: self.steps,
+            step: self.policy.steps,
             critic_loss: critic_loss_v,
             actor_loss: actor_loss_v,
             mean_q,
@@ -421,20 +396,24 @@ impl Ddpg {
     /// at the same state, in which its (slowly converging, γ-amplified) level error cancels. The
     /// direct (1 − γ)·mean Q(s, μ(s)) is returned for comparison. Needs the normalizer fitted.
     pub fn estimate_policy(&self, batch: &Batch) -> Result<PolicyEstimate, ModelError> {
-        check_dim("batch state_dim", self.cfg.state_dim, batch.state_dim)?;
+        check_dim(
+            "batch state_dim",
+            self.policy.cfg.state_dim,
+            batch.state_dim,
+        )?;
         batch.validate()?;
         let n = batch.len();
         if n == 0 {
             return Err(ModelError::NotEnoughSamples { len: 0, need: 1 });
         }
-        let d = self.cfg.state_dim;
-        let s = self.normalizer.normalize_rows(&batch.states)?;
-        let s_t = net::mat(&self.dev, s, n, d);
-        let a_pi = self.actor.forward(s_t.clone());
+        let d = self.policy.cfg.state_dim;
+        let s = self.policy.normalizer.normalize_rows(&batch.states)?;
+        let s_t = net::mat(&self.policy.dev, s, n, d);
+        let a_pi = self.policy.actor.forward(s_t.clone());
         let pi = net::host(&a_pi);
         check_finite("actor output", &pi)?;
         let q_pi = net::host(&self.critic.forward(net::concat_cols(a_pi, s_t.clone())));
-        let a_b = net::mat(&self.dev, batch.actions.clone(), n, ACTION_DIM);
+        let a_b = net::mat(&self.policy.dev, batch.actions.clone(), n, ACTION_DIM);
         let q_b = net::host(&self.critic.forward(net::concat_cols(a_b, s_t)));
         check_finite("critic output", &q_pi)?;
         check_finite("critic output", &q_b)?;
@@ -446,7 +425,7 @@ impl Ddpg {
             .map(|(p, b)| f64::from(*p) - f64::from(*b))
             .sum::<f64>()
             / nf;
-        let direct = (1.0 - f64::from(self.cfg.gamma))
+        let direct = (1.0 - f64::from(self.policy.cfg.gamma))
             * q_pi.iter().map(|&q| f64::from(q)).sum::<f64>()
             / nf;
         let action_gap = pi
@@ -467,8 +446,8 @@ impl Ddpg {
 
     /// target ← (1−τ)·target + τ·online for both nets.
     pub fn soft_update(&mut self) {
-        let tau = self.cfg.tau;
-        self.actor_target.soft_update_from(&self.actor, tau);
+        let tau = self.policy.cfg.tau;
+        self.actor_target.soft_update_from(&self.policy.actor, tau);
         self.critic_target.soft_update_from(&self.critic, tau);
     }
 
@@ -485,79 +464,27 @@ impl Ddpg {
         }
         let fresh = Ddpg::new(DdpgConfig {
             seed,
-            ..self.cfg.clone()
+            ..self.policy.cfg.clone()
         })?;
         // soft_update_from(x, τ): self ← (1 − τ)·self + τ·x.
-        self.actor.soft_update_from(&fresh.actor, 1.0 - alpha);
+        self.policy
+            .actor
+            .soft_update_from(&fresh.policy.actor, 1.0 - alpha);
         self.critic.soft_update_from(&fresh.critic, 1.0 - alpha);
-        self.actor_target = self.actor.clone();
+        self.actor_target = self.policy.actor.clone();
         self.critic_target = self.critic.clone();
-        self.actor_opt = Adam::new(self.cfg.actor_lr);
-        self.critic_opt = Adam::new(self.cfg.critic_lr);
+        self.actor_opt = Adam::new(self.policy.cfg.actor_lr);
+        self.critic_opt = Adam::new(self.policy.cfg.critic_lr);
         Ok(())
     }
 
     /// Number of trainable parameters (actor, critic).
     pub fn num_params(&self) -> (usize, usize) {
         (
-            self.actor.param_sizes().iter().sum(),
+            self.policy.actor.param_sizes().iter().sum(),
             self.critic.param_sizes().iter().sum(),
         )
     }
-}
-
-/// μ(s) of `actor` on the normalized `state`, clamped to [−1, 1]³; a non-finite or wrongly sized
-/// state, or a non-finite output, is an error.
-fn actor_action(
-    dev: &Dev,
-    cfg: &DdpgConfig,
-    actor: &Mlp,
-    normalizer: &Normalizer,
-    state: &[f32],
-) -> Result<[f32; ACTION_DIM], ModelError> {
-    let s = normalizer.normalize(state)?;
-    let x = net::mat(dev, s, 1, cfg.state_dim);
-    let out = net::host(&actor.forward(x));
-    check_finite("actor output", &out)?;
-    let mut a = [0.0; ACTION_DIM];
-    for (d, v) in a.iter_mut().zip(&out) {
-        *d = v.clamp(-1.0, 1.0);
-    }
-    Ok(a)
-}
-
-/// The exploring action: folds the state into the normalizer (unless frozen), then
-/// `clamp(μ(s) + scale·ε·noise, −1, 1)` and decays ε. A scale that is not finite and ≥ 0 is
-/// refused.
-fn explore<R: Rng + ?Sized>(
-    dev: &Dev,
-    cfg: &DdpgConfig,
-    actor: &Mlp,
-    normalizer: &mut Normalizer,
-    noise: &mut NoiseState,
-    (state, rng, scale): (&[f32], &mut R, f32),
-) -> Result<[f32; ACTION_DIM], ModelError> {
-    if !(scale.is_finite() && scale >= 0.0) {
-        return Err(ModelError::InvalidConfig(format!(
-            "exploration noise scale must be finite and >= 0, got {scale}"
-        )));
-    }
-    normalizer.update(state)?;
-    let mut a = actor_action(dev, cfg, actor, normalizer, state)?;
-    let n = cfg.noise;
-    for (ai, ou) in a.iter_mut().zip(noise.ou.iter_mut()) {
-        let z: f32 = rng.sample(StandardNormal);
-        let eps = match n.kind {
-            NoiseKind::Gaussian => n.mu + n.sigma * z,
-            NoiseKind::OrnsteinUhlenbeck { theta } => {
-                *ou += theta * (n.mu - *ou) + n.sigma * z;
-                *ou
-            }
-        };
-        *ai = (*ai + scale * noise.epsilon * eps).clamp(-1.0, 1.0);
-    }
-    noise.epsilon = (noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
-    Ok(a)
 }
 
 /// The acting half of a DDPG agent: the actor network, the state normalizer and the exploration
@@ -567,12 +494,12 @@ fn explore<R: Rng + ?Sized>(
 /// agent does ([`Ddpg::into_policy`]).
 #[derive(Debug, Clone)]
 pub struct Policy {
-    cfg: DdpgConfig,
-    dev: Dev,
-    actor: Mlp,
-    normalizer: Normalizer,
-    noise: NoiseState,
-    steps: u64,
+    pub(crate) cfg: DdpgConfig,
+    pub(crate) dev: Dev,
+    pub(crate) actor: Mlp,
+    pub(crate) normalizer: Normalizer,
+    pub(crate) noise: NoiseState,
+    pub(crate) steps: u64,
 }
 
 impl Policy {
@@ -612,26 +539,76 @@ impl Policy {
         self.normalizer.update(state).map(|_| ())
     }
 
-    /// As [`Ddpg::act`].
+    /// μ(s) in [−1, 1]³ ([`Ddpg::act`]). A non-finite or wrongly sized state, or a non-finite
+    /// network output, is an error.
     pub fn act(&self, state: &[f32]) -> Result<[f32; ACTION_DIM], ModelError> {
-        actor_action(&self.dev, &self.cfg, &self.actor, &self.normalizer, state)
+        let s = self.normalizer.normalize(state)?;
+        let x = net::mat(&self.dev, s, 1, self.cfg.state_dim);
+        let out = net::host(&self.actor.forward(x));
+        check_finite("actor output", &out)?;
+        let mut a = [0.0; ACTION_DIM];
+        for (d, v) in a.iter_mut().zip(&out) {
+            *d = v.clamp(-1.0, 1.0);
+        }
+        Ok(a)
     }
 
-    /// As [`Ddpg::act_explore_scaled`].
+    /// Actions for many states at once ([`Ddpg::act_batch`]).
+    pub fn act_batch(&self, states: &[f32]) -> Result<Vec<[f32; ACTION_DIM]>, ModelError> {
+        let d = self.cfg.state_dim;
+        let n = states.len() / d;
+        if n * d != states.len() {
+            return Err(ModelError::Dimension {
+                what: "state batch (multiple of state_dim)",
+                expected: (n + 1) * d,
+                got: states.len(),
+            });
+        }
+        let s = self.normalizer.normalize_rows(states)?;
+        let out = net::host(&self.actor.forward(net::mat(&self.dev, s, n, d)));
+        check_finite("actor output", &out)?;
+        Ok(out
+            .chunks(ACTION_DIM)
+            .map(|c| {
+                let mut a = [0.0; ACTION_DIM];
+                for (d, v) in a.iter_mut().zip(c) {
+                    *d = v.clamp(-1.0, 1.0);
+                }
+                a
+            })
+            .collect())
+    }
+
+    /// The exploring action ([`Ddpg::act_explore_scaled`]): folds the state into the normalizer
+    /// (unless frozen), then `clamp(μ(s) + scale·ε·noise, −1, 1)` and decays ε. A scale that is
+    /// not finite and ≥ 0 is refused.
     pub fn act_explore_scaled<R: Rng + ?Sized>(
         &mut self,
         state: &[f32],
         rng: &mut R,
         scale: f32,
     ) -> Result<[f32; ACTION_DIM], ModelError> {
-        explore(
-            &self.dev,
-            &self.cfg,
-            &self.actor,
-            &mut self.normalizer,
-            &mut self.noise,
-            (state, rng, scale),
-        )
+        if !(scale.is_finite() && scale >= 0.0) {
+            return Err(ModelError::InvalidConfig(format!(
+                "exploration noise scale must be finite and >= 0, got {scale}"
+            )));
+        }
+        self.observe(state)?;
+        let mut a = self.act(state)?;
+        let n = self.cfg.noise;
+        for (ai, ou) in a.iter_mut().zip(self.noise.ou.iter_mut()) {
+            let z: f32 = rng.sample(StandardNormal);
+            let noise = match n.kind {
+                NoiseKind::Gaussian => n.mu + n.sigma * z,
+                NoiseKind::OrnsteinUhlenbeck { theta } => {
+                    *ou += theta * (n.mu - *ou) + n.sigma * z;
+                    *ou
+                }
+            };
+            *ai = (*ai + scale * self.noise.epsilon * noise).clamp(-1.0, 1.0);
+        }
+        self.noise.epsilon = (self.noise.epsilon - n.epsilon_decay).max(n.epsilon_min);
+        Ok(a)
     }
 
     /// Parameters held (the actor's).
@@ -671,8 +648,14 @@ pub(crate) mod tests {
                 .all(|(a, b)| (a - b).abs() < 1e-5)
         };
         // α = 1 keeps the weights; α = 0 is the fresh agent of that seed.
-        assert!(close(&mix(1.0).actor.export(), &trained.actor.export()));
-        assert!(close(&mix(0.0).actor.export(), &fresh.actor.export()));
+        assert!(close(
+            &mix(1.0).policy.actor.export(),
+            &trained.policy.actor.export()
+        ));
+        assert!(close(
+            &mix(0.0).policy.actor.export(),
+            &fresh.policy.actor.export()
+        ));
         assert!(close(&mix(0.0).critic.export(), &fresh.critic.export()));
         // α = 0.25: a quarter of the trained weights, three quarters fresh, targets alike.
         let d = mix(0.25);
@@ -685,8 +668,11 @@ pub(crate) mod tests {
             .collect();
         assert!(close(&d.critic.export(), &want));
         assert!(close(&d.critic_target.export(), &want));
-        assert!(close(&d.actor_target.export(), &d.actor.export()));
-        assert!(!close(&d.actor.export(), &trained.actor.export()));
+        assert!(close(&d.actor_target.export(), &d.policy.actor.export()));
+        assert!(!close(
+            &d.policy.actor.export(),
+            &trained.policy.actor.export()
+        ));
         assert_eq!(
             d.train_steps(),
             trained.train_steps(),
@@ -696,7 +682,10 @@ pub(crate) mod tests {
         let mut e = trained.clone();
         assert!(e.shrink_perturb(1.5, 9).is_err());
         assert!(e.shrink_perturb(f32::NAN, 9).is_err());
-        assert!(close(&e.actor.export(), &trained.actor.export()));
+        assert!(close(
+            &e.policy.actor.export(),
+            &trained.policy.actor.export()
+        ));
     }
 
     #[test]
@@ -845,7 +834,7 @@ pub(crate) mod tests {
         agent.train_step(&batch(32, 2)).unwrap();
         let before_t = agent.actor_target.export();
         let before_ct = agent.critic_target.export();
-        let online = agent.actor.export();
+        let online = agent.policy.actor.export();
         let online_c = agent.critic.export();
         assert_ne!(before_t, online, "targets must differ from online nets");
         agent.soft_update();
@@ -869,19 +858,19 @@ pub(crate) mod tests {
             assert!(moved > 0);
         }
         // Online nets are untouched by a soft update.
-        assert_eq!(agent.actor.export(), online);
+        assert_eq!(agent.policy.actor.export(), online);
     }
 
     #[test]
     fn train_step_changes_weights_and_reports_finite_stats() {
         let mut agent = Ddpg::new(small(3)).unwrap();
-        let before = agent.actor.export();
+        let before = agent.policy.actor.export();
         let b = batch(64, 4);
         let st = agent.train_step(&b).unwrap();
         assert_eq!(st.step, 1);
         assert!(st.critic_loss.is_finite() && st.critic_loss > 0.0);
         assert!(st.critic_grad_norm > 0.0 && st.actor_grad_norm > 0.0);
-        assert_ne!(agent.actor.export(), before);
+        assert_ne!(agent.policy.actor.export(), before);
         // Critic loss falls on a fixed batch.
         let mut last = st.critic_loss;
         for _ in 0..50 {
@@ -893,14 +882,18 @@ pub(crate) mod tests {
     #[test]
     fn critic_step_trains_the_critic_and_leaves_the_actor() {
         let mut agent = Ddpg::new(small(3)).unwrap();
-        let actor = agent.actor.export();
+        let actor = agent.policy.actor.export();
         let critic = agent.critic.export();
         let b = batch(64, 4);
         let first = agent.train_critic_step(&b).unwrap();
         assert_eq!(first.step, 1);
         assert_eq!((first.actor_loss, first.actor_grad_norm), (0.0, 0.0));
         assert!(first.critic_grad_norm > 0.0);
-        assert_eq!(agent.actor.export(), actor, "the actor keeps its weights");
+        assert_eq!(
+            agent.policy.actor.export(),
+            actor,
+            "the actor keeps its weights"
+        );
         assert_ne!(agent.critic.export(), critic);
         let mut last = first.critic_loss;
         for _ in 0..50 {
@@ -911,11 +904,11 @@ pub(crate) mod tests {
             "{last} vs {}",
             first.critic_loss
         );
-        assert_eq!(agent.actor.export(), actor);
+        assert_eq!(agent.policy.actor.export(), actor);
         assert_eq!(agent.train_steps(), 51);
         // A full step afterwards moves the actor.
         agent.train_step(&b).unwrap();
-        assert_ne!(agent.actor.export(), actor);
+        assert_ne!(agent.policy.actor.export(), actor);
     }
 
     #[test]
@@ -930,8 +923,8 @@ pub(crate) mod tests {
         let y: Vec<f32> = b.rewards.iter().map(|r| r * 1000.0).collect();
         let q = agent
             .critic
-            .forward(net::traced(net::mat(&agent.dev, sa, 64, 6)));
-        let mut g = net::backward(net::mse(q, net::mat(&agent.dev, y, 64, 1)));
+            .forward(net::traced(net::mat(&agent.policy.dev, sa, 64, 6)));
+        let mut g = net::backward(net::mse(q, net::mat(&agent.policy.dev, y, 64, 1)));
         let norm = agent.critic.clip_grad_norm(&mut g, Some(0.5)).unwrap();
         assert!(norm > 0.5, "unclipped norm {norm}");
         let after = agent.critic.clip_grad_norm(&mut g, None).unwrap();
@@ -959,14 +952,14 @@ pub(crate) mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         assert!(agent.act_explore(&[f32::NAN, 0.0, 0.0], &mut rng).is_err());
         assert_eq!(agent.normalizer().count(), 0);
-        let before = agent.actor.export();
+        let before = agent.policy.actor.export();
         let mut b = batch(8, 1);
         b.rewards[3] = f32::NAN;
         assert!(matches!(
             agent.train_step(&b),
             Err(ModelError::NonFinite { .. })
         ));
-        assert_eq!(agent.actor.export(), before);
+        assert_eq!(agent.policy.actor.export(), before);
         assert_eq!(agent.train_steps(), 0);
         let a = agent.act(&[0.1, 0.2, 0.3]).unwrap();
         assert!(a.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
@@ -975,11 +968,11 @@ pub(crate) mod tests {
     #[test]
     fn non_finite_network_output_is_an_error() {
         let mut agent = Ddpg::new(small(8)).unwrap();
-        let mut p = agent.actor.export();
+        let mut p = agent.policy.actor.export();
         // The last bias: a NaN there reaches the output (ReLU maps NaN to 0 in hidden layers).
         let last = p.len() - 1;
         p[last][1] = f32::NAN;
-        agent.actor.import(&p).unwrap();
+        agent.policy.actor.import(&p).unwrap();
         assert!(matches!(
             agent.act(&[0.1, 0.2, 0.3]),
             Err(ModelError::NonFinite {
@@ -1010,9 +1003,9 @@ pub(crate) mod tests {
         cfg.noise.kind = NoiseKind::OrnsteinUhlenbeck { theta: 0.15 };
         let mut ou = Ddpg::new(cfg).unwrap();
         ou.act_explore(&s, &mut rng).unwrap();
-        assert_ne!(ou.noise.ou, [0.0; 3]);
+        assert_ne!(ou.policy.noise.ou, [0.0; 3]);
         ou.reset_noise();
-        assert_eq!(ou.noise.ou, [0.0; 3]);
+        assert_eq!(ou.policy.noise.ou, [0.0; 3]);
     }
 
     #[test]

@@ -518,7 +518,7 @@ impl MetaDdpg {
         check_dim("state", self.state_dim, state.len())?;
         let mut full = state.to_vec();
         full.resize(self.base.config().state_dim, 0.0);
-        let n = &mut self.base.normalizer;
+        let n = &mut self.base.policy.normalizer;
         if n.update(&full)? {
             let count = n.count as f64;
             for i in self.state_dim..n.mean.len() {
@@ -652,7 +652,7 @@ impl MetaDdpg {
             }
             out
         };
-        let norm = &self.base.normalizer;
+        let norm = &self.base.policy.normalizer;
         let s = norm.normalize_rows(&join(&|b: &Batch| &b.states))?;
         let s2 = norm.normalize_rows(&join(&|b: &Batch| &b.next_states))?;
         let mut actions = Vec::with_capacity(n * ACTION_DIM);
@@ -663,7 +663,7 @@ impl MetaDdpg {
             rewards.extend_from_slice(&g.batch.rewards);
             dones.extend_from_slice(&g.batch.dones);
         }
-        let (dev, cfg) = (&self.base.dev, &self.base.cfg);
+        let (dev, cfg) = (&self.base.policy.dev, &self.base.policy.cfg);
 
         // Critic target (no gradients).
         let s2_t = net::mat(dev, s2, n, full);
@@ -705,7 +705,7 @@ impl MetaDdpg {
 
         // Actor on [s ‖ e], scored by the critic (before its update) at [μ, s ‖ e].
         let x = gru::concat_taped(gru::with_tape(net::mat(dev, s_only, n, d)), e_rows());
-        let (a, pre) = net::tanh_and_pre(self.base.actor.forward_pre(x));
+        let (a, pre) = net::tanh_and_pre(self.base.policy.actor.forward_pre(x));
         let s_full = net::mat(dev, s, n, full);
         let actor_loss = net::with_preactivation_penalty(
             net::neg_mean(self.base.critic.forward(net::concat_cols(a, s_full))),
@@ -715,7 +715,11 @@ impl MetaDdpg {
         let actor_loss_v = net::scalar(&actor_loss);
         check_finite("actor loss", &[actor_loss_v])?;
         let mut ag = net::backward(actor_loss);
-        let actor_grad_norm = self.base.actor.clip_grad_norm(&mut ag, cfg.max_grad_norm)?;
+        let actor_grad_norm = self
+            .base
+            .policy
+            .actor
+            .clip_grad_norm(&mut ag, cfg.max_grad_norm)?;
         let ge_actor = gru::grad_of(&mut ag, &e_leaf)?;
 
         // The meta-learner: d(actor loss + w·critic loss)/de through the head and the GRU.
@@ -737,14 +741,14 @@ impl MetaDdpg {
         // Everything checked: apply.
         let base = &mut self.base;
         base.critic_opt.step(&mut base.critic, &mut cg)?;
-        base.actor_opt.step(&mut base.actor, &mut ag)?;
+        base.actor_opt.step(&mut base.policy.actor, &mut ag)?;
         if let Some(mut mg) = meta_grads {
             self.meta.step(&mut mg)?;
         }
         base.soft_update();
-        base.steps += 1;
+        base.policy.steps += 1;
         Ok(MetaTrainStats {
-            step: base.steps,
+            step: base.policy.steps,
             critic_loss: critic_loss_v,
             actor_loss: actor_loss_v,
             mean_q,
