@@ -6,7 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use aware_bus_schemas::EventKind;
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LogFormat;
@@ -67,61 +71,72 @@ pub struct ServiceMetrics {
     /// When this service last received a registration (Unix seconds; 0: never). The controller
     /// re-sends every registration each `controller.resync_seconds`, so with targets registered
     /// a long silence means the controller is gone.
-    pub registration_last_received: prometheus::Gauge,
+    pub registration_last_received: Gauge,
 }
 
 impl ServiceMetrics {
     pub fn new(service: &'static str) -> Result<Self, TelemetryError> {
         let labels = std::iter::once(("service".to_string(), service.to_string())).collect();
         let registry = Registry::new_custom(Some("aware".to_string()), Some(labels))?;
-        let counter = |name: &str, help: &str| -> Result<IntCounterVec, TelemetryError> {
-            let c = IntCounterVec::new(Opts::new(name, help), &["event"])?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
+        let r = &registry;
+        let by_event = |name: &str, help: &str| -> Result<IntCounterVec, TelemetryError> {
+            registered(r, IntCounterVec::new(Opts::new(name, help), &["event"])?)
         };
-        let messages_in = counter("messages_in_total", "Bus messages received, by event kind")?;
-        let messages_out = counter(
+        let messages_in = by_event("messages_in_total", "Bus messages received, by event kind")?;
+        let messages_out = by_event(
             "messages_out_total",
             "Bus messages published, by event kind",
         )?;
-        let decode_errors = counter(
+        let decode_errors = by_event(
             "decode_errors_total",
             "Malformed bus messages counted and dropped, by event kind",
         )?;
-        let publish_errors = counter("publish_errors_total", "Failed publishes, by event kind")?;
-        let targets = IntGauge::new("targets", "Targets with a live actor in this service")?;
-        registry.register(Box::new(targets.clone()))?;
-        let registrations = IntCounterVec::new(
-            Opts::new(
-                "registrations_total",
-                "Controller registrations applied, by change (registered or changed, deregistered, refused)",
-            ),
-            &["change"],
+        let publish_errors = by_event("publish_errors_total", "Failed publishes, by event kind")?;
+        let targets = registered(
+            r,
+            IntGauge::new("targets", "Targets with a live actor in this service")?,
         )?;
-        registry.register(Box::new(registrations.clone()))?;
+        let registrations = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "registrations_total",
+                    "Controller registrations applied, by change (registered or changed, deregistered, refused)",
+                ),
+                &["change"],
+            )?,
+        )?;
         for change in ["registered", "deregistered", "refused"] {
             registrations.with_label_values(&[change]);
         }
-        let targets_retired = IntCounter::new(
-            "targets_retired_total",
-            "Deregistered targets whose actor was stopped after actors.retire_after_secs",
+        let targets_retired = registered(
+            r,
+            IntCounter::new(
+                "targets_retired_total",
+                "Deregistered targets whose actor was stopped after actors.retire_after_secs",
+            )?,
         )?;
-        registry.register(Box::new(targets_retired.clone()))?;
-        let retired_target_events = IntCounter::new(
-            "retired_target_events_total",
-            "Events of retired (deregistered) targets: dropped (the recorder records them)",
+        let retired_target_events = registered(
+            r,
+            IntCounter::new(
+                "retired_target_events_total",
+                "Events of retired (deregistered) targets: dropped (the recorder records them)",
+            )?,
         )?;
-        registry.register(Box::new(retired_target_events.clone()))?;
-        let registered_targets = IntGauge::new(
-            "registered_targets",
-            "Targets whose latest controller registration registers them (not deregistered)",
+        let registered_targets = registered(
+            r,
+            IntGauge::new(
+                "registered_targets",
+                "Targets whose latest controller registration registers them (not deregistered)",
+            )?,
         )?;
-        registry.register(Box::new(registered_targets.clone()))?;
-        let registration_last_received = prometheus::Gauge::new(
-            "registration_last_received_timestamp_seconds",
-            "When the last controller registration was received (Unix seconds; 0: never)",
+        let registration_last_received = registered(
+            r,
+            Gauge::new(
+                "registration_last_received_timestamp_seconds",
+                "When the last controller registration was received (Unix seconds; 0: never)",
+            )?,
         )?;
-        registry.register(Box::new(registration_last_received.clone()))?;
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
             for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
@@ -152,6 +167,74 @@ impl ServiceMetrics {
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
+
+    /// Registers `metric` in this service's registry (its name gets the `aware_` prefix and the
+    /// `service` label) and hands it back.
+    pub fn register<M: Collector + Clone + 'static>(&self, metric: M) -> Result<M, TelemetryError> {
+        registered(&self.registry, metric)
+    }
+
+    /// A registered counter.
+    pub fn counter(&self, name: &str, help: &str) -> Result<IntCounter, TelemetryError> {
+        self.register(IntCounter::new(name, help)?)
+    }
+
+    /// A registered counter with `labels`, the series of every label-value tuple of `zeroed`
+    /// created at 0, so a scrape (and an alert's `rate`) sees them before their first increment.
+    pub fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        zeroed: &[&[&str]],
+    ) -> Result<IntCounterVec, TelemetryError> {
+        let c = self.register(IntCounterVec::new(Opts::new(name, help), labels)?)?;
+        for values in zeroed {
+            c.get_metric_with_label_values(values)?;
+        }
+        Ok(c)
+    }
+
+    /// A registered integer gauge.
+    pub fn gauge(&self, name: &str, help: &str) -> Result<IntGauge, TelemetryError> {
+        self.register(IntGauge::new(name, help)?)
+    }
+
+    /// A registered integer gauge with `labels`.
+    pub fn gauge_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntGaugeVec, TelemetryError> {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// A registered floating-point gauge.
+    pub fn float_gauge(&self, name: &str, help: &str) -> Result<Gauge, TelemetryError> {
+        self.register(Gauge::new(name, help)?)
+    }
+
+    /// A registered histogram with `buckets`.
+    pub fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: Vec<f64>,
+    ) -> Result<Histogram, TelemetryError> {
+        self.register(Histogram::with_opts(
+            HistogramOpts::new(name, help).buckets(buckets),
+        )?)
+    }
+}
+
+/// Registers `metric` in `registry` and hands it back.
+fn registered<M: Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> Result<M, TelemetryError> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
 /// Readiness of one service: set once it is subscribed and connected.
@@ -293,5 +376,43 @@ mod tests {
         assert!(
             text.contains("aware_messages_out_total{event=\"model\",service=\"recommender\"} 0")
         );
+    }
+
+    #[test]
+    fn a_services_own_metrics_are_registered_prefixed_labelled_and_zeroed() {
+        let m = ServiceMetrics::new("trainer").unwrap();
+        let c = m.counter("x_total", "x").unwrap();
+        let v = m
+            .counter_vec("errors_total", "e", &["op"], &[&["read"], &["write"]])
+            .unwrap();
+        let g = m.gauge("depth", "d").unwrap();
+        let gv = m.gauge_vec("held_seconds", "h", &["target"]).unwrap();
+        let f = m.float_gauge("last_seconds", "l").unwrap();
+        let h = m.histogram("took_seconds", "t", vec![0.1, 1.0]).unwrap();
+        c.inc();
+        v.with_label_values(&["read"]).inc_by(2);
+        g.set(4);
+        gv.with_label_values(&["ns/a"]).set(5);
+        f.set(1.5);
+        h.observe(0.5);
+        let text = render_metrics(std::slice::from_ref(&m));
+        for line in [
+            "aware_x_total{service=\"trainer\"} 1",
+            "aware_errors_total{op=\"read\",service=\"trainer\"} 2",
+            // created at 0 before its first increment
+            "aware_errors_total{op=\"write\",service=\"trainer\"} 0",
+            "aware_depth{service=\"trainer\"} 4",
+            "aware_held_seconds{target=\"ns/a\",service=\"trainer\"} 5",
+            "aware_last_seconds{service=\"trainer\"} 1.5",
+            "aware_took_seconds_bucket{service=\"trainer\",le=\"1\"} 1",
+            "aware_took_seconds_bucket{service=\"trainer\",le=\"0.1\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        // A name registered twice, or a zeroed series of the wrong arity, is an error.
+        assert!(m.counter("x_total", "again").is_err());
+        assert!(m
+            .counter_vec("bad_total", "b", &["op"], &[&["a", "b"]])
+            .is_err());
     }
 }

@@ -163,7 +163,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
         .map(|s| s.metric)
         .collect();
     let controller = aware_shared::telemetry::ServiceMetrics::new("controller").unwrap();
-    aware_controller::controller::ControllerMetrics::register(controller.registry()).unwrap();
+    aware_controller::controller::ControllerMetrics::new(&controller).unwrap();
     let text = aware_shared::telemetry::render_metrics(&[controller]);
     exported.extend(
         aware_tests::parse_metrics(&text)

@@ -15,6 +15,7 @@ use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire,
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
+use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 
@@ -50,38 +51,31 @@ pub struct ActuatorMetrics {
 }
 
 impl ActuatorMetrics {
-    pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
-        let r = ctx.metrics.registry();
-        let vec = |name: &str, help: &str, label: &str| -> Result<IntCounterVec, ServiceError> {
-            let c = IntCounterVec::new(prometheus::Opts::new(name, help), &[label])
-                .map_err(|e| ServiceError::Other(e.to_string()))?;
-            r.register(Box::new(c.clone()))
-                .map_err(|e| ServiceError::Other(e.to_string()))?;
-            Ok(c)
-        };
-        let m = ActuatorMetrics {
-            decisions: vec(
+    pub fn new(m: &ServiceMetrics) -> Result<Self, TelemetryError> {
+        // Every series at 0 from the start, so a scrape (and an alert's rate) sees it.
+        let outcomes = [Outcome::Applied, Outcome::RecommendOnly, Outcome::Rejected]
+            .map(|o| [outcome_label(o)]);
+        Ok(ActuatorMetrics {
+            decisions: m.counter_vec(
                 "actuator_decisions_total",
                 "Decisions by outcome (applied, recommend_only, rejected)",
-                "outcome",
+                &["outcome"],
+                &outcomes.each_ref().map(|o| o.as_slice()),
             )?,
-            clamped: vec(
+            clamped: m.counter_vec(
                 "actuator_clamped_total",
                 "Dimensions clamped by bounds, step limits, cooldowns or the minimum change",
-                "dimension",
+                &["dimension"],
+                &[&["replicas"], &["cpu"], &["memory"]],
             )?,
-            sink_errors: vec("actuator_sink_errors_total", "Failed sink calls", "sink")?,
-            registrations: ctx.metrics.registrations.clone(),
-        };
-        // Every series at 0 from the start, so a scrape (and an alert's rate) sees it.
-        for o in [Outcome::Applied, Outcome::RecommendOnly, Outcome::Rejected] {
-            m.decisions.with_label_values(&[outcome_label(o)]);
-        }
-        for d in ["replicas", "cpu", "memory"] {
-            m.clamped.with_label_values(&[d]);
-        }
-        m.sink_errors.with_label_values(&["kubernetes"]);
-        Ok(m)
+            sink_errors: m.counter_vec(
+                "actuator_sink_errors_total",
+                "Failed sink calls",
+                &["sink"],
+                &[&["kubernetes"]],
+            )?,
+            registrations: m.registrations.clone(),
+        })
     }
 }
 
@@ -273,7 +267,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             ))
         }
     });
-    let metrics = ActuatorMetrics::new(&ctx)?;
+    let metrics = ActuatorMetrics::new(&ctx.metrics)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetActuator {

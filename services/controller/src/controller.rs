@@ -17,6 +17,7 @@ use aware_bus_schemas::{Event, EventKind, Outcome, Registration, Schema, Target}
 use aware_shared::quantity::{format_cpu, format_memory, parse_cpu_millicores, parse_memory_bytes};
 use aware_shared::registry::to_registered;
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -122,49 +123,31 @@ pub struct ControllerMetrics {
 }
 
 impl ControllerMetrics {
-    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let reconciles = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
+    pub fn new(m: &ServiceMetrics) -> Result<Self, TelemetryError> {
+        // Every result at 0 from the start, so a scrape (and an alert's rate) sees the series.
+        Ok(ControllerMetrics {
+            reconciles: m.counter_vec(
                 "controller_reconciles_total",
                 "Reconciliations by result (registered, invalid, target_missing, deregistered, error)",
-            ),
-            &["result"],
-        )
-        .map_err(err)?;
-        let status_writes = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
+                &["result"],
+                &[
+                    &["registered"],
+                    &["invalid"],
+                    &["target_missing"],
+                    &["deregistered"],
+                    &["error"],
+                ],
+            )?,
+            status_writes: m.counter_vec(
                 "controller_status_writes_total",
                 "Status patches by result (ok, error)",
-            ),
-            &["result"],
-        )
-        .map_err(err)?;
-        let managed = prometheus::IntGauge::new(
-            "controller_managed_targets",
-            "Targets registered with the services",
-        )
-        .map_err(err)?;
-        r.register(Box::new(reconciles.clone())).map_err(err)?;
-        r.register(Box::new(status_writes.clone())).map_err(err)?;
-        r.register(Box::new(managed.clone())).map_err(err)?;
-        // Every result at 0 from the start, so a scrape (and an alert's rate) sees the series.
-        for result in [
-            "registered",
-            "invalid",
-            "target_missing",
-            "deregistered",
-            "error",
-        ] {
-            reconciles.with_label_values(&[result]);
-        }
-        for result in ["ok", "error"] {
-            status_writes.with_label_values(&[result]);
-        }
-        Ok(ControllerMetrics {
-            reconciles,
-            status_writes,
-            managed,
+                &["result"],
+                &[&["ok"], &["error"]],
+            )?,
+            managed: m.gauge(
+                "controller_managed_targets",
+                "Targets registered with the services",
+            )?,
         })
     }
 }
@@ -184,7 +167,7 @@ impl Shared {
         ctx: ServiceContext,
         config: ControllerConfig,
     ) -> Result<Arc<Self>, ServiceError> {
-        let metrics = ControllerMetrics::register(ctx.metrics.registry())?;
+        let metrics = ControllerMetrics::new(&ctx.metrics)?;
         Ok(Arc::new(Shared {
             client,
             ctx,

@@ -33,6 +33,7 @@ use aware_shared::config::LifecycleProfile;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use serde::{Deserialize, Serialize};
 
 pub const NAME: &str = "lifecycle-monitor";
@@ -759,40 +760,31 @@ pub struct LifecycleMetrics {
 }
 
 impl LifecycleMetrics {
-    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let stages = prometheus::IntGaugeVec::new(
-            prometheus::Opts::new(
-                "lifecycle_targets",
-                "Targets with a live actor in this monitor, by stage",
-            ),
+    pub fn new(m: &ServiceMetrics) -> Result<Self, TelemetryError> {
+        let stages = m.gauge_vec(
+            "lifecycle_targets",
+            "Targets with a live actor in this monitor, by stage",
             &["stage"],
-        )
-        .map_err(err)?;
-        let transitions = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
-                "lifecycle_transitions_total",
-                "Stage transitions (Algorithm 1, probation, re-baselining, rollback), by from and to",
-            ),
-            &["from", "to"],
-        )
-        .map_err(err)?;
-        r.register(Box::new(stages.clone())).map_err(err)?;
-        r.register(Box::new(transitions.clone())).map_err(err)?;
+        )?;
         // Every series at 0 from the start, so a scrape (and an alert's rate) sees it.
         for s in STAGES {
             stages.with_label_values(&[s.as_str()]);
         }
-        for (from, to) in [
+        let moves = [
             (Stage::Initialized, Stage::Offline),
             (Stage::Initialized, Stage::Online),
             (Stage::Offline, Stage::Online),
             (Stage::Online, Stage::Offline),
             (Stage::Online, Stage::Serving),
             (Stage::Serving, Stage::Online),
-        ] {
-            transitions.with_label_values(&[from.as_str(), to.as_str()]);
-        }
+        ]
+        .map(|(from, to)| [from.as_str(), to.as_str()]);
+        let transitions = m.counter_vec(
+            "lifecycle_transitions_total",
+            "Stage transitions (Algorithm 1, probation, re-baselining, rollback), by from and to",
+            &["from", "to"],
+            &moves.each_ref().map(|m| m.as_slice()),
+        )?;
         Ok(LifecycleMetrics {
             stages,
             transitions,
@@ -919,7 +911,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         tracing::info!(targets = restored.len(), "stages restored from the capture");
     }
     let registrations = ctx.metrics.registrations.clone();
-    let metrics = LifecycleMetrics::register(ctx.metrics.registry())?;
+    let metrics = LifecycleMetrics::new(&ctx.metrics)?;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         // Only the target's first actor resumes there: one started again after a retirement is

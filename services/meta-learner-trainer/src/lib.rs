@@ -34,6 +34,7 @@ use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{model_prefix, open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use aware_trajectory_recorder::service::{open_store, RecorderConfig};
 use aware_trajectory_recorder::store::TrajectoryStore;
 
@@ -89,117 +90,67 @@ pub struct TrainerMetrics {
 }
 
 impl TrainerMetrics {
-    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let transitions = prometheus::IntGauge::new(
-            "trainer_transitions_available",
-            "Transitions in the trajectory store at the last lifecycle change",
-        )
-        .map_err(err)?;
-        let rounds = prometheus::IntCounter::new(
-            "trainer_rounds_total",
-            "Training rounds that published a base-learner model",
-        )
-        .map_err(err)?;
-        let round_errors = prometheus::IntCounter::new(
-            "trainer_round_errors_total",
-            "Training rounds that failed (store, model store or non-finite training)",
-        )
-        .map_err(err)?;
-        let gradient_steps = prometheus::IntCounter::new(
-            "trainer_gradient_steps_total",
-            "DDPG gradient steps taken",
-        )
-        .map_err(err)?;
-        let round_seconds = prometheus::Histogram::with_opts(
-            prometheus::HistogramOpts::new(
+    pub fn new(m: &ServiceMetrics) -> Result<Self, TelemetryError> {
+        Ok(TrainerMetrics {
+            transitions: m.gauge(
+                "trainer_transitions_available",
+                "Transitions in the trajectory store at the last lifecycle change",
+            )?,
+            counting_all: Arc::new(AtomicBool::new(false)),
+            rounds: m.counter(
+                "trainer_rounds_total",
+                "Training rounds that published a base-learner model",
+            )?,
+            round_errors: m.counter(
+                "trainer_round_errors_total",
+                "Training rounds that failed (store, model store or non-finite training)",
+            )?,
+            gradient_steps: m.counter("trainer_gradient_steps_total", "DDPG gradient steps taken")?,
+            round_seconds: m.histogram(
                 "trainer_round_seconds",
                 "Duration of one training round (sampling, gradient steps, checkpoint write)",
-            )
-            .buckets(prometheus::exponential_buckets(0.005, 2.0, 14).map_err(err)?),
-        )
-        .map_err(err)?;
-        let embeddings = prometheus::IntCounter::new(
-            "trainer_embeddings_published_total",
-            "Workload embeddings computed and published (meta-learning)",
-        )
-        .map_err(err)?;
-        let embedding_errors = prometheus::IntCounter::new(
-            "trainer_embedding_errors_total",
-            "Meta-learning failures: meta dir not loadable, bad bundle or embedding, store errors",
-        )
-        .map_err(err)?;
-        let rollbacks = prometheus::IntCounter::new(
-            "trainer_rollbacks_total",
-            "Rollbacks (lifecycle rollback_to): a version republished as the newest",
-        )
-        .map_err(err)?;
-        let models_pruned = prometheus::IntCounter::new(
-            "trainer_models_pruned_total",
-            "Base-learner versions deleted from the model store (trainer.keep_versions)",
-        )
-        .map_err(err)?;
-        let prune_errors = prometheus::IntCounter::new(
-            "trainer_prune_errors_total",
-            "Retention passes that failed (model store errors); the versions stay",
-        )
-        .map_err(err)?;
-        let forget = ForgetMetrics {
-            targets: prometheus::IntCounter::new(
-                "trainer_targets_forgotten_total",
-                "Deleted targets whose checkpoints were deleted (trainer.forget_after_secs)",
-            )
-            .map_err(err)?,
-            items: prometheus::IntCounter::new(
-                "trainer_models_forgotten_total",
-                "Checkpoints of deleted targets deleted (trainer.forget_after_secs)",
-            )
-            .map_err(err)?,
-            waiting: prometheus::IntGauge::new(
-                "trainer_deregistered_targets",
-                "Deleted targets whose checkpoints wait for trainer.forget_after_secs",
-            )
-            .map_err(err)?,
-            errors: prometheus::IntCounterVec::new(
-                prometheus::Opts::new(
+                prometheus::exponential_buckets(0.005, 2.0, 14)?,
+            )?,
+            embeddings: m.counter(
+                "trainer_embeddings_published_total",
+                "Workload embeddings computed and published (meta-learning)",
+            )?,
+            embedding_errors: m.counter(
+                "trainer_embedding_errors_total",
+                "Meta-learning failures: meta dir not loadable, bad bundle or embedding, store errors",
+            )?,
+            rollbacks: m.counter(
+                "trainer_rollbacks_total",
+                "Rollbacks (lifecycle rollback_to): a version republished as the newest",
+            )?,
+            models_pruned: m.counter(
+                "trainer_models_pruned_total",
+                "Base-learner versions deleted from the model store (trainer.keep_versions)",
+            )?,
+            prune_errors: m.counter(
+                "trainer_prune_errors_total",
+                "Retention passes that failed (model store errors); the versions stay",
+            )?,
+            forget: ForgetMetrics {
+                targets: m.counter(
+                    "trainer_targets_forgotten_total",
+                    "Deleted targets whose checkpoints were deleted (trainer.forget_after_secs)",
+                )?,
+                items: m.counter(
+                    "trainer_models_forgotten_total",
+                    "Checkpoints of deleted targets deleted (trainer.forget_after_secs)",
+                )?,
+                waiting: m.gauge(
+                    "trainer_deregistered_targets",
+                    "Deleted targets whose checkpoints wait for trainer.forget_after_secs",
+                )?,
+                errors: m.counter_vec(
                     "trainer_forget_errors_total",
                     "Failed model-store operations of forgetting (retried), by op",
-                ),
-                &["op"],
-            )
-            .map_err(err)?,
-        };
-        r.register(Box::new(forget.targets.clone())).map_err(err)?;
-        r.register(Box::new(forget.items.clone())).map_err(err)?;
-        r.register(Box::new(forget.waiting.clone())).map_err(err)?;
-        r.register(Box::new(forget.errors.clone())).map_err(err)?;
-        for op in ["marks", "mark", "forget"] {
-            forget.errors.with_label_values(&[op]);
-        }
-        r.register(Box::new(models_pruned.clone())).map_err(err)?;
-        r.register(Box::new(prune_errors.clone())).map_err(err)?;
-        r.register(Box::new(rollbacks.clone())).map_err(err)?;
-        r.register(Box::new(embeddings.clone())).map_err(err)?;
-        r.register(Box::new(embedding_errors.clone()))
-            .map_err(err)?;
-        r.register(Box::new(transitions.clone())).map_err(err)?;
-        r.register(Box::new(rounds.clone())).map_err(err)?;
-        r.register(Box::new(round_errors.clone())).map_err(err)?;
-        r.register(Box::new(gradient_steps.clone())).map_err(err)?;
-        r.register(Box::new(round_seconds.clone())).map_err(err)?;
-        Ok(TrainerMetrics {
-            transitions,
-            counting_all: Arc::new(AtomicBool::new(false)),
-            rounds,
-            round_errors,
-            gradient_steps,
-            round_seconds,
-            embeddings,
-            embedding_errors,
-            rollbacks,
-            models_pruned,
-            prune_errors,
-            forget,
+                    &["op"],
+                    &[&["marks"], &["mark"], &["forget"]],
+                )?,
+            },
         })
     }
 }
@@ -563,7 +514,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let store = open_store(&cfg)?;
     let forget_models = models.clone();
     let forget_after = Duration::from_secs(trainer.forget_after_secs);
-    let metrics = TrainerMetrics::register(ctx.metrics.registry())?;
+    let metrics = TrainerMetrics::new(&ctx.metrics)?;
     let forget_metrics = metrics.forget.clone();
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let assets = load_assets(&trainer, &metrics);

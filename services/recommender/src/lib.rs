@@ -23,12 +23,13 @@ use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
-use aware_shared::config::stable_hash;
+use aware_shared::config::{stable_hash, ShardConfig};
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
+use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -171,7 +172,7 @@ pub struct RecommenderMetrics {
     pub models_loaded: prometheus::IntCounter,
     /// Steps where the fallback acted although the stage is RL-driven, by reason.
     pub rl_fallbacks: prometheus::IntCounterVec,
-    /// The service's `registrations_total` (shared telemetry; a detached copy in unit tests).
+    /// The service's `registrations_total` (shared telemetry).
     pub registrations: prometheus::IntCounterVec,
 }
 
@@ -181,88 +182,44 @@ pub const DECISION_BUCKETS: [f64; 16] = [
 ];
 
 impl RecommenderMetrics {
-    pub fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
-        let mut m = Self::register(ctx.metrics.registry())?;
-        m.registrations = ctx.metrics.registrations.clone();
+    /// The metrics of an instance running `shard`, in the service's registry.
+    pub fn new(m: &ServiceMetrics, shard: &ShardConfig) -> Result<Self, TelemetryError> {
         // The shard count this instance runs with, labelled by its shard: the alerting rules
         // find a missing shard, one run twice and instances that split the targets differently.
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let shards = prometheus::IntGaugeVec::new(
-            prometheus::Opts::new(
-                "recommender_shards",
-                "Shards the targets are split into (shard.count), labelled by this instance's shard (shard.index)",
-            ),
+        m.gauge_vec(
+            "recommender_shards",
+            "Shards the targets are split into (shard.count), labelled by this instance's shard (shard.index)",
             &["shard"],
-        )
-        .map_err(err)?;
-        ctx.metrics
-            .registry()
-            .register(Box::new(shards.clone()))
-            .map_err(err)?;
-        let shard = &ctx.config.shard;
-        shards
-            .with_label_values(&[&shard.index.to_string()])
-            .set(i64::from(shard.count));
-        Ok(m)
-    }
-
-    /// Creates the metrics in `r`.
-    pub fn register(r: &prometheus::Registry) -> Result<Self, ServiceError> {
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let decision_seconds = prometheus::Histogram::with_opts(
-            prometheus::HistogramOpts::new(
+        )?
+        .with_label_values(&[&shard.index.to_string()])
+        .set(i64::from(shard.count));
+        let reasons: Vec<[&str; 1]> = FallbackReason::ALL.iter().map(|r| [r.label()]).collect();
+        let reasons: Vec<&[&str]> = reasons.iter().map(|r| r.as_slice()).collect();
+        Ok(RecommenderMetrics {
+            decision_seconds: m.histogram(
                 "recommender_decision_seconds",
                 "Time to decide one action, from the obs reaching the target's actor",
-            )
-            .buckets(DECISION_BUCKETS.to_vec()),
-        )
-        .map_err(err)?;
-        let incomplete_steps = prometheus::IntCounter::new(
-            "recommender_incomplete_steps_total",
-            "Steps with missing or stale metrics (no action taken)",
-        )
-        .map_err(err)?;
-        let model_load_errors = prometheus::IntCounter::new(
-            "recommender_model_load_errors_total",
-            "model messages whose weights could not be loaded (missing, corrupt, wrong checksum)",
-        )
-        .map_err(err)?;
-        let models_loaded = prometheus::IntCounter::new(
-            "recommender_models_loaded_total",
-            "Base-learner weights loaded and swapped in",
-        )
-        .map_err(err)?;
-        let rl_fallbacks = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
+                DECISION_BUCKETS.to_vec(),
+            )?,
+            incomplete_steps: m.counter(
+                "recommender_incomplete_steps_total",
+                "Steps with missing or stale metrics (no action taken)",
+            )?,
+            model_load_errors: m.counter(
+                "recommender_model_load_errors_total",
+                "model messages whose weights could not be loaded (missing, corrupt, wrong checksum)",
+            )?,
+            models_loaded: m.counter(
+                "recommender_models_loaded_total",
+                "Base-learner weights loaded and swapped in",
+            )?,
+            rl_fallbacks: m.counter_vec(
                 "recommender_rl_fallbacks_total",
                 "Steps where the fallback acted although the stage is ONLINE or SERVING",
-            ),
-            &["reason"],
-        )
-        .map_err(err)?;
-        for reason in FallbackReason::ALL {
-            rl_fallbacks.with_label_values(&[reason.label()]);
-        }
-        r.register(Box::new(decision_seconds.clone()))
-            .map_err(err)?;
-        r.register(Box::new(incomplete_steps.clone()))
-            .map_err(err)?;
-        r.register(Box::new(model_load_errors.clone()))
-            .map_err(err)?;
-        r.register(Box::new(models_loaded.clone())).map_err(err)?;
-        r.register(Box::new(rl_fallbacks.clone())).map_err(err)?;
-        let registrations = prometheus::IntCounterVec::new(
-            prometheus::Opts::new("registrations_total", "Controller registrations applied"),
-            &["change"],
-        )
-        .map_err(err)?;
-        Ok(RecommenderMetrics {
-            decision_seconds,
-            incomplete_steps,
-            model_load_errors,
-            models_loaded,
-            rl_fallbacks,
-            registrations,
+                &["reason"],
+                &reasons,
+            )?,
+            registrations: m.registrations.clone(),
         })
     }
 }
@@ -561,7 +518,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
         .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
-    let metrics = RecommenderMetrics::new(&ctx)?;
+    let metrics = RecommenderMetrics::new(&ctx.metrics, &ctx.config.shard)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
@@ -619,8 +576,9 @@ mod tests {
         fn fixture() -> Fixture {
             let dir = tempfile::tempdir().unwrap();
             let store = Arc::new(LocalDirStore::open(dir.path()).unwrap());
-            let registry = prometheus::Registry::new();
-            let metrics = RecommenderMetrics::register(&registry).unwrap();
+            let service = ServiceMetrics::new("recommender").unwrap();
+            let registry = service.registry().clone();
+            let metrics = RecommenderMetrics::new(&service, &ShardConfig::default()).unwrap();
             let t = Target::new("shop", "checkout");
             let decider = Decider::new(
                 TargetSpec::new(&t),
@@ -697,7 +655,7 @@ mod tests {
         fn counter(r: &prometheus::Registry, name: &str, reason: Option<&str>) -> f64 {
             r.gather()
                 .iter()
-                .filter(|f| f.name() == name)
+                .filter(|f| f.name() == format!("aware_{name}"))
                 .flat_map(|f| f.get_metric().iter())
                 .filter(|m| {
                     reason.is_none_or(|want| {

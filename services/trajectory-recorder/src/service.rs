@@ -217,90 +217,54 @@ struct RecorderMetrics {
 
 impl RecorderMetrics {
     fn new(ctx: &ServiceContext) -> Result<Self, ServiceError> {
-        let r = ctx.metrics.registry();
-        let err = |e: prometheus::Error| ServiceError::Other(e.to_string());
-        let stored = IntCounter::new("recorder_transitions_stored_total", "Transitions stored")
-            .map_err(err)?;
-        let episodes =
-            IntCounter::new("recorder_episodes_total", "Episode summaries stored").map_err(err)?;
-        let pruned_transitions = IntCounter::new(
-            "recorder_transitions_pruned_total",
-            "Transitions deleted by retention (recorder.keep_transitions)",
-        )
-        .map_err(err)?;
-        let pruned_episodes = IntCounter::new(
-            "recorder_episodes_pruned_total",
-            "Episode summaries deleted by retention (recorder.keep_transitions)",
-        )
-        .map_err(err)?;
-        let forgotten_targets = IntCounter::new(
-            "recorder_targets_forgotten_total",
-            "Deregistered targets whose data was deleted (recorder.forget_after_secs)",
-        )
-        .map_err(err)?;
-        let forgotten_transitions = IntCounter::new(
-            "recorder_transitions_forgotten_total",
-            "Transitions of deregistered targets deleted (recorder.forget_after_secs)",
-        )
-        .map_err(err)?;
-        let deregistered = IntGauge::new(
-            "recorder_deregistered_targets",
-            "Deregistered targets whose data waits for recorder.forget_after_secs",
-        )
-        .map_err(err)?;
-        let resume_held = prometheus::IntGaugeVec::new(
-            prometheus::Opts::new(
-                "recorder_resume_held_seconds",
-                "How long the oldest open episode has held the JetStream resume point back, by its target (0 and no target: none)",
-            ),
+        let m = &ctx.metrics;
+        let resume_held = m.gauge_vec(
+            "recorder_resume_held_seconds",
+            "How long the oldest open episode has held the JetStream resume point back, by its target (0 and no target: none)",
             &["target"],
-        )
-        .map_err(err)?;
+        )?;
         resume_held.with_label_values(&[""]).set(0);
-        let store_errors = IntCounterVec::new(
-            prometheus::Opts::new(
+        Ok(RecorderMetrics {
+            stored: m.counter("recorder_transitions_stored_total", "Transitions stored")?,
+            episodes: m.counter("recorder_episodes_total", "Episode summaries stored")?,
+            pruned_transitions: m.counter(
+                "recorder_transitions_pruned_total",
+                "Transitions deleted by retention (recorder.keep_transitions)",
+            )?,
+            pruned_episodes: m.counter(
+                "recorder_episodes_pruned_total",
+                "Episode summaries deleted by retention (recorder.keep_transitions)",
+            )?,
+            forgotten_targets: m.counter(
+                "recorder_targets_forgotten_total",
+                "Deregistered targets whose data was deleted (recorder.forget_after_secs)",
+            )?,
+            forgotten_transitions: m.counter(
+                "recorder_transitions_forgotten_total",
+                "Transitions of deregistered targets deleted (recorder.forget_after_secs)",
+            )?,
+            deregistered: m.gauge(
+                "recorder_deregistered_targets",
+                "Deregistered targets whose data waits for recorder.forget_after_secs",
+            )?,
+            resume_held,
+            // Every op at 0 from the start, so a scrape (and an alert's rate) sees the series.
+            store_errors: m.counter_vec(
                 "recorder_store_errors_total",
                 "Failed store operations (retried)",
-            ),
-            &["op"],
-        )
-        .map_err(err)?;
-        r.register(Box::new(stored.clone())).map_err(err)?;
-        r.register(Box::new(episodes.clone())).map_err(err)?;
-        r.register(Box::new(pruned_transitions.clone()))
-            .map_err(err)?;
-        r.register(Box::new(pruned_episodes.clone())).map_err(err)?;
-        r.register(Box::new(store_errors.clone())).map_err(err)?;
-        // Every op at 0 from the start, so a scrape (and an alert's rate) sees the series.
-        for op in [
-            "append",
-            "put_episode",
-            "episodes",
-            "prune",
-            "resume",
-            "invalid",
-            "marks",
-            "mark",
-            "forget",
-        ] {
-            store_errors.with_label_values(&[op]);
-        }
-        r.register(Box::new(forgotten_targets.clone()))
-            .map_err(err)?;
-        r.register(Box::new(forgotten_transitions.clone()))
-            .map_err(err)?;
-        r.register(Box::new(deregistered.clone())).map_err(err)?;
-        r.register(Box::new(resume_held.clone())).map_err(err)?;
-        Ok(RecorderMetrics {
-            stored,
-            episodes,
-            pruned_transitions,
-            pruned_episodes,
-            forgotten_targets,
-            forgotten_transitions,
-            deregistered,
-            resume_held,
-            store_errors,
+                &["op"],
+                &[
+                    &["append"],
+                    &["put_episode"],
+                    &["episodes"],
+                    &["prune"],
+                    &["resume"],
+                    &["invalid"],
+                    &["marks"],
+                    &["mark"],
+                    &["forget"],
+                ],
+            )?,
         })
     }
 }
