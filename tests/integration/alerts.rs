@@ -134,6 +134,52 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
+/// `(alert, severity)` of every rule in a rule file (or the chart's template of one).
+fn alert_severities(text: &str) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    let mut alert = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert: ") {
+            alert = Some(name.trim().to_string());
+        } else if let (Some(sev), Some(name)) = (line.strip_prefix("severity: "), &alert) {
+            out.insert((name.clone(), sev.trim().to_string()));
+            alert = None;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readme_lists_every_alert_with_its_severity() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let mut rules = alert_severities(&read("deploy/prometheus/aware-alerts.yaml"));
+    assert_eq!(rules.len(), 19, "{rules:?}");
+    // The chart's own rule (it needs the release's replica counts).
+    let chart = alert_severities(&read("helm/aware/templates/monitoring.yaml"));
+    assert_eq!(chart.len(), 1, "{chart:?}");
+    rules.extend(chart);
+    let readme = read("README.md");
+    let listed: BTreeSet<(String, String)> = readme
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("| `Aware"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            (
+                format!("Aware{}", cells[0].trim_end_matches('`')),
+                cells[1].trim().to_string(),
+            )
+        })
+        .collect();
+    let missing: Vec<_> = rules.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "rules missing from the README's alert table (or with another severity): {missing:?}"
+    );
+    let stale: Vec<_> = listed.difference(&rules).collect();
+    assert!(stale.is_empty(), "README alerts no rule has: {stale:?}");
+}
+
 #[actix_rt::test]
 async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() {
     let mut cfg = AppConfig::default();
