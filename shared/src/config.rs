@@ -67,7 +67,7 @@ pub enum ClockMode {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct CollectorConfig {
     pub source: SourceKind,
     /// Control steps per episode (DESIGN §3: 100).
@@ -86,6 +86,30 @@ impl Default for CollectorConfig {
         }
     }
 }
+
+/// The sections of [`AppConfig`] itself.
+pub const CORE_SECTIONS: [&str; 8] = [
+    "bus",
+    "http",
+    "log",
+    "shard",
+    "actors",
+    "targets",
+    "lifecycle",
+    "collector",
+];
+
+/// The sections one service owns, read with [`AppConfig::section`] (each service's type denies
+/// unknown keys in its own section).
+pub const SERVICE_SECTIONS: [&str; 7] = [
+    "actuator",
+    "controller",
+    "lifecycle_monitor",
+    "model_store",
+    "recommender",
+    "recorder",
+    "trainer",
+];
 
 /// Names of the collector's Prometheus queries, the keys of `collector.prometheus.queries`
 /// (the default PromQL of each is documented in the collector's `prometheus` module).
@@ -111,7 +135,7 @@ pub const PROMETHEUS_QUERY_NAMES: [&str; 17] = [
 
 /// The Prometheus HTTP API as metrics source (source `prometheus`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PrometheusSourceConfig {
     /// Base URL of the server (`http://host:9090`); queries go to `<url>/api/v1/query`.
     pub url: String,
@@ -198,7 +222,7 @@ impl PrometheusSourceConfig {
 
 /// The simulated cluster driven by the collector (source `simulator`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SimulatorSourceConfig {
     /// Apps generated reproducibly from `seed` (in namespace `sim`).
     pub apps: usize,
@@ -254,7 +278,7 @@ impl Default for SimulatorSourceConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     /// `embedded` (in-process bus) or a NATS URL such as `nats://127.0.0.1:4222`.
     pub url: String,
@@ -288,7 +312,7 @@ pub enum StorageKind {
 
 /// The JetStream stream that captures `aware.v1.>` on NATS.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct JetStreamConfig {
     pub enabled: bool,
     pub stream: String,
@@ -314,7 +338,7 @@ impl Default for JetStreamConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// Address of `/metrics`, `/healthz`, `/readyz` (port 0: any free port, logged at start).
     pub listen: String,
@@ -336,7 +360,7 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// `text` or `json`; the level comes from `RUST_LOG` (default `info`).
     pub format: LogFormat,
@@ -352,7 +376,7 @@ impl Default for LogConfig {
 
 /// This instance owns the targets whose stable hash modulo `count` equals `index`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ShardConfig {
     pub index: u32,
     pub count: u32,
@@ -404,7 +428,7 @@ impl ShardConfig {
 
 /// The per-target actors of the recommender, actuator, lifecycle monitor and trainer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ActorsConfig {
     /// A deregistered target's actor (its `AwareAutoscaler` deleted and not created again) is
     /// stopped this long after the deregistration, seconds; 0 keeps it while the service runs.
@@ -430,7 +454,7 @@ pub fn stable_hash(s: &str) -> u64 {
 /// The lifecycle profile of Algorithm 1. Rewards are per-step means of an episode
 /// (r_t ∈ [0, 2] with the reward of DESIGN §3), so thresholds do not depend on episode length.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LifecycleProfile {
     /// Start OFFLINE behind the HPA/VPA fallback (true) or go ONLINE at once.
     pub bootstrap: bool,
@@ -478,6 +502,21 @@ impl AppConfig {
 
     /// Checks values the types alone cannot; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // A section no service reads is a typo (`[lifecycle-monitor]`, `[recomender]`) that
+        // would otherwise leave every setting in it silently at its default. Top-level scalars
+        // are let through: unrelated `AWARE_*` variables in the environment land there.
+        for (name, value) in &self.sections {
+            if value.is_object() && !SERVICE_SECTIONS.contains(&name.as_str()) {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "unknown section; the sections are {}, {}",
+                        CORE_SECTIONS.join(", "),
+                        SERVICE_SECTIONS.join(", ")
+                    ),
+                ));
+            }
+        }
         let url = &self.bus.url;
         if url != crate::bus::EMBEDDED
             && !["nats://", "tls://", "ws://", "wss://"]
@@ -800,6 +839,62 @@ name = "cart"
         let other = cfg.spec_for(&Target::new("shop", "other"));
         assert_eq!(other.alpha, 0.5);
         assert_eq!(other.name, "other");
+    }
+
+    #[test]
+    fn misspelt_keys_and_sections_are_refused_naming_them_and_stray_variables_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let load_file = |text: &str, vars: &[(&str, &str)]| {
+            let file = dir.path().join("aware.toml");
+            std::fs::write(&file, text).unwrap();
+            load(&ConfigSources {
+                file: Some(file),
+                env: env(vars),
+                ..Default::default()
+            })
+        };
+        for (text, vars, named) in [
+            // A key no core section has: it would silently leave the embedded bus in use.
+            ("[bus]\nurll = \"nats://x:4222\"\n", &[][..], "urll"),
+            ("[bus.jetstream]\nmax_age = 60\n", &[], "max_age"),
+            ("[collector.prometheus]\ninterval = 5\n", &[], "interval"),
+            ("[collector.simulator]\nstep = 5\n", &[], "step"),
+            ("[lifecycle]\nt_onlin = 1.2\n", &[], "t_onlin"),
+            ("", &[("AWARE_ACTORS__RETIRE_AFTER", "5")], "retire_after"),
+            // A section no service reads.
+            (
+                "[lifecycle-monitor]\nprobation_episodes = 2\n",
+                &[],
+                "lifecycle-monitor",
+            ),
+            ("[recomender]\nseed = 3\n", &[], "recomender"),
+            ("", &[("AWARE_TRAINR__SEED", "3")], "trainr"),
+        ] {
+            let err = load_file(text, vars).unwrap_err().to_string();
+            assert!(
+                err.contains(named),
+                "{text:?} {vars:?}: `{err}` does not name {named}"
+            );
+        }
+        let err = load_file("[recomender]\nseed = 3\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown section") && err.contains("lifecycle_monitor"),
+            "{err}"
+        );
+        // Service sections load (their own types check their keys), and unrelated `AWARE_*`
+        // variables (a script's AWARE_BIN) land at the top level as scalars and are ignored.
+        let cfg = load_file(
+            "[lifecycle_monitor]\nprobation_episodes = 2\n[recommender]\nseed = 3\n",
+            &[
+                ("AWARE_BIN", "/usr/local/bin/aware"),
+                ("AWARE_TRAINER__SEED", "4"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.sections["recommender"]["seed"], 3);
+        assert_eq!(cfg.sections["trainer"]["seed"], 4);
     }
 
     #[test]

@@ -11,41 +11,13 @@ fn readme() -> String {
     std::fs::read_to_string(path).unwrap()
 }
 
-/// Every setting with its built-in default: `AppConfig` and each service's section.
+/// Every setting with its built-in default: `AppConfig` and each service's section (what
+/// `aware config` prints without a file).
 fn defaults() -> Value {
-    let mut v = serde_json::to_value(aware_shared::config::AppConfig::default()).unwrap();
-    let sections = [
-        (
-            "recommender",
-            serde_json::to_value(aware_recommender::RecommenderConfig::default()),
-        ),
-        (
-            "actuator",
-            serde_json::to_value(aware_actuator::service::ActuatorConfig::default()),
-        ),
-        (
-            "recorder",
-            serde_json::to_value(aware_trajectory_recorder::service::RecorderConfig::default()),
-        ),
-        (
-            "trainer",
-            serde_json::to_value(aware_meta_learner_trainer::learner::TrainerConfig::default()),
-        ),
-        (
-            "lifecycle_monitor",
-            serde_json::to_value(aware_lifecycle_monitor::MonitorConfig::default()),
-        ),
-        (
-            "controller",
-            serde_json::to_value(aware_controller::controller::ControllerConfig::default()),
-        ),
-        (
-            "model_store",
-            serde_json::to_value(aware_shared::model_store::ModelStoreConfig::default()),
-        ),
-    ];
-    for (name, section) in sections {
-        v[name] = section.unwrap();
+    let v =
+        aware_cli::config_check::effective(&aware_shared::config::AppConfig::default()).unwrap();
+    for name in aware_shared::config::SERVICE_SECTIONS {
+        assert!(v[name].is_object(), "no section {name} in {v}");
     }
     v
 }

@@ -341,3 +341,53 @@ fn invalid_configuration_fails_start_up_naming_the_key() {
     assert!(p.stderr().contains("lifecycle-monitor"), "{}", p.stderr());
     assert!(bin_path("aware").is_file());
 }
+
+#[test]
+fn aware_config_prints_every_section_and_refuses_what_a_service_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("aware.toml");
+    let run = |text: &str, env: &[(&str, &str)]| {
+        std::fs::write(&file, text).unwrap();
+        let out = std::process::Command::new(bin_path("aware"))
+            .args([
+                "config",
+                "--config",
+                file.to_str().unwrap(),
+                "--shard",
+                "1/4",
+            ])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // File, environment and flags layered; every service's section in full.
+    let (ok, out, err) = run("[trainer]\nseed = 7\n", &[("AWARE_RECORDER__BATCH", "64")]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for section in aware_shared::config::SERVICE_SECTIONS {
+        assert!(v[section].is_object(), "{section} missing: {out}");
+    }
+    assert_eq!(v["trainer"]["seed"], 7);
+    assert_eq!(v["trainer"]["gradient_steps"], 200);
+    assert_eq!(v["recorder"]["batch"], 64);
+    assert_eq!(v["shard"]["index"], 1);
+    // What the trainer would refuse at its start-up, refused here, naming the section and key.
+    let (ok, _, err) = run("[trainer]\ngradient_step = 10\n", &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("trainer") && err.contains("gradient_step"),
+        "{err}"
+    );
+    // A misspelt section and a misspelt core key, refused by every command.
+    let (ok, _, err) = run("[lifecycle-monitor]\nwindow = 3\n", &[]);
+    assert!(!ok);
+    assert!(err.contains("lifecycle-monitor"), "{err}");
+    let (ok, _, err) = run("[bus]\nurll = \"nats://x:4222\"\n", &[]);
+    assert!(!ok);
+    assert!(err.contains("urll"), "{err}");
+}

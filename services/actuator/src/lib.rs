@@ -12,7 +12,9 @@ use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
 
 pub const NAME: &str = "actuator";
-pub const CONSUMES: &[EventKind] = &[EventKind::Action];
+/// `target` carries the controller's registrations (bounds, update mode; a deregistration
+/// rejects what is still in flight).
+pub const CONSUMES: &[EventKind] = &[EventKind::Action, EventKind::Target];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
-use aware_bus_schemas::{Action, Applied, Event, EventKind, Outcome, Schema, Target};
+use aware_bus_schemas::{Action, Applied, Event, Outcome, Schema, Target};
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -279,13 +279,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         outbox: outbox.clone(),
         metrics: metrics.clone(),
     });
-    run_actors(
-        &ctx,
-        &[EventKind::Action, EventKind::Target],
-        false,
-        &mut actors,
-    )
-    .await?;
+    run_actors(&ctx, crate::CONSUMES, false, &mut actors).await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
 }

@@ -1,6 +1,7 @@
 //! The `aware` command's library: the service registry, `watch`, the benchmarks.
 
 pub mod bench;
+pub mod config_check;
 pub mod demo;
 pub mod train_meta;
 pub mod watch;

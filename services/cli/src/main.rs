@@ -28,6 +28,13 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Print the effective configuration as JSON: defaults, then --config, the AWARE_…
+    /// environment and the flags, with every service's section in full, each checked as its
+    /// service checks it at start-up; exits non-zero naming the first key a service would refuse.
+    Config {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
     /// Print bus events as JSON lines.
     Watch {
         /// Subject filter (NATS wildcards `*` and `>`).
@@ -502,6 +509,11 @@ fn main() -> anyhow::Result<()> {
                 );
             };
             aware_shared::launcher::main(&config, &entries)?;
+        }
+        Command::Config { config } => {
+            let cfg = aware_shared::config::load(&config.sources()?)?;
+            let effective = aware_cli::config_check::effective(&cfg)?;
+            println!("{}", serde_json::to_string_pretty(&effective)?);
         }
         Command::Watch {
             subject,

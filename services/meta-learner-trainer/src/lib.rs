@@ -42,6 +42,8 @@ use crate::embedding::{Checked, MetaAssets, TargetMeta};
 use crate::learner::{Learner, TrainerConfig, TrainerError};
 
 pub const NAME: &str = "meta-learner-trainer";
+/// Routed to the targets' actors. `target` is read beside them (forgetting and retiring deleted
+/// targets), and the trajectory store rather than the bus supplies the transitions.
 pub const CONSUMES: &[EventKind] = &[EventKind::Lifecycle];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,

@@ -1,0 +1,159 @@
+//! `aware config`: the configuration every service would run with, each service's section read
+//! by its own type (defaults filled in, unknown keys refused) and checked as the service checks it
+//! at start-up, whichever services this process runs.
+
+use aware_shared::config::{AppConfig, ConfigError, CORE_SECTIONS, SERVICE_SECTIONS};
+use serde::Serialize;
+use serde_json::Value;
+
+/// A section that would stop its service's start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigCheckError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("configuration section `{section}`: {reason}")]
+    Section {
+        section: &'static str,
+        reason: String,
+    },
+}
+
+fn section<T>(cfg: &AppConfig, name: &'static str) -> Result<(T, Value), ConfigCheckError>
+where
+    T: serde::de::DeserializeOwned + Default + Serialize,
+{
+    let typed: T = cfg.section(name)?;
+    let value = serde_json::to_value(&typed).map_err(|e| ConfigCheckError::Section {
+        section: name,
+        reason: e.to_string(),
+    })?;
+    Ok((typed, value))
+}
+
+fn check<E: std::fmt::Display>(
+    name: &'static str,
+    r: Result<impl Sized, E>,
+) -> Result<(), ConfigCheckError> {
+    r.map(|_| ()).map_err(|e| ConfigCheckError::Section {
+        section: name,
+        reason: e.to_string(),
+    })
+}
+
+/// `cfg` (already validated by [`aware_shared::config::load`]) with every service section in
+/// full, as JSON; the first section a service would refuse is an error naming it.
+pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
+    let mut out = serde_json::Map::new();
+    let core = serde_json::to_value(cfg).map_err(|e| ConfigCheckError::Section {
+        section: "bus",
+        reason: e.to_string(),
+    })?;
+    // The core sections; the raw service sections and stray top-level scalars (unrelated
+    // `AWARE_*` variables) are left out.
+    for name in CORE_SECTIONS {
+        out.insert(name.to_string(), core[name].clone());
+    }
+    let (actuator, v) = section::<aware_actuator::service::ActuatorConfig>(cfg, "actuator")?;
+    check(
+        "actuator",
+        aware_actuator::guardrails::Guardrails::new(actuator.guardrails),
+    )?;
+    check("actuator", actuator.kubernetes.validate())?;
+    out.insert("actuator".into(), v);
+    let (controller, v) =
+        section::<aware_controller::controller::ControllerConfig>(cfg, "controller")?;
+    check("controller", controller.validate())?;
+    out.insert("controller".into(), v);
+    let (monitor, v) = section::<aware_lifecycle_monitor::MonitorConfig>(cfg, "lifecycle_monitor")?;
+    check("lifecycle_monitor", monitor.validate())?;
+    out.insert("lifecycle_monitor".into(), v);
+    let (store, v) = section::<aware_shared::model_store::ModelStoreConfig>(cfg, "model_store")?;
+    check("model_store", store.validate())?;
+    out.insert("model_store".into(), v);
+    let (recommender, v) = section::<aware_recommender::RecommenderConfig>(cfg, "recommender")?;
+    check("recommender", recommender.validate())?;
+    out.insert("recommender".into(), v);
+    let (recorder, v) =
+        section::<aware_trajectory_recorder::service::RecorderConfig>(cfg, "recorder")?;
+    check(
+        "recorder",
+        recorder.validate(cfg.collector.steps_per_episode),
+    )?;
+    out.insert("recorder".into(), v);
+    let (trainer, v) =
+        section::<aware_meta_learner_trainer::learner::TrainerConfig>(cfg, "trainer")?;
+    check("trainer", trainer.validate())?;
+    out.insert("trainer".into(), v);
+    debug_assert!(SERVICE_SECTIONS.iter().all(|s| out.contains_key(*s)));
+    Ok(Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_shared::config::{load, ConfigSources};
+    use std::collections::HashMap;
+
+    fn load_with(text: &str) -> Result<Value, ConfigCheckError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("aware.toml");
+        std::fs::write(&file, text).unwrap();
+        let cfg = load(&ConfigSources {
+            file: Some(file),
+            env: Some(HashMap::from([(
+                "AWARE_BIN".to_string(),
+                "/usr/bin/aware".to_string(),
+            )])),
+            overrides: vec![("shard.count".into(), "3".into())],
+        })?;
+        effective(&cfg)
+    }
+
+    #[test]
+    fn every_section_is_filled_in_and_layered() {
+        let v = load_with("[trainer]\nseed = 7\n[bus]\nchannel_capacity = 8\n").unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = CORE_SECTIONS
+            .iter()
+            .chain(&SERVICE_SECTIONS)
+            .copied()
+            .collect();
+        want.sort_unstable();
+        assert_eq!(keys, want, "every section, and no stray AWARE_BIN");
+        assert_eq!(v["trainer"]["seed"], 7);
+        // The rest of the section at its defaults.
+        assert_eq!(v["trainer"]["batch_size"], 64);
+        assert_eq!(v["bus"]["channel_capacity"], 8);
+        assert_eq!(v["shard"]["count"], 3);
+        assert_eq!(v["recorder"]["batch"], 512);
+    }
+
+    #[test]
+    fn a_section_its_service_would_refuse_is_named() {
+        for (text, section) in [
+            // An unknown key of a service this process may not even run.
+            ("[trainer]\ngradient_step = 10\n", "trainer"),
+            // Values each service's own check refuses.
+            ("[trainer]\ntrain_every_transitions = 0\n", "trainer"),
+            (
+                "[lifecycle_monitor]\nprobation_margin = -1.0\n",
+                "lifecycle_monitor",
+            ),
+            ("[recorder]\nstore = \"questdb\"\n", "recorder"),
+            (
+                "[model_store]\nbackend = \"jetstream\"\nbucket = \"no spaces\"\n",
+                "model_store",
+            ),
+            (
+                "[actuator.guardrails]\nreplicas_up_ratio = -1.0\n",
+                "actuator",
+            ),
+        ] {
+            let err = load_with(text).unwrap_err().to_string();
+            assert!(
+                err.contains(section),
+                "{text:?}: `{err}` does not name {section}"
+            );
+        }
+    }
+}
