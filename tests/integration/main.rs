@@ -17,6 +17,7 @@ mod registration;
 mod rl_loop;
 mod run_all;
 mod service_http;
+mod wire_schemas;
 
 /// Subscribes to `subject` on `bus`, then starts the six services on it with `cfg`; returns the
 /// subscription, the running services and their shutdown token.
