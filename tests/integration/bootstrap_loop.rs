@@ -19,7 +19,8 @@ use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
 use aware_shared_model::{Batch, BcConfig, Ddpg, DdpgConfig, Transition};
 use tokio_util::sync::CancellationToken;
 
-fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
+/// A simulated cluster of `apps` on the fallback, its stores under `dir`, never SERVING.
+pub(crate) fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
@@ -40,6 +41,15 @@ fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
     cfg
 }
 
+/// A trainer that trains offline after 40 fallback transitions and then every 20.
+pub(crate) fn quick_trainer() -> serde_json::Value {
+    serde_json::json!({
+        "train_every_transitions": 20, "gradient_steps": 20, "batch_size": 32,
+        "min_transitions": 32, "poll_ms": 50,
+        "offline_min_transitions": 40, "offline_gradient_steps": 150, "eval_episodes": 2
+    })
+}
+
 #[actix_rt::test]
 async fn offline_training_takes_the_target_online_and_the_policy_acts() {
     let dir = tempfile::tempdir().unwrap();
@@ -48,14 +58,7 @@ async fn offline_training_takes_the_target_online_and_the_policy_acts() {
     // The fallback earns ~1.3–1.6 per step on these apps; the estimate must reach 0.5 and not
     // fall more than 5% (the default) below the fallback's reward.
     cfg.lifecycle.t_online = 0.5;
-    cfg.sections.insert(
-        "trainer".into(),
-        serde_json::json!({
-            "train_every_transitions": 20, "gradient_steps": 20, "batch_size": 32,
-            "min_transitions": 32, "poll_ms": 50,
-            "offline_min_transitions": 40, "offline_gradient_steps": 150, "eval_episodes": 2
-        }),
-    );
+    cfg.sections.insert("trainer".into(), quick_trainer());
     let bus = Bus::in_process(65_536);
     let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 

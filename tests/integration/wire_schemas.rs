@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use aware_bus_schemas::{decode_any, DecisionSource, Event, EventKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
 use aware_tests::NatsServer;
 use futures::StreamExt;
 
@@ -99,34 +98,13 @@ async fn a_real_runs_messages_on_nats_read_in_python_match_the_schemas() {
     client.flush().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = AppConfig::default();
+    let mut cfg = crate::bootstrap_loop::base_config(dir.path(), 2);
     cfg.bus.url = server.url();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 20;
-    cfg.collector.simulator.apps = 2;
-    cfg.collector.simulator.seed = 7;
-    cfg.collector.simulator.max_steps = 5_000;
     // Offline training soon and a low bar to go ONLINE, so `model` messages and RL actions (with
     // their raw action, model version and exploration) are on the wire too.
     cfg.lifecycle.t_online = 0.5;
-    cfg.lifecycle.t_serving = 1e9;
-    cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
-    );
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": dir.path().join("models").display().to_string() }),
-    );
-    cfg.sections.insert(
-        "trainer".into(),
-        serde_json::json!({
-            "train_every_transitions": 20, "gradient_steps": 20, "batch_size": 32,
-            "min_transitions": 32, "poll_ms": 50,
-            "offline_min_transitions": 40, "offline_gradient_steps": 150, "eval_episodes": 2
-        }),
-    );
+    cfg.sections
+        .insert("trainer".into(), crate::bootstrap_loop::quick_trainer());
     let bus = Bus::connect(&cfg.bus, "wire-schemas").await.unwrap();
     let (_episodes, running, shutdown) =
         crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
