@@ -18,6 +18,7 @@ a message naming what is wrong:
      rendered PrometheusRule carries them and passes `promtool check rules`, and the rendered
      ServiceMonitor selects exactly the services' metrics ports, keeping their `service` label.
      (deploy/prometheus/ holds Prometheus files, not Kubernetes manifests: step 5 skips it.)
+  9. helm/README.md's values table names every key of values.yaml and no key it does not have.
 
 helm-sdkpy exposes install but not `helm template`: the chart is rendered by a real Helm install
 (HELM_DRIVER=memory) against a minimal in-process fake API server that answers discovery and
@@ -472,6 +473,51 @@ def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
         fail(f"{label}: no default-deny NetworkPolicy")
 
 
+# The services whose values `<service>.…` rows of helm/README.md's table stand for.
+VALUES_SERVICES = ["controller", "collector", "recommender", "actuator", "recorder",
+                   "lifecycleMonitor", "trainer"]
+
+
+def value_paths(values: dict, prefix: str = "") -> list[str]:
+    """The dotted paths of every leaf of `values` (a scalar, a list or an empty map)."""
+    out = []
+    for k, v in values.items():
+        path = f"{prefix}.{k}" if prefix else k
+        out += value_paths(v, path) if isinstance(v, dict) and v else [path]
+    return out
+
+
+def documented_values(readme: str) -> list[str]:
+    """The keys the values table of helm/README.md names: `.x` after `a.b` is `a.x`, a trailing
+    `.*` stands for everything below, `<service>.x` for that key of every service."""
+    keys = []
+    for line in readme.splitlines():
+        if not line.startswith("| `"):
+            continue
+        base = ""
+        for key in line.split(" | ")[0].split("`")[1::2]:
+            if key.startswith("."):
+                key = base + key
+            else:
+                base = key.rsplit(".", 1)[0] if "." in key else ""
+            key = key.removesuffix(".*")
+            if key.startswith("<service>."):
+                keys += [s + key[len("<service>"):] for s in VALUES_SERVICES]
+            else:
+                keys.append(key)
+    return keys
+
+
+def check_values_documented(values: dict, readme: str) -> tuple[list[str], list[str]]:
+    """(values.yaml keys the table leaves out, table keys values.yaml does not have); a key
+    documents everything below it."""
+    paths, keys = value_paths(values), documented_values(readme)
+    below = lambda p, k: p == k or p.startswith(k + ".")
+    missing = [p for p in paths if not any(below(p, k) for k in keys)]
+    unknown = [k for k in keys if not any(below(p, k) for p in paths)]
+    return missing, unknown
+
+
 def load_values(name: str) -> dict:
     return yaml.safe_load((VALUES_DIR / name).read_text()) or {}
 
@@ -511,6 +557,22 @@ def main() -> int:
                 fail(f"{dst} differs from {src} (run `bash tests/validate-manifests.sh --update`)")
         else:
             ok(f"{dst} equals {src}")
+
+    # 9. helm/README.md's values table names every value of values.yaml, and only those.
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (ROOT / "helm" / "README.md").read_text()
+    missing, unknown = check_values_documented(chart_values, readme)
+    if missing or unknown:
+        fail(f"helm/README.md values table: values.yaml keys left out {missing}, "
+             f"keys values.yaml does not have {unknown}")
+    else:
+        ok(f"helm/README.md documents all {len(value_paths(chart_values))} values of values.yaml")
+    # The check itself notices a key left out and a key that does not exist.
+    probe_missing, probe_unknown = check_values_documented(
+        {"a": {"b": 1, "c": {"d": 2}}, "e": []},
+        "| `a.b`, `.zz` | | |\n| `<service>.x` | | |\n| `e` | | |")
+    if probe_missing != ["a.c.d"] or "a.zz" not in probe_unknown or "trainer.x" not in probe_unknown:
+        fail(f"the values-table check misreads a table: {probe_missing} {probe_unknown}")
 
     with tempfile.TemporaryDirectory(prefix="aware-helm-") as tmp:
         helm = Helm(Path(tmp))
