@@ -861,6 +861,17 @@ name = "cart"
             ("[collector.simulator]\nstep = 5\n", &[], "step"),
             ("[lifecycle]\nt_onlin = 1.2\n", &[], "t_onlin"),
             ("", &[("AWARE_ACTORS__RETIRE_AFTER", "5")], "retire_after"),
+            // A target's SLO under a wrong name: the target would have none (best-effort).
+            (
+                "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\nslo = { latency_p99 = 100 }\n",
+                &[],
+                "latency_p99",
+            ),
+            (
+                "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.bounds]\nmax_replica = 3\n",
+                &[],
+                "max_replica",
+            ),
             // A section no service reads.
             (
                 "[lifecycle-monitor]\nprobation_episodes = 2\n",

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Allocation bounds of a target. Defaults are those of the AWARE artifact: 1–20 replicas,
 /// 128–2048 millicores, 256–3072 MiB per replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Bounds {
     pub min_replicas: u32,
     pub max_replicas: u32,
@@ -101,7 +101,7 @@ impl Bounds {
 
 /// The service-level objective used for SLO preservation and violations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Slo {
     pub latency_p99_ms: Option<f64>,
     pub throughput_rps: Option<f64>,
@@ -117,6 +117,7 @@ pub enum UpdateMode {
 
 /// A managed target and its settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TargetSpec {
     pub namespace: String,
     pub name: String,
