@@ -29,7 +29,13 @@ pub(crate) fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
     cfg.collector.simulator.seed = 7;
     cfg.collector.simulator.max_steps = 5_000;
     cfg.lifecycle.bootstrap = true;
+    // Never SERVING: not by Algorithm 1, and not by re-baselining, which would serve a target
+    // that stays ONLINE 10 episodes without improving (one promoted early, waiting for the other).
     cfg.lifecycle.t_serving = 1e9;
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "rebaseline_after_episodes": 0 }),
+    );
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 16 }),

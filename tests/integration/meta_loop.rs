@@ -59,6 +59,11 @@ async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embeddin
     cfg.collector.simulator.max_steps = 5_000;
     cfg.lifecycle.bootstrap = false;
     cfg.lifecycle.t_serving = 1e9;
+    // Nor by re-baselining (a target ONLINE 10 episodes without improving would be served).
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "rebaseline_after_episodes": 0 }),
+    );
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),

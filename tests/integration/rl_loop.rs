@@ -73,6 +73,11 @@ pub(crate) async fn run_rl_loop(
     // Stay ONLINE (exploring) for the whole test: how fast rewards would reach SERVING depends on
     // when models arrive, which is timing.
     cfg.lifecycle.t_serving = 1e9;
+    // Nor by re-baselining (a target ONLINE 10 episodes without improving would be served).
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "rebaseline_after_episodes": 0 }),
+    );
     let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
 
     // Per target: the versions announced, and the RL actions seen after the first model.
