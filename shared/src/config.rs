@@ -500,6 +500,33 @@ impl AppConfig {
         }
     }
 
+    /// Top-level values that set nothing but look meant to: a key beginning with a section's
+    /// name and `_`, like `bus_url` from `AWARE_BUS_URL` (nested keys need `__`), with what was
+    /// probably meant. They are not refused, as other `AWARE_*` variables land there too, but the
+    /// services log them at start-up and `aware config` prints them.
+    pub fn unused_keys(&self) -> Vec<(String, String)> {
+        self.sections
+            .iter()
+            .filter(|(_, v)| !v.is_object())
+            .filter_map(|(key, _)| {
+                let section = CORE_SECTIONS
+                    .iter()
+                    .chain(&SERVICE_SECTIONS)
+                    .filter(|s| key.starts_with(&format!("{s}_")))
+                    .max_by_key(|s| s.len())?;
+                let rest = &key[section.len() + 1..];
+                Some((
+                    key.clone(),
+                    format!(
+                        "`{key}` sets nothing: did you mean `{section}.{rest}` (in a file `[{section}] {rest}`, in the environment `AWARE_{}__{}`)?",
+                        section.to_uppercase(),
+                        rest.to_uppercase()
+                    ),
+                ))
+            })
+            .collect()
+    }
+
     /// Checks values the types alone cannot; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // A section no service reads is a typo (`[lifecycle-monitor]`, `[recomender]`) that
@@ -906,6 +933,30 @@ name = "cart"
         .unwrap();
         assert_eq!(cfg.sections["recommender"]["seed"], 3);
         assert_eq!(cfg.sections["trainer"]["seed"], 4);
+        assert!(cfg.unused_keys().is_empty(), "{:?}", cfg.unused_keys());
+        // A single `_` where `__` nests: loaded, but reported with what was meant.
+        let cfg = load_file(
+            "",
+            &[
+                ("AWARE_BUS_URL", "nats://x:4222"),
+                ("AWARE_LIFECYCLE_MONITOR_PROBATION_EPISODES", "2"),
+                ("AWARE_BIN", "/usr/local/bin/aware"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.bus.url, "embedded");
+        let unused = cfg.unused_keys();
+        assert_eq!(unused.len(), 2, "{unused:?}");
+        assert_eq!(unused[0].0, "bus_url");
+        assert!(unused[0].1.contains("AWARE_BUS__URL"), "{}", unused[0].1);
+        assert_eq!(unused[1].0, "lifecycle_monitor_probation_episodes");
+        assert!(
+            unused[1]
+                .1
+                .contains("AWARE_LIFECYCLE_MONITOR__PROBATION_EPISODES"),
+            "{}",
+            unused[1].1
+        );
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub enum LaunchError {
 pub fn main(args: &crate::cli::ConfigArgs, entries: &[ServiceEntry]) -> Result<(), LaunchError> {
     let cfg = crate::config::load(&args.sources()?)?;
     crate::telemetry::init_tracing(cfg.log.format)?;
+    for (key, hint) in cfg.unused_keys() {
+        tracing::warn!(%key, "{hint}");
+    }
     run_blocking(cfg, entries)?;
     Ok(())
 }

@@ -343,6 +343,26 @@ fn invalid_configuration_fails_start_up_naming_the_key() {
 }
 
 #[test]
+fn a_service_logs_a_variable_that_sets_nothing_at_start_up() {
+    let mut p = Proc::spawn(
+        "aware",
+        &["run", "lifecycle-monitor", "--http-listen", "127.0.0.1:0"],
+        &[("AWARE_LIFECYCLE_MONITOR_PROBATION_EPISODES", "2")],
+    );
+    let _ = p.http_addr();
+    let status = p.terminate(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", p.stderr());
+    assert!(
+        p.stderr()
+            .contains("`lifecycle_monitor_probation_episodes` sets nothing")
+            && p.stderr()
+                .contains("AWARE_LIFECYCLE_MONITOR__PROBATION_EPISODES"),
+        "{}",
+        p.stderr()
+    );
+}
+
+#[test]
 fn aware_config_prints_every_section_and_refuses_what_a_service_would() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("aware.toml");
@@ -376,6 +396,16 @@ fn aware_config_prints_every_section_and_refuses_what_a_service_would() {
     assert_eq!(v["trainer"]["gradient_steps"], 200);
     assert_eq!(v["recorder"]["batch"], 64);
     assert_eq!(v["shard"]["index"], 1);
+    assert!(!err.contains("warning"), "{err}");
+    // `_` where `__` nests: nothing set, the output says so and what was meant.
+    let (ok, out, err) = run("", &[("AWARE_BUS_URL", "nats://x:4222")]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bus"]["url"], "embedded");
+    assert!(
+        err.contains("warning: `bus_url` sets nothing") && err.contains("AWARE_BUS__URL"),
+        "{err}"
+    );
     // What the trainer would refuse at its start-up, refused here, naming the section and key.
     let (ok, _, err) = run("[trainer]\ngradient_step = 10\n", &[]);
     assert!(!ok);

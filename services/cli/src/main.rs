@@ -512,6 +512,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Config { config } => {
             let cfg = aware_shared::config::load(&config.sources()?)?;
+            for (_, hint) in cfg.unused_keys() {
+                eprintln!("warning: {hint}");
+            }
             let effective = aware_cli::config_check::effective(&cfg)?;
             println!("{}", serde_json::to_string_pretty(&effective)?);
         }
