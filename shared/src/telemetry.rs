@@ -181,16 +181,16 @@ impl ServiceMetrics {
 
     /// A registered counter with `labels`, the series of every label-value tuple of `zeroed`
     /// created at 0, so a scrape (and an alert's `rate`) sees them before their first increment.
-    pub fn counter_vec(
+    pub fn counter_vec<V: AsRef<[&'static str]>>(
         &self,
         name: &str,
         help: &str,
         labels: &[&str],
-        zeroed: &[&[&str]],
+        zeroed: &[V],
     ) -> Result<IntCounterVec, TelemetryError> {
         let c = self.register(IntCounterVec::new(Opts::new(name, help), labels)?)?;
         for values in zeroed {
-            c.get_metric_with_label_values(values)?;
+            c.get_metric_with_label_values(values.as_ref())?;
         }
         Ok(c)
     }

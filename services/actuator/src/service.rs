@@ -60,7 +60,7 @@ impl ActuatorMetrics {
                 "actuator_decisions_total",
                 "Decisions by outcome (applied, recommend_only, rejected)",
                 &["outcome"],
-                &outcomes.each_ref().map(|o| o.as_slice()),
+                &outcomes,
             )?,
             clamped: m.counter_vec(
                 "actuator_clamped_total",

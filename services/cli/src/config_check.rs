@@ -16,74 +16,89 @@ pub enum ConfigCheckError {
         section: &'static str,
         reason: String,
     },
+    #[error("configuration: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
-fn section<T>(cfg: &AppConfig, name: &'static str) -> Result<(T, Value), ConfigCheckError>
+/// Reads section `name` as its service does (`T`, defaults filled in, unknown keys refused),
+/// runs the service's own `check` on it and adds it to `out`.
+fn add<T, E: std::fmt::Display>(
+    out: &mut serde_json::Map<String, Value>,
+    cfg: &AppConfig,
+    name: &'static str,
+    check: impl FnOnce(&T) -> Result<(), E>,
+) -> Result<(), ConfigCheckError>
 where
     T: serde::de::DeserializeOwned + Default + Serialize,
 {
     let typed: T = cfg.section(name)?;
-    let value = serde_json::to_value(&typed).map_err(|e| ConfigCheckError::Section {
+    check(&typed).map_err(|e| ConfigCheckError::Section {
         section: name,
         reason: e.to_string(),
     })?;
-    Ok((typed, value))
-}
-
-fn check<E: std::fmt::Display>(
-    name: &'static str,
-    r: Result<impl Sized, E>,
-) -> Result<(), ConfigCheckError> {
-    r.map(|_| ()).map_err(|e| ConfigCheckError::Section {
-        section: name,
-        reason: e.to_string(),
-    })
+    out.insert(name.to_string(), serde_json::to_value(&typed)?);
+    Ok(())
 }
 
 /// `cfg` (already validated by [`aware_shared::config::load`]) with every service section in
 /// full, as JSON; the first section a service would refuse is an error naming it.
 pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
-    let mut out = serde_json::Map::new();
-    let core = serde_json::to_value(cfg).map_err(|e| ConfigCheckError::Section {
-        section: "bus",
-        reason: e.to_string(),
-    })?;
+    let core = serde_json::to_value(cfg)?;
     // The core sections; the raw service sections and stray top-level scalars (unrelated
     // `AWARE_*` variables) are left out.
-    for name in CORE_SECTIONS {
-        out.insert(name.to_string(), core[name].clone());
-    }
-    let (actuator, v) = section::<aware_actuator::service::ActuatorConfig>(cfg, "actuator")?;
-    check(
+    let mut out: serde_json::Map<String, Value> = CORE_SECTIONS
+        .iter()
+        .map(|name| (name.to_string(), core[name].clone()))
+        .collect();
+    add(
+        &mut out,
+        cfg,
         "actuator",
-        aware_actuator::guardrails::Guardrails::new(actuator.guardrails),
+        |a: &aware_actuator::service::ActuatorConfig| {
+            aware_actuator::guardrails::Guardrails::new(a.guardrails)
+                .map(drop)
+                .map_err(|e| e.to_string())?;
+            a.kubernetes.validate().map_err(|e| e.to_string())
+        },
     )?;
-    check("actuator", actuator.kubernetes.validate())?;
-    out.insert("actuator".into(), v);
-    let (controller, v) =
-        section::<aware_controller::controller::ControllerConfig>(cfg, "controller")?;
-    check("controller", controller.validate())?;
-    out.insert("controller".into(), v);
-    let (monitor, v) = section::<aware_lifecycle_monitor::MonitorConfig>(cfg, "lifecycle_monitor")?;
-    check("lifecycle_monitor", monitor.validate())?;
-    out.insert("lifecycle_monitor".into(), v);
-    let (store, v) = section::<aware_shared::model_store::ModelStoreConfig>(cfg, "model_store")?;
-    check("model_store", store.validate())?;
-    out.insert("model_store".into(), v);
-    let (recommender, v) = section::<aware_recommender::RecommenderConfig>(cfg, "recommender")?;
-    check("recommender", recommender.validate())?;
-    out.insert("recommender".into(), v);
-    let (recorder, v) =
-        section::<aware_trajectory_recorder::service::RecorderConfig>(cfg, "recorder")?;
-    check(
+    add(
+        &mut out,
+        cfg,
+        "controller",
+        aware_controller::controller::ControllerConfig::validate,
+    )?;
+    add(
+        &mut out,
+        cfg,
+        "lifecycle_monitor",
+        aware_lifecycle_monitor::MonitorConfig::validate,
+    )?;
+    add(
+        &mut out,
+        cfg,
+        "model_store",
+        aware_shared::model_store::ModelStoreConfig::validate,
+    )?;
+    add(
+        &mut out,
+        cfg,
+        "recommender",
+        aware_recommender::RecommenderConfig::validate,
+    )?;
+    add(
+        &mut out,
+        cfg,
         "recorder",
-        recorder.validate(cfg.collector.steps_per_episode),
+        |r: &aware_trajectory_recorder::service::RecorderConfig| {
+            r.validate(cfg.collector.steps_per_episode)
+        },
     )?;
-    out.insert("recorder".into(), v);
-    let (trainer, v) =
-        section::<aware_meta_learner_trainer::learner::TrainerConfig>(cfg, "trainer")?;
-    check("trainer", trainer.validate())?;
-    out.insert("trainer".into(), v);
+    add(
+        &mut out,
+        cfg,
+        "trainer",
+        aware_meta_learner_trainer::learner::TrainerConfig::validate,
+    )?;
     debug_assert!(SERVICE_SECTIONS.iter().all(|s| out.contains_key(*s)));
     Ok(Value::Object(out))
 }

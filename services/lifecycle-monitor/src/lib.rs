@@ -783,7 +783,7 @@ impl LifecycleMetrics {
             "lifecycle_transitions_total",
             "Stage transitions (Algorithm 1, probation, re-baselining, rollback), by from and to",
             &["from", "to"],
-            &moves.each_ref().map(|m| m.as_slice()),
+            &moves,
         )?;
         Ok(LifecycleMetrics {
             stages,

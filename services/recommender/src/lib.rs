@@ -193,8 +193,6 @@ impl RecommenderMetrics {
         )?
         .with_label_values(&[&shard.index.to_string()])
         .set(i64::from(shard.count));
-        let reasons: Vec<[&str; 1]> = FallbackReason::ALL.iter().map(|r| [r.label()]).collect();
-        let reasons: Vec<&[&str]> = reasons.iter().map(|r| r.as_slice()).collect();
         Ok(RecommenderMetrics {
             decision_seconds: m.histogram(
                 "recommender_decision_seconds",
@@ -217,7 +215,7 @@ impl RecommenderMetrics {
                 "recommender_rl_fallbacks_total",
                 "Steps where the fallback acted although the stage is ONLINE or SERVING",
                 &["reason"],
-                &reasons,
+                &FallbackReason::ALL.map(|r| [r.label()]),
             )?,
             registrations: m.registrations.clone(),
         })
