@@ -358,38 +358,96 @@ pub fn is_state_kind(kind: EventKind) -> bool {
     )
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
+/// Cancels `token` on SIGINT or SIGTERM.
+///
+/// The handlers are installed before this returns, not when the spawned task is first polled:
+/// a signal that arrives right after start-up (a rollout, a test stopping the process as soon
+/// as it listens) shuts down cleanly instead of killing the process with the default action.
+pub fn cancel_on_signal(token: CancellationToken) {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handlers = signal(SignalKind::interrupt())
+            .and_then(|int| Ok((int, signal(SignalKind::terminate())?)));
+        match handlers {
+            Ok((mut int, mut term)) => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+                        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+                    }
+                    token.cancel();
+                });
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+            Err(e) => tracing::error!(error = %e, "cannot listen for SIGINT and SIGTERM"),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received, shutting down"),
-        _ = term => tracing::info!("SIGTERM received, shutting down"),
     }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => {
+                tracing::info!("SIGINT received, shutting down");
+                token.cancel();
+            }
+            Err(e) => tracing::error!(error = %e, "cannot listen for SIGINT"),
+        }
+    });
 }
 
-/// Cancels `token` on SIGINT or SIGTERM.
-pub fn cancel_on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        token.cancel();
-    });
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Set to run [`signal_child`] as the child of
+    /// [`a_signal_right_after_start_up_cancels_instead_of_killing`].
+    const SIGNAL_CHILD_ENV: &str = "AWARE_TEST_SIGNAL_CHILD";
+
+    /// Installs the handlers and, before yielding once, has `kill` send this process SIGTERM,
+    /// then waits for the token. Run alone in its own process: it changes how the process
+    /// answers SIGTERM for good.
+    #[test]
+    #[ignore = "child process of a_signal_right_after_start_up_cancels_instead_of_killing"]
+    fn signal_child() {
+        assert!(std::env::var_os(SIGNAL_CHILD_ENV).is_some());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let token = CancellationToken::new();
+            cancel_on_signal(token.clone());
+            let sent = std::process::Command::new("kill")
+                .args(["-TERM", &std::process::id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            tokio::time::timeout(Duration::from_secs(10), token.cancelled())
+                .await
+                .expect("SIGTERM cancels the token");
+        });
+        println!("signal child: cancelled");
+    }
+
+    #[test]
+    fn a_signal_right_after_start_up_cancels_instead_of_killing() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "service::tests::signal_child",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(SIGNAL_CHILD_ENV, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("signal child: cancelled"),
+            "{:?}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
