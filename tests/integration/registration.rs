@@ -274,7 +274,7 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
             Duration::from_secs(10),
         )
         .await;
-        crate::wait_for_metric(m, "aware_targets", 0.0, Duration::from_secs(1)).await;
+        crate::wait_for_metric(m, "aware_targets", 0.0, Duration::from_secs(10)).await;
         assert_eq!(m("aware_registered_targets"), Some(0.0));
     }
     // The monitor's stopped actor no longer counts in its stage.
@@ -445,7 +445,7 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
         Duration::from_secs(10),
     )
     .await;
-    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(1)).await;
+    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(10)).await;
     recorded(&bus, &m, &mut stored, step(&kept, 0, 2)).await;
     let after_release = resume();
     assert!(
@@ -474,7 +474,7 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
         Duration::from_secs(10),
     )
     .await;
-    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(1)).await;
+    crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     recorded(&bus, &m, &mut stored, step(&kept, 1, 2)).await;
     assert!(resume() > held_by_late, "{} vs {held_by_late}", resume());
