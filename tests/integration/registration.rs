@@ -361,6 +361,44 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
     running.join().await.unwrap();
 }
 
+/// One step of `t` for the recorder: its obs, an action, then the next obs closing the
+/// transition.
+fn recorder_step(t: &Target, episode: u64, step: u32) -> [Event; 3] {
+    let mut o = obs(step);
+    o.target = t.clone();
+    o.episode = episode;
+    o.reward = Some(1.0);
+    let mut a = action(step, 3);
+    a.target = t.clone();
+    a.episode = episode;
+    let mut next = obs(step + 1);
+    next.target = t.clone();
+    next.episode = episode;
+    next.reward = Some(1.0);
+    [Event::from(o), a.into(), next.into()]
+}
+
+/// Publishes one step and waits until the recorder has stored its transition (`stored` counts
+/// them).
+async fn recorded(
+    bus: &Bus,
+    m: &impl Fn(&str) -> Option<f64>,
+    stored: &mut f64,
+    events: [Event; 3],
+) {
+    for ev in events {
+        publish(bus, ev).await;
+    }
+    *stored += 1.0;
+    crate::wait_for_metric(
+        m,
+        "aware_recorder_transitions_stored_total",
+        *stored,
+        Duration::from_secs(10),
+    )
+    .await;
+}
+
 /// The recorder's retirement over NATS (JetStream replay): a deregistration releases the
 /// deleted target's floor (the resume point moves past its unfinished episode) and its actor stops
 /// after `actors.retire_after_secs`. A late step of the target is still recorded, by a new actor
@@ -393,46 +431,12 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
         let path = db.with_extension("db.resume");
         move || aware_trajectory_recorder::service::read_resume(&path).unwrap()
     };
-    // One step of `t` (obs, action, then the next obs closing the transition).
-    let step = |t: &Target, episode: u64, step: u32| {
-        let mut o = obs(step);
-        o.target = t.clone();
-        o.episode = episode;
-        o.reward = Some(1.0);
-        let mut a = action(step, 3);
-        a.target = t.clone();
-        a.episode = episode;
-        let mut next = obs(step + 1);
-        next.target = t.clone();
-        next.episode = episode;
-        next.reward = Some(1.0);
-        [Event::from(o), a.into(), next.into()]
-    };
     let mut stored = 0.0;
-    // Publishes one step and waits until its transition is stored.
-    async fn recorded(
-        bus: &Bus,
-        m: &impl Fn(&str) -> Option<f64>,
-        stored: &mut f64,
-        events: [Event; 3],
-    ) {
-        for ev in events {
-            publish(bus, ev).await;
-        }
-        *stored += 1.0;
-        crate::wait_for_metric(
-            m,
-            "aware_recorder_transitions_stored_total",
-            *stored,
-            Duration::from_secs(10),
-        )
-        .await;
-    }
 
     // Both targets mid-episode: the resume point is the deleted one's floor, the older.
     publish(&bus, registration(Some(&TargetSpec::new(&gone)), 1).into()).await;
-    recorded(&bus, &m, &mut stored, step(&gone, 0, 0)).await;
-    recorded(&bus, &m, &mut stored, step(&kept, 0, 0)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&gone, 0, 0)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&kept, 0, 0)).await;
     let held_by_gone = resume();
     assert!(held_by_gone > 0);
 
@@ -446,7 +450,7 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
     )
     .await;
     crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(10)).await;
-    recorded(&bus, &m, &mut stored, step(&kept, 0, 2)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&kept, 0, 2)).await;
     let after_release = resume();
     assert!(
         after_release > held_by_gone,
@@ -455,12 +459,12 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
 
     // A late step of the deleted target: recorded by a new actor, which its first event started
     // (counted).
-    recorded(&bus, &m, &mut stored, step(&gone, 0, 5)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&gone, 0, 5)).await;
     assert_eq!(m("aware_retired_target_events_total"), Some(1.0));
     assert_eq!(m("aware_targets"), Some(2.0));
     // The kept target starts a new episode: its floor moves past the late actor's, which now
     // holds the resume point (the kept target's floor does not move again below).
-    recorded(&bus, &m, &mut stored, step(&kept, 1, 0)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&kept, 1, 0)).await;
     let held_by_late = resume();
     assert!(
         held_by_late > after_release,
@@ -476,7 +480,7 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
     .await;
     crate::wait_for_metric(&m, "aware_targets", 1.0, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    recorded(&bus, &m, &mut stored, step(&kept, 1, 2)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&kept, 1, 2)).await;
     assert!(resume() > held_by_late, "{} vs {held_by_late}", resume());
     // The kept target's open episode has held the resume point for over a second.
     let labelled = crate::labelled_metrics_of(&running, aware_trajectory_recorder::NAME);
@@ -492,6 +496,98 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
     use aware_trajectory_recorder::store::TrajectoryStore as _;
     assert_eq!(store.count(&gone).unwrap(), 2, "the late step is recorded");
     assert_eq!(store.count(&kept).unwrap(), 4);
+}
+
+/// A target whose observations stop without a deregistration stops holding the recorder's
+/// JetStream resume point back after `recorder.release_silent_after_secs`, while a target that
+/// keeps stepping keeps its floor; when the silent one resumes, its next obs holds it again, and
+/// every transition of both is stored.
+#[actix_rt::test]
+async fn a_silent_target_stops_holding_the_recorders_resume_point() {
+    let server = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({
+            "sqlite_path": db.display().to_string(),
+            "batch": 1,
+            "release_silent_after_secs": 1,
+        }),
+    );
+    let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
+    let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
+    let labelled = crate::labelled_metrics_of(&running, aware_trajectory_recorder::NAME);
+    let bus = Bus::connect(&cfg.bus, "recorder-silence-test")
+        .await
+        .unwrap();
+    let (quiet, busy) = (Target::new("shop", "quiet"), Target::new("shop", "busy"));
+    let resume = {
+        let path = db.with_extension("db.resume");
+        move || aware_trajectory_recorder::service::read_resume(&path).unwrap()
+    };
+    let mut stored = 0.0;
+
+    // Both mid-episode: the quiet target's floor, the older, holds the resume point.
+    recorded(&bus, &m, &mut stored, recorder_step(&quiet, 0, 0)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&busy, 0, 0)).await;
+    let held_by_quiet = resume();
+    assert!(held_by_quiet > 0);
+    assert_eq!(m("aware_recorder_silent_releases_total"), Some(0.0));
+
+    // The busy target keeps stepping; the quiet one sends nothing. Within a few checks the quiet
+    // target's floor is released and the resume point moves up to the busy one's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut s = 2;
+    while m("aware_recorder_silent_releases_total") < Some(1.0) {
+        assert!(std::time::Instant::now() < deadline, "never released");
+        recorded(&bus, &m, &mut stored, recorder_step(&busy, 0, s)).await;
+        s += 2;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    recorded(&bus, &m, &mut stored, recorder_step(&busy, 0, s)).await;
+    let held_by_busy = resume();
+    assert!(
+        held_by_busy > held_by_quiet,
+        "{held_by_busy} vs {held_by_quiet}"
+    );
+    assert!(
+        labelled(
+            "aware_recorder_resume_held_seconds",
+            &[("target", "shop/busy")]
+        )
+        .is_some(),
+        "the busy target holds it now"
+    );
+
+    // The quiet target resumes mid-episode: that obs is its new floor. Once the busy target
+    // starts its next episode (a floor past it), the quiet one holds the resume point again.
+    recorded(&bus, &m, &mut stored, recorder_step(&quiet, 0, 40)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&busy, 1, 0)).await;
+    let held_again = resume();
+    assert!(held_again > held_by_busy, "{held_again} vs {held_by_busy}");
+    assert!(
+        labelled(
+            "aware_recorder_resume_held_seconds",
+            &[("target", "shop/quiet")]
+        )
+        .is_some(),
+        "the resumed quiet target holds it"
+    );
+
+    shutdown.cancel();
+    running.join().await.unwrap();
+    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
+    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    assert_eq!(
+        store.count(&quiet).unwrap(),
+        2,
+        "nothing lost by the release"
+    );
+    assert_eq!(store.count(&busy).unwrap(), stored as u64 - 2);
 }
 
 /// The lifecycle monitor over NATS: a restarted monitor resumes a target at the stage its previous

@@ -28,6 +28,11 @@
 //! restart may have set it since). The recorder acts on nothing and must lose no transition, so
 //! an event of a retired target is still recorded, by a new actor retired again after the delay
 //! ([`LateEvents::Record`]).
+//!
+//! Silence (`recorder.release_silent_after_secs`, default an hour): a target whose observations
+//! stop without a deregistration would hold the resume point back for good. Its actor releases
+//! its floor once no `obs` has arrived for that long; the next `obs`, if it resumes, sets a new
+//! one. A restart after the release rebuilds that episode's summary from the replayed steps.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -35,7 +40,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, ActorContext, Context, Handler};
+use actix::{Actor, ActorContext, AsyncContext, Context, Handler};
 use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
 use aware_shared::agents::{run_actors, sweep_ticks, Deliver, LateEvents, Retire, TargetActors};
 use aware_shared::config::ConfigError;
@@ -75,6 +80,11 @@ pub struct RecorderConfig {
     /// created again) before the recorder deletes it from the store, in seconds (0: never). The
     /// `sqlite` store only; with `questdb` it must be 0.
     pub forget_after_secs: u64,
+    /// On NATS: a target whose observations have stopped this long (seconds, wall clock) without
+    /// a deregistration stops holding the JetStream resume point back at its open episode's
+    /// first `obs` (0: it holds it until the episode completes, however long). Keep it well
+    /// above the collector's step interval.
+    pub release_silent_after_secs: u64,
 }
 
 impl Default for RecorderConfig {
@@ -88,6 +98,7 @@ impl Default for RecorderConfig {
             batch: 512,
             keep_transitions: 1_000_000,
             forget_after_secs: 7 * 24 * 3600,
+            release_silent_after_secs: 3600,
         }
     }
 }
@@ -134,6 +145,12 @@ impl RecorderConfig {
             )));
         }
         Ok(())
+    }
+
+    /// After how long without observations a target's floor is released: `None` never.
+    pub fn release_silent_after(&self) -> Option<Duration> {
+        (self.release_silent_after_secs > 0)
+            .then(|| Duration::from_secs(self.release_silent_after_secs))
     }
 
     /// How long a deregistered target's data is kept: `None` keeps it for ever.
@@ -212,6 +229,8 @@ struct RecorderMetrics {
     deregistered: IntGauge,
     /// How long the oldest open episode has held the resume point back, labelled by its target.
     resume_held: prometheus::IntGaugeVec,
+    /// Floors released because their target's observations stopped.
+    silent_releases: IntCounter,
     store_errors: IntCounterVec,
 }
 
@@ -248,6 +267,10 @@ impl RecorderMetrics {
                 "Deregistered targets whose data waits for recorder.forget_after_secs",
             )?,
             resume_held,
+            silent_releases: m.counter(
+                "recorder_silent_releases_total",
+                "Open episodes that stopped holding the resume point back because their target's observations stopped (recorder.release_silent_after_secs)",
+            )?,
             // Every op at 0 from the start, so a scrape (and an alert's rate) sees the series.
             store_errors: m.counter_vec(
                 "recorder_store_errors_total",
@@ -274,12 +297,26 @@ pub struct TargetRecorder {
     target: Target,
     joiner: Joiner,
     writes: mpsc::UnboundedSender<Write>,
-    /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen).
+    /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen
+    /// since the floor was last released).
     floor: Option<u64>,
+    /// Release the floor after this long without an `obs` (`recorder.release_silent_after_secs`).
+    silent_after: Option<Duration>,
+    /// When the last `obs` arrived (wall clock of this process: replayed events count as arriving
+    /// now, so a restart does not release a floor it has just rebuilt).
+    last_obs: std::time::Instant,
+    silent_releases: IntCounter,
 }
 
 impl Actor for TargetRecorder {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(after) = self.silent_after {
+            let every = (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+            ctx.run_interval(every, |act, _| act.release_if_silent());
+        }
+    }
 }
 
 impl Handler<Retire> for TargetRecorder {
@@ -296,9 +333,51 @@ impl Handler<Retire> for TargetRecorder {
 }
 
 impl TargetRecorder {
+    fn new(
+        target: &Target,
+        steps_per_episode: u32,
+        writes: mpsc::UnboundedSender<Write>,
+        silent_after: Option<Duration>,
+        silent_releases: IntCounter,
+    ) -> Self {
+        TargetRecorder {
+            target: target.clone(),
+            joiner: Joiner::new(target.clone(), steps_per_episode),
+            writes,
+            floor: None,
+            silent_after,
+            last_obs: std::time::Instant::now(),
+            silent_releases,
+        }
+    }
+
+    /// A target whose observations stopped without a deregistration (its collector moved, the
+    /// Deployment was scaled away, the source lost it) would hold the resume point back for
+    /// good, and every restart would replay everything since. After `silent_after` its floor is
+    /// released; if it resumes, the first `obs` sets a new one. What this costs: a restart after
+    /// the release rebuilds the resumed episode's summary from the steps after it (its
+    /// transitions are stored either way), as a replay past the stream's retention would.
+    fn release_if_silent(&mut self) {
+        self.release_if_silent_at(std::time::Instant::now());
+    }
+
+    fn release_if_silent_at(&mut self, now: std::time::Instant) {
+        let Some(after) = self.silent_after else {
+            return;
+        };
+        if self.floor.is_none() || now.saturating_duration_since(self.last_obs) < after {
+            return;
+        }
+        self.floor = None;
+        self.silent_releases.inc();
+        tracing::info!(target = %self.target, silent_secs = after.as_secs(), "no observations: the open episode no longer holds the resume point back");
+        let _ = self.writes.send(Write::Release(self.target.clone()));
+    }
+
     fn take(&mut self, ev: Event, seq: Option<u64>) {
         match ev {
             Event::Obs(o) => {
+                self.last_obs = std::time::Instant::now();
                 let target = o.target.clone();
                 let first_of_episode = o.step == 0;
                 let out = self.joiner.on_obs(o);
@@ -696,6 +775,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         }
         None => None,
     };
+    let silent_releases = metrics.silent_releases.clone();
     let writer_task = tokio::spawn(writer(
         ctx.clone(),
         store,
@@ -707,11 +787,15 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     ));
     let spe = ctx.config.collector.steps_per_episode;
     let writes = tx.clone();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetRecorder {
-        target: t.clone(),
-        joiner: Joiner::new(t.clone(), spe),
-        writes: writes.clone(),
-        floor: None,
+    let silent_after = cfg.release_silent_after();
+    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+        TargetRecorder::new(
+            t,
+            spe,
+            writes.clone(),
+            silent_after,
+            silent_releases.clone(),
+        )
     })
     .with_late_events(LateEvents::Record);
     let kinds = [EventKind::Obs, EventKind::Action, EventKind::Applied];
@@ -835,6 +919,77 @@ mod tests {
         r.floors.remove(&a);
         assert_eq!(held(&r, 71_000), 1);
         assert_eq!(held(&r, 0), 0, "a clock gone back reports 0");
+    }
+
+    #[test]
+    fn a_silent_targets_floor_is_released_and_set_again_when_it_resumes() {
+        use aware_bus_schemas::generated::samples;
+        let target = Target::new("ns", "quiet");
+        let obs = |step: u32| {
+            let Some(Event::Obs(mut o)) =
+                samples().into_iter().find(|e| matches!(e, Event::Obs(_)))
+            else {
+                unreachable!()
+            };
+            o.target = target.clone();
+            o.episode = 0;
+            o.step = step;
+            Event::Obs(o)
+        };
+        // What reached the writer: floors and releases only.
+        let drain = |rx: &mut mpsc::UnboundedReceiver<Write>| {
+            let mut out = Vec::new();
+            while let Ok(w) = rx.try_recv() {
+                match w {
+                    Write::Floor(t, seq) => out.push(format!("floor {t} {seq}")),
+                    Write::Release(t) => out.push(format!("release {t}")),
+                    _ => {}
+                }
+            }
+            out
+        };
+        let after = Duration::from_secs(60);
+        let counter = IntCounter::new("c", "c").unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut r = TargetRecorder::new(&target, 100, tx, Some(after), counter.clone());
+
+        // Nothing to release before the first obs.
+        r.release_if_silent_at(r.last_obs + after * 2);
+        assert!(drain(&mut rx).is_empty());
+        r.take(obs(0), Some(5));
+        r.take(obs(1), Some(9));
+        assert_eq!(
+            drain(&mut rx),
+            ["floor ns/quiet 5"],
+            "the episode's first obs"
+        );
+        let seen = r.last_obs;
+        r.release_if_silent_at(seen + after - Duration::from_millis(1));
+        assert!(drain(&mut rx).is_empty(), "not yet silent long enough");
+        assert_eq!(r.floor, Some(5));
+        r.release_if_silent_at(seen + after);
+        assert_eq!(drain(&mut rx), ["release ns/quiet"]);
+        assert_eq!((r.floor, counter.get()), (None, 1));
+        r.release_if_silent_at(seen + after * 3);
+        assert!(drain(&mut rx).is_empty(), "released once");
+        assert_eq!(counter.get(), 1);
+        // It resumes mid-episode: that obs holds the resume point from now on.
+        r.take(obs(2), Some(40));
+        r.take(obs(3), Some(44));
+        assert_eq!(drain(&mut rx), ["floor ns/quiet 40"]);
+        assert!(r.last_obs >= seen);
+
+        // Off: the floor holds however long the target is silent.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut r = TargetRecorder::new(&target, 100, tx, None, counter.clone());
+        r.take(obs(0), Some(5));
+        r.release_if_silent_at(r.last_obs + Duration::from_secs(1_000_000));
+        assert_eq!(drain(&mut rx), ["floor ns/quiet 5"]);
+        assert_eq!((r.floor, counter.get()), (Some(5), 1));
+        assert_eq!(
+            RecorderConfig::default().release_silent_after(),
+            Some(Duration::from_secs(3600))
+        );
     }
 
     #[test]
