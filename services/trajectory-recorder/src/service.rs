@@ -32,7 +32,8 @@
 //! Silence (`recorder.release_silent_after_secs`, default an hour): a target whose observations
 //! stop without a deregistration would hold the resume point back for good. Its actor releases
 //! its floor once no `obs` has arrived for that long; the next `obs`, if it resumes, sets a new
-//! one. A restart after the release rebuilds that episode's summary from the replayed steps.
+//! one. A restart after the release rebuilds that episode's summary from the replayed steps, and
+//! does not join a step spanning the silence.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -354,9 +355,11 @@ impl TargetRecorder {
     /// A target whose observations stopped without a deregistration (its collector moved, the
     /// Deployment was scaled away, the source lost it) would hold the resume point back for
     /// good, and every restart would replay everything since. After `silent_after` its floor is
-    /// released; if it resumes, the first `obs` sets a new one. What this costs: a restart after
-    /// the release rebuilds the resumed episode's summary from the steps after it (its
-    /// transitions are stored either way), as a replay past the stream's retention would.
+    /// released; if it resumes, the first `obs` sets a new one. What this costs, only when the
+    /// recorder restarts after the release: the resumed episode's summary is rebuilt from the
+    /// steps replayed (its rewards are per-step means, so the lifecycle monitor reads the same
+    /// level), as a replay past the stream's retention would; and a step spanning the silence,
+    /// whose `obs` came before it, is not joined. Every transition already stored stays.
     fn release_if_silent(&mut self) {
         self.release_if_silent_at(std::time::Instant::now());
     }
