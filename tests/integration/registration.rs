@@ -399,6 +399,46 @@ async fn recorded(
     .await;
 }
 
+/// A recorder alone on a real nats-server, storing into `db` one transition per batch, with
+/// `actors.retire_after_secs` and the `[recorder]` settings of `extra`.
+struct RecorderRig {
+    running: aware_shared::launcher::Running,
+    shutdown: CancellationToken,
+    /// A client of the same server, to publish the steps.
+    bus: Bus,
+    /// Reads the persisted resume point.
+    resume: Box<dyn Fn() -> u64>,
+}
+
+async fn start_recorder(
+    server: &NatsServer,
+    db: &std::path::Path,
+    retire_after_secs: u64,
+    extra: serde_json::Value,
+) -> RecorderRig {
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.actors.retire_after_secs = retire_after_secs;
+    let mut section = serde_json::json!({
+        "sqlite_path": db.display().to_string(),
+        "batch": 1,
+    });
+    if let (Some(s), Some(e)) = (section.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    cfg.sections.insert("recorder".into(), section);
+    let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
+    let bus = Bus::connect(&cfg.bus, "recorder-test").await.unwrap();
+    let path = db.with_extension("db.resume");
+    RecorderRig {
+        running,
+        shutdown,
+        bus,
+        resume: Box::new(move || aware_trajectory_recorder::service::read_resume(&path).unwrap()),
+    }
+}
+
 /// The recorder's retirement over NATS (JetStream replay): a deregistration releases the
 /// deleted target's floor (the resume point moves past its unfinished episode) and its actor stops
 /// after `actors.retire_after_secs`. A late step of the target is still recorded, by a new actor
@@ -408,29 +448,16 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
     let server = NatsServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("trajectories.db");
-    let mut cfg = AppConfig::default();
-    cfg.bus.url = server.url();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.actors.retire_after_secs = 1;
-    cfg.sections.insert(
-        "recorder".into(),
-        // Forgetting off (as with QuestDB): the release does not depend on it.
-        serde_json::json!({
-            "sqlite_path": db.display().to_string(),
-            "batch": 1,
-            "forget_after_secs": 0,
-        }),
-    );
-    let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
+    // Forgetting off (as with QuestDB): the release does not depend on it.
+    let rig = start_recorder(&server, &db, 1, serde_json::json!({"forget_after_secs": 0})).await;
+    let RecorderRig {
+        running,
+        shutdown,
+        bus,
+        resume,
+    } = rig;
     let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
-    let bus = Bus::connect(&cfg.bus, "recorder-retirement-test")
-        .await
-        .unwrap();
     let (gone, kept) = (target(), Target::new("shop", "kept"));
-    let resume = {
-        let path = db.with_extension("db.resume");
-        move || aware_trajectory_recorder::service::read_resume(&path).unwrap()
-    };
     let mut stored = 0.0;
 
     // Both targets mid-episode: the resume point is the deleted one's floor, the older.
@@ -507,28 +534,22 @@ async fn a_silent_target_stops_holding_the_recorders_resume_point() {
     let server = NatsServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("trajectories.db");
-    let mut cfg = AppConfig::default();
-    cfg.bus.url = server.url();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({
-            "sqlite_path": db.display().to_string(),
-            "batch": 1,
-            "release_silent_after_secs": 1,
-        }),
-    );
-    let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
+    let rig = start_recorder(
+        &server,
+        &db,
+        3600,
+        serde_json::json!({"release_silent_after_secs": 1}),
+    )
+    .await;
+    let RecorderRig {
+        running,
+        shutdown,
+        bus,
+        resume,
+    } = rig;
     let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
     let labelled = crate::labelled_metrics_of(&running, aware_trajectory_recorder::NAME);
-    let bus = Bus::connect(&cfg.bus, "recorder-silence-test")
-        .await
-        .unwrap();
     let (quiet, busy) = (Target::new("shop", "quiet"), Target::new("shop", "busy"));
-    let resume = {
-        let path = db.with_extension("db.resume");
-        move || aware_trajectory_recorder::service::read_resume(&path).unwrap()
-    };
     let mut stored = 0.0;
 
     // Both mid-episode: the quiet target's floor, the older, holds the resume point.
