@@ -120,6 +120,8 @@ pub struct ControllerMetrics {
     pub reconciles: prometheus::IntCounterVec,
     pub status_writes: prometheus::IntCounterVec,
     pub managed: prometheus::IntGauge,
+    /// Failures of the list/watch of AwareAutoscalers (each retried with backoff).
+    pub watch_errors: prometheus::IntCounter,
 }
 
 impl ControllerMetrics {
@@ -147,6 +149,10 @@ impl ControllerMetrics {
             managed: m.gauge(
                 "controller_managed_targets",
                 "Targets registered with the services",
+            )?,
+            watch_errors: m.counter(
+                "controller_watch_errors_total",
+                "Failed lists or watches of AwareAutoscalers (API server unreachable, RBAC), each retried with backoff",
             )?,
         })
     }
@@ -632,6 +638,9 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
     Ok(())
 }
 
+/// How long after shutdown is requested in-flight reconciles may still run.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// Runs the controller loop (kube runtime) and the status writer until shutdown.
 pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), ServiceError> {
     let config: ControllerConfig = ctx.config.section("controller")?;
@@ -646,16 +655,39 @@ pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), 
     ctx.ready.set(true);
     tracing::info!(namespace = %if config.namespace.is_empty() { "*" } else { config.namespace.as_str() }, resync_s = config.resync_seconds, "controller watching AwareAutoscalers");
     let shutdown = ctx.shutdown.clone();
-    Controller::new(api, watcher::Config::default())
+    let watch_errors = shared.metrics.watch_errors.clone();
+    let run = Controller::new(api, watcher::Config::default())
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, shared.clone())
-        .for_each(|res| async move {
+        .for_each(|res| {
             match res {
                 Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
+                // Without the watch nothing new is seen: created, changed and deleted objects
+                // wait (a deleted one stays Terminating behind the finalizer).
+                Err(kube::runtime::controller::Error::QueueError(e)) => {
+                    watch_errors.inc();
+                    tracing::warn!(error = %e, "listing or watching AwareAutoscalers failed; retrying with backoff");
+                }
+                // Reconcile failures are counted and logged by `error_policy`.
                 Err(e) => tracing::debug!(error = %e, "reconcile error"),
             }
-        })
-        .await;
+            futures::future::ready(())
+        });
+    // The graceful shutdown waits for in-flight reconciles, and kube-runtime holds the reconcile
+    // runner until the first list has succeeded: with that list failing (RBAC, an unreachable
+    // API server) it would wait for ever and the pod would only stop when killed. So the wait is
+    // bounded.
+    let deadline = {
+        let shutdown = ctx.shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = deadline => tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "the controller did not stop in time (its first list never succeeded, or a reconcile hangs); stopping anyway"),
+    }
     ctx.ready.set(false);
     ctx.shutdown.cancel();
     writer

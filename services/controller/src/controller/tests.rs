@@ -660,3 +660,76 @@ async fn the_running_controller_registers_on_create_and_releases_on_delete() {
         .unwrap();
     server.abort();
 }
+
+/// The whole controller against an API server that refuses to list AwareAutoscalers (the RBAC
+/// of a broken install): every failed list is counted and logged, retried with backoff, and
+/// nothing is registered; it still stops on shutdown (within [`SHUTDOWN_GRACE`]).
+#[tokio::test]
+async fn a_refused_watch_is_counted_and_retried() {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (lists_tx, mut lists) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        while let Some((request, send)) = handle.next_request().await {
+            let (method, path) = (request.method().clone(), request.uri().path().to_string());
+            assert_eq!(
+                (method, path.as_str()),
+                (Method::GET, "/apis/aware.dev/v1alpha1/awareautoscalers"),
+                "only the list is tried"
+            );
+            let _ = lists_tx.send(request.uri().to_string());
+            send.send_response(kube_mock::json_response(
+                403,
+                &json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "awareautoscalers.aware.dev is forbidden: User \"system:serviceaccount:aware:aware-controller\" cannot list resource \"awareautoscalers\"",
+                    "reason": "Forbidden", "code": 403,
+                }),
+            ));
+        }
+    });
+
+    let bus = Bus::in_process(1024);
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let ctx = ServiceContext::new(
+        "controller",
+        bus,
+        Arc::new(AppConfig::default()),
+        shutdown.clone(),
+    )
+    .unwrap();
+    let metrics = ctx.metrics.clone();
+    let errors = move || {
+        let text = aware_shared::telemetry::render_metrics(std::slice::from_ref(&metrics));
+        text.lines()
+            .find_map(|l| l.strip_prefix("aware_controller_watch_errors_total"))
+            .map(|v| v.trim().rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+    };
+    let controller = tokio::spawn(run_with_client(ctx, Client::new(service, "default")));
+    // Three lists: the first and two retries after backoff.
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(20), lists.recv())
+            .await
+            .expect("the list was not retried")
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while errors() < Some(2.0) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", errors());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), registrations.next())
+            .await
+            .is_err(),
+        "nothing registered"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(10), controller)
+        .await
+        .expect("the controller did not stop")
+        .unwrap()
+        .unwrap();
+    server.abort();
+}
