@@ -288,6 +288,10 @@ pub struct BusConfig {
     pub connect_timeout_ms: u64,
     /// Upper bound of the exponential reconnect backoff.
     pub reconnect_max_delay_ms: u64,
+    /// How long a flush (at shutdown, after a registration) waits for the server to confirm what
+    /// was published; past it the flush fails, so a service whose NATS server is unreachable
+    /// still stops on SIGTERM.
+    pub flush_timeout_ms: u64,
     pub jetstream: JetStreamConfig,
 }
 
@@ -298,6 +302,7 @@ impl Default for BusConfig {
             channel_capacity: 65_536,
             connect_timeout_ms: 10_000,
             reconnect_max_delay_ms: 5_000,
+            flush_timeout_ms: 5_000,
             jetstream: JetStreamConfig::default(),
         }
     }

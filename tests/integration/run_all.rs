@@ -317,6 +317,49 @@ fn every_service_binary_runs_on_its_own() {
     }
 }
 
+/// The NATS server goes away, then the process is told to stop: the six services stop taking
+/// messages, their final flush gives up after `bus.flush_timeout_ms` (the client would otherwise
+/// wait for a reconnection for ever), and the process exits 0, saying what it could not flush.
+#[test]
+fn a_process_whose_nats_server_is_gone_still_stops_on_sigterm() {
+    let server = NatsServer::start().unwrap();
+    let url = server.url();
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("t.db").display().to_string();
+    let models = data.path().join("models").display().to_string();
+    let mut p = Proc::spawn(
+        "aware",
+        &["run", "all", "--bus", &url, "--http-listen", "127.0.0.1:0"],
+        &[
+            ("AWARE_RECORDER__SQLITE_PATH", db.as_str()),
+            ("AWARE_MODEL_STORE__DIR", models.as_str()),
+            ("AWARE_BUS__FLUSH_TIMEOUT_MS", "1000"),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    drop(server);
+    // Not ready once the client has noticed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while matches!(http_get(addr, "/readyz"), Ok((200, _))) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still ready without a server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = p
+        .terminate(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("did not stop without its NATS server:\n{}", p.stderr()));
+    assert!(status.success(), "{status:?}\n{}", p.stderr());
+    assert!(
+        p.stderr().contains("bus.flush_timeout_ms (1000 ms)"),
+        "{}",
+        p.stderr()
+    );
+}
+
 #[test]
 fn invalid_configuration_fails_start_up_naming_the_key() {
     let mut p = Proc::spawn(

@@ -49,6 +49,7 @@ pub fn redact_url(url: &str) -> String {
 pub struct NatsBus {
     client: async_nats::Client,
     url: String,
+    flush_timeout: Duration,
 }
 
 impl NatsBus {
@@ -95,6 +96,7 @@ impl NatsBus {
         let bus = NatsBus {
             client,
             url: cfg.url.clone(),
+            flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
         };
         if cfg.jetstream.enabled {
             bus.ensure_stream(cfg).await?;
@@ -153,10 +155,21 @@ impl NatsBus {
             })
     }
 
+    /// Waits until the server has received everything published, at most `bus.flush_timeout_ms`:
+    /// while the server is unreachable the client only reconnects, and an unbounded flush would
+    /// keep a stopping service from ever exiting.
     pub async fn flush(&self) -> Result<(), BusError> {
-        self.client.flush().await.map_err(|e| BusError::Publish {
+        let reason = match tokio::time::timeout(self.flush_timeout, self.client.flush()).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "not confirmed within bus.flush_timeout_ms ({} ms): is the server reachable?",
+                self.flush_timeout.as_millis()
+            ),
+        };
+        Err(BusError::Publish {
             subject: "<flush>".to_string(),
-            reason: e.to_string(),
+            reason,
         })
     }
 
