@@ -283,4 +283,22 @@ async fn nats_reconnects_after_a_server_restart() {
     // The subscription is re-established by the client after reconnecting.
     publish(&bus, "aware.v1.obs.ns.app", b"after").await;
     assert_eq!(recv(&mut sub).await.1, Bytes::from_static(b"after"));
+    // The new server started without the old one's JetStream storage: the first publish after
+    // reconnecting declared the capture stream again, and it captured that message.
+    let js = async_nats::jetstream::new(
+        async_nats::connect(format!("nats://127.0.0.1:{port}"))
+            .await
+            .unwrap(),
+    );
+    let mut stream = js
+        .get_stream(&cfg.jetstream.stream)
+        .await
+        .expect("the capture stream is declared again");
+    let state = stream.info().await.unwrap().state.clone();
+    assert_eq!(state.messages, 1, "{state:?}");
+    let m = stream.get_raw_message(state.last_sequence).await.unwrap();
+    assert_eq!(
+        (m.subject.as_str(), m.payload.as_ref()),
+        ("aware.v1.obs.ns.app", b"after".as_ref())
+    );
 }

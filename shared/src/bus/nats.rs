@@ -1,7 +1,9 @@
 //! The NATS bus (async-nats): reconnect with exponential backoff, publish errors surfaced, and a
 //! JetStream stream capturing `aware.v1.>` so external tools can replay recent history.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use bytes::Bytes;
@@ -50,6 +52,14 @@ pub struct NatsBus {
     client: async_nats::Client,
     url: String,
     flush_timeout: Duration,
+    /// With JetStream on: the configuration the stream is (re)declared with.
+    capture: Option<Arc<BusConfig>>,
+    /// Set on every (re)connection: the next publish declares the stream again, since a server
+    /// that restarted without its JetStream storage (memory storage, a lost volume) has none and
+    /// would capture nothing until every service restarted.
+    redeclare: Arc<AtomicBool>,
+    /// When the stream was last (re)declared or tried: at most one try a second.
+    last_declare: Arc<Mutex<Option<Instant>>>,
 }
 
 impl NatsBus {
@@ -59,7 +69,9 @@ impl NatsBus {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
         let max_delay = Duration::from_millis(cfg.reconnect_max_delay_ms);
         let mut attempt = 0usize;
+        let redeclare = Arc::new(AtomicBool::new(false));
         let client = loop {
+            let connected = redeclare.clone();
             let opts = async_nats::ConnectOptions::new()
                 .name(client_name)
                 .subscription_capacity(cfg.channel_capacity)
@@ -68,13 +80,19 @@ impl NatsBus {
                 ))
                 .max_reconnects(None)
                 .reconnect_delay_callback(move |n| backoff(n, max_delay))
-                .event_callback(|event| async move {
-                    match event {
-                        async_nats::Event::Connected => tracing::info!("nats connected"),
-                        async_nats::Event::Disconnected => {
-                            tracing::warn!("nats disconnected; reconnecting with backoff")
+                .event_callback(move |event| {
+                    let connected = connected.clone();
+                    async move {
+                        match event {
+                            async_nats::Event::Connected => {
+                                connected.store(true, Ordering::Relaxed);
+                                tracing::info!("nats connected")
+                            }
+                            async_nats::Event::Disconnected => {
+                                tracing::warn!("nats disconnected; reconnecting with backoff")
+                            }
+                            other => tracing::warn!(event = %other, "nats event"),
                         }
-                        other => tracing::warn!(event = %other, "nats event"),
                     }
                 });
             match opts.connect(cfg.url.as_str()).await {
@@ -97,9 +115,13 @@ impl NatsBus {
             client,
             url: cfg.url.clone(),
             flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
+            capture: cfg.jetstream.enabled.then(|| Arc::new(cfg.clone())),
+            redeclare,
+            last_declare: Arc::new(Mutex::new(None)),
         };
         if cfg.jetstream.enabled {
             bus.ensure_stream(cfg).await?;
+            bus.redeclare.store(false, Ordering::Relaxed);
         }
         Ok(bus)
     }
@@ -133,8 +155,37 @@ impl NatsBus {
         Ok(())
     }
 
+    /// Declares the capture stream again after a reconnection (see `redeclare`), before the
+    /// publish that follows it; a failure is logged and retried a second later at the earliest.
+    async fn redeclare_stream(&self) {
+        let Some(cfg) = &self.capture else { return };
+        if !self.redeclare.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let Ok(mut last) = self.last_declare.lock() else {
+                return;
+            };
+            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        self.redeclare.store(false, Ordering::Relaxed);
+        match self.ensure_stream(cfg).await {
+            Ok(()) => {
+                tracing::info!(stream = %cfg.jetstream.stream, "capture stream declared after (re)connecting")
+            }
+            Err(e) => {
+                self.redeclare.store(true, Ordering::Relaxed);
+                tracing::warn!(error = %e, "cannot declare the capture stream after reconnecting; retrying");
+            }
+        }
+    }
+
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
         validate_subject(subject)?;
+        self.redeclare_stream().await;
         self.client
             .publish(subject.to_string(), payload)
             .await
