@@ -51,15 +51,20 @@ pub fn redact_url(url: &str) -> String {
 pub struct NatsBus {
     client: async_nats::Client,
     url: String,
+    state: Arc<State>,
+}
+
+/// What the clones of one connection share besides the client.
+struct State {
     flush_timeout: Duration,
     /// With JetStream on: the configuration the stream is (re)declared with.
-    capture: Option<Arc<BusConfig>>,
+    capture: Option<BusConfig>,
     /// Set on every (re)connection: the next publish declares the stream again, since a server
     /// that restarted without its JetStream storage (memory storage, a lost volume) has none and
     /// would capture nothing until every service restarted.
-    redeclare: Arc<AtomicBool>,
+    redeclare: AtomicBool,
     /// When the stream was last (re)declared or tried: at most one try a second.
-    last_declare: Arc<Mutex<Option<Instant>>>,
+    last_declare: Mutex<Option<Instant>>,
 }
 
 impl NatsBus {
@@ -69,9 +74,14 @@ impl NatsBus {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
         let max_delay = Duration::from_millis(cfg.reconnect_max_delay_ms);
         let mut attempt = 0usize;
-        let redeclare = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(State {
+            flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
+            capture: cfg.jetstream.enabled.then(|| cfg.clone()),
+            redeclare: AtomicBool::new(false),
+            last_declare: Mutex::new(None),
+        });
         let client = loop {
-            let connected = redeclare.clone();
+            let connected = state.clone();
             let opts = async_nats::ConnectOptions::new()
                 .name(client_name)
                 .subscription_capacity(cfg.channel_capacity)
@@ -85,7 +95,7 @@ impl NatsBus {
                     async move {
                         match event {
                             async_nats::Event::Connected => {
-                                connected.store(true, Ordering::Relaxed);
+                                connected.redeclare.store(true, Ordering::Relaxed);
                                 tracing::info!("nats connected")
                             }
                             async_nats::Event::Disconnected => {
@@ -114,14 +124,11 @@ impl NatsBus {
         let bus = NatsBus {
             client,
             url: cfg.url.clone(),
-            flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
-            capture: cfg.jetstream.enabled.then(|| Arc::new(cfg.clone())),
-            redeclare,
-            last_declare: Arc::new(Mutex::new(None)),
+            state,
         };
         if cfg.jetstream.enabled {
             bus.ensure_stream(cfg).await?;
-            bus.redeclare.store(false, Ordering::Relaxed);
+            bus.state.redeclare.store(false, Ordering::Relaxed);
         }
         Ok(bus)
     }
@@ -158,12 +165,14 @@ impl NatsBus {
     /// Declares the capture stream again after a reconnection (see `redeclare`), before the
     /// publish that follows it; a failure is logged and retried a second later at the earliest.
     async fn redeclare_stream(&self) {
-        let Some(cfg) = &self.capture else { return };
-        if !self.redeclare.load(Ordering::Relaxed) {
+        let Some(cfg) = &self.state.capture else {
+            return;
+        };
+        if !self.state.redeclare.load(Ordering::Relaxed) {
             return;
         }
         {
-            let Ok(mut last) = self.last_declare.lock() else {
+            let Ok(mut last) = self.state.last_declare.lock() else {
                 return;
             };
             if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
@@ -171,13 +180,13 @@ impl NatsBus {
             }
             *last = Some(Instant::now());
         }
-        self.redeclare.store(false, Ordering::Relaxed);
+        self.state.redeclare.store(false, Ordering::Relaxed);
         match self.ensure_stream(cfg).await {
             Ok(()) => {
                 tracing::info!(stream = %cfg.jetstream.stream, "capture stream declared after (re)connecting")
             }
             Err(e) => {
-                self.redeclare.store(true, Ordering::Relaxed);
+                self.state.redeclare.store(true, Ordering::Relaxed);
                 tracing::warn!(error = %e, "cannot declare the capture stream after reconnecting; retrying");
             }
         }
@@ -210,12 +219,13 @@ impl NatsBus {
     /// while the server is unreachable the client only reconnects, and an unbounded flush would
     /// keep a stopping service from ever exiting.
     pub async fn flush(&self) -> Result<(), BusError> {
-        let reason = match tokio::time::timeout(self.flush_timeout, self.client.flush()).await {
+        let reason = match tokio::time::timeout(self.state.flush_timeout, self.client.flush()).await
+        {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!(
                 "not confirmed within bus.flush_timeout_ms ({} ms): is the server reachable?",
-                self.flush_timeout.as_millis()
+                self.state.flush_timeout.as_millis()
             ),
         };
         Err(BusError::Publish {
