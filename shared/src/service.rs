@@ -2,6 +2,7 @@
 //! decoded intake of bus events, and signal handling.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aware_bus_schemas::{self as schemas, subject, BusMessage, Event, EventKind};
 use bytes::Bytes;
@@ -237,11 +238,16 @@ impl ServiceContext {
     /// from `start_seq` (0: from the oldest message kept) and yields each event with its stream
     /// sequence, so a consumer that persists how far it got resumes without losing anything.
     /// On the embedded bus (nothing to replay) it is a live subscription and sequences are `None`.
+    ///
+    /// A stream that was recreated (a server restarted without its JetStream storage) numbers
+    /// its messages from 1 again: at start, a `start_seq` past its last message, and while
+    /// reading, a new creation time (checked every [`REPLAY_RESET_CHECK`]), yield
+    /// [`Replayed::Reset`] and the reading starts over from the new stream's first message.
     pub async fn subscribe_replay(
         &self,
         kinds: &[EventKind],
         start_seq: u64,
-    ) -> Result<mpsc::Receiver<(Event, Option<u64>)>, ServiceError> {
+    ) -> Result<mpsc::Receiver<Replayed>, ServiceError> {
         use futures::StreamExt;
         let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
         let nats = match &self.bus {
@@ -249,7 +255,7 @@ impl ServiceContext {
                 let mut live = self.subscribe_events(kinds).await?;
                 tokio::spawn(async move {
                     while let Some(ev) = live.recv().await {
-                        if tx.send((ev, None)).await.is_err() {
+                        if tx.send(Replayed::Event(Box::new(ev), None)).await.is_err() {
                             break;
                         }
                     }
@@ -258,43 +264,31 @@ impl ServiceContext {
             }
             Bus::Nats(n) => n.clone(),
         };
-        let js_err = |e: String| {
-            ServiceError::Bus(BusError::JetStream {
-                stream: self.config.bus.jetstream.stream.clone(),
-                reason: e,
-            })
-        };
+        let stream_name = self.config.bus.jetstream.stream.clone();
         let js = async_nats::jetstream::new(nats.client().clone());
-        let stream = js
-            .get_stream(&self.config.bus.jetstream.stream)
-            .await
-            .map_err(|e| js_err(e.to_string()))?;
-        let deliver_policy = if start_seq > 0 {
-            async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start_seq,
-            }
-        } else {
-            async_nats::jetstream::consumer::DeliverPolicy::All
-        };
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: subject::ALL.to_string(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| js_err(e.to_string()))?;
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| js_err(e.to_string()))?;
+        let mut reader = ReplayReader::open(&js, &stream_name, start_seq).await?;
+        if let Some(reason) = reader.reset.take() {
+            tracing::warn!(service = self.name, stream = %stream_name, %reason, "replaying the stream from its first message");
+            let _ = tx.send(Replayed::Reset(reason)).await;
+        }
         let kinds: Vec<EventKind> = kinds.to_vec();
         let ctx = self.clone();
         tokio::spawn(async move {
+            let mut check = tokio::time::interval(REPLAY_RESET_CHECK);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let next = tokio::select! {
                     _ = ctx.shutdown.cancelled() => break,
-                    m = messages.next() => m,
+                    m = reader.messages.next() => m,
+                    _ = check.tick() => {
+                        if let Some(reason) = reader.recreated(&js, &stream_name).await {
+                            tracing::warn!(service = ctx.name, stream = %stream_name, %reason, "replaying the stream from its first message");
+                            if tx.send(Replayed::Reset(reason)).await.is_err() {
+                                break;
+                            }
+                        }
+                        continue;
+                    }
                 };
                 let m = match next {
                     Some(Ok(m)) => m,
@@ -314,7 +308,7 @@ impl ServiceContext {
                 let Some(ev) = ctx.decode(parsed.kind, m.subject.as_str(), &m.payload) else {
                     continue;
                 };
-                if tx.send((ev, seq)).await.is_err() {
+                if tx.send(Replayed::Event(Box::new(ev), seq)).await.is_err() {
                     break;
                 }
             }
@@ -394,10 +388,105 @@ pub fn cancel_on_signal(token: CancellationToken) {
     });
 }
 
+/// What [`ServiceContext::subscribe_replay`] yields.
+#[derive(Debug)]
+pub enum Replayed {
+    /// An event, with its stream sequence on NATS.
+    Event(Box<Event>, Option<u64>),
+    /// The stream was recreated: the sequences that follow start again from 1, and any sequence
+    /// kept from before means nothing in it (why, for the log).
+    Reset(String),
+}
+
+/// How often the replay checks whether its stream was recreated.
+pub const REPLAY_RESET_CHECK: Duration = Duration::from_secs(2);
+
+/// The ordered consumer of a replay and the creation time of the stream it reads.
+struct ReplayReader {
+    messages: async_nats::jetstream::consumer::pull::Ordered,
+    /// The stream's creation time, as the server reports it.
+    created: String,
+    /// Set when opening found `start_seq` past the stream's end.
+    reset: Option<String>,
+}
+
+impl ReplayReader {
+    async fn open(
+        js: &async_nats::jetstream::Context,
+        stream_name: &str,
+        start_seq: u64,
+    ) -> Result<Self, ServiceError> {
+        let js_err = |e: String| {
+            ServiceError::Bus(BusError::JetStream {
+                stream: stream_name.to_string(),
+                reason: e,
+            })
+        };
+        let stream = js
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        let info = stream.cached_info();
+        let last = info.state.last_sequence;
+        let reset = (start_seq > last.saturating_add(1)).then(|| {
+            format!(
+                "the resume point {start_seq} is past the stream's last message {last}: the \
+                 stream was recreated (its server lost its JetStream storage?)"
+            )
+        });
+        let deliver_policy = if start_seq > 0 && reset.is_none() {
+            async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start_seq,
+            }
+        } else {
+            async_nats::jetstream::consumer::DeliverPolicy::All
+        };
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: subject::ALL.to_string(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| js_err(e.to_string()))?;
+        Ok(ReplayReader {
+            messages,
+            created: info.created.to_string(),
+            reset,
+        })
+    }
+
+    /// When the stream now has another creation time: reopens the reading at its first message
+    /// and says why. `None` while it is unchanged or cannot be read (the server away: checked
+    /// again at the next tick).
+    async fn recreated(
+        &mut self,
+        js: &async_nats::jetstream::Context,
+        stream_name: &str,
+    ) -> Option<String> {
+        let mut stream = js.get_stream(stream_name).await.ok()?;
+        let created = stream.info().await.ok()?.created.to_string();
+        if created == self.created {
+            return None;
+        }
+        let reopened = ReplayReader::open(js, stream_name, 0).await.ok()?;
+        let reason = format!(
+            "the stream was recreated at {created} (created {} before): its server lost its \
+             JetStream storage?",
+            self.created
+        );
+        *self = reopened;
+        Some(reason)
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     /// Set to run [`signal_child`] as the child of
     /// [`a_signal_right_after_start_up_cancels_instead_of_killing`].

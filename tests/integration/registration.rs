@@ -12,7 +12,7 @@ use aware_bus_schemas::{
     Target,
 };
 use aware_shared::bus::{Bus, Subscription};
-use aware_shared::config::AppConfig;
+use aware_shared::config::{AppConfig, BusConfig};
 use aware_shared::registry::to_registered;
 use aware_shared::spec::{TargetSpec, UpdateMode};
 use aware_shared::testkit::NatsServer;
@@ -809,4 +809,114 @@ async fn next_lifecycle(sub: &mut Subscription) -> aware_bus_schemas::Lifecycle 
             .expect("a lifecycle message")
             .unwrap(),
     )
+}
+
+/// Stops `server` and starts another on its port with an empty store (a server that lost its
+/// JetStream storage), once `bus`, if given, has seen the first one go.
+async fn restart_empty(server: NatsServer, bus: Option<&Bus>) -> (NatsServer, tempfile::TempDir) {
+    let port = server.port();
+    drop(server);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while bus.is_some_and(|b| b.is_connected()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = tempfile::tempdir().unwrap();
+    let server = NatsServer::start_on(port, store.path().join("js")).unwrap();
+    (server, store)
+}
+
+/// The NATS server loses its JetStream storage twice. While the recorder runs, the stream is
+/// declared again by the next publish and numbers its messages from 1: the recorder finds it
+/// recreated, reads it from its first message and keeps recording. When it starts after such a
+/// loss with a resume point past the new stream's end, it reads the new stream from its start.
+/// Every step is stored.
+#[actix_rt::test]
+async fn the_recorder_reads_a_recreated_stream_from_its_start() {
+    let server = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let RecorderRig {
+        running,
+        shutdown,
+        bus,
+        resume,
+    } = start_recorder(&server, &db, 3600, serde_json::json!({})).await;
+    let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
+    let t = target();
+    // Messages the recorder does not read push the stream's sequences up.
+    let pad = |bus: Bus, n: u64| async move {
+        for g in 1..=n {
+            publish(
+                &bus,
+                registration(Some(&TargetSpec::new(&target())), g).into(),
+            )
+            .await;
+        }
+    };
+    pad(bus.clone(), 30).await;
+    let mut stored = 0.0;
+    recorded(&bus, &m, &mut stored, recorder_step(&t, 0, 0)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&t, 0, 2)).await;
+    let before = resume();
+    assert!(before > 30, "{before}");
+
+    let reconnected = |bus: Bus| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !bus.is_connected() {
+            assert!(std::time::Instant::now() < deadline, "never reconnected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The server restarts with an empty store.
+    let (server, _store) = restart_empty(server, Some(&bus)).await;
+    reconnected(bus.clone()).await;
+    // Stored although the recorder's consumer stood at a sequence the new stream has not reached.
+    recorded(&bus, &m, &mut stored, recorder_step(&t, 0, 4)).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&t, 0, 6)).await;
+    assert_eq!(m("aware_recorder_stream_resets_total"), Some(1.0));
+    let after = resume();
+    assert!(after < before, "numbered again: {after} vs {before}");
+    // A new episode after more unread messages: the resume point is its first obs.
+    pad(bus.clone(), 30).await;
+    recorded(&bus, &m, &mut stored, recorder_step(&t, 1, 0)).await;
+    let held = resume();
+    assert!(held > 30, "{held}");
+    shutdown.cancel();
+    running.join().await.unwrap();
+    drop(bus);
+
+    // Stopped, the storage lost again, two steps published: the resume point is past the new
+    // stream's end.
+    let (server, _store2) = restart_empty(server, None).await;
+    let cfg = BusConfig {
+        url: server.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&cfg, "recorder-test-publisher").await.unwrap();
+    for s in [2, 4] {
+        for ev in recorder_step(&t, 1, s) {
+            publish(&bus, ev).await;
+        }
+    }
+    let RecorderRig {
+        running, shutdown, ..
+    } = start_recorder(&server, &db, 3600, serde_json::json!({})).await;
+    let m = crate::metrics_of(&running, aware_trajectory_recorder::NAME);
+    crate::wait_for_metric(
+        &m,
+        "aware_recorder_transitions_stored_total",
+        2.0,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(m("aware_recorder_stream_resets_total"), Some(1.0));
+    shutdown.cancel();
+    running.join().await.unwrap();
+    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
+    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    assert_eq!(store.count(&t).unwrap(), stored as u64 + 2, "every step");
 }

@@ -46,7 +46,7 @@ use aware_bus_schemas::{Episode, Event, EventKind, Registration, Target};
 use aware_shared::agents::{run_actors, sweep_ticks, Deliver, LateEvents, Retire, TargetActors};
 use aware_shared::config::ConfigError;
 use aware_shared::forget::{ForgetMetrics, Forgetting};
-use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::service::{Replayed, ServiceContext, ServiceError};
 use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -211,6 +211,9 @@ enum Write {
     /// The target was deregistered or its actor retired: its floor no longer holds the resume
     /// point back.
     Release(Target),
+    /// The stream was recreated: every floor refers to the old one. The resume point goes back
+    /// to its start until the targets' next `obs` set new floors.
+    StreamReset,
 }
 
 /// An event with its JetStream stream sequence (on NATS).
@@ -232,6 +235,8 @@ struct RecorderMetrics {
     resume_held: prometheus::IntGaugeVec,
     /// Floors released because their target's observations stopped.
     silent_releases: IntCounter,
+    /// Times the stream was found recreated.
+    stream_resets: IntCounter,
     store_errors: IntCounterVec,
 }
 
@@ -268,6 +273,10 @@ impl RecorderMetrics {
                 "Deregistered targets whose data waits for recorder.forget_after_secs",
             )?,
             resume_held,
+            stream_resets: m.counter(
+                "recorder_stream_resets_total",
+                "Times the JetStream stream was found recreated (its server lost its storage): the recorder read it again from its first message",
+            )?,
             silent_releases: m.counter(
                 "recorder_silent_releases_total",
                 "Open episodes that stopped holding the resume point back because their target's observations stopped (recorder.release_silent_after_secs)",
@@ -391,7 +400,9 @@ impl TargetRecorder {
                     let _ = self.writes.send(Write::Episode(Box::new(e)));
                 }
                 if let Some(seq) = seq {
-                    if first_of_episode || self.floor.is_none() {
+                    // A lower sequence than the floor: the stream was recreated and numbers
+                    // from 1 again.
+                    if first_of_episode || self.floor.is_none_or(|f| seq < f) {
                         self.floor = Some(seq);
                         let _ = self.writes.send(Write::Floor(target, seq));
                     }
@@ -597,6 +608,15 @@ async fn writer(
         Write::Release(t) => {
             resume.floors.remove(&t);
         }
+        Write::StreamReset => {
+            resume.floors.clear();
+            match write_resume(&resume.path, 0) {
+                Ok(()) => resume.persisted = 0,
+                Err(e) => {
+                    tracing::error!(path = %resume.path.display(), error = %e, "cannot reset the resume point")
+                }
+            }
+        }
     };
     loop {
         let first = tokio::select! {
@@ -779,6 +799,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         None => None,
     };
     let silent_releases = metrics.silent_releases.clone();
+    let stream_resets = metrics.stream_resets.clone();
     let writer_task = tokio::spawn(writer(
         ctx.clone(),
         store,
@@ -820,11 +841,16 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => break,
                 ev = rx.recv() => match ev {
-                    Some((ev, seq)) => {
+                    Some(Replayed::Event(ev, seq)) => {
                         if actors.admit_at(&ev, aware_bus_schemas::now_ms()) {
                             let target = ev.target().clone();
-                            actors.get_or_start(&target).do_send(Sequenced(ev, seq));
+                            actors.get_or_start(&target).do_send(Sequenced(*ev, seq));
                         }
+                    }
+                    Some(Replayed::Reset(reason)) => {
+                        stream_resets.inc();
+                        tracing::warn!(%reason, "the stream starts over: resume point reset, floors set again by the next observations");
+                        let _ = tx.send(Write::StreamReset);
                     }
                     None => break,
                 },

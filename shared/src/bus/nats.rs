@@ -1,7 +1,7 @@
 //! The NATS bus (async-nats): reconnect with exponential backoff, publish errors surfaced, and a
 //! JetStream stream capturing `aware.v1.>` so external tools can replay recent history.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,10 +59,12 @@ struct State {
     flush_timeout: Duration,
     /// With JetStream on: the configuration the stream is (re)declared with.
     capture: Option<BusConfig>,
-    /// Set on every (re)connection: the next publish declares the stream again, since a server
-    /// that restarted without its JetStream storage (memory storage, a lost volume) has none and
-    /// would capture nothing until every service restarted.
-    redeclare: AtomicBool,
+    /// The client's connection count when the stream was last declared: after a reconnection
+    /// the next publish declares it again, since a server that restarted without its JetStream
+    /// storage (memory storage, a lost volume) has none and would capture nothing until every
+    /// service restarted. (The client counts a connection before it reports itself connected,
+    /// so no publish on the new connection comes first.)
+    declared_for: AtomicU64,
     /// When the stream was last (re)declared or tried: at most one try a second.
     last_declare: Mutex<Option<Instant>>,
 }
@@ -77,11 +79,10 @@ impl NatsBus {
         let state = Arc::new(State {
             flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
             capture: cfg.jetstream.enabled.then(|| cfg.clone()),
-            redeclare: AtomicBool::new(false),
+            declared_for: AtomicU64::new(0),
             last_declare: Mutex::new(None),
         });
         let client = loop {
-            let connected = state.clone();
             let opts = async_nats::ConnectOptions::new()
                 .name(client_name)
                 .subscription_capacity(cfg.channel_capacity)
@@ -90,19 +91,13 @@ impl NatsBus {
                 ))
                 .max_reconnects(None)
                 .reconnect_delay_callback(move |n| backoff(n, max_delay))
-                .event_callback(move |event| {
-                    let connected = connected.clone();
-                    async move {
-                        match event {
-                            async_nats::Event::Connected => {
-                                connected.redeclare.store(true, Ordering::Relaxed);
-                                tracing::info!("nats connected")
-                            }
-                            async_nats::Event::Disconnected => {
-                                tracing::warn!("nats disconnected; reconnecting with backoff")
-                            }
-                            other => tracing::warn!(event = %other, "nats event"),
+                .event_callback(|event| async move {
+                    match event {
+                        async_nats::Event::Connected => tracing::info!("nats connected"),
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("nats disconnected; reconnecting with backoff")
                         }
+                        other => tracing::warn!(event = %other, "nats event"),
                     }
                 });
             match opts.connect(cfg.url.as_str()).await {
@@ -127,8 +122,9 @@ impl NatsBus {
             state,
         };
         if cfg.jetstream.enabled {
+            let connects = bus.connects();
             bus.ensure_stream(cfg).await?;
-            bus.state.redeclare.store(false, Ordering::Relaxed);
+            bus.state.declared_for.store(connects, Ordering::Relaxed);
         }
         Ok(bus)
     }
@@ -162,13 +158,19 @@ impl NatsBus {
         Ok(())
     }
 
-    /// Declares the capture stream again after a reconnection (see `redeclare`), before the
+    /// Connections made so far (the first one included).
+    fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Relaxed)
+    }
+
+    /// Declares the capture stream again after a reconnection (see `declared_for`), before the
     /// publish that follows it; a failure is logged and retried a second later at the earliest.
     async fn redeclare_stream(&self) {
         let Some(cfg) = &self.state.capture else {
             return;
         };
-        if !self.state.redeclare.load(Ordering::Relaxed) {
+        let connects = self.connects();
+        if self.state.declared_for.load(Ordering::Relaxed) == connects {
             return;
         }
         {
@@ -180,14 +182,13 @@ impl NatsBus {
             }
             *last = Some(Instant::now());
         }
-        self.state.redeclare.store(false, Ordering::Relaxed);
         match self.ensure_stream(cfg).await {
             Ok(()) => {
-                tracing::info!(stream = %cfg.jetstream.stream, "capture stream declared after (re)connecting")
+                self.state.declared_for.store(connects, Ordering::Relaxed);
+                tracing::info!(stream = %cfg.jetstream.stream, "capture stream declared after reconnecting");
             }
             Err(e) => {
-                self.state.redeclare.store(true, Ordering::Relaxed);
-                tracing::warn!(error = %e, "cannot declare the capture stream after reconnecting; retrying");
+                tracing::warn!(error = %e, "cannot declare the capture stream after reconnecting; retrying")
             }
         }
     }
