@@ -541,6 +541,22 @@ fn configuration_is_validated() {
     assert!(e.contains("controller.resync_seconds"), "{e}");
 }
 
+/// The controller's service context on an in-process bus, a subscription to its registrations
+/// and its shutdown token.
+async fn controller_context() -> (ServiceContext, Subscription, CancellationToken) {
+    let bus = Bus::in_process(1024);
+    let registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let ctx = ServiceContext::new(
+        "controller",
+        bus,
+        Arc::new(AppConfig::default()),
+        shutdown.clone(),
+    )
+    .unwrap();
+    (ctx, registrations, shutdown)
+}
+
 async fn next_registration(sub: &mut Subscription) -> Registration {
     let msg = tokio::time::timeout(Duration::from_secs(20), sub.next())
         .await
@@ -624,16 +640,7 @@ async fn the_running_controller_registers_on_create_and_releases_on_delete() {
         }
     });
 
-    let bus = Bus::in_process(1024);
-    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
-    let shutdown = CancellationToken::new();
-    let ctx = ServiceContext::new(
-        "controller",
-        bus,
-        Arc::new(AppConfig::default()),
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (ctx, mut registrations, shutdown) = controller_context().await;
     let controller = tokio::spawn(run_with_client(ctx, Client::new(service, "default")));
     let r = next_registration(&mut registrations).await;
     assert_eq!(r.target, Target::new("shop", "web"));
@@ -689,16 +696,7 @@ async fn a_refused_watch_is_counted_and_retried() {
         }
     });
 
-    let bus = Bus::in_process(1024);
-    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
-    let shutdown = CancellationToken::new();
-    let ctx = ServiceContext::new(
-        "controller",
-        bus,
-        Arc::new(AppConfig::default()),
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (ctx, mut registrations, shutdown) = controller_context().await;
     let metrics = ctx.metrics.clone();
     let errors = move || {
         let text = aware_shared::telemetry::render_metrics(std::slice::from_ref(&metrics));
