@@ -449,6 +449,23 @@ impl Default for ActorsConfig {
     }
 }
 
+/// The dotted keys under `prefix` whose values are null, in order.
+fn null_paths(v: &serde_json::Value, prefix: &str) -> Vec<String> {
+    match v {
+        serde_json::Value::Null => vec![prefix.to_string()],
+        serde_json::Value::Object(m) => m
+            .iter()
+            .flat_map(|(k, v)| null_paths(v, &format!("{prefix}.{k}")))
+            .collect(),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .flat_map(|(i, v)| null_paths(v, &format!("{prefix}[{i}]")))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher).
 pub fn stable_hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -501,7 +518,17 @@ impl AppConfig {
     ) -> Result<T, ConfigError> {
         match self.sections.get(name) {
             None => Ok(T::default()),
-            Some(v) => serde_json::from_value(v.clone()).map_err(|e| invalid(name, e.to_string())),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                // A NaN or an infinity (TOML `nan`, `inf`) arrives as null: name the key.
+                let nulls = null_paths(v, name);
+                match nulls.first() {
+                    Some(key) if e.to_string().contains("null") => invalid(
+                        key,
+                        "must be a finite number (NaN and infinities are refused)",
+                    ),
+                    _ => invalid(name, e.to_string()),
+                }
+            }),
         }
     }
 

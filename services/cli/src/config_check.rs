@@ -163,6 +163,33 @@ mod tests {
                 "[actuator.guardrails]\nreplicas_up_ratio = -1.0\n",
                 "actuator",
             ),
+            // A trainer key in the recommender's section, and a misspelt fallback key: each
+            // was ignored before the recommender's types denied unknown keys.
+            (
+                "[recommender]\nexploration_sigma = 0.5\n",
+                "exploration_sigma",
+            ),
+            (
+                "[recommender.fallback.hpa]\ntarget_cpu_utilisation = 0.5\n",
+                "target_cpu_utilisation",
+            ),
+            (
+                "[recommender.fallback.hpa.scale_up]\nstabilisation_window_s = 5\n",
+                "stabilisation_window_s",
+            ),
+            (
+                "[recommender.fallback.vpa]\nsafety_margin = 0.2\n",
+                "safety_margin",
+            ),
+            // A NaN or an infinity is named by its key, not as "invalid type: null".
+            (
+                "[recommender]\nretrain_noise_scale = nan\n",
+                "`recommender.retrain_noise_scale`: must be a finite number",
+            ),
+            (
+                "[actuator.guardrails]\ncpu_min_change_ratio = inf\n",
+                "`actuator.guardrails.cpu_min_change_ratio`: must be a finite number",
+            ),
         ] {
             let err = load_with(text).unwrap_err().to_string();
             assert!(

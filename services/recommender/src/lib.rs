@@ -94,7 +94,7 @@ impl AgentState {
 
 /// The `[recommender]` configuration section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RecommenderConfig {
     pub fallback: FallbackConfig,
     /// Seed of the exploration noise (mixed with a stable hash of each target).

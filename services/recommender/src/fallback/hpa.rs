@@ -102,6 +102,7 @@ pub enum PolicyKind {
 
 /// One `HPAScalingPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScalingPolicy {
     pub kind: PolicyKind,
     pub value: u32,
@@ -110,7 +111,7 @@ pub struct ScalingPolicy {
 
 /// `HPAScalingRules` for one direction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ScalingRules {
     pub stabilization_window_s: u32,
     pub select_policy: SelectPolicy,
@@ -165,7 +166,7 @@ impl Default for ScalingRules {
 
 /// HPA settings. Defaults are upstream's, except the target utilization (see the field).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct HpaConfig {
     /// Target average CPU utilization (usage / CPU limit), as a fraction. The HPA object must
     /// state its own target; when an `autoscaling/v2` object lists no metric at all the API

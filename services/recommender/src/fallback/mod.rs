@@ -41,7 +41,7 @@ pub use vpa::{VpaConfig, VpaEstimate};
 
 /// Fallback settings (HPA + VPA), ready to sit in the service configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct FallbackConfig {
     pub hpa: HpaConfig,
     pub vpa: VpaConfig,

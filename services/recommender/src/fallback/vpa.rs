@@ -44,7 +44,7 @@ const DAY_S: f64 = 86_400.0;
 
 /// VPA settings; defaults are upstream's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct VpaConfig {
     /// `--target-cpu-percentile` / `--target-memory-percentile`.
     pub target_percentile: f64,
