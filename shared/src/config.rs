@@ -628,6 +628,19 @@ impl AppConfig {
                     format!("{} is outside [0, 1]", t.alpha),
                 ));
             }
+            // As for a registration: an SLO of NaN, 0 or less would leave the target with a
+            // reward no policy can earn, or none.
+            for (key, v) in [
+                ("latency_p99_ms", t.slo.latency_p99_ms),
+                ("throughput_rps", t.slo.throughput_rps),
+            ] {
+                if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                    return Err(invalid(
+                        &format!("targets[{i}].slo.{key}"),
+                        format!("{v} is not a positive number"),
+                    ));
+                }
+            }
         }
         let l = &self.lifecycle;
         for (key, v) in [
@@ -898,6 +911,43 @@ name = "cart"
         let other = cfg.spec_for(&Target::new("shop", "other"));
         assert_eq!(other.alpha, 0.5);
         assert_eq!(other.name, "other");
+    }
+
+    #[test]
+    fn a_targets_slo_must_be_a_positive_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("aware.toml");
+        for (slo, ok) in [
+            ("latency_p99_ms = 150.0", true),
+            ("throughput_rps = 20.0", true),
+            ("latency_p99_ms = nan", false),
+            ("latency_p99_ms = 0.0", false),
+            ("throughput_rps = -5.0", false),
+            ("throughput_rps = inf", false),
+        ] {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.slo]\n{slo}\n"
+                ),
+            )
+            .unwrap();
+            let res = load(&ConfigSources {
+                file: Some(file.clone()),
+                ..Default::default()
+            });
+            match (res, ok) {
+                (Ok(_), true) => {}
+                (Err(e), false) => {
+                    let key = slo.split(' ').next().unwrap();
+                    assert!(
+                        e.to_string().contains(&format!("targets[0].slo.{key}")),
+                        "{slo}: {e}"
+                    );
+                }
+                (res, _) => panic!("{slo}: {res:?}"),
+            }
+        }
     }
 
     #[test]
