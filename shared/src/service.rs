@@ -468,8 +468,9 @@ impl ReplayReader {
         js: &async_nats::jetstream::Context,
         stream_name: &str,
     ) -> Option<String> {
-        let mut stream = js.get_stream(stream_name).await.ok()?;
-        let created = stream.info().await.ok()?.created.to_string();
+        // `get_stream` already asks for the stream's info: one request per check.
+        let stream = js.get_stream(stream_name).await.ok()?;
+        let created = stream.cached_info().created.to_string();
         if created == self.created {
             return None;
         }
