@@ -535,6 +535,30 @@ apps:
         assert!(offered > 0.0);
     }
 
+    /// The example apps (the demo's hand-written ones) are Deployments an autoscaler can run:
+    /// under the HPA rule alone none is ever OOM-killed and each earns a reward that only
+    /// serving its load gives. (The WorldCup app once started at a twelfth of what its trace
+    /// needed: its overloaded pods were OOM-killed by their queues from the first step, reported
+    /// no CPU use, and no autoscaler in the demo got it out of the crash loop: reward 0.03.)
+    #[test]
+    fn example_apps_are_servable_by_the_hpa_rule() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/apps.yaml");
+        let opts = crate::run::RunSimOptions {
+            apps: crate::run::AppSource::File { path },
+            steps: 300,
+            policy: crate::run::PolicySpec::Hpa {
+                target_cpu_util: 0.7,
+            },
+            ..Default::default()
+        };
+        let report = crate::run::run_sim(&opts, &mut std::io::sink()).unwrap();
+        assert_eq!(report.apps.len(), 3);
+        for a in &report.apps {
+            assert_eq!(a.oom_kills, 0, "{a:?}");
+            assert!(a.mean_reward >= 1.0, "{a:?}");
+        }
+    }
+
     #[test]
     fn invalid_specs_are_rejected_with_reason() {
         let mut a = generate_apps(1, 1, &GeneratorOptions::default()).remove(0);
