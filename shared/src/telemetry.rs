@@ -31,8 +31,14 @@ pub enum TelemetryError {
 
 /// Installs the global tracing subscriber (`RUST_LOG`, default `info`), logging to stderr.
 pub fn init_tracing(format: LogFormat) -> Result<(), TelemetryError> {
+    init_tracing_at(format, "info")
+}
+
+/// [`init_tracing`] with another filter where `RUST_LOG` is unset (`aware demo` logs warnings
+/// only, so its live table is not buried under the services' info lines).
+pub fn init_tracing_at(format: LogFormat, default_filter: &str) -> Result<(), TelemetryError> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1,17 +1,28 @@
 //! `aware demo`: the main job on the embedded bus — a simulated cluster of apps (generated ones
-//! plus hand-written ones on real traces) managed end to end by the six services, with live
-//! per-app progress and a summary (also written as JSON).
+//! plus hand-written ones on real traces) managed end to end by the six services: every app
+//! starts OFFLINE behind the HPA/VPA fallback while the trainer learns from its transitions,
+//! goes ONLINE when the off-policy estimate allows, and SERVING when its rewards settle. Live
+//! per-app progress and stage changes, then a summary (JSON) and plots of every app's reward,
+//! SLO violations and stage per episode.
+//!
+//! The simulation is lock-step and would run the whole demo in a fraction of a second, before
+//! the trainer's first round; the demo paces it the bus's own way ([`PacedServices`]: a pause
+//! after every simulated step, back-pressure from small buffers), as in production, where a
+//! step lasts 10–30 s and training is never behind.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Duration;
 
-use aware_bus_schemas::{subject, Event, Stage, Target};
+use aware_bus_schemas::{Event, Stage, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+
+use crate::bench::chart::{line_chart, Chart, Series};
+use crate::bench::{BenchError, PacedServices};
 
 /// The hand-written apps (two of them on excerpts of real traces), embedded so the demo runs from
 /// any directory.
@@ -37,6 +48,16 @@ pub struct DemoOptions {
     /// Print the progress table every this many steps.
     pub print_every: u32,
     pub out_dir: PathBuf,
+    /// Wall-clock pause after every simulated step: the lock-step simulation would otherwise run
+    /// the whole demo in a fraction of a second, before the trainer's first round.
+    pub pace: Duration,
+    /// `trainer.meta_dir` (an `aware train-meta` output): bootstrap from the meta-trained,
+    /// embedding-conditioned base-learner. `None`: the plain base-learner, from scratch.
+    pub meta: Option<PathBuf>,
+    /// Settings of the services other than the demo's, `(section.key[.key…], JSON value)`.
+    pub settings: Vec<(String, serde_json::Value)>,
+    /// Stop reading after this long even if episodes are missing (the summary covers what ran).
+    pub timeout: Duration,
 }
 
 impl Default for DemoOptions {
@@ -44,10 +65,14 @@ impl Default for DemoOptions {
         DemoOptions {
             generated_apps: 3,
             seed: 7,
-            episodes: 3,
-            steps_per_episode: 100,
-            print_every: 25,
+            episodes: 30,
+            steps_per_episode: 50,
+            print_every: 250,
             out_dir: PathBuf::from("demo-out"),
+            pace: Duration::from_millis(20),
+            meta: None,
+            settings: Vec::new(),
+            timeout: Duration::from_secs(1800),
         }
     }
 }
@@ -64,6 +89,33 @@ pub enum DemoError {
     Service(#[from] aware_shared::service::ServiceError),
     #[error(transparent)]
     Bus(#[from] aware_shared::bus::BusError),
+    #[error(transparent)]
+    Run(#[from] BenchError),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One recorded episode of an app (from its `episode` summary).
+#[derive(Debug, Clone, Serialize)]
+pub struct EpisodeRow {
+    pub episode: u64,
+    pub stage: Stage,
+    pub mean_reward: f64,
+    pub slo_violations: u32,
+    pub steps: u32,
+    pub rl_steps: u32,
+    pub cpu_util_mean: f64,
+    pub memory_util_mean: f64,
+}
+
+/// A lifecycle change of an app.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageChange {
+    /// The episode in which it was decided.
+    pub episode: u64,
+    pub from: Option<Stage>,
+    pub to: Stage,
+    pub reason: String,
 }
 
 /// Per-app state shown live and summarised.
@@ -87,6 +139,9 @@ pub struct AppProgress {
     pub actions_fallback: u64,
     pub actions_rl: u64,
     pub episodes_recorded: u64,
+    pub models: u64,
+    pub stage_changes: Vec<StageChange>,
+    pub episodes: Vec<EpisodeRow>,
 }
 
 impl AppProgress {
@@ -97,28 +152,68 @@ impl AppProgress {
             self.reward_sum / self.rewards as f64
         }
     }
+
+    /// The stages the app went through, in order, without repeats ("offline → online").
+    pub fn stage_path(&self) -> String {
+        let mut path: Vec<&str> = Vec::new();
+        for c in &self.stage_changes {
+            if path.last() != Some(&c.to.as_str()) {
+                path.push(c.to.as_str());
+            }
+        }
+        if path.is_empty() {
+            "-".into()
+        } else {
+            path.join(" → ")
+        }
+    }
+
+    /// Mean per-step reward of the episodes in `stage`, and how many there were.
+    fn stage_mean(&self, stage: Stage) -> Option<(f64, usize)> {
+        let rows: Vec<&EpisodeRow> = self.episodes.iter().filter(|e| e.stage == stage).collect();
+        (!rows.is_empty()).then(|| {
+            (
+                rows.iter().map(|e| e.mean_reward).sum::<f64>() / rows.len() as f64,
+                rows.len(),
+            )
+        })
+    }
 }
 
-fn write_demo_files(dir: &Path) -> Result<PathBuf, DemoError> {
-    let io = |source, path: &Path| DemoError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DemoError + '_ {
+    move |source| DemoError::Io {
         path: path.display().to_string(),
         source,
-    };
+    }
+}
+
+/// Writes the hand-written apps and their traces under `dir` and empties `dir/data` (the
+/// trajectory and model stores: every demo starts from nothing). Returns the app file.
+fn write_demo_files(dir: &Path) -> Result<PathBuf, DemoError> {
     let apps_dir = dir.join("apps");
     let data_dir = dir.join("testdata");
-    std::fs::create_dir_all(&apps_dir).map_err(|e| io(e, &apps_dir))?;
-    std::fs::create_dir_all(&data_dir).map_err(|e| io(e, &data_dir))?;
+    let stores = dir.join("data");
+    std::fs::create_dir_all(&apps_dir).map_err(io_err(&apps_dir))?;
+    std::fs::create_dir_all(&data_dir).map_err(io_err(&data_dir))?;
+    match std::fs::remove_dir_all(&stores) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&stores)(e)),
+    }
+    std::fs::create_dir_all(&stores).map_err(io_err(&stores))?;
     for (name, text) in TRACES {
         let p = data_dir.join(name);
-        std::fs::write(&p, text).map_err(|e| io(e, &p))?;
+        std::fs::write(&p, text).map_err(io_err(&p))?;
     }
     let p = apps_dir.join("apps.yaml");
-    std::fs::write(&p, APPS_YAML).map_err(|e| io(e, &p))?;
+    std::fs::write(&p, APPS_YAML).map_err(io_err(&p))?;
     Ok(p)
 }
 
-/// The configuration the demo runs the services with.
-pub fn demo_config(opts: &DemoOptions, app_file: PathBuf) -> AppConfig {
+/// The configuration the demo runs the services with: the simulated cluster, the stores under
+/// `out_dir/data`, and a trainer that polls often enough for a paced demo (every setting not
+/// named here is the services' default, so what the demo shows is what they do).
+pub fn demo_config(opts: &DemoOptions, app_file: PathBuf) -> Result<AppConfig, DemoError> {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
@@ -127,15 +222,56 @@ pub fn demo_config(opts: &DemoOptions, app_file: PathBuf) -> AppConfig {
     sim.apps = opts.generated_apps;
     sim.seed = opts.seed;
     sim.app_files = vec![app_file];
-    sim.max_steps = opts.episodes * u64::from(opts.steps_per_episode);
-    cfg
+    // One episode beyond the last one summarised: an episode's summary follows its last step.
+    sim.max_steps = (opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
+    // Paced: a decision may wait for the trainer's round on the same cores.
+    sim.step_timeout_ms = 60_000;
+    let data = opts.out_dir.join("data");
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({
+            "sqlite_path": data.join("trajectories.db").display().to_string(),
+            "batch": 64,
+        }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": data.join("models").display().to_string() }),
+    );
+    let offline_episodes = 4u64;
+    let mut trainer = serde_json::json!({
+        "poll_ms": 50,
+        "train_every_transitions": 100,
+        "offline_min_transitions": offline_episodes * u64::from(opts.steps_per_episode),
+        "eval_episodes": offline_episodes,
+    });
+    if let (Some(meta), Some(t)) = (&opts.meta, trainer.as_object_mut()) {
+        t.insert("meta_dir".into(), meta.display().to_string().into());
+        // A light imitation term keeps more of the meta-trained policy (README, trainer.bc_alpha).
+        t.insert("bc_alpha".into(), 100.0.into());
+    }
+    cfg.sections.insert("trainer".into(), trainer);
+    for (path, value) in &opts.settings {
+        crate::bench::serve_bus::set_path(&mut cfg.sections, path, value.clone())
+            .map_err(|e| DemoError::Config(e.to_string()))?;
+    }
+    Ok(cfg)
 }
 
 fn print_table(out: &mut impl Write, apps: &BTreeMap<Target, AppProgress>) {
     let _ = writeln!(
         out,
-        "{:<22} {:<9} {:>6} {:>4} {:>6} {:>7} {:>17} {:>7} {:>7}",
-        "app", "stage", "step", "rep", "cpu(m)", "mem(Mi)", "p99 / SLO (ms)", "reward", "viol%"
+        "{:<22} {:<9} {:>6} {:>4} {:>6} {:>7} {:>17} {:>7} {:>7} {:>5}",
+        "app",
+        "stage",
+        "step",
+        "rep",
+        "cpu(m)",
+        "mem(Mi)",
+        "p99 / SLO (ms)",
+        "reward",
+        "viol%",
+        "rl%"
     );
     for (t, a) in apps {
         let slo = match (a.slo_p99_ms, a.slo_throughput_rps) {
@@ -149,9 +285,10 @@ fn print_table(out: &mut impl Write, apps: &BTreeMap<Target, AppProgress>) {
         } else {
             100.0 * a.slo_violations as f64 / a.observations as f64
         };
+        let decisions = (a.actions_fallback + a.actions_rl).max(1) as f64;
         let _ = writeln!(
             out,
-            "{:<22} {:<9} {:>6} {:>4} {:>6} {:>7} {:>17} {:>7.3} {:>6.1}%",
+            "{:<22} {:<9} {:>6} {:>4} {:>6} {:>7} {:>17} {:>7.3} {:>6.1}% {:>4.0}%",
             t.name,
             a.stage.map_or("-", Stage::as_str),
             a.step,
@@ -161,18 +298,31 @@ fn print_table(out: &mut impl Write, apps: &BTreeMap<Target, AppProgress>) {
             format!("{p99} / {slo}"),
             a.last_reward.unwrap_or(0.0),
             viol,
+            100.0 * a.actions_rl as f64 / decisions,
         );
     }
     let _ = writeln!(out);
 }
 
-/// Runs the demo to the end and returns the per-app summary.
+/// The demo's report: per app, and the plots written.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoReport {
+    pub apps: BTreeMap<String, AppProgress>,
+    pub episodes: u64,
+    pub steps_per_episode: u32,
+    /// Whether every app recorded every episode before the timeout or an interrupt.
+    pub complete: bool,
+    pub wall_seconds: f64,
+    pub plots: Vec<String>,
+}
+
+/// Runs the demo to the end and returns its report (also written to `out_dir`).
 pub async fn run(
     opts: &DemoOptions,
     out: &mut (impl Write + Send),
-) -> Result<BTreeMap<Target, AppProgress>, DemoError> {
+) -> Result<DemoReport, DemoError> {
     let app_file = write_demo_files(&opts.out_dir)?;
-    let mut cfg = demo_config(opts, app_file);
+    let mut cfg = demo_config(opts, app_file)?;
     let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     let mut progress: BTreeMap<Target, AppProgress> = apps
@@ -188,34 +338,34 @@ pub async fn run(
             )
         })
         .collect();
-    let total_steps = cfg.collector.simulator.max_steps;
     let spe = u64::from(opts.steps_per_episode.max(1));
-    let bus = Bus::in_process(cfg.bus.channel_capacity);
-    let mut sub = bus.subscribe(subject::ALL).await?;
-    let shutdown = CancellationToken::new();
-    aware_shared::service::cancel_on_signal(shutdown.clone());
+    let want = usize::try_from(opts.episodes).unwrap_or(usize::MAX);
     let _ = writeln!(
         out,
-        "aware demo: {} apps on a simulated cluster, {} episodes × {} steps, embedded bus",
+        "aware demo: {} apps on a simulated cluster, {} episodes × {} steps, embedded bus, {} ms per step{}",
         progress.len(),
         opts.episodes,
-        spe
+        spe,
+        opts.pace.as_millis(),
+        if opts.meta.is_some() { ", meta-learned base-learner" } else { "" }
     );
-    let running =
-        aware_shared::launcher::start_on(bus, Arc::new(cfg), &crate::SERVICES, shutdown.clone())
-            .await?;
-    let mut finished = 0usize;
+    let _ = writeln!(
+        out,
+        "every app starts OFFLINE behind HPA/VPA; the trainer learns from its transitions; ONLINE when the estimate allows, SERVING when rewards settle\n"
+    );
+    let interrupted = CancellationToken::new();
+    aware_shared::service::cancel_on_signal(interrupted.clone());
+    let started = std::time::Instant::now();
+    // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
+    let bus = Bus::in_process((4 * progress.len()).max(64));
+    let mut services =
+        PacedServices::start(bus, cfg, progress.len(), opts.pace, opts.timeout).await?;
     let mut last_printed = u64::MAX;
-    loop {
-        let msg = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = sub.next() => match m { Some(m) => m, None => break },
-        };
-        let Ok(parsed) = subject::parse(&msg.subject) else {
-            continue;
-        };
-        let Ok(ev) = aware_bus_schemas::decode_event(parsed.kind, &msg.payload) else {
-            continue;
+    let done = |p: &BTreeMap<Target, AppProgress>| p.values().all(|a| a.episodes.len() >= want);
+    while !done(&progress) {
+        let ev = tokio::select! {
+            _ = interrupted.cancelled() => break,
+            ev = services.next_event() => match ev { Some(ev) => ev, None => break },
         };
         let Some(a) = progress.get_mut(ev.target()) else {
             continue;
@@ -237,61 +387,231 @@ pub async fn run(
                     a.cpu_util_sum += o.metrics.cpu_util;
                     a.memory_util_sum += o.metrics.memory_util;
                 }
-                if g >= total_steps {
-                    finished += 1;
-                }
                 let all_at = progress.values().map(|p| p.step).min().unwrap_or(0);
-                if all_at % u64::from(opts.print_every.max(1)) == 0 && all_at != last_printed {
+                if all_at > 0
+                    && all_at % u64::from(opts.print_every.max(1)) == 0
+                    && all_at != last_printed
+                {
                     last_printed = all_at;
                     print_table(out, &progress);
-                }
-                if finished >= progress.len() {
-                    break;
                 }
             }
             Event::Action(act) => match act.source {
                 aware_bus_schemas::DecisionSource::Fallback => a.actions_fallback += 1,
                 aware_bus_schemas::DecisionSource::Rl => a.actions_rl += 1,
             },
-            Event::Lifecycle(l) => a.stage = Some(l.stage),
-            Event::Episode(_) => a.episodes_recorded += 1,
+            Event::Lifecycle(l) => {
+                if l.previous.is_some() && l.previous != Some(l.stage) {
+                    let _ = writeln!(
+                        out,
+                        "episode {:>3}  {:<22} {} → {}: {}",
+                        l.episode,
+                        l.target.name,
+                        l.previous.map_or("-", Stage::as_str),
+                        l.stage.as_str(),
+                        l.reason
+                    );
+                }
+                if a.stage_changes.last().map(|c| c.to) != Some(l.stage) {
+                    a.stage_changes.push(StageChange {
+                        episode: l.episode,
+                        from: l.previous,
+                        to: l.stage,
+                        reason: l.reason,
+                    });
+                }
+                a.stage = Some(l.stage);
+            }
+            Event::Episode(e) => {
+                a.episodes_recorded += 1;
+                if a.episodes.len() < want {
+                    a.episodes.push(EpisodeRow {
+                        episode: e.episode,
+                        stage: e.stage,
+                        mean_reward: e.mean_reward,
+                        slo_violations: e.slo_violations,
+                        steps: e.steps,
+                        rl_steps: e.rl_steps,
+                        cpu_util_mean: e.cpu_util_mean,
+                        memory_util_mean: e.memory_util_mean,
+                    });
+                }
+            }
+            Event::Model(_) => a.models += 1,
             _ => {}
         }
     }
-    shutdown.cancel();
-    running.join().await?;
-    let _ = writeln!(out, "summary after {total_steps} steps per app:");
-    let _ = writeln!(
-        out,
-        "{:<22} {:<9} {:>11} {:>9} {:>9} {:>9} {:>10}",
-        "app", "stage", "mean reward", "SLO viol", "cpu util", "mem util", "fallback/rl"
-    );
-    for (t, a) in &progress {
-        let n = a.observations.max(1) as f64;
+    let complete = done(&progress);
+    services.stop().await?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    print_table(out, &progress);
+    if !complete {
         let _ = writeln!(
             out,
-            "{:<22} {:<9} {:>11.3} {:>8.1}% {:>8.1}% {:>8.1}% {:>5}/{}",
+            "stopped before every app recorded {} episodes (interrupted or past {:?})",
+            opts.episodes, opts.timeout
+        );
+    }
+    print_summary(out, &progress);
+    let plots = write_plots(&opts.out_dir, &progress)?;
+    let report = DemoReport {
+        apps: progress.into_iter().map(|(t, a)| (t.key(), a)).collect(),
+        episodes: opts.episodes,
+        steps_per_episode: opts.steps_per_episode,
+        complete,
+        wall_seconds,
+        plots,
+    };
+    let path = opts.out_dir.join("demo-summary.json");
+    let text = serde_json::to_string_pretty(&report).unwrap_or_default() + "\n";
+    std::fs::write(&path, text).map_err(io_err(&path))?;
+    let _ = writeln!(out, "wrote {}", path.display());
+    for p in &report.plots {
+        let _ = writeln!(out, "wrote {p}");
+    }
+    Ok(report)
+}
+
+fn print_summary(out: &mut impl Write, progress: &BTreeMap<Target, AppProgress>) {
+    let steps = progress.values().map(|a| a.observations).max().unwrap_or(0);
+    let _ = writeln!(out, "summary after {steps} steps per app:");
+    let _ = writeln!(
+        out,
+        "{:<22} {:>11} {:>9} {:>9} {:>9} {:>12} {:>15} {:>15}  stages",
+        "app",
+        "mean reward",
+        "SLO viol",
+        "cpu util",
+        "mem util",
+        "fallback/rl",
+        "OFFLINE reward",
+        "RL reward"
+    );
+    let fmt =
+        |m: Option<(f64, usize)>| m.map_or("-".to_string(), |(r, n)| format!("{r:.3} ({n} ep)"));
+    for (t, a) in progress {
+        let n = a.observations.max(1) as f64;
+        let rl = {
+            let rows: Vec<&EpisodeRow> = a
+                .episodes
+                .iter()
+                .filter(|e| matches!(e.stage, Stage::Online | Stage::Serving))
+                .collect();
+            (!rows.is_empty()).then(|| {
+                (
+                    rows.iter().map(|e| e.mean_reward).sum::<f64>() / rows.len() as f64,
+                    rows.len(),
+                )
+            })
+        };
+        let _ = writeln!(
+            out,
+            "{:<22} {:>11.3} {:>8.1}% {:>8.1}% {:>8.1}% {:>12} {:>15} {:>15}  {}",
             t.name,
-            a.stage.map_or("-", Stage::as_str),
             a.mean_reward(),
             100.0 * a.slo_violations as f64 / n,
             100.0 * a.cpu_util_sum / n,
             100.0 * a.memory_util_sum / n,
-            a.actions_fallback,
-            a.actions_rl,
+            format!("{}/{}", a.actions_fallback, a.actions_rl),
+            fmt(a.stage_mean(Stage::Offline)),
+            fmt(rl),
+            a.stage_path(),
         );
     }
-    let report: BTreeMap<String, &AppProgress> =
-        progress.iter().map(|(t, a)| (t.key(), a)).collect();
-    let path = opts.out_dir.join("demo-summary.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
-    )
-    .map_err(|source| DemoError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let _ = writeln!(out, "wrote {}", path.display());
-    Ok(progress)
+}
+
+/// Three SVG charts over the episodes: every app's mean reward, its SLO violations (% of the
+/// episode's steps), and how many apps were in each stage.
+fn write_plots(
+    dir: &Path,
+    progress: &BTreeMap<Target, AppProgress>,
+) -> Result<Vec<String>, DemoError> {
+    let names: Vec<&str> = progress.keys().map(|t| t.name.as_str()).collect();
+    let rewards: Vec<Vec<f64>> = progress
+        .values()
+        .map(|a| a.episodes.iter().map(|e| e.mean_reward).collect())
+        .collect();
+    let violations: Vec<Vec<f64>> = progress
+        .values()
+        .map(|a| {
+            a.episodes
+                .iter()
+                .map(|e| 100.0 * f64::from(e.slo_violations) / f64::from(e.steps.max(1)))
+                .collect()
+        })
+        .collect();
+    let n = progress
+        .values()
+        .map(|a| a.episodes.len())
+        .max()
+        .unwrap_or(0);
+    let stages = [Stage::Offline, Stage::Online, Stage::Serving];
+    let counts: Vec<Vec<f64>> = stages
+        .iter()
+        .map(|s| {
+            (0..n)
+                .map(|i| {
+                    progress
+                        .values()
+                        .filter(|a| a.episodes.get(i).map(|e| e.stage) == Some(*s))
+                        .count() as f64
+                })
+                .collect()
+        })
+        .collect();
+    fn per_app<'a>(names: &[&'a str], values: &'a [Vec<f64>]) -> Vec<Series<'a>> {
+        names
+            .iter()
+            .zip(values)
+            .map(|(name, v)| Series {
+                name,
+                offset: 0,
+                values: v,
+            })
+            .collect()
+    }
+    let charts = [
+        (
+            "demo-reward.svg",
+            Chart {
+                series: per_app(&names, &rewards),
+                x_label: "episode",
+                y_label: "mean reward per step",
+                ..Chart::default()
+            },
+        ),
+        (
+            "demo-slo.svg",
+            Chart {
+                series: per_app(&names, &violations),
+                x_label: "episode",
+                y_label: "SLO violations, % of steps",
+                ..Chart::default()
+            },
+        ),
+        (
+            "demo-stages.svg",
+            Chart {
+                series: stages
+                    .iter()
+                    .zip(&counts)
+                    .map(|(s, v)| Series {
+                        name: s.as_str(),
+                        offset: 0,
+                        values: v,
+                    })
+                    .collect(),
+                x_label: "episode",
+                y_label: "apps in the stage",
+                ..Chart::default()
+            },
+        ),
+    ];
+    let mut written = Vec::new();
+    for (file, chart) in &charts {
+        let p = dir.join(file);
+        std::fs::write(&p, line_chart(chart)).map_err(io_err(&p))?;
+        written.push(p.display().to_string());
+    }
+    Ok(written)
 }

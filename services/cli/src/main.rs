@@ -126,20 +126,33 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
-    /// The main job: a simulated cluster managed end to end on the embedded bus.
+    /// The main job: a simulated cluster managed end to end on the embedded bus (bootstrap
+    /// behind HPA/VPA → ONLINE → SERVING); live progress, then demo-summary.json and plots.
     Demo {
         /// Generated apps in addition to the hand-written ones (two on real traces).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = aware_cli::demo::DemoOptions::default().generated_apps)]
         apps: usize,
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = aware_cli::demo::DemoOptions::default().seed)]
         seed: u64,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = aware_cli::demo::DemoOptions::default().episodes)]
         episodes: u64,
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = aware_cli::demo::DemoOptions::default().steps_per_episode)]
         steps_per_episode: u32,
         /// Print the progress table every this many steps.
-        #[arg(long, default_value_t = 25)]
+        #[arg(long, default_value_t = aware_cli::demo::DemoOptions::default().print_every)]
         print_every: u32,
+        /// Wall-clock pause after every simulated step, ms (time for the trainer).
+        #[arg(long, default_value_t = 20)]
+        pace_ms: u64,
+        /// An `aware train-meta` output: bootstrap from the meta-trained base-learner
+        /// (trainer.meta_dir).
+        #[arg(long)]
+        meta: Option<PathBuf>,
+        /// A setting of the services other than the demo's, SECTION.KEY=VALUE with a JSON value
+        /// (repeatable), e.g. --set lifecycle_monitor.probation_episodes=2.
+        #[arg(long = "set", value_parser = parse_setting)]
+        settings: Vec<(String, serde_json::Value)>,
+        /// Output directory (the apps, the stores under data/, the summary and the plots).
         #[arg(long, default_value = "demo-out")]
         out: PathBuf,
     },
@@ -1152,9 +1165,15 @@ fn main() -> anyhow::Result<()> {
             episodes,
             steps_per_episode,
             print_every,
+            pace_ms,
+            meta,
+            settings,
             out,
         } => {
-            aware_shared::telemetry::init_tracing(aware_shared::config::LogFormat::Text)?;
+            aware_shared::telemetry::init_tracing_at(
+                aware_shared::config::LogFormat::Text,
+                "warn",
+            )?;
             let opts = aware_cli::demo::DemoOptions {
                 generated_apps: apps,
                 seed,
@@ -1162,6 +1181,10 @@ fn main() -> anyhow::Result<()> {
                 steps_per_episode,
                 print_every,
                 out_dir: out,
+                pace: std::time::Duration::from_millis(pace_ms),
+                meta,
+                settings,
+                ..Default::default()
             };
             let system = actix_rt::System::new();
             system.block_on(async move {

@@ -1,0 +1,118 @@
+//! `aware demo`, the main job, run as a user runs it: the binary, its stdout, the files it writes.
+
+use std::time::Duration;
+
+use aware_tests::Proc;
+use serde_json::Value;
+
+const EPISODES: usize = 10;
+
+/// The demo takes its apps through the lifecycle (OFFLINE behind HPA/VPA, then ONLINE on the
+/// trained policy), starts from empty stores every time, and writes its summary and plots.
+/// Without pacing the lock-step simulation ended before the trainer's first round and every app
+/// stayed OFFLINE; an earlier run's stores were resumed.
+#[test]
+fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo-out");
+    // What an earlier run left: it must not be resumed.
+    let stale = out.join("data").join("stale-from-an-earlier-run");
+    std::fs::create_dir_all(&stale).unwrap();
+    let episodes = EPISODES.to_string();
+    let mut p = Proc::spawn(
+        "aware",
+        &[
+            "demo",
+            "--episodes",
+            &episodes,
+            "--steps-per-episode",
+            "50",
+            // Time for the trainer of a debug build (a round of 500 gradient steps per app).
+            "--pace-ms",
+            "40",
+            "--print-every",
+            "100",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "demo still running after 600 s:\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = p.drain_lines().join("\n");
+    assert!(status.success(), "{status:?}\n{stdout}\n{}", p.stderr());
+    assert!(!stale.exists(), "the earlier run's stores were kept");
+    assert!(out.join("data").join("trajectories.db").is_file());
+
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("demo-summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["complete"], true, "{report}");
+    let apps = report["apps"].as_object().unwrap();
+    assert_eq!(apps.len(), 6, "three generated and three hand-written apps");
+    let mut promoted = Vec::new();
+    for (name, a) in apps {
+        let eps = a["episodes"].as_array().unwrap();
+        assert_eq!(eps.len(), EPISODES, "{name}");
+        // A fresh start: episode 0 first, driven by the fallback while the policy trains.
+        assert_eq!(eps[0]["episode"], 0, "{name}");
+        assert_eq!(eps[0]["stage"], "offline", "{name}");
+        assert_eq!(eps[0]["rl_steps"], 0, "{name}");
+        assert!(eps[0]["mean_reward"].as_f64().unwrap().is_finite());
+        assert_eq!(a["stage_changes"][0]["to"], "offline", "{name}");
+        let online = a["stage_changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["from"] == "offline" && c["to"] == "online");
+        if online {
+            // Promoted: the policy then decided, and its episodes say so.
+            assert!(a["actions_rl"].as_u64().unwrap() > 0, "{name}: {a}");
+            assert!(
+                eps.iter()
+                    .any(|e| e["stage"] == "online" && e["rl_steps"].as_u64().unwrap() > 0),
+                "{name}: {a}"
+            );
+            promoted.push(name.clone());
+        }
+        assert!(
+            a["models"].as_u64().unwrap() > 0,
+            "{name}: no model trained"
+        );
+    }
+    assert!(
+        promoted.len() >= 3,
+        "only {promoted:?} went ONLINE within {EPISODES} episodes\n{stdout}"
+    );
+    assert!(
+        stdout.contains("offline → online: model estimate"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("summary after"), "{stdout}");
+
+    let plots = report["plots"].as_array().unwrap();
+    assert_eq!(plots.len(), 3);
+    for (plot, must) in [
+        ("demo-reward.svg", "thumbnails"),
+        ("demo-slo.svg", "worldcup-web"),
+        ("demo-stages.svg", "serving"),
+    ] {
+        let svg = std::fs::read_to_string(out.join(plot)).unwrap();
+        assert!(
+            svg.starts_with("<svg") || svg.starts_with("<?xml"),
+            "{plot}"
+        );
+        assert!(svg.contains(must), "{plot} lacks {must}");
+        assert!(svg.contains("<polyline") || svg.contains("<path"), "{plot}");
+    }
+}
