@@ -15,6 +15,9 @@ const APPS: usize = 10;
 const SPE: u32 = 50;
 const EPISODES: u64 = 20;
 const SEED: u64 = 5;
+/// `lifecycle.t_online` of both runs: no agent is promoted, the fallback drives throughout (a
+/// promotion's timing depends on the trainer's speed, which would make the runs differ).
+const NEVER: f64 = 1e9;
 
 fn steps() -> u64 {
     u64::from(SPE) * EPISODES
@@ -62,6 +65,7 @@ fn in_process_run(db: &std::path::Path) {
     cfg.collector.simulator.apps = APPS;
     cfg.collector.simulator.seed = SEED;
     cfg.collector.simulator.max_steps = steps();
+    cfg.lifecycle.t_online = NEVER;
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": db.display().to_string() }),
@@ -92,6 +96,7 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
         &config,
         format!(
             "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [lifecycle]\nt_online = {NEVER:.1}\n\
              [collector]\nsource = \"simulator\"\nsteps_per_episode = {SPE}\n\
              [collector.simulator]\napps = {APPS}\nseed = {SEED}\nmax_steps = {steps}\n\
              [recorder]\nsqlite_path = \"{db}\"\n",
