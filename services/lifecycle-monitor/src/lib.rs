@@ -117,6 +117,16 @@ pub struct MonitorConfig {
     /// rewards hover at `t_serving` does not retrain on every dip. A re-baselined level already
     /// has `rebaseline_margin` below it.
     pub serving_hysteresis: f64,
+    /// The fallback floor (default on): a policy that, after a promotion, would go SERVING
+    /// (re-baselined at the level it settled, or on `t_serving`) while earning less than the
+    /// fallback's reward by more than `probation_margin` is not served: the target returns to
+    /// OFFLINE and the fallback drives again, as after a failed probation (a newer model and
+    /// `readmit_after_episodes`, doubled per failure, before the next promotion). The probation
+    /// judges only the first ONLINE episodes; this judges the policy learning settled on.
+    /// Off: it serves at that level. Retraining (ONLINE entered from SERVING) is held to what
+    /// the policy earned before it instead, the workload having moved on since the fallback's
+    /// episodes.
+    pub fallback_floor: bool,
 }
 
 impl Default for MonitorConfig {
@@ -135,6 +145,7 @@ impl Default for MonitorConfig {
             rebaseline_rollback: true,
             reprobe_after_episodes: 0,
             serving_hysteresis: 0.0,
+            fallback_floor: true,
         }
     }
 }
@@ -152,12 +163,13 @@ pub struct MonitorConfigError {
 }
 
 impl MonitorConfig {
-    /// Algorithm 1 as in the paper: no re-baselining, every ONLINE episode decides (the other
-    /// rules at their defaults).
+    /// Algorithm 1 as in the paper: no re-baselining, no fallback floor, every ONLINE episode
+    /// decides (the other rules at their defaults).
     pub fn algorithm1() -> Self {
         MonitorConfig {
             rebaseline_after_episodes: 0,
             online_noise_free_only: false,
+            fallback_floor: false,
             ..MonitorConfig::default()
         }
     }
@@ -437,6 +449,17 @@ impl LifecycleMachine {
         self.retrain_from.map(|r| r - margin * r.abs())
     }
 
+    /// The fallback floor ([`MonitorConfig::fallback_floor`]): the fallback's reward when
+    /// `level`, reached while first learning (not retraining), is below it by more than
+    /// `probation_margin`.
+    fn below_fallback(&self, level: f64) -> Option<f64> {
+        if !self.rules.fallback_floor || self.retrain_from.is_some() {
+            return None;
+        }
+        self.fallback_reward()
+            .filter(|f| level < f - self.rules.probation_margin * f.abs())
+    }
+
     /// Re-baselining (see [`MonitorConfig::rebaseline_after_episodes`]): ONLINE → SERVING at the
     /// level the last ONLINE episodes settled at; `std` is the decision window's.
     fn try_rebaseline(&mut self, std: f64) -> Option<Transition> {
@@ -454,6 +477,13 @@ impl LifecycleMachine {
         let newer = self.online_rewards.iter().skip(len - half).sum::<f64>() / half as f64;
         if newer - older > self.rules.rebaseline_tolerance * older.abs() || newer < p.t_online {
             return None;
+        }
+        if let Some(fallback) = self.below_fallback(newer) {
+            let reason = format!(
+                "settled below the fallback: the last {n} ONLINE episodes settled at {newer:.3}, below the fallback's {fallback:.3} by more than {:.0}%; the fallback drives again",
+                self.rules.probation_margin * 100.0
+            );
+            return Some(self.demote(reason, (newer, std), n));
         }
         if let (Some(before), Some(earned)) = (self.rebaseline_floor(), self.retrain_from) {
             if newer < before {
@@ -630,6 +660,15 @@ impl LifecycleMachine {
             // published estimates with the behaviour's reward on the same data.
             Stage::Offline => self.try_promote(mean, false, None, "estimated reward", stats),
             Stage::Online if mean >= p.t_serving && std <= p.t_var => {
+                if let Some(fallback) = self.below_fallback(mean) {
+                    let n = self.rewards.len();
+                    let reason = format!(
+                        "settled below the fallback: the last {n} ONLINE episodes' mean reward {mean:.3} reaches t_serving {} but is below the fallback's {fallback:.3} by more than {:.0}%; the fallback drives again",
+                        p.t_serving,
+                        self.rules.probation_margin * 100.0
+                    );
+                    return Some(self.demote(reason, (mean, std), n));
+                }
                 let reason = format!(
                     "reward mean {mean:.3} >= t_serving {} and std {std:.3} <= t_var {}",
                     p.t_serving, p.t_var
@@ -714,14 +753,20 @@ impl LifecycleMachine {
             "probation failed: the first {n} ONLINE episodes' mean reward {mean:.3} is below the fallback's {fallback:.3} by more than {:.0}%; the fallback drives again",
             self.rules.probation_margin * 100.0
         );
+        Some(self.demote(reason, (mean, std), n))
+    }
+
+    /// ONLINE → OFFLINE: the fallback drives again; only a model trained after the return, and
+    /// `readmit_wait` OFFLINE episodes, promote again. `n`: the episodes that decided.
+    fn demote(&mut self, reason: String, stats: (f64, f64), n: usize) -> Transition {
         let newest = self.last_model.unwrap_or(0);
-        let mut t = self.go(Stage::Offline, reason, Some((mean, std)));
+        let mut t = self.go(Stage::Offline, reason, Some(stats));
         t.window = u32::try_from(n).unwrap_or(u32::MAX);
         self.demoted = Some((newest, 0));
         self.failures = self.failures.saturating_add(1);
         // Only models trained after the return may promote again.
         self.last_model = Some(newest);
-        Some(t)
+        t
     }
 }
 
@@ -1455,6 +1500,98 @@ mod tests {
             let (got, _) = drive(rules.clone(), &feed);
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    /// The fallback floor: a promoted policy that settles below the fallback's reward by more
+    /// than the probation margin goes back to OFFLINE instead of SERVING, whichever way it would
+    /// have gone SERVING; one at or above the floor serves; off, both serve.
+    #[test]
+    fn a_policy_settling_below_the_fallback_is_not_served() {
+        use In::{Ep, Model as M};
+        use Stage::*;
+        let on = MonitorConfig {
+            rebaseline_after_episodes: 4,
+            ..MonitorConfig::algorithm1()
+        };
+        assert!(
+            !on.fallback_floor,
+            "Algorithm 1 as in the paper has no floor"
+        );
+        let on = MonitorConfig {
+            fallback_floor: true,
+            ..on
+        };
+        let off = MonitorConfig {
+            fallback_floor: false,
+            ..on.clone()
+        };
+        // Re-baselining: fallback 1.25 (floor 1.125 at 10%); probation passed at 1.15; the
+        // last 4 ONLINE episodes settle at 1.10 (newer half), below t_serving 1.3.
+        let rebaseline = |settled: f64| {
+            vec![
+                Ep(Offline, 1.25, None),
+                Ep(Offline, 1.25, None),
+                M(1, Some(1.3), Some(1.25)),
+                Ep(Online, 1.15, None),
+                Ep(Online, 1.15, None),
+                Ep(Online, 1.15, None),
+                Ep(Online, settled, None),
+            ]
+        };
+        let (stage, ts) = drive(on.clone(), &rebaseline(1.05));
+        assert_eq!(stage, Offline, "{ts:?}");
+        let t = ts.last().unwrap();
+        assert_eq!((t.from, t.to, t.window), (Online, Offline, 4));
+        assert!(
+            t.reason.contains("settled below the fallback")
+                && t.reason.contains("1.100")
+                && t.reason.contains("1.250")
+                && t.reason.contains("10%"),
+            "{}",
+            t.reason
+        );
+        let (stage, ts) = drive(off.clone(), &rebaseline(1.05));
+        assert_eq!(stage, Serving, "{ts:?}");
+        assert!(ts.last().unwrap().reason.contains("re-baselined"));
+        // Settled at 1.15 (no change), above the floor: served at that level.
+        let (stage, ts) = drive(on.clone(), &rebaseline(1.15));
+        assert_eq!(stage, Serving, "{ts:?}");
+
+        // t_serving: fallback 1.6 (floor 1.44); the probation passes at 1.45 with a std above
+        // t_var, then the window's mean 1.383 reaches t_serving 1.3 below the floor.
+        let serving = [
+            Ep(Offline, 1.6, None),
+            M(1, Some(1.65), Some(1.6)),
+            Ep(Online, 1.7, None),
+            Ep(Online, 1.2, None),
+            Ep(Online, 1.45, None),
+            Ep(Online, 1.35, None),
+            Ep(Online, 1.35, None),
+        ];
+        let (stage, ts) = drive(on.clone(), &serving);
+        assert_eq!(stage, Offline, "{ts:?}");
+        let t = ts.last().unwrap();
+        assert!(
+            t.reason.contains("reaches t_serving 1.3") && t.reason.contains("1.600"),
+            "{}",
+            t.reason
+        );
+        let (stage, _) = drive(off, &serving);
+        assert_eq!(stage, Serving);
+
+        // Sent back, it is readmitted like after a failed probation: only a model trained after
+        // the return, after readmit_after_episodes (2) OFFLINE episodes.
+        let mut feed = rebaseline(1.05);
+        feed.extend([
+            M(1, Some(9.0), Some(1.25)),
+            Ep(Offline, 1.25, None),
+            M(2, Some(1.3), Some(1.25)),
+            Ep(Offline, 1.25, None),
+            M(3, Some(1.3), Some(1.25)),
+        ]);
+        let (stage, ts) = drive(on, &feed);
+        assert_eq!(stage, Online, "{ts:?}");
+        assert_eq!(ts.len(), 3, "{ts:?}");
     }
 
     #[test]
