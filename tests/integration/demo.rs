@@ -1,5 +1,6 @@
 //! `aware demo`, the main job, run as a user runs it: the binary, its stdout, the files it writes.
 
+use std::path::Path;
 use std::time::Duration;
 
 use aware_tests::Proc;
@@ -7,36 +8,12 @@ use serde_json::Value;
 
 const EPISODES: usize = 10;
 
-/// The demo takes its apps through the lifecycle (OFFLINE behind HPA/VPA, then ONLINE on the
-/// trained policy), starts from empty stores every time, and writes its summary and plots.
-/// Without pacing the lock-step simulation ended before the trainer's first round and every app
-/// stayed OFFLINE; an earlier run's stores were resumed.
-#[test]
-fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("demo-out");
-    // What an earlier run left: it must not be resumed.
-    let stale = out.join("data").join("stale-from-an-earlier-run");
-    std::fs::create_dir_all(&stale).unwrap();
-    let episodes = EPISODES.to_string();
-    let mut p = Proc::spawn(
-        "aware",
-        &[
-            "demo",
-            "--episodes",
-            &episodes,
-            "--steps-per-episode",
-            "50",
-            // Time for the trainer of a debug build (a round of 500 gradient steps per app).
-            "--pace-ms",
-            "40",
-            "--print-every",
-            "100",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
+/// Runs `aware demo --out OUT --pace-ms 40 ARGS…` to a successful exit; its stdout and report.
+/// 40 ms per step: time for the trainer of a debug build.
+fn demo(out: &Path, args: &[&str]) -> (String, Value) {
+    let mut argv = vec!["demo", "--out", out.to_str().unwrap(), "--pace-ms", "40"];
+    argv.extend_from_slice(args);
+    let mut p = Proc::spawn("aware", &argv, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     let status = loop {
         if let Some(s) = p.child.try_wait().unwrap() {
@@ -51,13 +28,41 @@ fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
     };
     let stdout = p.drain_lines().join("\n");
     assert!(status.success(), "{status:?}\n{stdout}\n{}", p.stderr());
+    let report =
+        serde_json::from_str(&std::fs::read_to_string(out.join("demo-summary.json")).unwrap())
+            .unwrap();
+    (stdout, report)
+}
+
+/// The demo takes its apps through the lifecycle (OFFLINE behind HPA/VPA, then ONLINE on the
+/// trained policy), starts from empty stores every time, and writes its summary and plots.
+/// Without pacing the lock-step simulation ended before the trainer's first round and every app
+/// stayed OFFLINE; an earlier run's stores were resumed.
+#[test]
+fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo-out");
+    // What an earlier run left: it must not be resumed.
+    let stale = out.join("data").join("stale-from-an-earlier-run");
+    std::fs::create_dir_all(&stale).unwrap();
+    let episodes = EPISODES.to_string();
+    let (stdout, report) = demo(
+        &out,
+        &[
+            "--episodes",
+            &episodes,
+            "--steps-per-episode",
+            "50",
+            "--print-every",
+            "100",
+            "--no-meta",
+        ],
+    );
     assert!(!stale.exists(), "the earlier run's stores were kept");
     assert!(out.join("data").join("trajectories.db").is_file());
 
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("demo-summary.json")).unwrap())
-            .unwrap();
     assert_eq!(report["complete"], true, "{report}");
+    assert_eq!(report["meta_dir"], Value::Null);
     let apps = report["apps"].as_object().unwrap();
     assert_eq!(apps.len(), 6, "three generated and three hand-written apps");
     let mut promoted = Vec::new();
@@ -89,6 +94,7 @@ fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
             a["models"].as_u64().unwrap() > 0,
             "{name}: no model trained"
         );
+        assert_eq!(a["embeddings"], 0, "{name}: --no-meta published embeddings");
     }
     assert!(
         promoted.len() >= 3,
@@ -108,11 +114,47 @@ fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
         ("demo-stages.svg", "serving"),
     ] {
         let svg = std::fs::read_to_string(out.join(plot)).unwrap();
-        assert!(
-            svg.starts_with("<svg") || svg.starts_with("<?xml"),
-            "{plot}"
-        );
+        assert!(svg.starts_with("<svg"), "{plot}");
         assert!(svg.contains(must), "{plot} lacks {must}");
-        assert!(svg.contains("<polyline") || svg.contains("<path"), "{plot}");
+        assert!(svg.contains("<polyline"), "{plot}");
     }
+}
+
+/// By default the demo bootstraps from a meta-learner it trains once into OUT/meta and reuses
+/// while its options match: the trainer then publishes every app's workload embedding.
+#[test]
+fn the_demo_meta_trains_once_and_reuses_its_meta_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo-out");
+    let meta = out.join("meta");
+    let (stdout, report) = demo(&out, &["--episodes", "6", "--meta-iterations", "2"]);
+    assert!(
+        stdout.contains("meta-learner: training it once"),
+        "{stdout}"
+    );
+    assert!(meta.join("base.ckpt").is_file() && meta.join("meta.ckpt").is_file());
+    assert_eq!(report["complete"], true, "{report}");
+    assert_eq!(report["meta_dir"], meta.display().to_string());
+    for (name, a) in report["apps"].as_object().unwrap() {
+        assert!(
+            a["embeddings"].as_u64().unwrap() > 0,
+            "{name}: no embedding published: {a}"
+        );
+    }
+    let written = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    let trained_at = written(&meta.join("base.ckpt"));
+
+    // Again with the same options: reused, not trained again.
+    let (stdout, report) = demo(&out, &["--episodes", "1", "--meta-iterations", "2"]);
+    assert!(stdout.contains("meta-learner: reusing"), "{stdout}");
+    assert!(!stdout.contains("training it once"), "{stdout}");
+    assert_eq!(report["meta_dir"], meta.display().to_string());
+    assert_eq!(trained_at, written(&meta.join("base.ckpt")));
+
+    // Other options: trained again.
+    let (stdout, _) = demo(&out, &["--episodes", "1", "--meta-iterations", "3"]);
+    assert!(
+        stdout.contains("meta-learner: training it once"),
+        "{stdout}"
+    );
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bench::chart::{line_chart, Chart, Series};
 use crate::bench::{BenchError, PacedServices};
+use crate::train_meta::TrainMetaOptions;
 
 /// The hand-written apps (two of them on excerpts of real traces), embedded so the demo runs from
 /// any directory.
@@ -51,9 +52,8 @@ pub struct DemoOptions {
     /// Wall-clock pause after every simulated step: the lock-step simulation would otherwise run
     /// the whole demo in a fraction of a second, before the trainer's first round.
     pub pace: Duration,
-    /// `trainer.meta_dir` (an `aware train-meta` output): bootstrap from the meta-trained,
-    /// embedding-conditioned base-learner. `None`: the plain base-learner, from scratch.
-    pub meta: Option<PathBuf>,
+    /// The base-learner the apps bootstrap: meta-learned (`trainer.meta_dir`) or plain.
+    pub meta: DemoMeta,
     /// Settings of the services other than the demo's, `(section.key[.key…], JSON value)`.
     pub settings: Vec<(String, serde_json::Value)>,
     /// Stop reading after this long even if episodes are missing (the summary covers what ran).
@@ -70,11 +70,108 @@ impl Default for DemoOptions {
             print_every: 250,
             out_dir: PathBuf::from("demo-out"),
             pace: Duration::from_millis(20),
-            meta: None,
+            meta: DemoMeta::default(),
             settings: Vec::new(),
             timeout: Duration::from_secs(1800),
         }
     }
+}
+
+/// Where the demo's meta-learned base-learner comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DemoMeta {
+    /// The plain base-learner, learning each app from nothing.
+    Off,
+    /// An `aware train-meta` output directory.
+    Dir(PathBuf),
+    /// Meta-trained by the demo into `<out_dir>/meta` on a generated pool (never the demo's
+    /// apps: another seed), once; later demos reuse it while these options match.
+    Train(Box<TrainMetaOptions>),
+}
+
+impl DemoMeta {
+    /// The demo's own meta-training: `aware train-meta`'s defaults with `iterations` and two
+    /// restarts (one per core: the wall time of one).
+    pub fn trained(iterations: u64) -> Self {
+        DemoMeta::Train(Box::new(TrainMetaOptions {
+            iterations,
+            restarts: 2,
+            progress_every: 50,
+            ..TrainMetaOptions::default()
+        }))
+    }
+}
+
+impl Default for DemoMeta {
+    fn default() -> Self {
+        DemoMeta::trained(TrainMetaOptions::default().iterations)
+    }
+}
+
+/// The options a cached meta-training is compared on (where it was written and how often it
+/// reported progress do not matter).
+fn comparable(o: &TrainMetaOptions) -> TrainMetaOptions {
+    TrainMetaOptions {
+        out: PathBuf::new(),
+        progress_every: 0,
+        resume: false,
+        ..o.clone()
+    }
+}
+
+/// The `trainer.meta_dir` for `meta`: meta-trains into `out_dir/meta` first when asked and no
+/// matching earlier training is there.
+async fn meta_dir(
+    meta: &DemoMeta,
+    out_dir: &Path,
+    out: &mut (impl Write + Send),
+) -> Result<Option<PathBuf>, DemoError> {
+    let opts = match meta {
+        DemoMeta::Off => return Ok(None),
+        DemoMeta::Dir(d) => return Ok(Some(d.clone())),
+        DemoMeta::Train(o) => TrainMetaOptions {
+            out: out_dir.join("meta"),
+            ..(**o).clone()
+        },
+    };
+    let dir = opts.out.clone();
+    let cached =
+        crate::train_meta::read_json::<crate::train_meta::TrainLog>(&dir.join("train-log.json"))
+            .ok()
+            .filter(|log| {
+                comparable(&log.options) == comparable(&opts)
+                    && dir.join("base.ckpt").is_file()
+                    && dir.join("meta.ckpt").is_file()
+            });
+    if let Some(log) = cached {
+        let _ = writeln!(
+            out,
+            "meta-learner: reusing {} (held-out apps: {:.3} per step against the fallback's {:.3})",
+            dir.display(),
+            log.held_out_agent_mean,
+            log.held_out_fallback_mean
+        );
+        return Ok(Some(dir));
+    }
+    let _ = writeln!(
+        out,
+        "meta-learner: training it once into {} ({} apps of another seed, {} iterations, {} restarts; progress on stderr); later demos reuse it, --no-meta skips it",
+        dir.display(),
+        opts.apps,
+        opts.iterations,
+        opts.restarts
+    );
+    let _ = out.flush();
+    let log = tokio::task::spawn_blocking(move || crate::train_meta::run(&opts))
+        .await
+        .map_err(|e| DemoError::Config(format!("meta-training stopped: {e}")))?
+        .map_err(|e| DemoError::Config(format!("meta-training: {e}")))?;
+    let _ = writeln!(
+        out,
+        "meta-learner: trained in {:.0} s; held-out apps: {:.3} per step against the fallback's {:.3}\n",
+        log.train_seconds, log.held_out_agent_mean, log.held_out_fallback_mean
+    );
+    Ok(Some(dir))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +237,8 @@ pub struct AppProgress {
     pub actions_rl: u64,
     pub episodes_recorded: u64,
     pub models: u64,
+    /// Workload embeddings the trainer published (meta-learning only).
+    pub embeddings: u64,
     pub stage_changes: Vec<StageChange>,
     pub episodes: Vec<EpisodeRow>,
 }
@@ -213,7 +312,11 @@ fn write_demo_files(dir: &Path) -> Result<PathBuf, DemoError> {
 /// The configuration the demo runs the services with: the simulated cluster, the stores under
 /// `out_dir/data`, and a trainer that polls often enough for a paced demo (every setting not
 /// named here is the services' default, so what the demo shows is what they do).
-pub fn demo_config(opts: &DemoOptions, app_file: PathBuf) -> Result<AppConfig, DemoError> {
+pub fn demo_config(
+    opts: &DemoOptions,
+    app_file: PathBuf,
+    meta: Option<&Path>,
+) -> Result<AppConfig, DemoError> {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.collector.source = SourceKind::Simulator;
@@ -245,7 +348,7 @@ pub fn demo_config(opts: &DemoOptions, app_file: PathBuf) -> Result<AppConfig, D
         "offline_min_transitions": offline_episodes * u64::from(opts.steps_per_episode),
         "eval_episodes": offline_episodes,
     });
-    if let (Some(meta), Some(t)) = (&opts.meta, trainer.as_object_mut()) {
+    if let (Some(meta), Some(t)) = (meta, trainer.as_object_mut()) {
         t.insert("meta_dir".into(), meta.display().to_string().into());
         // A light imitation term keeps more of the meta-trained policy (README, trainer.bc_alpha).
         t.insert("bc_alpha".into(), 100.0.into());
@@ -312,6 +415,9 @@ pub struct DemoReport {
     pub steps_per_episode: u32,
     /// Whether every app recorded every episode before the timeout or an interrupt.
     pub complete: bool,
+    /// The meta-learner the apps bootstrapped from (`trainer.meta_dir`); none: the plain
+    /// base-learner.
+    pub meta_dir: Option<String>,
     pub wall_seconds: f64,
     pub plots: Vec<String>,
 }
@@ -322,7 +428,8 @@ pub async fn run(
     out: &mut (impl Write + Send),
 ) -> Result<DemoReport, DemoError> {
     let app_file = write_demo_files(&opts.out_dir)?;
-    let mut cfg = demo_config(opts, app_file)?;
+    let meta = meta_dir(&opts.meta, &opts.out_dir, out).await?;
+    let mut cfg = demo_config(opts, app_file, meta.as_deref())?;
     let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     let mut progress: BTreeMap<Target, AppProgress> = apps
@@ -347,7 +454,11 @@ pub async fn run(
         opts.episodes,
         spe,
         opts.pace.as_millis(),
-        if opts.meta.is_some() { ", meta-learned base-learner" } else { "" }
+        if meta.is_some() {
+            ", meta-learned base-learner"
+        } else {
+            ", plain base-learner"
+        }
     );
     let _ = writeln!(
         out,
@@ -438,6 +549,7 @@ pub async fn run(
                 }
             }
             Event::Model(_) => a.models += 1,
+            Event::Embedding(_) => a.embeddings += 1,
             _ => {}
         }
     }
@@ -459,6 +571,7 @@ pub async fn run(
         episodes: opts.episodes,
         steps_per_episode: opts.steps_per_episode,
         complete,
+        meta_dir: meta.as_ref().map(|d| d.display().to_string()),
         wall_seconds,
         plots,
     };

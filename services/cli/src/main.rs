@@ -144,10 +144,17 @@ enum Command {
         /// Wall-clock pause after every simulated step, ms (time for the trainer).
         #[arg(long, default_value_t = 20)]
         pace_ms: u64,
-        /// An `aware train-meta` output: bootstrap from the meta-trained base-learner
-        /// (trainer.meta_dir).
-        #[arg(long)]
+        /// An `aware train-meta` output to bootstrap from (trainer.meta_dir). Without it the
+        /// demo meta-trains one into OUT/meta the first time (`aware train-meta` with two
+        /// restarts, about 1.5 min) and reuses it afterwards.
+        #[arg(long, conflicts_with = "no_meta")]
         meta: Option<PathBuf>,
+        /// The plain base-learner: every app learns from nothing (no meta-learning).
+        #[arg(long)]
+        no_meta: bool,
+        /// Iterations of the demo's own meta-training.
+        #[arg(long, default_value_t = aware_cli::train_meta::TrainMetaOptions::default().iterations)]
+        meta_iterations: u64,
         /// A setting of the services other than the demo's, SECTION.KEY=VALUE with a JSON value
         /// (repeatable), e.g. --set lifecycle_monitor.probation_episodes=2.
         #[arg(long = "set", value_parser = parse_setting)]
@@ -1167,6 +1174,8 @@ fn main() -> anyhow::Result<()> {
             print_every,
             pace_ms,
             meta,
+            no_meta,
+            meta_iterations,
             settings,
             out,
         } => {
@@ -1182,7 +1191,11 @@ fn main() -> anyhow::Result<()> {
                 print_every,
                 out_dir: out,
                 pace: std::time::Duration::from_millis(pace_ms),
-                meta,
+                meta: match (meta, no_meta) {
+                    (Some(dir), _) => aware_cli::demo::DemoMeta::Dir(dir),
+                    (None, true) => aware_cli::demo::DemoMeta::Off,
+                    (None, false) => aware_cli::demo::DemoMeta::trained(meta_iterations),
+                },
                 settings,
                 ..Default::default()
             };
