@@ -158,3 +158,42 @@ fn the_demo_meta_trains_once_and_reuses_its_meta_learner() {
         "{stdout}"
     );
 }
+
+/// Settings the services would refuse stop the demo at once, naming them (before: a
+/// `--steps-per-episode 0` demo waited for episodes that never came, and a `--meta` directory
+/// without a meta-learner ran without meta-learning under a header saying otherwise).
+#[test]
+fn the_demo_refuses_bad_settings_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo-out");
+    let missing = dir.path().join("no-meta-here");
+    for (args, says) in [
+        (
+            vec!["--steps-per-episode", "0"],
+            "collector.steps_per_episode".to_string(),
+        ),
+        (
+            vec!["--set", "lifecycle_monitor.probation_margn=0.2"],
+            "probation_margn".to_string(),
+        ),
+        (
+            vec!["--set", "trainer.bc_alpha=-1"],
+            "trainer.bc_alpha".to_string(),
+        ),
+        (
+            vec!["--meta", missing.to_str().unwrap()],
+            format!("--meta {}: no base.ckpt", missing.display()),
+        ),
+    ] {
+        let mut argv = vec!["demo", "--out", out.to_str().unwrap()];
+        argv.extend(args.iter().copied());
+        let mut p = Proc::spawn("aware", &argv, &[]);
+        let status = p.child.wait().unwrap();
+        assert!(!status.success(), "{args:?}");
+        assert!(p.stderr().contains(&says), "{args:?}: {}", p.stderr());
+        assert!(
+            !out.join("meta").exists(),
+            "{args:?}: meta-trained before refusing"
+        );
+    }
+}

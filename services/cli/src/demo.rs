@@ -128,7 +128,19 @@ async fn meta_dir(
 ) -> Result<Option<PathBuf>, DemoError> {
     let opts = match meta {
         DemoMeta::Off => return Ok(None),
-        DemoMeta::Dir(d) => return Ok(Some(d.clone())),
+        DemoMeta::Dir(d) => {
+            // The trainer would log the failure and go on without meta-learning.
+            return match ["base.ckpt", "meta.ckpt"]
+                .iter()
+                .find(|f| !d.join(f).is_file())
+            {
+                Some(f) => Err(DemoError::Config(format!(
+                    "--meta {}: no {f} (expected an `aware train-meta` output)",
+                    d.display()
+                ))),
+                None => Ok(Some(d.clone())),
+            };
+        }
         DemoMeta::Train(o) => TrainMetaOptions {
             out: out_dir.join("meta"),
             ..(**o).clone()
@@ -428,10 +440,21 @@ pub async fn run(
     out: &mut (impl Write + Send),
 ) -> Result<DemoReport, DemoError> {
     let app_file = write_demo_files(&opts.out_dir)?;
-    let meta = meta_dir(&opts.meta, &opts.out_dir, out).await?;
-    let mut cfg = demo_config(opts, app_file, meta.as_deref())?;
+    let meta_path = match &opts.meta {
+        DemoMeta::Off => None,
+        DemoMeta::Dir(d) => Some(d.clone()),
+        DemoMeta::Train(_) => Some(opts.out_dir.join("meta")),
+    };
+    let mut cfg = demo_config(opts, app_file, meta_path.as_deref())?;
     let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
+    // What `aware run` and `aware config` refuse, the demo refuses too, naming the key, before
+    // it meta-trains (a service started on it would stop, or the demo wait for episodes that
+    // never come).
+    cfg.validate()
+        .map_err(|e| DemoError::Config(e.to_string()))?;
+    crate::config_check::effective(&cfg).map_err(|e| DemoError::Config(e.to_string()))?;
+    let meta = meta_dir(&opts.meta, &opts.out_dir, out).await?;
     let mut progress: BTreeMap<Target, AppProgress> = apps
         .iter()
         .map(|a| {
