@@ -75,6 +75,17 @@ pub fn line_chart(c: &Chart<'_>) -> String {
             y(v) + 4.0
         );
     }
+    // Episode ticks: the first, the last and three between.
+    let mut ticks: Vec<usize> = (0..=4).map(|k| k * n.saturating_sub(1) / 4).collect();
+    ticks.dedup();
+    for i in ticks.into_iter().filter(|_| n > 0) {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{i}</text>"#,
+            x(i),
+            h - b + 13.0
+        );
+    }
     for &e in &c.vlines {
         let xi = x(e);
         let _ = write!(
@@ -192,6 +203,14 @@ mod tests {
         assert!((p[1][1].0 - (760.0 - 190.0)).abs() < 0.1);
         assert!(svg.contains("target") && svg.contains("stroke-dasharray=\"3,3\""));
         assert!(svg.contains(">episode<") && svg.contains(">reward<"));
+        // episode ticks 0 … 4 under the plot, the last at the right edge
+        let ticks: Vec<&str> = svg
+            .split("text-anchor=\"middle\">")
+            .skip(1)
+            .map(|t| t.split('<').next().unwrap())
+            .collect();
+        assert_eq!(&ticks[..5], ["0", "1", "2", "3", "4"], "{svg}");
+        assert!(svg.contains(r#"<text x="570.0" y="393" text-anchor="middle">4</text>"#));
     }
 
     #[test]
