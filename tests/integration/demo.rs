@@ -104,14 +104,51 @@ fn the_demo_takes_apps_from_the_fallback_to_the_policy_and_writes_its_report() {
         stdout.contains("offline → online: model estimate"),
         "{stdout}"
     );
-    assert!(stdout.contains("summary after"), "{stdout}");
+    assert!(
+        stdout.contains("AWARE against HPA/VPA alone on the same apps and traces"),
+        "{stdout}"
+    );
+
+    // The baseline: HPA/VPA throughout on the same apps and traces. Until an app's policy first
+    // decides, both runs are the same fallback on the same load: the same rewards, exactly.
+    let baseline = report["baseline"].as_object().unwrap();
+    assert_eq!(baseline.len(), 6);
+    for (name, a) in apps {
+        let b = &baseline[name];
+        let b_eps = b["episodes"].as_array().unwrap();
+        assert_eq!(b_eps.len(), EPISODES, "{name}");
+        assert!(b_eps.iter().all(|e| e["rl_steps"] == 0), "{name}: {b}");
+        assert_eq!(b["actions_rl"], 0, "{name}");
+        let same: Vec<_> = a["episodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take_while(|e| e["rl_steps"] == 0)
+            .collect();
+        assert!(!same.is_empty(), "{name}");
+        for (e, be) in same.iter().zip(b_eps) {
+            assert_eq!(e["episode"], be["episode"], "{name}");
+            let (x, y) = (
+                e["mean_reward"].as_f64().unwrap(),
+                be["mean_reward"].as_f64().unwrap(),
+            );
+            assert!(
+                (x - y).abs() < 1e-9,
+                "{name} episode {}: {x} vs {y}",
+                e["episode"]
+            );
+            assert_eq!(e["slo_violations"], be["slo_violations"], "{name}");
+        }
+    }
 
     let plots = report["plots"].as_array().unwrap();
-    assert_eq!(plots.len(), 3);
+    assert_eq!(plots.len(), 5);
     for (plot, must) in [
         ("demo-reward.svg", "thumbnails"),
         ("demo-slo.svg", "worldcup-web"),
         ("demo-stages.svg", "serving"),
+        ("demo-vs-hpa-vpa-reward.svg", "HPA/VPA alone"),
+        ("demo-vs-hpa-vpa-slo.svg", "AWARE"),
     ] {
         let svg = std::fs::read_to_string(out.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");

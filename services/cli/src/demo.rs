@@ -278,17 +278,6 @@ impl AppProgress {
             path.join(" → ")
         }
     }
-
-    /// Mean per-step reward of the episodes in `stage`, and how many there were.
-    fn stage_mean(&self, stage: Stage) -> Option<(f64, usize)> {
-        let rows: Vec<&EpisodeRow> = self.episodes.iter().filter(|e| e.stage == stage).collect();
-        (!rows.is_empty()).then(|| {
-            (
-                rows.iter().map(|e| e.mean_reward).sum::<f64>() / rows.len() as f64,
-                rows.len(),
-            )
-        })
-    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DemoError + '_ {
@@ -423,6 +412,8 @@ fn print_table(out: &mut impl Write, apps: &BTreeMap<Target, AppProgress>) {
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
     pub apps: BTreeMap<String, AppProgress>,
+    /// The same apps, traces and services with HPA/VPA throughout (absent when interrupted).
+    pub baseline: Option<BTreeMap<String, AppProgress>>,
     pub episodes: u64,
     pub steps_per_episode: u32,
     /// Whether every app recorded every episode before the timeout or an interrupt.
@@ -490,13 +481,115 @@ pub async fn run(
     let interrupted = CancellationToken::new();
     aware_shared::service::cancel_on_signal(interrupted.clone());
     let started = std::time::Instant::now();
+    let template = progress.clone();
+    let live = Watch {
+        pace: opts.pace,
+        timeout: opts.timeout,
+        spe,
+        want,
+        print_every: Some(u64::from(opts.print_every.max(1))),
+    };
+    let complete = watch(cfg.clone(), &mut progress, &live, &interrupted, out).await?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    print_table(out, &progress);
+    if !complete {
+        let _ = writeln!(
+            out,
+            "stopped before every app recorded {} episodes (interrupted or past {:?})",
+            opts.episodes, opts.timeout
+        );
+    }
+    // The baseline: the same apps, traces and services with HPA/VPA throughout (no target is
+    // ever promoted), unpaced: nothing waits for training.
+    let mut baseline = template;
+    let baseline_complete = if interrupted.is_cancelled() {
+        false
+    } else {
+        let _ = writeln!(
+            out,
+            "HPA/VPA alone on the same apps and traces, for comparison…"
+        );
+        let mut base_cfg = cfg;
+        base_cfg.lifecycle.t_online = NEVER;
+        let stores = opts.out_dir.join("data").join("hpa-vpa");
+        base_cfg.sections.insert(
+            "recorder".into(),
+            serde_json::json!({
+                "sqlite_path": stores.join("trajectories.db").display().to_string(),
+                "batch": 64,
+            }),
+        );
+        base_cfg.sections.insert(
+            "model_store".into(),
+            serde_json::json!({ "dir": stores.join("models").display().to_string() }),
+        );
+        let quiet = Watch {
+            pace: Duration::ZERO,
+            print_every: None,
+            ..live
+        };
+        watch(base_cfg, &mut baseline, &quiet, &interrupted, out).await?
+    };
+    print_summary(out, &progress, baseline_complete.then_some(&baseline));
+    let plots = write_plots(
+        &opts.out_dir,
+        &progress,
+        baseline_complete.then_some(&baseline),
+    )?;
+    let key = |m: BTreeMap<Target, AppProgress>| -> BTreeMap<String, AppProgress> {
+        m.into_iter().map(|(t, a)| (t.key(), a)).collect()
+    };
+    let report = DemoReport {
+        apps: key(progress),
+        baseline: baseline_complete.then(|| key(baseline)),
+        episodes: opts.episodes,
+        steps_per_episode: opts.steps_per_episode,
+        complete,
+        meta_dir: meta.as_ref().map(|d| d.display().to_string()),
+        wall_seconds,
+        plots,
+    };
+    let path = opts.out_dir.join("demo-summary.json");
+    let text = serde_json::to_string_pretty(&report).unwrap_or_default() + "\n";
+    std::fs::write(&path, text).map_err(io_err(&path))?;
+    let _ = writeln!(out, "wrote {}", path.display());
+    for p in &report.plots {
+        let _ = writeln!(out, "wrote {p}");
+    }
+    Ok(report)
+}
+
+/// `lifecycle.t_online` of the HPA/VPA baseline: never reached.
+const NEVER: f64 = 1e9;
+
+/// How [`watch`] runs the services and reads their events.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    pace: Duration,
+    timeout: Duration,
+    spe: u64,
+    /// Episodes per app to record.
+    want: usize,
+    /// Print the live table every this many steps, and stage changes (`None`: quiet).
+    print_every: Option<u64>,
+}
+
+/// Runs the six services with `cfg` until every app in `progress` recorded `w.want` episodes
+/// (or an interrupt, or the timeout), folding their events into `progress`; whether every
+/// episode was recorded.
+async fn watch(
+    cfg: AppConfig,
+    progress: &mut BTreeMap<Target, AppProgress>,
+    w: &Watch,
+    interrupted: &CancellationToken,
+    out: &mut (impl Write + Send),
+) -> Result<bool, DemoError> {
     // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
     let bus = Bus::in_process((4 * progress.len()).max(64));
-    let mut services =
-        PacedServices::start(bus, cfg, progress.len(), opts.pace, opts.timeout).await?;
+    let mut services = PacedServices::start(bus, cfg, progress.len(), w.pace, w.timeout).await?;
     let mut last_printed = u64::MAX;
-    let done = |p: &BTreeMap<Target, AppProgress>| p.values().all(|a| a.episodes.len() >= want);
-    while !done(&progress) {
+    let done = |p: &BTreeMap<Target, AppProgress>| p.values().all(|a| a.episodes.len() >= w.want);
+    while !done(progress) {
         let ev = tokio::select! {
             _ = interrupted.cancelled() => break,
             ev = services.next_event() => match ev { Some(ev) => ev, None => break },
@@ -506,7 +599,7 @@ pub async fn run(
         };
         match ev {
             Event::Obs(o) => {
-                let g = o.episode * spe + u64::from(o.step);
+                let g = o.episode * w.spe + u64::from(o.step);
                 a.step = g;
                 a.replicas = o.metrics.replicas;
                 a.cpu_millicores = (o.metrics.cpu_limit_cores * 1000.0).round() as u32;
@@ -522,12 +615,11 @@ pub async fn run(
                     a.memory_util_sum += o.metrics.memory_util;
                 }
                 let all_at = progress.values().map(|p| p.step).min().unwrap_or(0);
-                if all_at > 0
-                    && all_at % u64::from(opts.print_every.max(1)) == 0
-                    && all_at != last_printed
-                {
-                    last_printed = all_at;
-                    print_table(out, &progress);
+                if let Some(every) = w.print_every {
+                    if all_at > 0 && all_at % every == 0 && all_at != last_printed {
+                        last_printed = all_at;
+                        print_table(out, progress);
+                    }
                 }
             }
             Event::Action(act) => match act.source {
@@ -535,7 +627,7 @@ pub async fn run(
                 aware_bus_schemas::DecisionSource::Rl => a.actions_rl += 1,
             },
             Event::Lifecycle(l) => {
-                if l.previous.is_some() && l.previous != Some(l.stage) {
+                if w.print_every.is_some() && l.previous.is_some() && l.previous != Some(l.stage) {
                     let _ = writeln!(
                         out,
                         "episode {:>3}  {:<22} {} → {}: {}",
@@ -558,7 +650,7 @@ pub async fn run(
             }
             Event::Episode(e) => {
                 a.episodes_recorded += 1;
-                if a.episodes.len() < want {
+                if a.episodes.len() < w.want {
                     a.episodes.push(EpisodeRow {
                         episode: e.episode,
                         stage: e.stage,
@@ -576,91 +668,84 @@ pub async fn run(
             _ => {}
         }
     }
-    let complete = done(&progress);
+    let complete = done(progress);
     services.stop().await?;
-    let wall_seconds = started.elapsed().as_secs_f64();
-    print_table(out, &progress);
-    if !complete {
-        let _ = writeln!(
-            out,
-            "stopped before every app recorded {} episodes (interrupted or past {:?})",
-            opts.episodes, opts.timeout
-        );
-    }
-    print_summary(out, &progress);
-    let plots = write_plots(&opts.out_dir, &progress)?;
-    let report = DemoReport {
-        apps: progress.into_iter().map(|(t, a)| (t.key(), a)).collect(),
-        episodes: opts.episodes,
-        steps_per_episode: opts.steps_per_episode,
-        complete,
-        meta_dir: meta.as_ref().map(|d| d.display().to_string()),
-        wall_seconds,
-        plots,
-    };
-    let path = opts.out_dir.join("demo-summary.json");
-    let text = serde_json::to_string_pretty(&report).unwrap_or_default() + "\n";
-    std::fs::write(&path, text).map_err(io_err(&path))?;
-    let _ = writeln!(out, "wrote {}", path.display());
-    for p in &report.plots {
-        let _ = writeln!(out, "wrote {p}");
-    }
-    Ok(report)
+    Ok(complete)
 }
 
-fn print_summary(out: &mut impl Write, progress: &BTreeMap<Target, AppProgress>) {
+fn print_summary(
+    out: &mut impl Write,
+    progress: &BTreeMap<Target, AppProgress>,
+    baseline: Option<&BTreeMap<Target, AppProgress>>,
+) {
     let steps = progress.values().map(|a| a.observations).max().unwrap_or(0);
-    let _ = writeln!(out, "summary after {steps} steps per app:");
     let _ = writeln!(
         out,
-        "{:<22} {:>11} {:>9} {:>9} {:>9} {:>12} {:>15} {:>15}  stages",
-        "app",
-        "mean reward",
-        "SLO viol",
-        "cpu util",
-        "mem util",
-        "fallback/rl",
-        "OFFLINE reward",
-        "RL reward"
+        "summary after {steps} steps per app, AWARE against HPA/VPA alone on the same apps and traces:"
     );
-    let fmt =
-        |m: Option<(f64, usize)>| m.map_or("-".to_string(), |(r, n)| format!("{r:.3} ({n} ep)"));
+    let _ = writeln!(
+        out,
+        "{:<22} {:^23} {:^16} {:^16} {:^16} {:>5}  stages",
+        "", "mean reward per step", "SLO violations", "cpu util", "mem util", "RL"
+    );
+    let _ = writeln!(
+        out,
+        "{:<22} {:>7} {:>7} {:>7} {:>8} {:>7} {:>8} {:>7} {:>8} {:>7} {:>5}",
+        "app",
+        "AWARE",
+        "HPA/VPA",
+        "change",
+        "AWARE",
+        "HPA/VPA",
+        "AWARE",
+        "HPA/VPA",
+        "AWARE",
+        "HPA/VPA",
+        "share"
+    );
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    let num = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
     for (t, a) in progress {
-        let n = a.observations.max(1) as f64;
-        let rl = {
-            let rows: Vec<&EpisodeRow> = a
-                .episodes
-                .iter()
-                .filter(|e| matches!(e.stage, Stage::Online | Stage::Serving))
-                .collect();
-            (!rows.is_empty()).then(|| {
-                (
-                    rows.iter().map(|e| e.mean_reward).sum::<f64>() / rows.len() as f64,
-                    rows.len(),
-                )
-            })
+        let b = baseline.and_then(|m| m.get(t));
+        let per_step = |a: &AppProgress, f: fn(&AppProgress) -> f64| {
+            (a.observations > 0).then(|| f(a) / a.observations as f64)
         };
+        let viol = |a: &AppProgress| per_step(a, |a| a.slo_violations as f64);
+        let cpu = |a: &AppProgress| per_step(a, |a| a.cpu_util_sum);
+        let mem = |a: &AppProgress| per_step(a, |a| a.memory_util_sum);
+        let base_reward = b.map(AppProgress::mean_reward);
+        let change = base_reward
+            .filter(|r| r.abs() > 1e-12)
+            .map_or("-".to_string(), |r| {
+                format!("{:+.1}%", 100.0 * (a.mean_reward() - r) / r.abs())
+            });
+        let decisions = (a.actions_fallback + a.actions_rl).max(1) as f64;
         let _ = writeln!(
             out,
-            "{:<22} {:>11.3} {:>8.1}% {:>8.1}% {:>8.1}% {:>12} {:>15} {:>15}  {}",
+            "{:<22} {:>7.3} {:>7} {:>7} {:>8} {:>7} {:>8} {:>7} {:>8} {:>7} {:>4.0}%  {}",
             t.name,
             a.mean_reward(),
-            100.0 * a.slo_violations as f64 / n,
-            100.0 * a.cpu_util_sum / n,
-            100.0 * a.memory_util_sum / n,
-            format!("{}/{}", a.actions_fallback, a.actions_rl),
-            fmt(a.stage_mean(Stage::Offline)),
-            fmt(rl),
+            num(base_reward),
+            change,
+            pct(viol(a)),
+            pct(b.and_then(viol)),
+            pct(cpu(a)),
+            pct(b.and_then(cpu)),
+            pct(mem(a)),
+            pct(b.and_then(mem)),
+            100.0 * a.actions_rl as f64 / decisions,
             a.stage_path(),
         );
     }
 }
 
-/// Three SVG charts over the episodes: every app's mean reward, its SLO violations (% of the
-/// episode's steps), and how many apps were in each stage.
+/// SVG charts over the episodes: every app's mean reward, its SLO violations (% of the
+/// episode's steps), how many apps were in each stage, and (with the baseline) the mean reward
+/// and violations over all apps against HPA/VPA alone.
 fn write_plots(
     dir: &Path,
     progress: &BTreeMap<Target, AppProgress>,
+    baseline: Option<&BTreeMap<Target, AppProgress>>,
 ) -> Result<Vec<String>, DemoError> {
     let names: Vec<&str> = progress.keys().map(|t| t.name.as_str()).collect();
     let rewards: Vec<Vec<f64>> = progress
@@ -748,6 +833,61 @@ fn write_plots(
         let p = dir.join(file);
         std::fs::write(&p, line_chart(chart)).map_err(io_err(&p))?;
         written.push(p.display().to_string());
+    }
+    if let Some(base) = baseline {
+        // Per episode, over every app: mean reward per step, and SLO violations in % of steps.
+        let over_apps = |m: &BTreeMap<Target, AppProgress>, f: fn(&EpisodeRow) -> f64| {
+            (0..n)
+                .map(|i| {
+                    let rows: Vec<&EpisodeRow> =
+                        m.values().filter_map(|a| a.episodes.get(i)).collect();
+                    if rows.is_empty() {
+                        f64::NAN
+                    } else {
+                        rows.iter().map(|e| f(e)).sum::<f64>() / rows.len() as f64
+                    }
+                })
+                .collect::<Vec<f64>>()
+        };
+        let reward = |e: &EpisodeRow| e.mean_reward;
+        let viol = |e: &EpisodeRow| 100.0 * f64::from(e.slo_violations) / f64::from(e.steps.max(1));
+        let (ar, br) = (over_apps(progress, reward), over_apps(base, reward));
+        let (av, bv) = (over_apps(progress, viol), over_apps(base, viol));
+        for (file, y_label, a, b) in [
+            (
+                "demo-vs-hpa-vpa-reward.svg",
+                "mean reward per step, all apps",
+                &ar,
+                &br,
+            ),
+            (
+                "demo-vs-hpa-vpa-slo.svg",
+                "SLO violations, % of steps, all apps",
+                &av,
+                &bv,
+            ),
+        ] {
+            let chart = Chart {
+                series: vec![
+                    Series {
+                        name: "AWARE",
+                        offset: 0,
+                        values: a,
+                    },
+                    Series {
+                        name: "HPA/VPA alone",
+                        offset: 0,
+                        values: b,
+                    },
+                ],
+                x_label: "episode",
+                y_label,
+                ..Chart::default()
+            };
+            let p = dir.join(file);
+            std::fs::write(&p, line_chart(&chart)).map_err(io_err(&p))?;
+            written.push(p.display().to_string());
+        }
     }
     Ok(written)
 }
