@@ -77,6 +77,9 @@ impl Default for DemoOptions {
     }
 }
 
+/// Where under the output directory the demo's own meta-training goes.
+const META_DIR: &str = "meta";
+
 /// Where the demo's meta-learned base-learner comes from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DemoMeta {
@@ -90,6 +93,15 @@ pub enum DemoMeta {
 }
 
 impl DemoMeta {
+    /// The `trainer.meta_dir` this gives (known before any training).
+    fn dir(&self, out_dir: &Path) -> Option<PathBuf> {
+        match self {
+            DemoMeta::Off => None,
+            DemoMeta::Dir(d) => Some(d.clone()),
+            DemoMeta::Train(_) => Some(out_dir.join(META_DIR)),
+        }
+    }
+
     /// The demo's own meta-training: `aware train-meta`'s defaults with `iterations` and two
     /// restarts (one per core: the wall time of one).
     pub fn trained(iterations: u64) -> Self {
@@ -142,7 +154,7 @@ async fn meta_dir(
             };
         }
         DemoMeta::Train(o) => TrainMetaOptions {
-            out: out_dir.join("meta"),
+            out: out_dir.join(META_DIR),
             ..(**o).clone()
         },
     };
@@ -264,19 +276,14 @@ impl AppProgress {
         }
     }
 
-    /// The stages the app went through, in order, without repeats ("offline → online").
+    /// The stages the app went through, in order ("offline → online"; the changes are
+    /// recorded without repeats).
     pub fn stage_path(&self) -> String {
-        let mut path: Vec<&str> = Vec::new();
-        for c in &self.stage_changes {
-            if path.last() != Some(&c.to.as_str()) {
-                path.push(c.to.as_str());
-            }
+        if self.stage_changes.is_empty() {
+            return "-".into();
         }
-        if path.is_empty() {
-            "-".into()
-        } else {
-            path.join(" → ")
-        }
+        let path: Vec<&str> = self.stage_changes.iter().map(|c| c.to.as_str()).collect();
+        path.join(" → ")
     }
 }
 
@@ -330,18 +337,7 @@ pub fn demo_config(
     sim.max_steps = (opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
     // Paced: a decision may wait for the trainer's round on the same cores.
     sim.step_timeout_ms = 60_000;
-    let data = opts.out_dir.join("data");
-    cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({
-            "sqlite_path": data.join("trajectories.db").display().to_string(),
-            "batch": 64,
-        }),
-    );
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": data.join("models").display().to_string() }),
-    );
+    set_stores(&mut cfg, &opts.out_dir.join("data"));
     let offline_episodes = 4u64;
     let mut trainer = serde_json::json!({
         "poll_ms": 50,
@@ -360,6 +356,21 @@ pub fn demo_config(
             .map_err(|e| DemoError::Config(e.to_string()))?;
     }
     Ok(cfg)
+}
+
+/// The trajectory store (SQLite) and the model store of a run, under `dir`.
+fn set_stores(cfg: &mut AppConfig, dir: &Path) {
+    cfg.sections.insert(
+        "recorder".into(),
+        serde_json::json!({
+            "sqlite_path": dir.join("trajectories.db").display().to_string(),
+            "batch": 64,
+        }),
+    );
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
+    );
 }
 
 fn print_table(out: &mut impl Write, apps: &BTreeMap<Target, AppProgress>) {
@@ -431,12 +442,7 @@ pub async fn run(
     out: &mut (impl Write + Send),
 ) -> Result<DemoReport, DemoError> {
     let app_file = write_demo_files(&opts.out_dir)?;
-    let meta_path = match &opts.meta {
-        DemoMeta::Off => None,
-        DemoMeta::Dir(d) => Some(d.clone()),
-        DemoMeta::Train(_) => Some(opts.out_dir.join("meta")),
-    };
-    let mut cfg = demo_config(opts, app_file, meta_path.as_deref())?;
+    let mut cfg = demo_config(opts, app_file, opts.meta.dir(&opts.out_dir).as_deref())?;
     let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     // What `aware run` and `aware config` refuse, the demo refuses too, naming the key, before
@@ -511,18 +517,7 @@ pub async fn run(
         );
         let mut base_cfg = cfg;
         base_cfg.lifecycle.t_online = NEVER;
-        let stores = opts.out_dir.join("data").join("hpa-vpa");
-        base_cfg.sections.insert(
-            "recorder".into(),
-            serde_json::json!({
-                "sqlite_path": stores.join("trajectories.db").display().to_string(),
-                "batch": 64,
-            }),
-        );
-        base_cfg.sections.insert(
-            "model_store".into(),
-            serde_json::json!({ "dir": stores.join("models").display().to_string() }),
-        );
+        set_stores(&mut base_cfg, &opts.out_dir.join("data").join("hpa-vpa"));
         let quiet = Watch {
             pace: Duration::ZERO,
             print_every: None,
