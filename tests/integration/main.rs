@@ -9,6 +9,7 @@ mod bus_conformance;
 mod control_loop;
 mod demo;
 mod docs;
+mod forged_models;
 mod jetstream;
 mod loop_nats;
 mod meta_loop;

@@ -24,13 +24,16 @@
 
 use std::collections::VecDeque;
 
-use actix::{Actor, ActorContext, Context, Handler};
+use std::sync::Arc;
+
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{
     now_ms, Episode, Event, EventKind, Lifecycle, Model, ModelKind, Schema, Stage, Target,
 };
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::config::LifecycleProfile;
 use aware_shared::launcher::ServiceEntry;
+use aware_shared::model_store::{get_verified, open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
@@ -370,6 +373,15 @@ impl LifecycleMachine {
             }
         }
         Some(t)
+    }
+
+    /// Whether `m` could promote the target: a base-learner newer than the last one seen, with a
+    /// finite estimate, while OFFLINE. Only such a model is worth verifying in the store first.
+    pub fn could_promote(&self, m: &Model) -> bool {
+        m.kind == ModelKind::BaseLearner
+            && self.last_model.is_none_or(|v| m.version > v)
+            && self.stage == Stage::Offline
+            && m.policy_estimate.is_some_and(f64::is_finite)
     }
 
     /// Takes the trainer's `model`: in OFFLINE its off-policy estimate may promote the target.
@@ -802,6 +814,9 @@ pub struct LifecycleMetrics {
     pub stages: prometheus::IntGaugeVec,
     /// Stage transitions (`aware_lifecycle_transitions_total{from,to}`).
     pub transitions: prometheus::IntCounterVec,
+    /// `model`s whose checkpoint did not load and verify, so they promoted nothing
+    /// (`aware_lifecycle_unverified_models_total`).
+    pub unverified_models: prometheus::IntCounter,
 }
 
 impl LifecycleMetrics {
@@ -830,9 +845,15 @@ impl LifecycleMetrics {
             &["from", "to"],
             &moves,
         )?;
+        let unverified_models = m.counter(
+            "lifecycle_unverified_models_total",
+            "Models announced with a promoting estimate whose checkpoint was missing, did not match \
+             the announced size and SHA-256 or did not load: ignored",
+        )?;
         Ok(LifecycleMetrics {
             stages,
             transitions,
+            unverified_models,
         })
     }
 }
@@ -847,9 +868,41 @@ pub struct LifecycleAgent {
     metrics: LifecycleMetrics,
     /// The stage this actor counts in `aware_lifecycle_targets`.
     counted: Option<Stage>,
+    /// Where the trainer stores checkpoints: a model promotes only once its checkpoint loads
+    /// from here and matches the announced size and SHA-256, so a `model` message naming a
+    /// missing or corrupt file (forged, or published before its object) promotes nothing.
+    models: Arc<dyn ModelStore>,
+}
+
+/// Why a model was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Store(#[from] aware_shared::model_store::ModelStoreError),
+    #[error("checkpoint does not load: {0}")]
+    Load(#[from] aware_shared_model::ModelError),
+}
+
+/// Reads the checkpoint `m` announces, checks its size and SHA-256 and decodes it as a policy.
+pub fn verify_model(store: &dyn ModelStore, m: &Model) -> Result<(), VerifyError> {
+    let bytes = get_verified(store, &m.uri, &m.sha256, m.size_bytes)?;
+    aware_shared_model::Policy::from_bytes(&bytes)?;
+    Ok(())
 }
 
 impl LifecycleAgent {
+    /// Folds a (verified, where it could promote) model into the machine.
+    fn take_model(&mut self, m: &Model) {
+        tracing::debug!(target = %self.target, version = m.version, policy_estimate = ?m.policy_estimate, behaviour_reward = ?m.behaviour_reward, stage = %self.machine.stage(), "model");
+        let t = self.machine.observe_model(m);
+        self.track(t.as_ref());
+        if let Some(t) = t {
+            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, "lifecycle transition");
+            self.outbox
+                .send(message(&self.target, m.episode, m.step, t));
+        }
+    }
+
     /// Counts a transition and moves the target to its new stage in the per-stage gauge.
     fn track(&mut self, t: Option<&Transition>) {
         if let Some(t) = t {
@@ -900,12 +953,33 @@ impl Handler<Retire> for LifecycleAgent {
 impl Handler<Deliver> for LifecycleAgent {
     type Result = ();
 
-    fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+    fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
         let (t, episode, step) = match &ev {
             Event::Episode(ep) => (self.machine.observe(ep), ep.episode, ep.step),
+            Event::Model(m) if self.machine.could_promote(m) => {
+                // Verified on the blocking pool (the store may read over the network); the
+                // mailbox waits, so the next event sees the outcome.
+                let (models, m) = (self.models.clone(), m.clone());
+                let verify = tokio::task::spawn_blocking(move || {
+                    let res = verify_model(models.as_ref(), &m);
+                    (m, res)
+                });
+                ctx.wait(verify.into_actor(self).map(|joined, act, _| match joined {
+                    Ok((m, Ok(()))) => act.take_model(&m),
+                    Ok((m, Err(e))) => {
+                        act.metrics.unverified_models.inc();
+                        tracing::warn!(target = %act.target, version = m.version, uri = %m.uri, error = %e, "model ignored: its checkpoint does not verify");
+                    }
+                    Err(e) => {
+                        act.metrics.unverified_models.inc();
+                        tracing::error!(target = %act.target, error = %e, "model verification task failed");
+                    }
+                }));
+                return;
+            }
             Event::Model(m) => {
-                tracing::debug!(target = %self.target, version = m.version, policy_estimate = ?m.policy_estimate, behaviour_reward = ?m.behaviour_reward, stage = %self.machine.stage(), "model");
-                (self.machine.observe_model(m), m.episode, m.step)
+                self.take_model(m);
+                return;
             }
             Event::Registration(r) => {
                 let change = self.registered.apply(r);
@@ -955,6 +1029,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     if !restored.is_empty() {
         tracing::info!(targets = restored.len(), "stages restored from the capture");
     }
+    let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
+    let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
+        .await
+        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
     let registrations = ctx.metrics.registrations.clone();
     let metrics = LifecycleMetrics::new(&ctx.metrics)?;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
@@ -972,6 +1050,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             registrations: registrations.clone(),
             metrics: metrics.clone(),
             counted: None,
+            models: models.clone(),
         }
     });
     for spec in &ctx.config.targets {
