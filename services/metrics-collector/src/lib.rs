@@ -20,6 +20,38 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     main: |ctx| Box::pin(run(ctx)),
 };
 
+/// The names of the measurements of `m` that cannot be used: non-finite or negative values, and
+/// limits that are not positive. An `obs` with any of them is published incomplete (no action is
+/// taken on it), so a NaN never turns into a zero allocation downstream.
+pub fn unusable_metrics(m: &aware_bus_schemas::RawMetrics) -> Vec<String> {
+    let limits = [
+        ("cpu_limit_cores", m.cpu_limit_cores),
+        ("memory_limit_bytes", m.memory_limit_bytes),
+    ];
+    let values = [
+        ("cpu_usage_cores", m.cpu_usage_cores),
+        ("memory_working_set_bytes", m.memory_working_set_bytes),
+        ("cpu_util", m.cpu_util),
+        ("memory_util", m.memory_util),
+        ("io_util", m.io_util),
+        ("network_util", m.network_util),
+        ("request_rate_rps", m.request_rate_rps),
+        ("throughput_rps", m.throughput_rps),
+        ("latency_p50_ms", m.latency_p50_ms.unwrap_or(0.0)),
+        ("latency_p99_ms", m.latency_p99_ms.unwrap_or(0.0)),
+    ];
+    let bad_limit = limits
+        .into_iter()
+        .filter(|(_, v)| !(v.is_finite() && *v > 0.0));
+    let bad_value = values
+        .into_iter()
+        .filter(|(_, v)| !(v.is_finite() && *v >= 0.0));
+    bad_limit
+        .chain(bad_value)
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;
