@@ -7,6 +7,7 @@ mod alerts;
 mod bootstrap_loop;
 mod bus_conformance;
 mod control_loop;
+mod defence;
 mod demo;
 mod docs;
 mod jetstream;

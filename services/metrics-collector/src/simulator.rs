@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aware_bus_schemas::{Applied, Event, EventKind, Obs, RawMetrics, Schema, Target};
-use aware_loadgen::app::{generate_apps, AppSet, AppSpec, GeneratorOptions};
+use aware_loadgen::app::{generate_apps, Allocation, AppSet, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::{Injection, Scenario};
 use aware_shared::config::{ClockMode, SimulatorSourceConfig};
@@ -215,11 +215,16 @@ impl Sim {
             // A rejected duplicate must not undo the decision already taken for this step.
             return false;
         }
-        self.pending[i] = Some(TargetAction::Desired(aware_loadgen::app::Allocation {
-            replicas: a.applied.replicas,
-            cpu_millicores: a.applied.cpu_millicores,
-            memory_bytes: a.applied.memory_bytes,
-        }));
+        // Only an applied decision changes the cluster: a rejection or a recommendation keeps
+        // the allocation in force whatever allocation it reports.
+        self.pending[i] = Some(match a.outcome {
+            aware_bus_schemas::Outcome::Applied => TargetAction::Desired(Allocation {
+                replicas: a.applied.replicas,
+                cpu_millicores: a.applied.cpu_millicores,
+                memory_bytes: a.applied.memory_bytes,
+            }),
+            _ => TargetAction::Hold,
+        });
         self.pending.iter().all(Option::is_some)
     }
 
