@@ -6,9 +6,12 @@
 //!   episode 2^40 is refused without an `applied` and does not freeze later real actions; a
 //!   registration with 10,000 replicas as its maximum cannot take the target above the
 //!   actuator's `guardrails.max_replicas`.
+//! * A collector killed (SIGKILL) mid-run and restarted resumes its numbering from the JetStream
+//!   capture: the actuator keeps deciding (no stale rejection), and the recorder stores every
+//!   step exactly once (no transition overwritten under a reused key).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aware_bus_schemas::generated::samples;
 use aware_bus_schemas::{
@@ -20,6 +23,8 @@ use aware_shared::config::AppConfig;
 use aware_shared::registry::to_registered;
 use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::NatsServer;
+use aware_tests::{http_get, metric, parse_metrics, Proc};
+use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -185,4 +190,141 @@ async fn forged_actions_and_registrations_neither_freeze_nor_widen_the_actuator(
 
     shutdown.cancel();
     running.join().await.unwrap();
+}
+
+const APPS: usize = 4;
+const SPE: u32 = 20;
+const STEPS: u64 = 300;
+
+fn scrape(addr: std::net::SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let (_, text) = http_get(addr, "/metrics").ok()?;
+    metric(&parse_metrics(&text), name, labels)
+}
+
+fn wait_ready(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok((200, _)) = http_get(addr, "/readyz") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{addr} not ready");
+}
+
+/// The collector killed with SIGKILL a third into a lock-step run and started again: it resumes
+/// after its last captured step, the actuator decides every later step (none rejected as
+/// stale), and the recorder ends with exactly one transition per executed step — as many rows
+/// as it stored, so none was overwritten under a reused (target, episode, step) key.
+#[test]
+fn a_restarted_collector_resumes_its_numbering_and_actuation_continues() {
+    let server = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("defence.db");
+    let config = dir.path().join("aware.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [lifecycle]\nt_online = 1e9\n\
+             [collector]\nsource = \"simulator\"\nsteps_per_episode = {SPE}\n\
+             [collector.simulator]\napps = {APPS}\nseed = 3\nmax_steps = {STEPS}\n\
+             [recorder]\nsqlite_path = \"{db}\"\n",
+            url = server.url(),
+            db = db.display(),
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    let start = |bin: &str| {
+        let p = Proc::spawn(bin, &["--config", cfg], &[]);
+        let addr = p.http_addr();
+        wait_ready(addr);
+        (p, addr)
+    };
+    let (_actuator, act_addr) = start("aware-actuator");
+    let (_recommender, _) = start("aware-recommender");
+    let (_recorder, rec_addr) = start("aware-trajectory-recorder");
+    let (mut collector, col_addr) = start("aware-metrics-collector");
+
+    let sim_steps = |addr| scrape(addr, "aware_collector_sim_steps_total", &[]).unwrap_or(0.0);
+    let decisions = |outcome| {
+        scrape(
+            act_addr,
+            "aware_actuator_decisions_total",
+            &[("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sim_steps(col_addr) < STEPS as f64 / 3.0 {
+        assert!(Instant::now() < deadline, "the loop stalled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    collector.child.kill().unwrap();
+    collector.child.wait().unwrap();
+    let at_kill = (decisions("applied"), decisions("rejected"));
+    assert!(at_kill.0 > 0.0);
+    let (_collector2, col2_addr) = start("aware-metrics-collector");
+    // The restarted collector starts at the step after the last one captured, far from 0 (its
+    // step counter includes the steps fast-forwarded).
+    let resumed_steps = sim_steps(col2_addr);
+    assert!(
+        resumed_steps >= STEPS as f64 / 3.0,
+        "resumed at {resumed_steps}"
+    );
+
+    // The run completes: the restarted collector reaches max_steps.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while sim_steps(col2_addr) < STEPS as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "collector stalled at {}",
+            sim_steps(col2_addr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Decisions went on: at most the step in flight at the kill was rejected.
+    let rejected = decisions("rejected") - at_kill.1;
+    assert!(
+        rejected <= APPS as f64,
+        "{rejected} rejections after the restart"
+    );
+    // … and every step from the one resumed at was decided and applied.
+    let applied_after = decisions("applied") - at_kill.0;
+    assert!(
+        applied_after >= APPS as f64 * (STEPS as f64 - resumed_steps),
+        "{applied_after} decisions applied after resuming at {resumed_steps}"
+    );
+
+    // Every step stored once: as many rows as steps, and as many as the recorder stored.
+    let count = || SqliteStore::open_path(&db).unwrap().count_all().unwrap();
+    let want = APPS as u64 * STEPS;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count() < want {
+        assert!(Instant::now() < deadline, "stored {} of {want}", count());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let store = SqliteStore::open_path(&db).unwrap();
+    assert_eq!(store.count_all().unwrap(), want);
+    let stored = scrape(rec_addr, "aware_recorder_transitions_stored_total", &[]).unwrap();
+    assert_eq!(
+        stored, want as f64,
+        "every stored transition has its own row: none overwritten"
+    );
+    assert_eq!(
+        scrape(rec_addr, "aware_recorder_overwrites_refused_total", &[]),
+        Some(0.0),
+        "no step number was reused"
+    );
+    for t in store.targets().unwrap() {
+        let rows = store
+            .transitions(&t, 0..STEPS / u64::from(SPE) + 1)
+            .unwrap();
+        assert_eq!(rows.len() as u64, STEPS, "{t}");
+        let mut keys: Vec<(u64, u32)> = rows.iter().map(|r| (r.episode, r.step)).collect();
+        keys.dedup();
+        assert_eq!(keys.len() as u64, STEPS, "{t}: one row per step");
+    }
 }

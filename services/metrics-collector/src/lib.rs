@@ -52,6 +52,48 @@ pub fn unusable_metrics(m: &aware_bus_schemas::RawMetrics) -> Vec<String> {
         .collect()
 }
 
+/// The newest `obs` of every target in the JetStream capture (empty on the embedded bus, with
+/// the capture off, or when nothing was captured yet).
+pub async fn captured_obs(ctx: &ServiceContext) -> Vec<aware_bus_schemas::Obs> {
+    ctx.current_state(EventKind::Obs)
+        .await
+        .into_iter()
+        .filter_map(|ev| match ev {
+            aware_bus_schemas::Event::Obs(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where each target's numbering resumes: the global step after its newest captured `obs`
+/// (`episode × steps_per_episode + step + 1`). A restarted collector continues its own sequence
+/// from there instead of publishing episode 0 again, so the actuator (which decides only for the
+/// step the collector reported last) keeps acting and no transition is recorded twice under one
+/// key. Without a capture the numbering starts at 0.
+pub fn resume_points(
+    captured: &[aware_bus_schemas::Obs],
+    steps_per_episode: u32,
+) -> std::collections::HashMap<aware_bus_schemas::Target, u64> {
+    let spe = u64::from(steps_per_episode.max(1));
+    let mut out = std::collections::HashMap::new();
+    for o in captured {
+        let next = o
+            .episode
+            .saturating_mul(spe)
+            .saturating_add(u64::from(o.step))
+            .saturating_add(1);
+        let e = out.entry(o.target.clone()).or_insert(0);
+        *e = next.max(*e);
+    }
+    if !out.is_empty() {
+        tracing::info!(
+            targets = out.len(),
+            "numbering resumed from the captured obs"
+        );
+    }
+    out
+}
+
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;

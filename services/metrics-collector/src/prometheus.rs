@@ -55,6 +55,13 @@
 //! still complete, the latencies are `None`, and a latency SLO counts as fully violated (SP 0) if
 //! requests were offered, met (SP 1) if none were.
 //!
+//! # Numbering
+//!
+//! Each target's steps are numbered from 0 (`episode = g / steps_per_episode`); a restarted
+//! collector resumes every target after its newest `obs` in the JetStream capture
+//! ([`crate::resume_points`]), and a target deregistered and registered again continues its own
+//! numbering.
+//!
 //! # Reward and timestamps
 //!
 //! The `obs` of evaluation `T` carries `ts_ms = T` (the Prometheus evaluation time) and the reward
@@ -618,13 +625,21 @@ fn now_s() -> f64 {
 struct Targets {
     loops: Vec<TargetLoop>,
     registry: Registry,
+    /// The next global step of targets not observed now (from the capture at start, or
+    /// deregistered): a target observed again continues its numbering.
+    resume: HashMap<Target, u64>,
 }
 
 impl Targets {
-    fn new(ctx: &ServiceContext, cfg: &PrometheusSourceConfig) -> Result<Self, ServiceError> {
+    fn new(
+        ctx: &ServiceContext,
+        cfg: &PrometheusSourceConfig,
+        resume: HashMap<Target, u64>,
+    ) -> Result<Self, ServiceError> {
         let mut t = Targets {
             loops: Vec::with_capacity(ctx.config.targets.len()),
             registry: Registry::default(),
+            resume,
         };
         for spec in &ctx.config.targets {
             aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, &spec.target())?;
@@ -641,9 +656,9 @@ impl Targets {
             Some(l) => l.spec = spec,
             None => self.loops.push(TargetLoop {
                 queries: TargetQueries::new(cfg, &spec.namespace, &spec.name),
+                step: self.resume.remove(&target).unwrap_or(0),
                 spec,
                 target,
-                step: 0,
                 prev_offered: None,
             }),
         }
@@ -677,9 +692,12 @@ impl Targets {
                 true
             }
             Change::Deregistered => {
-                let before = self.loops.len();
-                self.loops.retain(|l| l.target != r.target);
-                before != self.loops.len()
+                let Some(i) = self.loops.iter().position(|l| l.target == r.target) else {
+                    return false;
+                };
+                let l = self.loops.remove(i);
+                self.resume.insert(l.target, l.step);
+                true
             }
             Change::Registered { .. } | Change::Refused(_) => false,
         }
@@ -692,7 +710,9 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     let spe = ctx.config.collector.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
         .map_err(|e| ServiceError::Other(format!("collector.prometheus: {e}")))?;
-    let mut targets = Targets::new(&ctx, &cfg)?;
+    let captured = crate::captured_obs(&ctx).await;
+    let resume = crate::resume_points(&captured, spe);
+    let mut targets = Targets::new(&ctx, &cfg, resume)?;
     let mut registrations = ctx
         .subscribe_events(&[aware_bus_schemas::EventKind::Target])
         .await?;

@@ -8,7 +8,11 @@
 //! Timestamps are simulated time (start-up wall clock + simulated seconds), so the recommender's
 //! time-based rules (HPA stabilization, VPA decay) run on simulated time. One warm-up step runs
 //! before the first `obs`, so no state is ever built from a cluster that has not run yet.
-
+//!
+//! A restarted collector resumes after the newest `obs` in the JetStream capture
+//! ([`crate::resume_points`]): the cluster is fast-forwarded to that step (the traces and
+//! scheduled scenarios stay aligned with the step numbers) and its last step restores the
+//! allocations reported in those `obs`, so the loop continues where it stopped.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -276,6 +280,32 @@ impl Sim {
     }
 }
 
+/// The allocation each target had in its newest captured `obs` (by target index), restored
+/// when the numbering resumes ([`crate::resume_points`]): the simulated cluster lives in the
+/// collector, so a restart would otherwise put every target back to its initial allocation.
+fn resume_allocations(captured: &[Obs], sim: &Sim) -> HashMap<usize, Allocation> {
+    let mut out = HashMap::new();
+    for o in captured {
+        let (Some(&i), Some(r)) = (
+            sim.index.get(&o.target),
+            aware_shared::spec::allocation_in_force(&o.metrics),
+        ) else {
+            continue;
+        };
+        if o.complete {
+            out.insert(
+                i,
+                Allocation {
+                    replicas: r.replicas,
+                    cpu_millicores: r.cpu_millicores,
+                    memory_bytes: r.memory_bytes,
+                },
+            );
+        }
+    }
+    out
+}
+
 /// Runs the simulator source until shutdown (or `max_steps`).
 pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
     let cfg = ctx.config.collector.simulator.clone();
@@ -315,12 +345,32 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
-    if cfg.start_step > 0 {
+    let captured = crate::captured_obs(&ctx).await;
+    let resume = crate::resume_points(&captured, sim.spe);
+    let resumed = resume_allocations(&captured, &sim);
+    let resume_at = sim
+        .targets
+        .iter()
+        .filter_map(|t| resume.get(t))
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let start = cfg.start_step.max(resume_at);
+    if start > 0 {
         tracing::info!(
             start_step = cfg.start_step,
+            resumed_at = resume_at,
             "fast-forwarding the simulated cluster"
         );
-        sim.fast_forward(cfg.start_step, &metrics)?;
+        sim.fast_forward(start.saturating_sub(1), &metrics)?;
+        // The last step restores the allocations in force when the previous collector stopped.
+        let restore: Vec<TargetAction> = (0..n)
+            .map(|i| match resumed.get(&i) {
+                Some(a) if resume_at > 0 => TargetAction::Desired(*a),
+                _ => TargetAction::Hold,
+            })
+            .collect();
+        sim.advance(&restore, &metrics)?;
     }
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
