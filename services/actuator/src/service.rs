@@ -544,4 +544,120 @@ mod tests {
         // Nothing reported yet (a restart): held until the next `obs` says which step is current.
         assert_eq!(admit(at(1 << 40, 0), None), Admission::Hold);
     }
+
+    fn deployment(cpu: &str) -> serde_json::Value {
+        let container = serde_json::json!({
+            "name": "app",
+            "image": "ghcr.io/example/web:1.4.2",
+            "resources": {
+                "limits": {"cpu": cpu, "memory": "512Mi"},
+                "requests": {"cpu": "250m", "memory": "256Mi"}
+            }
+        });
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [container]}
+                }
+            }
+        })
+    }
+
+    /// With the Kubernetes sink the allocation in force is read from the Deployment: an action
+    /// claiming 64 cores in force moves the CPU limit of a 500m Deployment by the step limit
+    /// around 500m (to 750m), not around what the action claims (which allowed 2048m).
+    #[actix::test]
+    async fn the_kubernetes_sink_decides_from_the_deployment_not_the_action() {
+        use aware_shared::kube_mock::{get, patch, serve};
+        const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+        let script = vec![
+            get(DEPLOY, 200, deployment("500m")),
+            get(DEPLOY, 200, deployment("500m")),
+            patch(
+                &format!("{DEPLOY}?&fieldManager=aware-actuator"),
+                "application/strategic-merge-patch+json",
+                serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "app",
+                    "resources": {"limits": {"cpu": "750m", "memory": "512Mi"},
+                                  "requests": {"cpu": "375m", "memory": "256Mi"}}}]}}}}),
+                200,
+                deployment("750m"),
+            ),
+        ];
+        let (client, server) = serve(script);
+        let sink_cfg = KubernetesSinkConfig {
+            defaults: crate::sink::TargetSinkConfig {
+                vertical_mode: crate::sink::VerticalMode::TemplatePatch,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let sink = Arc::new(SinkImpl::Kubernetes(Arc::new(
+            KubernetesSink::new(client, sink_cfg).unwrap(),
+        )));
+        let bus = aware_shared::bus::Bus::in_process(64);
+        let ctx = ServiceContext::new(
+            crate::NAME,
+            bus.clone(),
+            Arc::new(aware_shared::config::AppConfig::default()),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+        let (outbox, _publisher) = spawn_publisher(ctx.clone());
+        let t = Target::new("shop", "web");
+        let actor = TargetActuator::new(
+            TargetSpec::new(&t),
+            Arc::new(Guardrails::new(GuardrailConfig::default()).unwrap()),
+            sink,
+            outbox,
+            ActuatorMetrics::new(&ctx.metrics).unwrap(),
+        )
+        .start();
+        let samples = aware_bus_schemas::generated::samples();
+        let Some(Event::Obs(mut o)) = samples.iter().find(|e| e.kind() == EventKind::Obs).cloned()
+        else {
+            unreachable!()
+        };
+        let Some(Event::Action(mut a)) =
+            samples.into_iter().find(|e| e.kind() == EventKind::Action)
+        else {
+            unreachable!()
+        };
+        (o.target, o.episode, o.step) = (t.clone(), 0, 1);
+        (a.target, a.episode, a.step) = (t, 0, 1);
+        a.current = Resources {
+            replicas: 2,
+            cpu_millicores: 64_000,
+            memory_bytes: 256 << 30,
+        };
+        a.desired = Resources {
+            replicas: 2,
+            cpu_millicores: 4000,
+            memory_bytes: 512 << 20,
+        };
+        actor.do_send(Deliver(Event::Obs(o)));
+        actor.do_send(Deliver(Event::Action(a)));
+        let m = tokio::time::timeout(std::time::Duration::from_secs(5), applied.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let Ok(Event::Applied(d)) = aware_bus_schemas::decode_event(EventKind::Applied, &m.payload)
+        else {
+            unreachable!()
+        };
+        assert_eq!(d.outcome, Outcome::Applied, "{d:?}");
+        assert_eq!(d.applied.cpu_millicores, 750, "{d:?}");
+        // The actor (and with it the client) gone, the server checks its whole script was served.
+        drop(actor);
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
 }
