@@ -111,11 +111,12 @@ async fn next_applied(sub: &mut Subscription, step: u32) -> Option<Applied> {
     }
 }
 
-/// Sends steps (the collector's `obs`, then an action: the actuator decides only for a step the
+/// Sends steps (an action, then the collector's `obs`: the actuator decides only for a step the
 /// collector reported) until one is decided as `want` says — registrations and actions travel
 /// on different subjects, so the first action may overtake the registration — and returns that
 /// decision. The recommender acts on the `obs` too; its action for the step arrives later and is
-/// rejected as a duplicate.
+/// rejected as a duplicate (an action for a step not following the last `obs`, after the test
+/// went back to step 1, is refused: the next step is then decided).
 async fn act_until(
     bus: &Bus,
     sub: &mut Subscription,
@@ -126,8 +127,10 @@ async fn act_until(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
         *step += 1;
-        publish(bus, obs(*step).into()).await;
+        // The action first: the actuator holds it until the step's `obs` arrives, so it is
+        // decided before the recommender's own action for that `obs`.
         publish(bus, action(*step, replicas).into()).await;
+        publish(bus, obs(*step).into()).await;
         if let Some(a) = next_applied(sub, *step).await {
             if want(&a) {
                 return a;
