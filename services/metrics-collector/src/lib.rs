@@ -103,3 +103,41 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         SourceKind::Prometheus => prometheus::run(ctx, metrics).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_bus_schemas::generated::samples;
+    use aware_bus_schemas::{Event, Obs, Target};
+
+    fn obs(target: &Target, episode: u64, step: u32) -> Obs {
+        let Some(Event::Obs(mut o)) = samples().into_iter().find(|e| e.kind() == EventKind::Obs)
+        else {
+            unreachable!()
+        };
+        (o.target, o.episode, o.step) = (target.clone(), episode, step);
+        o
+    }
+
+    /// Each target resumes right after its newest captured step (the newest per target wins),
+    /// and a number near the top of the range saturates instead of wrapping to 0.
+    #[test]
+    fn numbering_resumes_after_the_newest_captured_step() {
+        let (a, b, c) = (
+            Target::new("sim", "a"),
+            Target::new("sim", "b"),
+            Target::new("sim", "c"),
+        );
+        let captured = [
+            obs(&a, 38, 12),
+            obs(&b, 0, 0),
+            obs(&a, 37, 49),
+            obs(&c, u64::MAX, 3),
+        ];
+        let r = resume_points(&captured, 50);
+        assert_eq!(r[&a], 38 * 50 + 13);
+        assert_eq!(r[&b], 1);
+        assert_eq!(r[&c], u64::MAX);
+        assert!(resume_points(&[], 50).is_empty());
+    }
+}
