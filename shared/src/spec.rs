@@ -4,6 +4,22 @@
 use aware_bus_schemas::{Resources, Target};
 use serde::{Deserialize, Serialize};
 
+/// The allocation in force that an `obs` reports (limits rounded to millicores and bytes), or
+/// `None` when its CPU or memory limit is not a positive finite number: a NaN or a missing limit
+/// must never read as a zero allocation.
+pub fn allocation_in_force(m: &aware_bus_schemas::RawMetrics) -> Option<Resources> {
+    let known = |x: f64| x.is_finite() && x > 0.0;
+    if !(known(m.cpu_limit_cores) && known(m.memory_limit_bytes)) {
+        return None;
+    }
+    Some(Resources {
+        replicas: m.replicas,
+        // `as` saturates: an absurdly large limit stays absurdly large, never wraps to 0.
+        cpu_millicores: ((m.cpu_limit_cores * 1000.0).round() as u32).max(1),
+        memory_bytes: (m.memory_limit_bytes.round() as u64).max(1),
+    })
+}
+
 /// Allocation bounds of a target. Defaults are those of the AWARE artifact: 1–20 replicas,
 /// 128–2048 millicores, 256–3072 MiB per replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@ mod bootstrap_loop;
 mod bus_conformance;
 mod chaos;
 mod control_loop;
+mod defence;
 mod demo;
 mod docs;
 mod forged_models;

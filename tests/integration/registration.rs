@@ -68,6 +68,10 @@ fn obs(step: u32) -> Obs {
     o.episode = 0;
     o.step = step;
     o.ts_ms = 1_000 * i64::from(step);
+    // The allocation in force the actuator reads (the actions' `current`).
+    o.metrics.replicas = 2;
+    o.metrics.cpu_limit_cores = 0.5;
+    o.metrics.memory_limit_bytes = (512 * MIB) as f64;
     o
 }
 
@@ -107,9 +111,12 @@ async fn next_applied(sub: &mut Subscription, step: u32) -> Option<Applied> {
     }
 }
 
-/// Sends actions (a new step each time: the guardrails refuse repeated steps) until one is
-/// decided as `want` says — registrations and actions travel on different subjects, so the
-/// first action may overtake the registration — and returns that decision.
+/// Sends steps (an action, then the collector's `obs`: the actuator decides only for a step the
+/// collector reported) until one is decided as `want` says — registrations and actions travel
+/// on different subjects, so the first action may overtake the registration — and returns that
+/// decision. The recommender acts on the `obs` too; its action for the step arrives later and is
+/// rejected as a duplicate (an action for a step not following the last `obs`, after the test
+/// went back to step 1, is refused: the next step is then decided).
 async fn act_until(
     bus: &Bus,
     sub: &mut Subscription,
@@ -120,7 +127,10 @@ async fn act_until(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
         *step += 1;
+        // The action first: the actuator holds it until the step's `obs` arrives, so it is
+        // decided before the recommender's own action for that `obs`.
         publish(bus, action(*step, replicas).into()).await;
+        publish(bus, obs(*step).into()).await;
         if let Some(a) = next_applied(sub, *step).await {
             if want(&a) {
                 return a;
@@ -309,10 +319,11 @@ async fn deregistered_targets_are_retired_and_their_late_messages_dropped_over_n
         publish(&bus, action(step + s, 3).into()).await;
     }
     step += 3;
+    // The actuator counts the four `obs` (it reads the collector's steps) and the three actions.
     crate::wait_for_metric(
         actuator,
         "aware_retired_target_events_total",
-        3.0,
+        7.0,
         Duration::from_secs(5),
     )
     .await;

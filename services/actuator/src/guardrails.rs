@@ -8,8 +8,12 @@
 //! 1. **Invalid bounds** (`Bounds::problems` non-empty, e.g. min above max) → `Rejected`: nothing
 //!    sensible can be applied, and clamping into an empty range is undefined.
 //! 2. **Stale step**: an action whose `(episode, step)` is not after the last applied one (older, or
-//!    a redelivered duplicate) → `Rejected`, the allocation in force is kept.
-//! 3. **Guarded allocation**, per dimension: the requested value is first limited to the maximum
+//!    a redelivered duplicate) → `Rejected`, the allocation in force is kept. (The actuator only
+//!    asks about the step the collector reported last, so this keeps one decision per step; see
+//!    `service::TargetActuator`.)
+//! 3. **Guarded allocation**, per dimension (the bounds first lowered to the actuator's hard
+//!    ceilings `max_replicas`, `max_cpu_millicores`, `max_memory_bytes`, whatever the
+//!    configuration or a registration says): the requested value is first limited to the maximum
 //!    change per step around the value in force ([`StepLimit`]), then clamped into the bounds (the
 //!    bounds are the user's hard constraints and win over the step limit when the value in force is
 //!    outside them); a dimension still in its cooldown, or asked for a CPU/memory change smaller
@@ -191,6 +195,12 @@ pub struct GuardrailConfig {
     /// restart is superseded before it completes.
     pub cpu_min_change_ratio: f64,
     pub memory_min_change_ratio: f64,
+    /// Hard ceilings: no target's bounds, whether configured or registered, take a dimension
+    /// above them (a registration asking for more is clamped here), so no message can make the
+    /// actuator apply more. At least 1.
+    pub max_replicas: u32,
+    pub max_cpu_millicores: u32,
+    pub max_memory_bytes: u64,
 }
 
 impl Default for GuardrailConfig {
@@ -214,6 +224,9 @@ impl Default for GuardrailConfig {
             shared_vertical_cooldown: true,
             cpu_min_change_ratio: 0.0,
             memory_min_change_ratio: 0.0,
+            max_replicas: 1000,
+            max_cpu_millicores: 64_000,
+            max_memory_bytes: 256 * 1024 * MIB,
         }
     }
 }
@@ -231,6 +244,8 @@ pub enum GuardrailConfigError {
     DownRatioAboveOne { dimension: Dimension, value: f64 },
     #[error("guardrails.{dimension}_min_change_ratio is {value}: must be finite and in [0, 1)")]
     InvalidMinChange { dimension: Dimension, value: f64 },
+    #[error("guardrails.{key} is 0: the ceiling must be at least 1")]
+    ZeroCeiling { key: &'static str },
 }
 
 impl GuardrailConfig {
@@ -280,9 +295,42 @@ impl GuardrailConfig {
         }
     }
 
+    /// The ceiling of `d` (`max_replicas`, `max_cpu_millicores`, `max_memory_bytes`).
+    pub fn ceiling(&self, d: Dimension) -> u64 {
+        match d {
+            Dimension::Replicas => u64::from(self.max_replicas),
+            Dimension::Cpu => u64::from(self.max_cpu_millicores),
+            Dimension::Memory => self.max_memory_bytes,
+        }
+    }
+
+    /// `b` with every maximum (and a minimum above it) lowered to the ceilings.
+    pub fn capped(&self, b: &Bounds) -> Bounds {
+        let max_replicas = b.max_replicas.min(self.max_replicas);
+        let max_cpu_millicores = b.max_cpu_millicores.min(self.max_cpu_millicores);
+        let max_memory_bytes = b.max_memory_bytes.min(self.max_memory_bytes);
+        Bounds {
+            min_replicas: b.min_replicas.min(max_replicas),
+            max_replicas,
+            min_cpu_millicores: b.min_cpu_millicores.min(max_cpu_millicores),
+            max_cpu_millicores,
+            min_memory_bytes: b.min_memory_bytes.min(max_memory_bytes),
+            max_memory_bytes,
+        }
+    }
+
     /// Checks the ratios (finite, non-negative, decrease at most 100 %, minimum change below
-    /// 100 %).
+    /// 100 %) and the ceilings (at least 1).
     pub fn validate(&self) -> Result<(), GuardrailConfigError> {
+        for (key, d) in [
+            ("max_replicas", Dimension::Replicas),
+            ("max_cpu_millicores", Dimension::Cpu),
+            ("max_memory_bytes", Dimension::Memory),
+        ] {
+            if self.ceiling(d) == 0 {
+                return Err(GuardrailConfigError::ZeroCeiling { key });
+            }
+        }
         for d in [Dimension::Cpu, Dimension::Memory] {
             let value = self.min_change_ratio(d);
             if !(value.is_finite() && (0.0..1.0).contains(&value)) {
@@ -425,6 +473,7 @@ impl Guardrails {
                 format!("invalid bounds for the target: {}", list.join("; ")),
             );
         }
+        let bounds = self.config.capped(&spec.bounds);
         if let Some(last) = state.last_applied {
             if step < last {
                 return rejected(
@@ -444,7 +493,7 @@ impl Guardrails {
         let mut clamped = Vec::new();
         let mut notes = Vec::new();
         for d in Dimension::ALL {
-            let (value, note) = self.guard_dimension(d, spec, state, current, requested, now_ms);
+            let (value, note) = self.guard_dimension(d, &bounds, state, current, requested, now_ms);
             d.set(&mut guarded, value);
             if let Some(note) = note {
                 clamped.push(d.as_str().to_string());
@@ -484,7 +533,7 @@ impl Guardrails {
     fn guard_dimension(
         &self,
         d: Dimension,
-        spec: &TargetSpec,
+        bounds: &Bounds,
         state: &GuardState,
         current: Resources,
         requested: Resources,
@@ -492,7 +541,7 @@ impl Guardrails {
     ) -> (u64, Option<String>) {
         let cur = d.get(&current);
         let req = d.get(&requested);
-        let (lo, hi) = d.bounds(&spec.bounds);
+        let (lo, hi) = d.bounds(bounds);
         let unit = d.unit();
 
         // Cooldown: keep the value in force (when it is within the bounds).
@@ -1045,6 +1094,84 @@ mod tests {
         s.record(older, res(3, 1000, 1024), res(3, 1000, 2048), NOW + 5);
         assert_eq!(s.last_applied, Some(STEP));
         assert_eq!(s.last_change_ms, [Some(NOW), None, Some(NOW + 5)]);
+    }
+
+    /// Bounds above the actuator's ceilings (a forged or careless registration) are lowered to
+    /// them: the request is clamped to the ceiling, never beyond; a minimum above a ceiling
+    /// comes down with it. A zero ceiling is refused naming its key.
+    #[test]
+    fn bounds_are_capped_by_the_ceilings() {
+        let cfg = GuardrailConfig {
+            max_replicas: 50,
+            max_cpu_millicores: 4000,
+            max_memory_bytes: 8192 * MIB,
+            ..GuardrailConfig::default()
+        };
+        let g = Guardrails::new(cfg).unwrap();
+        let mut wide = spec();
+        wide.bounds = Bounds {
+            min_replicas: 1,
+            max_replicas: 10_000,
+            min_cpu_millicores: 100,
+            max_cpu_millicores: 1_000_000,
+            min_memory_bytes: MIB,
+            max_memory_bytes: u64::MAX,
+        };
+        let cur = res(40, 3000, 6000);
+        let d = g.decide(
+            &wide,
+            &GuardState::default(),
+            cur,
+            STEP,
+            res(10_000, 1_000_000, 1 << 40),
+            NOW,
+        );
+        assert_eq!(d.outcome, Outcome::Applied);
+        assert_eq!(d.applied, res(50, 4000, 8192));
+        assert_eq!(d.clamped, vec!["replicas", "cpu", "memory"]);
+        assert!(d
+            .reason
+            .unwrap()
+            .contains("replicas: 80 clamped to the max bound 50"),);
+        // A minimum above the ceiling comes down with it.
+        wide.bounds.min_replicas = 200;
+        let d = g.decide(
+            &wide,
+            &GuardState::default(),
+            cur,
+            STEP,
+            res(1, 3000, 6000),
+            NOW,
+        );
+        assert_eq!(d.applied.replicas, 50);
+        // Bounds within the ceilings are untouched.
+        let b = Bounds::default();
+        assert_eq!(g.config().capped(&b), b);
+        // The defaults: 1000 replicas, 64 cores, 256 GiB.
+        let d = GuardrailConfig::default();
+        assert_eq!(
+            (d.max_replicas, d.max_cpu_millicores, d.max_memory_bytes),
+            (1000, 64_000, 256 << 30)
+        );
+        for (bad, key) in [
+            (
+                GuardrailConfig {
+                    max_replicas: 0,
+                    ..GuardrailConfig::default()
+                },
+                "guardrails.max_replicas",
+            ),
+            (
+                GuardrailConfig {
+                    max_memory_bytes: 0,
+                    ..GuardrailConfig::default()
+                },
+                "guardrails.max_memory_bytes",
+            ),
+        ] {
+            let e = Guardrails::new(bad).unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]

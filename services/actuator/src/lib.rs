@@ -13,8 +13,9 @@ use aware_shared::service::{ServiceContext, ServiceError};
 
 pub const NAME: &str = "actuator";
 /// `target` carries the controller's registrations (bounds, update mode; a deregistration
-/// rejects what is still in flight).
-pub const CONSUMES: &[EventKind] = &[EventKind::Action, EventKind::Target];
+/// rejects what is still in flight); `obs` the collector's steps (the only steps an action is
+/// decided for) and, with the simulator sink, the allocation in force.
+pub const CONSUMES: &[EventKind] = &[EventKind::Action, EventKind::Obs, EventKind::Target];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),

@@ -6,11 +6,14 @@
 //! the metrics collector) applies every `applied` it receives; `kubernetes` — the Kubernetes API
 //! (scale subresource, in-place resize or template patch). Calls to the API are made one at a
 //! time per target (the actor waits for them), so a target's decisions apply in order.
+//!
+//! Nothing an `action` claims is trusted but its request: the allocation in force comes from the
+//! sink and the step must be the one the collector reported last (see [`TargetActuator`]).
 
 use std::sync::Arc;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
-use aware_bus_schemas::{Action, Applied, Event, Outcome, Schema, Target};
+use aware_bus_schemas::{Action, Applied, Event, EventKind, Outcome, Resources, Schema, Target};
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -20,7 +23,7 @@ use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 
 use crate::guardrails::{Decision, GuardState, GuardrailConfig, Guardrails, StepId};
-use crate::sink::{KubernetesSink, KubernetesSinkConfig, Sink};
+use crate::sink::{ApplyReport, KubernetesSink, KubernetesSinkConfig, Sink, SinkError};
 
 /// Where decisions are applied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +51,9 @@ pub struct ActuatorMetrics {
     pub sink_errors: IntCounterVec,
     /// The service's `registrations_total`.
     pub registrations: IntCounterVec,
+    /// Actions refused without a decision: for a step the collector never reported
+    /// (`unreported`), or replaced by a later one while held for their `obs` (`superseded`).
+    pub refused: IntCounterVec,
 }
 
 impl ActuatorMetrics {
@@ -75,11 +81,18 @@ impl ActuatorMetrics {
                 &[&["kubernetes"]],
             )?,
             registrations: m.registrations.clone(),
+            refused: m.counter_vec(
+                "actuator_refused_actions_total",
+                "Actions refused undecided: for a step the collector never reported, or superseded while held",
+                &["reason"],
+                &[&["unreported"], &["superseded"]],
+            )?,
         })
     }
 }
 
-enum SinkImpl {
+/// The sink in use.
+pub enum SinkImpl {
     Simulator,
     Kubernetes(Arc<KubernetesSink>),
 }
@@ -119,13 +132,78 @@ pub fn applied_message(a: &Action, d: &Decision, sink: &str) -> Applied {
     }
 }
 
+/// The latest `obs` of a target the actuator received from the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// Its step: the only step an action is decided for.
+    pub step: StepId,
+    /// The allocation in force it reports (`None` when incomplete or without usable limits).
+    pub allocation: Option<Resources>,
+}
+
+/// What the actor does with an action, judged against the collector's own sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// For the step the collector reported last: decided now.
+    Decide,
+    /// For the step right after it (its `obs` may still be on its way: the `obs` and `action`
+    /// subscriptions are delivered independently): held until that `obs` arrives.
+    Hold,
+    /// For a step the collector has moved past: rejected and reported in `applied`.
+    Stale,
+    /// For a step the collector never reported (a forged or corrupt number): refused without an
+    /// `applied` and without moving any mark.
+    Unreported,
+}
+
+/// Whether `step` directly follows `last` (the next step of the episode or the first of the
+/// next one).
+fn follows(step: StepId, last: StepId) -> bool {
+    (step.episode == last.episode && Some(step.step) == last.step.checked_add(1))
+        || (Some(step.episode) == last.episode.checked_add(1) && step.step == 0)
+}
+
+/// How an action for `step` is admitted given the latest reported step (`None`: no `obs` seen
+/// yet, e.g. right after a restart: held until the next `obs` says which step is current).
+pub fn admit(step: StepId, reported: Option<StepId>) -> Admission {
+    match reported {
+        None => Admission::Hold,
+        Some(r) if step == r => Admission::Decide,
+        Some(r) if step < r => Admission::Stale,
+        Some(r) if follows(step, r) => Admission::Hold,
+        Some(_) => Admission::Unreported,
+    }
+}
+
 /// The actor of one target.
+///
+/// **Where the allocation in force comes from.** Never from the `action` (its `current` is what
+/// the sender claims): with the Kubernetes sink it is read from the Deployment before every
+/// decision ([`Sink::current`]); with the simulator sink it is the allocation the collector
+/// reports in the `obs` of the step being decided. The simulated cluster lives in the
+/// collector, and its `obs` is the only account of what is in force there: the actuator's own
+/// record of what it last applied would be wrong after a collector restart (the cluster is
+/// rebuilt), after a late step (the collector held the allocation) and after an actuator
+/// restart (no record). The per-step limits are computed from that value.
+///
+/// **Staleness.** An action is decided only for the step the collector reported last (the
+/// newest `obs` received, see [`admit`]); the guardrails' duplicate check ([`GuardState`]) then
+/// keeps one decision per step. A number chosen by a sender never moves the mark: an action for
+/// a step that was never reported is refused and counted. When the collector's numbering goes
+/// back (a collector restarted without its capture starts again at episode 0), the actuator
+/// follows it and forgets its last applied step.
 pub struct TargetActuator {
     spec: TargetSpec,
     /// Registration by the controller: a deregistered target is never touched again (its
     /// actions are rejected), so it keeps its last applied resources.
     registered: Registered,
     state: GuardState,
+    reported: Option<Reported>,
+    /// An action for the step after the reported one, waiting for its `obs`.
+    held: Option<Action>,
+    /// The last allocation known to be in force (from an `obs` or the sink), for the `applied`
+    /// of a rejection.
+    last_known: Option<Resources>,
     guards: Arc<Guardrails>,
     sink: Arc<SinkImpl>,
     outbox: Outbox,
@@ -146,7 +224,30 @@ impl Handler<Retire> for TargetActuator {
 }
 
 impl TargetActuator {
-    fn publish(&mut self, a: &Action, d: &Decision) {
+    /// The actor of a target with `spec` (from the configuration until a registration arrives).
+    pub fn new(
+        spec: TargetSpec,
+        guards: Arc<Guardrails>,
+        sink: Arc<SinkImpl>,
+        outbox: Outbox,
+        metrics: ActuatorMetrics,
+    ) -> Self {
+        TargetActuator {
+            spec,
+            registered: Registered::default(),
+            state: GuardState::default(),
+            reported: None,
+            held: None,
+            last_known: None,
+            guards,
+            sink,
+            outbox,
+            metrics,
+        }
+    }
+
+    /// `current` was in force before the decision `d` for `a`.
+    fn publish(&mut self, a: &Action, d: &Decision, current: Resources) {
         self.metrics
             .decisions
             .with_label_values(&[outcome_label(d.outcome)])
@@ -163,21 +264,191 @@ impl TargetActuator {
                     episode: a.episode,
                     step: a.step,
                 },
-                a.current,
+                current,
                 d.applied,
                 a.ts_ms,
             );
+            self.last_known = Some(d.applied);
         }
         self.outbox.send(applied_message(a, d, self.sink.name()));
     }
+
+    /// Rejects `a` with `reason`, reporting the allocation last known to be in force (the
+    /// action's own claim only when nothing is known: the simulated cluster holds its
+    /// allocation on a rejection whatever it says).
+    fn reject(&mut self, a: &Action, reason: String) {
+        let current = self.last_known.unwrap_or(a.current);
+        let d = Decision {
+            outcome: Outcome::Rejected,
+            applied: current,
+            recommended: current,
+            clamped: Vec::new(),
+            reason: Some(reason),
+        };
+        self.publish(a, &d, current);
+    }
+
+    /// Refuses an action for a step the collector never reported: counted and logged, no
+    /// `applied` (it would record a step that never happened).
+    fn refuse(&mut self, a: &Action, why: &str) {
+        self.metrics.refused.with_label_values(&[why]).inc();
+        tracing::warn!(target = %a.target, episode = a.episode, step = a.step, reported = ?self.reported.map(|r| r.step), why, "action refused: not for a step the collector reported");
+    }
+
+    fn on_obs(&mut self, o: &aware_bus_schemas::Obs, ctx: &mut Context<Self>) {
+        let step = StepId {
+            episode: o.episode,
+            step: o.step,
+        };
+        if let Some(prev) = self.reported {
+            if step < prev.step {
+                tracing::info!(target = %o.target, from = %prev.step, to = %step, "the collector's numbering went back (restarted without its capture): following it");
+                self.state.last_applied = None;
+            }
+        }
+        let allocation = if o.complete {
+            aware_shared::spec::allocation_in_force(&o.metrics)
+        } else {
+            None
+        };
+        if allocation.is_some() {
+            self.last_known = allocation;
+        }
+        self.reported = Some(Reported { step, allocation });
+        if let Some(a) = self.held.take() {
+            let held = StepId {
+                episode: a.episode,
+                step: a.step,
+            };
+            if held == step {
+                self.decide(a, ctx);
+            } else {
+                self.refuse(&a, "unreported");
+            }
+        }
+    }
+
+    fn on_action(&mut self, a: Action, ctx: &mut Context<Self>) {
+        if self.registered.is_deregistered() {
+            self.reject(
+                &a,
+                "target deregistered: its AwareAutoscaler was deleted".to_string(),
+            );
+            return;
+        }
+        let step = StepId {
+            episode: a.episode,
+            step: a.step,
+        };
+        match admit(step, self.reported.map(|r| r.step)) {
+            Admission::Decide => self.decide(a, ctx),
+            Admission::Hold => {
+                if let Some(prev) = self.held.replace(a) {
+                    self.refuse(&prev, "superseded");
+                }
+            }
+            Admission::Stale => {
+                let last = self.reported.map(|r| r.step).unwrap_or(step);
+                self.reject(
+                    &a,
+                    format!("stale action: {step} is older than the collector's current {last}"),
+                );
+            }
+            Admission::Unreported => self.refuse(&a, "unreported"),
+        }
+    }
+
+    /// Decides an action for the reported step with the allocation in force read from the sink
+    /// (see the type's documentation), applies it and publishes `applied`.
+    fn decide(&mut self, a: Action, ctx: &mut Context<Self>) {
+        let step = StepId {
+            episode: a.episode,
+            step: a.step,
+        };
+        match &*self.sink {
+            SinkImpl::Simulator => {
+                let Some(current) = self.reported.and_then(|r| r.allocation) else {
+                    self.reject(
+                        &a,
+                        "allocation in force unknown: the step's obs is incomplete".to_string(),
+                    );
+                    return;
+                };
+                let d =
+                    self.guards
+                        .decide(&self.spec, &self.state, current, step, a.desired, a.ts_ms);
+                self.publish(&a, &d, current);
+            }
+            SinkImpl::Kubernetes(k) => {
+                let k = k.clone();
+                let guards = self.guards.clone();
+                let spec = self.spec.clone();
+                let state = self.state;
+                let target = a.target.clone();
+                let (desired, ts_ms) = (a.desired, a.ts_ms);
+                // One call at a time per target (`wait`): decisions apply in order.
+                let fut = async move {
+                    let current = match k.current(&target).await {
+                        Ok(c) => c,
+                        Err(e) => return KubeOutcome::Failed(None, e),
+                    };
+                    let d = guards.decide(&spec, &state, current, step, desired, ts_ms);
+                    if !d.changes(&current) {
+                        return KubeOutcome::Decided(current, d);
+                    }
+                    match k.apply(&target, d.applied).await {
+                        Ok(report) => KubeOutcome::Decided(current, with_report(d, report)),
+                        Err(e) => KubeOutcome::Failed(Some(current), e),
+                    }
+                };
+                ctx.wait(fut.into_actor(self).map(move |res, act, _| match res {
+                    KubeOutcome::Decided(current, d) => act.publish(&a, &d, current),
+                    KubeOutcome::Failed(current, e) => {
+                        act.metrics
+                            .sink_errors
+                            .with_label_values(&["kubernetes"])
+                            .inc();
+                        tracing::warn!(target = %a.target, error = %e, "kubernetes sink failed");
+                        if current.is_some() {
+                            act.last_known = current;
+                        }
+                        act.reject(&a, format!("sink error: {e}"));
+                    }
+                }));
+            }
+        }
+    }
+}
+
+/// What a decision with the Kubernetes sink came to.
+enum KubeOutcome {
+    /// Decided with the allocation read from the Deployment (and applied, if it changes it).
+    Decided(Resources, Decision),
+    /// Reading (no allocation known) or applying failed.
+    Failed(Option<Resources>, SinkError),
+}
+
+/// The decision `d` after the sink applied it: the allocation in force it reports and its
+/// notes.
+fn with_report(mut d: Decision, report: ApplyReport) -> Decision {
+    d.applied = report.in_force;
+    if !report.notes.is_empty() {
+        let notes = report.notes.join("; ");
+        d.reason = Some(match d.reason.take() {
+            Some(r) => format!("{r}; {notes}"),
+            None => notes,
+        });
+    }
+    d
 }
 
 impl Handler<Deliver> for TargetActuator {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
-        let a = match ev {
-            Event::Action(a) => a,
+        match ev {
+            Event::Action(a) => self.on_action(a, ctx),
+            Event::Obs(o) => self.on_obs(&o, ctx),
             Event::Registration(r) => {
                 let change = self.registered.apply(&r);
                 log_change(
@@ -187,63 +458,15 @@ impl Handler<Deliver> for TargetActuator {
                     r.generation,
                     &change,
                 );
-                if let Change::Registered { spec, .. } = change {
+                if let Change::Registered { spec, changed, .. } = change {
+                    let capped = self.guards.config().capped(&spec.bounds);
+                    if changed && capped != spec.bounds {
+                        tracing::warn!(target = %r.target, registered = ?spec.bounds, applied = ?capped, "registered bounds above the actuator's ceilings (actuator.guardrails.max_*): capped");
+                    }
                     self.spec = spec;
                 }
-                return;
             }
-            _ => return,
-        };
-        if self.registered.is_deregistered() {
-            let d = Decision {
-                outcome: Outcome::Rejected,
-                applied: a.current,
-                recommended: a.current,
-                clamped: Vec::new(),
-                reason: Some("target deregistered: its AwareAutoscaler was deleted".to_string()),
-            };
-            self.publish(&a, &d);
-            return;
-        }
-        let step = StepId {
-            episode: a.episode,
-            step: a.step,
-        };
-        let decision =
-            self.guards
-                .decide(&self.spec, &self.state, a.current, step, a.desired, a.ts_ms);
-        let needs_call = decision.changes(&a.current);
-        match (&*self.sink, needs_call) {
-            (SinkImpl::Kubernetes(k), true) => {
-                let k = k.clone();
-                let target = a.target.clone();
-                let desired = decision.applied;
-                let fut = async move { k.apply(&target, desired).await };
-                ctx.wait(fut.into_actor(self).map(move |res, act, _| {
-                    let mut d = decision;
-                    match res {
-                        Ok(report) => {
-                            d.applied = report.in_force;
-                            if !report.notes.is_empty() {
-                                let notes = report.notes.join("; ");
-                                d.reason = Some(match d.reason.take() {
-                                    Some(r) => format!("{r}; {notes}"),
-                                    None => notes,
-                                });
-                            }
-                        }
-                        Err(e) => {
-                            act.metrics.sink_errors.with_label_values(&["kubernetes"]).inc();
-                            tracing::warn!(target = %a.target, error = %e, "kubernetes sink failed");
-                            d.outcome = Outcome::Rejected;
-                            d.applied = a.current;
-                            d.reason = Some(format!("sink error: {e}"));
-                        }
-                    }
-                    act.publish(&a, &d);
-                }));
-            }
-            _ => self.publish(&a, &decision),
+            _ => {}
         }
     }
 }
@@ -270,16 +493,171 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = ActuatorMetrics::new(&ctx.metrics)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let config = ctx.config.clone();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| TargetActuator {
-        spec: config.spec_for(t),
-        registered: Registered::default(),
-        state: GuardState::default(),
-        guards: guards.clone(),
-        sink: sink.clone(),
-        outbox: outbox.clone(),
-        metrics: metrics.clone(),
+    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+        TargetActuator::new(
+            config.spec_for(t),
+            guards.clone(),
+            sink.clone(),
+            outbox.clone(),
+            metrics.clone(),
+        )
     });
+    // The newest captured `obs` of every target first: after a restart, the action of the step
+    // in flight is decided instead of waiting for the next step.
+    for ev in ctx.current_state(EventKind::Obs).await {
+        actors.route(ev);
+    }
     run_actors(&ctx, crate::CONSUMES, false, &mut actors).await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(episode: u64, step: u32) -> StepId {
+        StepId { episode, step }
+    }
+
+    /// Only the reported step is decided; the next one waits for its `obs`; anything older is
+    /// stale; anything further (a forged episode 2^40, a skipped step) was never reported.
+    #[test]
+    fn actions_are_admitted_against_the_collectors_last_reported_step() {
+        let r = Some(at(38, 12));
+        assert_eq!(admit(at(38, 12), r), Admission::Decide);
+        assert_eq!(admit(at(38, 13), r), Admission::Hold);
+        assert_eq!(admit(at(39, 0), r), Admission::Hold);
+        assert_eq!(admit(at(38, 11), r), Admission::Stale);
+        assert_eq!(admit(at(0, 4), r), Admission::Stale);
+        assert_eq!(admit(at(1 << 40, 0), r), Admission::Unreported);
+        assert_eq!(admit(at(38, 14), r), Admission::Unreported);
+        assert_eq!(admit(at(39, 1), r), Admission::Unreported);
+        assert_eq!(
+            admit(at(u64::MAX, u32::MAX), Some(at(u64::MAX, u32::MAX))),
+            Admission::Decide
+        );
+        assert_eq!(
+            admit(at(0, 0), Some(at(u64::MAX, u32::MAX))),
+            Admission::Stale
+        );
+        // Nothing reported yet (a restart): held until the next `obs` says which step is current.
+        assert_eq!(admit(at(1 << 40, 0), None), Admission::Hold);
+    }
+
+    fn deployment(cpu: &str) -> serde_json::Value {
+        let container = serde_json::json!({
+            "name": "app",
+            "image": "ghcr.io/example/web:1.4.2",
+            "resources": {
+                "limits": {"cpu": cpu, "memory": "512Mi"},
+                "requests": {"cpu": "250m", "memory": "256Mi"}
+            }
+        });
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [container]}
+                }
+            }
+        })
+    }
+
+    /// With the Kubernetes sink the allocation in force is read from the Deployment: an action
+    /// claiming 64 cores in force moves the CPU limit of a 500m Deployment by the step limit
+    /// around 500m (to 750m), not around what the action claims (which allowed 2048m).
+    #[actix::test]
+    async fn the_kubernetes_sink_decides_from_the_deployment_not_the_action() {
+        use aware_shared::kube_mock::{get, patch, serve};
+        const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+        let script = vec![
+            get(DEPLOY, 200, deployment("500m")),
+            get(DEPLOY, 200, deployment("500m")),
+            patch(
+                &format!("{DEPLOY}?&fieldManager=aware-actuator"),
+                "application/strategic-merge-patch+json",
+                serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "app",
+                    "resources": {"limits": {"cpu": "750m", "memory": "512Mi"},
+                                  "requests": {"cpu": "375m", "memory": "256Mi"}}}]}}}}),
+                200,
+                deployment("750m"),
+            ),
+        ];
+        let (client, server) = serve(script);
+        let sink_cfg = KubernetesSinkConfig {
+            defaults: crate::sink::TargetSinkConfig {
+                vertical_mode: crate::sink::VerticalMode::TemplatePatch,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let sink = Arc::new(SinkImpl::Kubernetes(Arc::new(
+            KubernetesSink::new(client, sink_cfg).unwrap(),
+        )));
+        let bus = aware_shared::bus::Bus::in_process(64);
+        let ctx = ServiceContext::new(
+            crate::NAME,
+            bus.clone(),
+            Arc::new(aware_shared::config::AppConfig::default()),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+        let (outbox, _publisher) = spawn_publisher(ctx.clone());
+        let t = Target::new("shop", "web");
+        let actor = TargetActuator::new(
+            TargetSpec::new(&t),
+            Arc::new(Guardrails::new(GuardrailConfig::default()).unwrap()),
+            sink,
+            outbox,
+            ActuatorMetrics::new(&ctx.metrics).unwrap(),
+        )
+        .start();
+        let samples = aware_bus_schemas::generated::samples();
+        let Some(Event::Obs(mut o)) = samples.iter().find(|e| e.kind() == EventKind::Obs).cloned()
+        else {
+            unreachable!()
+        };
+        let Some(Event::Action(mut a)) =
+            samples.into_iter().find(|e| e.kind() == EventKind::Action)
+        else {
+            unreachable!()
+        };
+        (o.target, o.episode, o.step) = (t.clone(), 0, 1);
+        (a.target, a.episode, a.step) = (t, 0, 1);
+        a.current = Resources {
+            replicas: 2,
+            cpu_millicores: 64_000,
+            memory_bytes: 256 << 30,
+        };
+        a.desired = Resources {
+            replicas: 2,
+            cpu_millicores: 4000,
+            memory_bytes: 512 << 20,
+        };
+        actor.do_send(Deliver(Event::Obs(o)));
+        actor.do_send(Deliver(Event::Action(a)));
+        let m = tokio::time::timeout(std::time::Duration::from_secs(5), applied.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let Ok(Event::Applied(d)) = aware_bus_schemas::decode_event(EventKind::Applied, &m.payload)
+        else {
+            unreachable!()
+        };
+        assert_eq!(d.outcome, Outcome::Applied, "{d:?}");
+        assert_eq!(d.applied.cpu_millicores, 750, "{d:?}");
+        // The actor (and with it the client) gone, the server checks its whole script was served.
+        drop(actor);
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
 }

@@ -20,6 +20,80 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     main: |ctx| Box::pin(run(ctx)),
 };
 
+/// The names of the measurements of `m` that cannot be used: non-finite or negative values, and
+/// limits that are not positive. An `obs` with any of them is published incomplete (no action is
+/// taken on it), so a NaN never turns into a zero allocation downstream.
+pub fn unusable_metrics(m: &aware_bus_schemas::RawMetrics) -> Vec<String> {
+    let limits = [
+        ("cpu_limit_cores", m.cpu_limit_cores),
+        ("memory_limit_bytes", m.memory_limit_bytes),
+    ];
+    let values = [
+        ("cpu_usage_cores", m.cpu_usage_cores),
+        ("memory_working_set_bytes", m.memory_working_set_bytes),
+        ("cpu_util", m.cpu_util),
+        ("memory_util", m.memory_util),
+        ("io_util", m.io_util),
+        ("network_util", m.network_util),
+        ("request_rate_rps", m.request_rate_rps),
+        ("throughput_rps", m.throughput_rps),
+        ("latency_p50_ms", m.latency_p50_ms.unwrap_or(0.0)),
+        ("latency_p99_ms", m.latency_p99_ms.unwrap_or(0.0)),
+    ];
+    let bad_limit = limits
+        .into_iter()
+        .filter(|(_, v)| !(v.is_finite() && *v > 0.0));
+    let bad_value = values
+        .into_iter()
+        .filter(|(_, v)| !(v.is_finite() && *v >= 0.0));
+    bad_limit
+        .chain(bad_value)
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// The newest `obs` of every target in the JetStream capture (empty on the embedded bus, with
+/// the capture off, or when nothing was captured yet).
+pub async fn captured_obs(ctx: &ServiceContext) -> Vec<aware_bus_schemas::Obs> {
+    ctx.current_state(EventKind::Obs)
+        .await
+        .into_iter()
+        .filter_map(|ev| match ev {
+            aware_bus_schemas::Event::Obs(o) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where each target's numbering resumes: the global step after its newest captured `obs`
+/// (`episode × steps_per_episode + step + 1`). A restarted collector continues its own sequence
+/// from there instead of publishing episode 0 again, so the actuator (which decides only for the
+/// step the collector reported last) keeps acting and no transition is recorded twice under one
+/// key. Without a capture the numbering starts at 0.
+pub fn resume_points(
+    captured: &[aware_bus_schemas::Obs],
+    steps_per_episode: u32,
+) -> std::collections::HashMap<aware_bus_schemas::Target, u64> {
+    let spe = u64::from(steps_per_episode.max(1));
+    let mut out = std::collections::HashMap::new();
+    for o in captured {
+        let next = o
+            .episode
+            .saturating_mul(spe)
+            .saturating_add(u64::from(o.step))
+            .saturating_add(1);
+        let e = out.entry(o.target.clone()).or_insert(0);
+        *e = next.max(*e);
+    }
+    if !out.is_empty() {
+        tracing::info!(
+            targets = out.len(),
+            "numbering resumed from the captured obs"
+        );
+    }
+    out
+}
+
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;
@@ -27,5 +101,43 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
         SourceKind::Simulator => simulator::run(ctx, metrics).await,
         SourceKind::Prometheus => prometheus::run(ctx, metrics).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aware_bus_schemas::generated::samples;
+    use aware_bus_schemas::{Event, Obs, Target};
+
+    fn obs(target: &Target, episode: u64, step: u32) -> Obs {
+        let Some(Event::Obs(mut o)) = samples().into_iter().find(|e| e.kind() == EventKind::Obs)
+        else {
+            unreachable!()
+        };
+        (o.target, o.episode, o.step) = (target.clone(), episode, step);
+        o
+    }
+
+    /// Each target resumes right after its newest captured step (the newest per target wins),
+    /// and a number near the top of the range saturates instead of wrapping to 0.
+    #[test]
+    fn numbering_resumes_after_the_newest_captured_step() {
+        let (a, b, c) = (
+            Target::new("sim", "a"),
+            Target::new("sim", "b"),
+            Target::new("sim", "c"),
+        );
+        let captured = [
+            obs(&a, 38, 12),
+            obs(&b, 0, 0),
+            obs(&a, 37, 49),
+            obs(&c, u64::MAX, 3),
+        ];
+        let r = resume_points(&captured, 50);
+        assert_eq!(r[&a], 38 * 50 + 13);
+        assert_eq!(r[&b], 1);
+        assert_eq!(r[&c], u64::MAX);
+        assert!(resume_points(&[], 50).is_empty());
     }
 }

@@ -39,8 +39,8 @@
 //!
 //! # Missing and stale metrics
 //!
-//! A query that fails, returns no sample or a non-finite value (latencies: see below) makes its
-//! name *missing*. The three `*_sample_time` queries return the newest sample time of the pod,
+//! A query that fails, returns no sample, a non-finite or negative value, or a zero limit
+//! (latencies: see below) makes its name *missing*: a NaN never becomes a zero allocation. The three `*_sample_time` queries return the newest sample time of the pod,
 //! Deployment and request series; when `T` minus that time exceeds `staleness_s` (or the query
 //! returns nothing), every query of that group is missing as well (an empty `*_sample_time`
 //! override disables the check of its group). With anything missing the step is published with
@@ -54,6 +54,13 @@
 //! Latencies: when nothing was served in the window, `histogram_quantile` returns NaN; the step is
 //! still complete, the latencies are `None`, and a latency SLO counts as fully violated (SP 0) if
 //! requests were offered, met (SP 1) if none were.
+//!
+//! # Numbering
+//!
+//! Each target's steps are numbered from 0 (`episode = g / steps_per_episode`); a restarted
+//! collector resumes every target after its newest `obs` in the JetStream capture
+//! ([`crate::resume_points`]), and a target deregistered and registered again continues its own
+//! numbering.
 //!
 //! # Reward and timestamps
 //!
@@ -295,6 +302,14 @@ const GROUPS: [(&str, &[&str]); 3] = [
     ),
 ];
 
+/// The queries that read a limit: a usable limit is positive (zero means no limit is known).
+const LIMITS: [&str; 4] = [
+    "cpu_limit_cores",
+    "cpu_limit_total_cores",
+    "memory_limit_bytes",
+    "memory_limit_total_bytes",
+];
+
 /// Escapes a string for a PromQL double-quoted string literal.
 fn promql_string(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
@@ -420,9 +435,20 @@ pub fn build_evaluation(
             missing.extend(members.iter().map(|m| m.to_string()));
         }
     }
+    // A value is usable when finite and not negative (a limit: positive); a latency may be NaN
+    // (nothing served). Anything else would turn into a zero allocation or utilization
+    // downstream, so the metric is missing instead.
     let mut get = |name: &'static str, nan_ok: bool| -> Option<f64> {
+        let usable = |v: f64| {
+            let least_ok = if LIMITS.contains(&name) {
+                v > 0.0
+            } else {
+                v >= 0.0
+            };
+            (v.is_finite() && least_ok) || (nan_ok && v.is_nan())
+        };
         match outcomes.get(name) {
-            Some(QueryOutcome::Value(v)) if v.is_finite() || (nan_ok && v.is_nan()) => Some(*v),
+            Some(QueryOutcome::Value(v)) if usable(*v) => Some(*v),
             None if matches!(name, "io_util" | "network_util") => Some(0.0),
             _ => {
                 missing.push(name.to_string());
@@ -599,13 +625,21 @@ fn now_s() -> f64 {
 struct Targets {
     loops: Vec<TargetLoop>,
     registry: Registry,
+    /// The next global step of targets not observed now (from the capture at start, or
+    /// deregistered): a target observed again continues its numbering.
+    resume: HashMap<Target, u64>,
 }
 
 impl Targets {
-    fn new(ctx: &ServiceContext, cfg: &PrometheusSourceConfig) -> Result<Self, ServiceError> {
+    fn new(
+        ctx: &ServiceContext,
+        cfg: &PrometheusSourceConfig,
+        resume: HashMap<Target, u64>,
+    ) -> Result<Self, ServiceError> {
         let mut t = Targets {
             loops: Vec::with_capacity(ctx.config.targets.len()),
             registry: Registry::default(),
+            resume,
         };
         for spec in &ctx.config.targets {
             aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, &spec.target())?;
@@ -622,9 +656,9 @@ impl Targets {
             Some(l) => l.spec = spec,
             None => self.loops.push(TargetLoop {
                 queries: TargetQueries::new(cfg, &spec.namespace, &spec.name),
+                step: self.resume.remove(&target).unwrap_or(0),
                 spec,
                 target,
-                step: 0,
                 prev_offered: None,
             }),
         }
@@ -658,9 +692,12 @@ impl Targets {
                 true
             }
             Change::Deregistered => {
-                let before = self.loops.len();
-                self.loops.retain(|l| l.target != r.target);
-                before != self.loops.len()
+                let Some(i) = self.loops.iter().position(|l| l.target == r.target) else {
+                    return false;
+                };
+                let l = self.loops.remove(i);
+                self.resume.insert(l.target, l.step);
+                true
             }
             Change::Registered { .. } | Change::Refused(_) => false,
         }
@@ -673,7 +710,9 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     let spe = ctx.config.collector.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
         .map_err(|e| ServiceError::Other(format!("collector.prometheus: {e}")))?;
-    let mut targets = Targets::new(&ctx, &cfg)?;
+    let captured = crate::captured_obs(&ctx).await;
+    let resume = crate::resume_points(&captured, spe);
+    let mut targets = Targets::new(&ctx, &cfg, resume)?;
     let mut registrations = ctx
         .subscribe_events(&[aware_bus_schemas::EventKind::Target])
         .await?;
@@ -888,6 +927,52 @@ mod tests {
         o.insert("latency_p99_ms", QueryOutcome::Value(f64::INFINITY));
         let e = build_evaluation(&o, t, &spec(), None, 5.0);
         assert_eq!(e.missing, vec!["io_util", "latency_p99_ms"]);
+    }
+
+    /// NaN, infinite and negative resource metrics (and zero limits) are missing: the obs is
+    /// incomplete, names them, and carries no state — never a complete obs whose allocation
+    /// reads as zero.
+    #[test]
+    fn non_finite_and_negative_metrics_make_the_step_incomplete() {
+        let t = 1000.0;
+        for name in [
+            "cpu_usage_cores",
+            "memory_working_set_bytes",
+            "cpu_limit_cores",
+            "cpu_limit_total_cores",
+            "memory_limit_bytes",
+            "memory_limit_total_bytes",
+            "replicas",
+            "ready_replicas",
+            "request_rate_rps",
+            "throughput_rps",
+        ] {
+            let mut bad = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0];
+            if LIMITS.contains(&name) {
+                bad.push(0.0);
+            }
+            for v in bad {
+                let mut o = complete_outcomes(t);
+                o.insert(name, QueryOutcome::Value(v));
+                let e = build_evaluation(&o, t, &spec(), None, 5.0);
+                assert_eq!(e.missing, vec![name], "{name} = {v}");
+                let obs = to_obs(&e, &spec().target(), 7, 100);
+                assert!(!obs.complete && obs.state.is_empty(), "{name} = {v}");
+                assert_eq!(obs.missing, vec![name]);
+                assert!(obs.reward.is_none());
+            }
+        }
+        // A negative latency is refused too; NaN stays "nothing served".
+        let mut o = complete_outcomes(t);
+        o.insert("latency_p99_ms", QueryOutcome::Value(-5.0));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(e.missing, vec!["latency_p99_ms"]);
+        // Zero usage is a real value.
+        let mut o = complete_outcomes(t);
+        o.insert("cpu_usage_cores", QueryOutcome::Value(0.0));
+        assert!(build_evaluation(&o, t, &spec(), None, 5.0)
+            .missing
+            .is_empty());
     }
 
     #[test]

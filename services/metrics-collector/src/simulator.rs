@@ -8,12 +8,17 @@
 //! Timestamps are simulated time (start-up wall clock + simulated seconds), so the recommender's
 //! time-based rules (HPA stabilization, VPA decay) run on simulated time. One warm-up step runs
 //! before the first `obs`, so no state is ever built from a cluster that has not run yet.
+//!
+//! A restarted collector resumes after the newest `obs` in the JetStream capture
+//! ([`crate::resume_points`]): the cluster is fast-forwarded to that step (the traces and
+//! scheduled scenarios stay aligned with the step numbers) and its last step restores the
+//! allocations reported in those `obs`, so the loop continues where it stopped.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use aware_bus_schemas::{Applied, Event, EventKind, Obs, RawMetrics, Schema, Target};
-use aware_loadgen::app::{generate_apps, AppSet, AppSpec, GeneratorOptions};
+use aware_loadgen::app::{generate_apps, Allocation, AppSet, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::{Injection, Scenario};
 use aware_shared::config::{ClockMode, SimulatorSourceConfig};
@@ -121,7 +126,7 @@ pub fn to_obs(
     let m = &o.metrics;
     let finite = |x: f64| x.is_finite().then_some(x);
     let spe = u64::from(steps_per_episode.max(1));
-    Obs {
+    let mut obs = Obs {
         schema: Schema::new(),
         target: target.clone(),
         episode: g / spe,
@@ -149,7 +154,24 @@ pub fn to_obs(
         slo_violation: m.slo_violation,
         complete: true,
         missing: Vec::new(),
+    };
+    let unusable = crate::unusable_metrics(&obs.metrics);
+    let bad_state = o.state.iter().any(|x| !x.is_finite());
+    let bad_reward = obs.reward.is_some_and(|r| !r.is_finite());
+    if !unusable.is_empty() || bad_state || bad_reward {
+        tracing::warn!(%target, step = g, unusable = ?unusable, bad_state, bad_reward, "unusable measurements: incomplete obs");
+        obs.missing = unusable;
+        if bad_state {
+            obs.missing.push("state".to_string());
+        }
+        if bad_reward {
+            obs.missing.push("reward".to_string());
+        }
+        obs.complete = false;
+        obs.state = Vec::new();
+        obs.reward = None;
     }
+    obs
 }
 
 struct Sim {
@@ -169,11 +191,15 @@ impl Sim {
         self.env.step_index().saturating_sub(1)
     }
 
-    async fn publish_all(&self, ctx: &ServiceContext) {
+    async fn publish_all(&self, ctx: &ServiceContext, metrics: &CollectorMetrics) {
         let g = self.global_step();
         for (o, t) in self.last.iter().zip(&self.targets) {
+            let obs = to_obs(o, t, g, self.spe, self.base_ms);
+            if !obs.complete {
+                metrics.incomplete_obs.inc();
+            }
             // Failures are counted and logged by `publish`.
-            let _ = ctx.publish(&to_obs(o, t, g, self.spe, self.base_ms)).await;
+            let _ = ctx.publish(&obs).await;
         }
     }
 
@@ -193,11 +219,16 @@ impl Sim {
             // A rejected duplicate must not undo the decision already taken for this step.
             return false;
         }
-        self.pending[i] = Some(TargetAction::Desired(aware_loadgen::app::Allocation {
-            replicas: a.applied.replicas,
-            cpu_millicores: a.applied.cpu_millicores,
-            memory_bytes: a.applied.memory_bytes,
-        }));
+        // Only an applied decision changes the cluster: a rejection or a recommendation keeps
+        // the allocation in force whatever allocation it reports.
+        self.pending[i] = Some(match a.outcome {
+            aware_bus_schemas::Outcome::Applied => TargetAction::Desired(Allocation {
+                replicas: a.applied.replicas,
+                cpu_millicores: a.applied.cpu_millicores,
+                memory_bytes: a.applied.memory_bytes,
+            }),
+            _ => TargetAction::Hold,
+        });
         self.pending.iter().all(Option::is_some)
     }
 
@@ -249,6 +280,32 @@ impl Sim {
     }
 }
 
+/// The allocation each target had in its newest captured `obs` (by target index), restored
+/// when the numbering resumes ([`crate::resume_points`]): the simulated cluster lives in the
+/// collector, so a restart would otherwise put every target back to its initial allocation.
+fn resume_allocations(captured: &[Obs], sim: &Sim) -> HashMap<usize, Allocation> {
+    let mut out = HashMap::new();
+    for o in captured {
+        let (Some(&i), Some(r)) = (
+            sim.index.get(&o.target),
+            aware_shared::spec::allocation_in_force(&o.metrics),
+        ) else {
+            continue;
+        };
+        if o.complete {
+            out.insert(
+                i,
+                Allocation {
+                    replicas: r.replicas,
+                    cpu_millicores: r.cpu_millicores,
+                    memory_bytes: r.memory_bytes,
+                },
+            );
+        }
+    }
+    out
+}
+
 /// Runs the simulator source until shutdown (or `max_steps`).
 pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
     let cfg = ctx.config.collector.simulator.clone();
@@ -288,17 +345,37 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
-    if cfg.start_step > 0 {
+    let captured = crate::captured_obs(&ctx).await;
+    let resume = crate::resume_points(&captured, sim.spe);
+    let resumed = resume_allocations(&captured, &sim);
+    let resume_at = sim
+        .targets
+        .iter()
+        .filter_map(|t| resume.get(t))
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let start = cfg.start_step.max(resume_at);
+    if start > 0 {
         tracing::info!(
             start_step = cfg.start_step,
+            resumed_at = resume_at,
             "fast-forwarding the simulated cluster"
         );
-        sim.fast_forward(cfg.start_step, &metrics)?;
+        sim.fast_forward(start.saturating_sub(1), &metrics)?;
+        // The last step restores the allocations in force when the previous collector stopped.
+        let restore: Vec<TargetAction> = (0..n)
+            .map(|i| match resumed.get(&i) {
+                Some(a) if resume_at > 0 => TargetAction::Desired(*a),
+                _ => TargetAction::Hold,
+            })
+            .collect();
+        sim.advance(&restore, &metrics)?;
     }
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
     tracing::info!(targets = n, clock = ?cfg.clock, "simulated cluster started");
-    sim.publish_all(&ctx).await;
+    sim.publish_all(&ctx, &metrics).await;
     let period = match cfg.clock {
         ClockMode::Lockstep => Duration::from_millis(cfg.step_timeout_ms.max(1)),
         ClockMode::Wallclock => Duration::from_secs_f64(cfg.step_seconds),
@@ -326,7 +403,7 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
         };
         if advance {
             sim.step(&metrics)?;
-            sim.publish_all(&ctx).await;
+            sim.publish_all(&ctx, &metrics).await;
             deadline = tokio::time::Instant::now() + period;
         }
     }
@@ -445,6 +522,45 @@ mod tests {
                 }
             ]
         );
+    }
+
+    /// A NaN, infinite or negative measurement makes the simulator's `obs` incomplete, naming
+    /// it: no state, no reward, so no action is taken on a zero allocation.
+    #[test]
+    fn unusable_measurements_make_an_incomplete_obs() {
+        let apps = build_apps(&source(vec![])).unwrap();
+        let cfg = source(vec![]);
+        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
+        env.reset(cfg.seed).unwrap();
+        env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
+        let o = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap()[0].clone();
+        let t = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
+        let ok = to_obs(&o, &t, 1, 10, 0);
+        assert!(ok.complete && ok.missing.is_empty() && ok.reward.is_some());
+        type Set = fn(&mut aware_loadgen::cluster::RawMetrics, f64);
+        let cases: [(&str, Set); 4] = [
+            ("cpu_limit_cores", |m, v| m.cpu_limit_cores = v),
+            ("memory_limit_bytes", |m, v| m.memory_limit_bytes = v),
+            ("cpu_usage_cores", |m, v| m.cpu_usage_cores = v),
+            ("cpu_util", |m, v| m.cpu_util = v),
+        ];
+        for (name, set) in cases {
+            for v in [f64::NAN, f64::INFINITY, -1.0] {
+                let mut bad = o.clone();
+                set(&mut bad.metrics, v);
+                let obs = to_obs(&bad, &t, 1, 10, 0);
+                assert!(!obs.complete, "{name} = {v}");
+                assert_eq!(obs.missing, vec![name.to_string()], "{name} = {v}");
+                assert!(obs.state.is_empty() && obs.reward.is_none());
+            }
+        }
+        let mut bad = o.clone();
+        bad.metrics.memory_limit_bytes = 0.0;
+        assert_eq!(to_obs(&bad, &t, 1, 10, 0).missing, ["memory_limit_bytes"]);
+        let mut bad = o;
+        bad.reward = f64::NAN;
+        let obs = to_obs(&bad, &t, 1, 10, 0);
+        assert!(!obs.complete && obs.missing == ["reward"]);
     }
 
     /// The collector's cluster shows a scheduled load rise in the observation of exactly the

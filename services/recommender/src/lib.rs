@@ -149,6 +149,12 @@ pub fn is_eval_episode(episode: u64, k: u32) -> bool {
     k > 0 && episode % k == k - 1
 }
 
+/// Whether the limits of an `obs` are positive finite numbers, i.e. [`current_allocation`] reads
+/// the allocation in force rather than zeros.
+pub fn allocation_known(m: &aware_bus_schemas::RawMetrics) -> bool {
+    aware_shared::spec::allocation_in_force(m).is_some()
+}
+
 /// The allocation in force, read from an `obs` (limits rounded to millicores and bytes).
 pub fn current_allocation(o: &Obs) -> Resources {
     let m = &o.metrics;
@@ -338,6 +344,13 @@ impl Decider {
             Event::Obs(o) if !o.complete => {
                 self.metrics.incomplete_steps.inc();
                 tracing::debug!(target = %o.target, missing = ?o.missing, "incomplete step: no action");
+                None
+            }
+            Event::Obs(o) if !allocation_known(&o.metrics) => {
+                // A complete obs whose limits are not positive finite numbers would read as a
+                // zero allocation: treated as incomplete, never acted on.
+                self.metrics.incomplete_steps.inc();
+                tracing::warn!(target = %o.target, cpu_limit_cores = o.metrics.cpu_limit_cores, memory_limit_bytes = o.metrics.memory_limit_bytes, "obs without a usable allocation: no action");
                 None
             }
             Event::Obs(o) => Some(self.decide(o)),
@@ -670,6 +683,33 @@ mod tests {
             (b.min_replicas..=b.max_replicas).contains(&d.replicas)
                 && (b.min_cpu_millicores..=b.max_cpu_millicores).contains(&d.cpu_millicores)
                 && (b.min_memory_bytes..=b.max_memory_bytes).contains(&d.memory_bytes)
+        }
+
+        /// A complete obs whose limits are NaN, infinite, negative or zero gets no action (and
+        /// counts as incomplete): its `current` would read as a zero allocation.
+        #[test]
+        fn an_obs_without_a_usable_allocation_gets_no_action() {
+            let mut f = fixture();
+            let good = obs(vec![0.1; 9]);
+            assert!(allocation_known(&good.metrics));
+            let a = f.decider.handle(&Event::Obs(good.clone())).unwrap();
+            assert!(a.current.cpu_millicores > 0 && a.current.memory_bytes > 0);
+            for v in [f64::NAN, f64::INFINITY, -1.0, 0.0] {
+                for cpu in [true, false] {
+                    let mut o = good.clone();
+                    o.step += 1;
+                    if cpu {
+                        o.metrics.cpu_limit_cores = v;
+                    } else {
+                        o.metrics.memory_limit_bytes = v;
+                    }
+                    assert!(f.decider.handle(&Event::Obs(o)).is_none(), "{v} cpu={cpu}");
+                }
+            }
+            assert_eq!(
+                counter(&f.registry, "recommender_incomplete_steps_total", None),
+                8.0
+            );
         }
 
         #[test]

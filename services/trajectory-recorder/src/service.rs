@@ -238,6 +238,8 @@ struct RecorderMetrics {
     /// Times the stream was found recreated.
     stream_resets: IntCounter,
     store_errors: IntCounterVec,
+    /// Transitions refused because their key holds one of another time.
+    overwrites_refused: IntCounter,
 }
 
 impl RecorderMetrics {
@@ -251,6 +253,10 @@ impl RecorderMetrics {
         resume_held.with_label_values(&[""]).set(0);
         Ok(RecorderMetrics {
             stored: m.counter("recorder_transitions_stored_total", "Transitions stored")?,
+            overwrites_refused: m.counter(
+                "recorder_overwrites_refused_total",
+                "Transitions refused because their (target, episode, step) holds one of another time",
+            )?,
             episodes: m.counter("recorder_episodes_total", "Episode summaries stored")?,
             pruned_transitions: m.counter(
                 "recorder_transitions_pruned_total",
@@ -697,13 +703,13 @@ async fn flush(
         let kept = valid.len() as u64;
         let valid = Arc::new(valid);
         let s = store.clone();
-        if with_retry(ctx, metrics, "append", move || s.append(&valid))
-            .await
-            .is_none()
-        {
+        let Some(refused) =
+            with_retry(ctx, metrics, "append", move || s.append_counted(&valid)).await
+        else {
             return false;
-        }
-        metrics.stored.inc_by(kept);
+        };
+        metrics.overwrites_refused.inc_by(refused);
+        metrics.stored.inc_by(kept.saturating_sub(refused));
     }
     for e in std::mem::take(episodes) {
         // At least once: publish, then store. A replay after a restart re-derives summaries; one

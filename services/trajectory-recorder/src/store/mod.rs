@@ -261,6 +261,14 @@ pub trait TrajectoryStore: Send + Sync {
     /// `(target, episode, step)`; validates the whole batch before writing anything.
     fn append(&self, batch: &[Transition]) -> Result<(), StoreError>;
 
+    /// [`TrajectoryStore::append`], returning how many transitions of the batch were refused
+    /// because their key already holds a transition of another time (`ts_ms`): a step numbered
+    /// again must never replace the recorded one. Backends that cannot tell (QuestDB replaces by
+    /// its upsert keys) report 0.
+    fn append_counted(&self, batch: &[Transition]) -> Result<u64, StoreError> {
+        self.append(batch).map(|()| 0)
+    }
+
     /// Number of transitions of `target`.
     fn count(&self, target: &Target) -> Result<u64, StoreError>;
 

@@ -13,7 +13,9 @@
 //!   round-trip bit-exactly and are readable from any language; integers are `INTEGER` (i64),
 //!   floats `REAL` (f64), enums their snake-case names.
 //! * **Idempotency.** Writes are upserts on the primary keys (`ON CONFLICT … DO UPDATE`): writing
-//!   a row again replaces it, like QuestDB's `DEDUP UPSERT KEYS`.
+//!   a row again replaces it, like QuestDB's `DEDUP UPSERT KEYS`. A transition whose key holds
+//!   one of another time (`ts_ms`: another step that reused the key) is refused, never
+//!   overwritten, and counted ([`TrajectoryStore::append_counted`]).
 //! * **Batches.** `append` writes a batch in one `BEGIN IMMEDIATE` transaction with a cached
 //!   prepared statement: all rows or none, and one commit (one fsync) per batch.
 //! * **Migrations.** `PRAGMA user_version` holds the schema version; opening applies the missing
@@ -217,7 +219,8 @@ const UPSERT_TRANSITION: &str = "INSERT INTO transitions (namespace, name, episo
      applied_memory_bytes = excluded.applied_memory_bytes, \
      source = excluded.source, stage = excluded.stage, reward = excluded.reward, \
      next_state = excluded.next_state, slo_violation = excluded.slo_violation, \
-     cpu_util = excluded.cpu_util, memory_util = excluded.memory_util";
+     cpu_util = excluded.cpu_util, memory_util = excluded.memory_util \
+     WHERE transitions.ts_ms = excluded.ts_ms";
 
 const UPSERT_EPISODE: &str = "INSERT INTO episodes (namespace, name, episode, last_step, ts_ms, \
      steps, total_reward, mean_reward, slo_violations, cpu_util_mean, memory_util_mean, rl_steps, \
@@ -649,12 +652,12 @@ impl TrajectoryStore for SqliteStore {
         "sqlite"
     }
 
-    fn append(&self, batch: &[Transition]) -> Result<(), StoreError> {
+    fn append_counted(&self, batch: &[Transition]) -> Result<u64, StoreError> {
         for t in batch {
             t.validate()?;
         }
         if batch.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let scope = batch
             .first()
@@ -671,6 +674,7 @@ impl TrajectoryStore for SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq("begin append", "transitions", &scope))?;
         let mut skipped = 0usize;
+        let mut refused = 0u64;
         {
             let mut ins = tx.prepare_cached(UPSERT_TRANSITION).map_err(sq(
                 "prepare append",
@@ -698,13 +702,22 @@ impl TrajectoryStore for SqliteStore {
                     skipped += 1;
                     continue;
                 }
-                write_transition(&mut ins, t).map_err(sq("append", "transitions", t.key()))?;
+                let written =
+                    write_transition(&mut ins, t).map_err(sq("append", "transitions", t.key()))?;
+                if written == 0 {
+                    refused += 1;
+                    tracing::warn!(key = %t.key(), ts_ms = t.ts_ms, "a different transition is stored under this key: kept, the new one refused");
+                }
             }
         }
         tx.commit()
             .map_err(sq("commit append", "transitions", &scope))?;
-        tracing::debug!(rows = batch.len() - skipped, pruned_skipped = skipped, scope = %scope, "appended transitions");
-        Ok(())
+        tracing::debug!(rows = batch.len() - skipped, pruned_skipped = skipped, refused, scope = %scope, "appended transitions");
+        Ok(refused)
+    }
+
+    fn append(&self, batch: &[Transition]) -> Result<(), StoreError> {
+        self.append_counted(batch).map(|_| ())
     }
 
     fn count(&self, target: &Target) -> Result<u64, StoreError> {
@@ -1244,6 +1257,42 @@ mod tests {
                 }
             }
         )*};
+    }
+
+    /// A transition of another time under a stored key (a step number reused, e.g. by a
+    /// collector restarted at episode 0) is refused and counted; the stored one stays. The same
+    /// step written again (a replay) still replaces it.
+    #[test]
+    fn a_different_step_under_a_stored_key_is_refused_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_path(dir.path().join("t.sqlite")).unwrap();
+        let a = Target::new("ns", "a-app");
+        let first = conformance::transition(&a, 0, 4);
+        assert_eq!(
+            store.append_counted(std::slice::from_ref(&first)).unwrap(),
+            0
+        );
+        assert_eq!(
+            store.append_counted(std::slice::from_ref(&first)).unwrap(),
+            0
+        );
+        let mut later = conformance::transition(&a, 0, 4);
+        later.ts_ms += 3_600_000;
+        later.reward = -1.0;
+        let other = conformance::transition(&a, 0, 5);
+        assert_eq!(store.append_counted(&[later, other.clone()]).unwrap(), 1);
+        assert_eq!(
+            store.transitions(&a, 0..1).unwrap(),
+            vec![first.clone(), other],
+            "the recorded step kept, the new one beside it stored"
+        );
+        let mut replay = first;
+        replay.reward = 0.125;
+        assert_eq!(
+            store.append_counted(std::slice::from_ref(&replay)).unwrap(),
+            0
+        );
+        assert_eq!(store.transitions(&a, 0..1).unwrap()[0], replay);
     }
 
     mod conformance_sqlite {
