@@ -116,6 +116,12 @@ pub enum StoreKind {
 impl RecorderConfig {
     /// Refuses settings the recorder cannot honour, naming the key.
     pub fn validate(&self, steps_per_episode: u32) -> Result<(), ConfigError> {
+        if !(1..=1_000_000).contains(&self.batch) {
+            return Err(ConfigError::Invalid {
+                key: "recorder.batch".into(),
+                reason: format!("{} (must be in 1..=1000000)", self.batch),
+            });
+        }
         if self.forget_after_secs > 0 && self.store == StoreKind::Questdb {
             return Err(ConfigError::Invalid {
                 key: "recorder.forget_after_secs".into(),
