@@ -27,6 +27,13 @@ pub enum ServiceError {
     Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     Other(String),
+    /// One service of several in a process failed (`aware run all`): which one.
+    #[error("{service}: {source}")]
+    Failed {
+        service: &'static str,
+        #[source]
+        source: Box<ServiceError>,
+    },
 }
 
 /// Everything a running service needs; cheap to clone.
