@@ -80,6 +80,8 @@ pub struct TrainerMetrics {
     counting_all: Arc<AtomicBool>,
     pub rounds: prometheus::IntCounter,
     pub round_errors: prometheus::IntCounter,
+    /// Stored checkpoints that could not be read when resuming (the version before is used).
+    pub corrupt_checkpoints: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
     pub round_seconds: prometheus::Histogram,
     pub embeddings: prometheus::IntCounter,
@@ -106,6 +108,10 @@ impl TrainerMetrics {
             round_errors: m.counter(
                 "trainer_round_errors_total",
                 "Training rounds that failed (store, model store or non-finite training)",
+            )?,
+            corrupt_checkpoints: m.counter(
+                "trainer_corrupt_checkpoints_total",
+                "Stored checkpoints that failed to read or verify when resuming (corrupt, truncated); the newest intact version before is used",
             )?,
             gradient_steps: m.counter("trainer_gradient_steps_total", "DDPG gradient steps taken")?,
             round_seconds: m.histogram(
@@ -538,6 +544,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_cancel(cancel.clone());
+                l.set_corrupt_counter(metrics.corrupt_checkpoints.clone());
                 l
             }),
             meta: assets.as_ref().map(|a| {
