@@ -164,7 +164,7 @@ impl TrainerMetrics {
 }
 
 /// The trainer's side of forgetting ([`aware_shared::forget`]): a deleted target's mark is the
-/// object `<namespace>/<name>/deregistered` (the deregistration's time, decimal milliseconds) in
+/// object `<namespace>/<name>/deregistered` (when the trainer received the deregistration, decimal milliseconds) in
 /// the model store, next to its checkpoints; forgetting deletes every object under
 /// `<namespace>/<name>/`, the mark last.
 pub struct ModelForgetting(pub Arc<dyn ModelStore>);

@@ -17,7 +17,7 @@
 //!
 //! Forgetting (`recorder.forget_after_secs`, default 7 days): the recorder follows `target/1`. A
 //! deregistration (the target's `AwareAutoscaler` deleted) marks the target in the store with the
-//! deregistration's time and stops its episode from holding the resume point back; a registration
+//! time the recorder received it and stops its episode from holding the resume point back; a registration
 //! clears the mark. Once a mark is older than the grace period, the target's data is deleted from
 //! the store ([`TrajectoryStore::forget`]). Marks are kept in the store, so a restart does not
 //! reset the grace period.
