@@ -439,12 +439,23 @@ pub struct ActorsConfig {
     /// stopped this long after the deregistration, seconds; 0 keeps it while the service runs.
     /// Its events are dropped from then on until it is registered again ([`crate::agents`]).
     pub retire_after_secs: u64,
+    /// At most this many targets (actors) per service: an event that would start one more is
+    /// refused and counted (`aware_target_refusals_total{reason="max_targets"}`), so a flood of
+    /// made-up targets cannot exhaust a service.
+    pub max_targets: usize,
+    /// Only targets registered by the controller (`target/1`) or listed in `targets` get an
+    /// actor in the services that follow registrations (the recommender, actuator, recorder,
+    /// lifecycle monitor); events of any other target are refused and counted
+    /// (`reason="unregistered"`). For deployments whose targets all come from the controller.
+    pub require_registration: bool,
 }
 
 impl Default for ActorsConfig {
     fn default() -> Self {
         ActorsConfig {
             retire_after_secs: 3600,
+            max_targets: 10_000,
+            require_registration: false,
         }
     }
 }
@@ -692,6 +703,9 @@ impl AppConfig {
             .parse::<SocketAddr>()
             .map_err(|e| invalid("http.listen", format!("`{}`: {e}", self.http.listen)))?;
         self.shard.validate()?;
+        if self.actors.max_targets == 0 {
+            return Err(invalid("actors.max_targets", "must be at least 1"));
+        }
         for (i, t) in self.targets.iter().enumerate() {
             aware_bus_schemas::subject::validate_name("namespace", &t.namespace)
                 .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
@@ -887,6 +901,7 @@ name = "cart"
                 "shard.index",
             ),
             (&[("AWARE_LIFECYCLE__WINDOW", "0")], "lifecycle.window"),
+            (&[("AWARE_ACTORS__MAX_TARGETS", "0")], "actors.max_targets"),
             (
                 &[("AWARE_ACTORS__RETIRE_AFTER_SECS", "-1")],
                 "actors.retire_after_secs",

@@ -836,6 +836,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         // Registrations live (and the bus's retained state), not replayed: they release floors
         // and retire actors, whatever the replay has reached.
         let mut registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
+        actors.follow_registrations(true);
         let mut sweeps = actors.sweep_every().map(sweep_ticks);
         ctx.ready.set(true);
         tracing::info!(
