@@ -642,7 +642,7 @@ impl Learner {
             self.version = self.version.max(*v);
         }
         let mut versions = latest;
-        versions.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        versions.sort_unstable_by_key(|v| std::cmp::Reverse(v.0));
         // The newest version that reads and verifies: a corrupt or truncated newest checkpoint
         // (a crash or a full disk mid-write on a store without atomic puts, a damaged object)
         // falls back to the one before, rather than throwing the training away.
