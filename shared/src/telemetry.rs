@@ -82,6 +82,9 @@ pub struct ServiceMetrics {
     /// `max_targets` (`actors.max_targets` reached), `unregistered`
     /// (`actors.require_registration` and the target is not registered).
     pub target_refusals: IntCounterVec,
+    /// Messages the NATS client dropped because this service's subscription buffer was full
+    /// (a slow consumer), by event kind ([`crate::slow_consumers`]).
+    pub slow_consumer_drops: IntCounterVec,
 }
 
 impl ServiceMetrics {
@@ -102,7 +105,10 @@ impl ServiceMetrics {
             "Malformed bus messages counted and dropped, by event kind",
         )?;
         let publish_errors = by_event("publish_errors_total", "Failed publishes, by event kind")?;
-
+        let slow_consumer_drops = by_event(
+            "bus_slow_consumer_drops_total",
+            "Messages the NATS client dropped because the service's subscription buffer (bus.channel_capacity) was full, by event kind",
+        )?;
         let targets = registered(
             r,
             IntGauge::new("targets", "Targets with a live actor in this service")?,
@@ -163,7 +169,13 @@ impl ServiceMetrics {
         }
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
-            for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
+            for c in [
+                &messages_in,
+                &messages_out,
+                &decode_errors,
+                &publish_errors,
+                &slow_consumer_drops,
+            ] {
                 c.with_label_values(&[kind.as_str()]);
             }
         }
@@ -181,6 +193,7 @@ impl ServiceMetrics {
             registered_targets,
             registration_last_received,
             target_refusals,
+            slow_consumer_drops,
         })
     }
 

@@ -314,6 +314,8 @@ pub struct Published {
     /// Rows skipped because they could not be turned into a training transition (or, in an
     /// offline round, were not the fallback's).
     pub skipped: usize,
+    /// Of `skipped`: rows refused for a non-finite value (state, next state, reward, action).
+    pub non_finite: usize,
     /// Which kind of round produced it.
     pub mode: RoundMode,
     /// Offline rounds: the off-policy estimate of the policy on the target's recent fallback
@@ -737,6 +739,7 @@ impl Learner {
             latest: at,
             critic_loss: f32::NAN,
             skipped: 0,
+            non_finite: 0,
             mode: RoundMode::Online,
             estimate: None,
             bc_weight: 0.0,
@@ -922,11 +925,16 @@ impl Learner {
                 .map_err(|e| self.store_err(e))?,
         };
         let bounds = self.bounds;
-        let mut skipped = 0;
+        let (mut skipped, mut non_finite) = (0, 0);
         let mut latest = (0u64, 0u32);
         let mut ts = Vec::with_capacity(rows.len());
         for r in &rows {
             latest = latest.max((r.episode, r.step));
+            if !is_finite_row(r) {
+                skipped += 1;
+                non_finite += 1;
+                continue;
+            }
             // Offline rounds learn from the fallback only: rows of an RL policy that was sent
             // back to OFFLINE are not behaviour to stay close to.
             if mode == RoundMode::Offline && r.source != DecisionSource::Fallback {
@@ -1007,6 +1015,7 @@ impl Learner {
             latest,
             critic_loss,
             skipped,
+            non_finite,
             mode,
             estimate,
             bc_weight,
@@ -1022,6 +1031,15 @@ impl Learner {
 /// `applied`: an RL row's raw action is also the intent before the actuator's guardrails, so both
 /// kinds of row mean the same thing to Q. With [`LearnAction::Applied`], every row is the behaviour
 /// action of `applied`, the allocation the reward and the next state came from.
+/// Whether every number a row trains with is finite (a store that does not check, such as a
+/// QuestDB table written by something else, may hold NaN).
+pub fn is_finite_row(r: &tstore::Transition) -> bool {
+    r.reward.is_finite()
+        && [&r.state, &r.next_state, &r.action_raw]
+            .iter()
+            .all(|v| v.iter().all(|x| x.is_finite()))
+}
+
 /// `None` for rows that do not fit (state width, non-finite values).
 pub fn to_training(
     r: &tstore::Transition,
@@ -1328,6 +1346,23 @@ mod tests {
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
         // Not retraining: the second online round of this learner, BC 1 − 1/20.
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
+    }
+
+    /// A row with a non-finite number anywhere it trains with is refused (and counted).
+    #[test]
+    fn rows_with_non_finite_values_are_refused() {
+        let t = Target::new("shop", "cart");
+        assert!(is_finite_row(&row(&t, 0, 0)));
+        for spoil in [
+            (|r: &mut tstore::Transition| r.reward = f64::NAN) as fn(&mut tstore::Transition),
+            |r| r.state[3] = f32::INFINITY,
+            |r| r.next_state[0] = f32::NAN,
+            |r| r.action_raw = vec![0.1, f32::NEG_INFINITY, 0.0],
+        ] {
+            let mut r = row(&t, 0, 0);
+            spoil(&mut r);
+            assert!(!is_finite_row(&r));
+        }
     }
 
     /// A model store that fails every write (its directory replaced by a file: every put fails,

@@ -82,6 +82,8 @@ pub struct TrainerMetrics {
     pub round_errors: prometheus::IntCounter,
     /// Stored checkpoints that could not be read when resuming (the version before is used).
     pub corrupt_checkpoints: prometheus::IntCounter,
+    /// Stored rows a round refused for a non-finite value.
+    pub non_finite_rows: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
     pub round_seconds: prometheus::Histogram,
     pub embeddings: prometheus::IntCounter,
@@ -112,6 +114,10 @@ impl TrainerMetrics {
             corrupt_checkpoints: m.counter(
                 "trainer_corrupt_checkpoints_total",
                 "Stored checkpoints that failed to read or verify when resuming (corrupt, truncated); the newest intact version before is used",
+            )?,
+            non_finite_rows: m.counter(
+                "trainer_non_finite_rows_total",
+                "Stored transitions a training round refused because a value (state, reward, action) is not finite",
             )?,
             gradient_steps: m.counter("trainer_gradient_steps_total", "DDPG gradient steps taken")?,
             round_seconds: m.histogram(
@@ -429,6 +435,7 @@ impl TargetTrainer {
             Ok(Some(p)) => {
                 self.metrics.rounds.inc();
                 self.metrics.gradient_steps.inc_by(p.steps as u64);
+                self.metrics.non_finite_rows.inc_by(p.non_finite as u64);
                 self.metrics.round_seconds.observe(took.as_secs_f64());
                 let est = p.estimate;
                 tracing::info!(target = %self.target, mode = p.mode.label(), version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, bc_weight = p.bc_weight, skipped = p.skipped, policy_estimate = ?est.map(|e| e.estimate), behaviour_reward = ?est.map(|e| e.behaviour_reward), direct_estimate = ?est.map(|e| e.direct), action_gap = ?est.map(|e| e.action_gap), eval_rows = ?est.map(|e| e.rows), size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
