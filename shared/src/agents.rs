@@ -74,14 +74,15 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
 ///
 /// **Retirement** (`actors.retire_after_secs`, 0: off): a target the controller deregistered (its
 /// `AwareAutoscaler` deleted) keeps its actor while messages sent before the deletion may still
-/// arrive; once the deregistration is `retire_after_secs` old, [`TargetActors::sweep`] stops the
+/// arrive; `retire_after_secs` after the deregistration was received (this service's clock, never
+/// the message's `ts_ms`), [`TargetActors::sweep`] stops the
 /// actor ([`Retire`]) and frees what it held (the recommender's policy, the monitor's windows).
 /// From then on the target is *retired*: its events are counted and dropped, never handed to a
 /// new actor (one started from defaults would act on a deleted workload), until a registration
 /// creates it again, which starts a fresh actor. A retired target is remembered for
 /// `bus.jetstream.max_age_secs` more, as long as the bus can still deliver a message sent before
-/// the deletion; the deregistration's own time counts, so a restarted service that reads an old
-/// deregistration from the bus's retained state retires the target without starting its actor.
+/// the deletion. A deregistration of a target without an actor whose own time is older than the
+/// delay (a restarted service reading the bus's retained state) retires it without starting one.
 ///
 /// With [`LateEvents::Record`] (the trajectory recorder, which acts on nothing and must lose no
 /// transition) a retired target's events are still counted but handed to a new actor, which is
@@ -292,7 +293,9 @@ where
                     r.mark_retired(target.clone(), reg.ts_ms);
                     return false;
                 }
-                r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
+                // The delay runs on this service's clock from receipt: a deregistration stamped
+                // long ago (a skewed or forged `ts_ms`) must not stop a live actor at once.
+                r.deregistered.entry(target.clone()).or_insert(now_ms);
             }
             _ if r.retired.contains_key(target) => {
                 r.dropped.inc();
@@ -670,6 +673,23 @@ mod tests {
             a.route(obs_of(&registered));
             assert_eq!(a.len(), 2);
             assert_eq!(refused(&ctx, "unregistered"), 1_000);
+        });
+    }
+
+    /// A live target's deregistration stamped long ago (a skewed or forged `ts_ms`) retires its
+    /// actor `retire_after_secs` after it was received, not at once.
+    #[test]
+    fn a_live_targets_retirement_counts_from_receipt() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (mut a, _ctx) = actors(10, &log);
+            let t = Target::new("shop", "cart");
+            let now = 1_000_000_000;
+            a.route_at(obs_of(&t), now);
+            a.route_at(registration(&t, 0, None).into(), now);
+            assert!(a.sweep(now).is_empty(), "not at once");
+            assert!(a.sweep(now + 9_999).is_empty());
+            assert_eq!(a.sweep(now + 10_000), vec![t.clone()]);
         });
     }
 
