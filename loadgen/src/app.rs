@@ -16,6 +16,7 @@ pub const MIB: u64 = 1024 * 1024;
 
 /// A concrete allocation of one target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Allocation {
     /// Number of replicas.
     pub replicas: u32,
@@ -28,6 +29,7 @@ pub struct Allocation {
 /// Allocation bounds; defaults from the authors' artifact: 1–20 replicas, 128–2048 millicores,
 /// 256–3072 MiB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Bounds {
     /// Minimum replicas.
     pub min_replicas: u32,
@@ -99,6 +101,7 @@ impl Bounds {
 /// Service-level objective. Both may be set; none means best-effort (nothing to violate; SP is
 /// the share of the offered load served).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Slo {
     /// p99 latency objective, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +126,7 @@ pub enum VerticalMode {
 
 /// One segment of an app with its payload parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SegmentSpec {
     /// Which segment.
     pub kind: SegmentKind,
@@ -132,6 +136,7 @@ pub struct SegmentSpec {
 
 /// An application (one Kubernetes Deployment).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AppSpec {
     /// Name (the Deployment name).
     pub name: String,
@@ -215,6 +220,7 @@ impl AppSpec {
 
 /// A set of apps as stored in YAML/JSON files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AppSet {
     /// The apps.
     pub apps: Vec<AppSpec>,
@@ -514,6 +520,68 @@ apps:
         assert_eq!(a.bounds, Bounds::default());
         assert!(a.load.poisson);
         assert_eq!(a.namespace, "sim");
+    }
+
+    /// Every key of a hand-written app file is checked: a misspelt one (here `offest_s`, which
+    /// left the trace at offset 0 silently) is refused naming it, at every level.
+    #[test]
+    fn unknown_keys_in_app_files_are_refused_naming_them() {
+        let app = |extra: &str, load: &str| {
+            format!(
+                "apps:\n  - name: a\n    segments: [{{ kind: image_resize, payload: 40 }}]\n    \
+                 initial: {{ replicas: 2, cpu_millicores: 500, memory_bytes: 536870912 }}\n    \
+                 load: {load}\n{extra}"
+            )
+        };
+        let constant = "{ pattern: { kind: constant, rps: 5 } }";
+        let trace = |scaling: &str| {
+            format!(
+                "{{ pattern: {{ kind: trace, path: t.csv, format: rate_csv, scaling: {scaling} }} }}"
+            )
+        };
+        assert!(AppSet::from_yaml(&app("", constant)).is_ok());
+        for (text, named) in [
+            (
+                app(
+                    "",
+                    &trace("{ time_scale: 1, offest_s: 60, rate: { kind: factor, value: 1 } }"),
+                ),
+                "offest_s",
+            ),
+            (
+                app(
+                    "",
+                    &trace("{ time_scale: 1, rate: { kind: factor, value: 1, unit: rps } }"),
+                ),
+                "unit",
+            ),
+            (app("    timeout: 5\n", constant), "timeout"),
+            (
+                app("    slo: { latency_p99: 100 }\n", constant),
+                "latency_p99",
+            ),
+            (
+                app("    bounds: { max_replica: 3 }\n", constant),
+                "max_replica",
+            ),
+            (
+                app("", "{ pattern: { kind: constant, rps: 5, burst: 2 } }"),
+                "burst",
+            ),
+            (
+                app("", "{ pattern: { kind: constant, rps: 5 }, noise: false }"),
+                "noise",
+            ),
+            (format!("{}version: 2\n", app("", constant)), "version"),
+        ] {
+            let err = AppSet::from_yaml(&text).unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: `{err}` does not name {named}");
+            let json: serde_json::Value = serde_norway::from_str(&text).unwrap();
+            let err = AppSet::from_json(&json.to_string())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{json}: `{err}` does not name {named}");
+        }
     }
 
     #[test]

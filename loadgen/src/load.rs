@@ -28,7 +28,7 @@ use crate::error::SimError;
 
 /// A synthetic or trace-driven arrival-rate pattern (serializable).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
 pub enum LoadPattern {
     /// λ(t) = rps.
     Constant {
@@ -84,6 +84,7 @@ pub enum LoadPattern {
 
 /// A load: a pattern plus Poisson noise on the per-step arrivals (default on).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoadSpec {
     /// The rate pattern.
     pub pattern: LoadPattern,
@@ -118,7 +119,12 @@ pub enum TraceFormat {
 
 /// How trace rates are scaled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+#[serde(
+    deny_unknown_fields,
+    tag = "kind",
+    content = "value",
+    rename_all = "snake_case"
+)]
 pub enum RateScale {
     /// Multiply every rate by this factor.
     Factor(f64),
@@ -133,6 +139,7 @@ pub enum RateScale {
 
 /// Time and rate scaling of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TraceScaling {
     /// Trace seconds per simulated second.
     pub time_scale: f64,
@@ -430,6 +437,12 @@ impl LoadModel {
                 trace.source, scaling.time_scale
             )));
         }
+        if !(scaling.offset_s.is_finite() && scaling.offset_s >= 0.0) {
+            return Err(SimError::Config(format!(
+                "trace {}: offset_s must be ≥ 0, got {}",
+                trace.source, scaling.offset_s
+            )));
+        }
         // rates are averaged over windows of `time_scale` trace seconds per simulated second,
         // so the mean is preserved and peaks are smoothed; we scale on the raw per-second stats.
         let (target, base) = match scaling.rate {
@@ -448,7 +461,7 @@ impl LoadModel {
         Ok(LoadModel::Trace {
             trace,
             time_scale: scaling.time_scale,
-            offset_s: scaling.offset_s.max(0.0),
+            offset_s: scaling.offset_s,
             factor,
         })
     }
@@ -688,6 +701,22 @@ mod tests {
         .unwrap();
         // sim [0,2) = trace [0,4) → mean 25 → scaled ×2
         assert!((m.mean_rate(0.0, 2.0, 0) - 50.0).abs() < 1e-9);
+    }
+
+    /// A negative or NaN offset was silently read as 0: it is refused, naming the key.
+    #[test]
+    fn a_negative_trace_offset_is_refused() {
+        let t = Arc::new(RateTrace::from_rates("x", vec![10.0, 20.0]).unwrap());
+        for offset_s in [-5.0, f64::NAN] {
+            let scaling = TraceScaling {
+                offset_s,
+                ..TraceScaling::default()
+            };
+            let err = LoadModel::from_trace(t.clone(), &scaling, 100.0)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("offset_s"), "{err}");
+        }
     }
 
     #[test]

@@ -74,14 +74,15 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
 ///
 /// **Retirement** (`actors.retire_after_secs`, 0: off): a target the controller deregistered (its
 /// `AwareAutoscaler` deleted) keeps its actor while messages sent before the deletion may still
-/// arrive; once the deregistration is `retire_after_secs` old, [`TargetActors::sweep`] stops the
+/// arrive; `retire_after_secs` after the deregistration was received (this service's clock, never
+/// the message's `ts_ms`), [`TargetActors::sweep`] stops the
 /// actor ([`Retire`]) and frees what it held (the recommender's policy, the monitor's windows).
 /// From then on the target is *retired*: its events are counted and dropped, never handed to a
 /// new actor (one started from defaults would act on a deleted workload), until a registration
 /// creates it again, which starts a fresh actor. A retired target is remembered for
 /// `bus.jetstream.max_age_secs` more, as long as the bus can still deliver a message sent before
-/// the deletion; the deregistration's own time counts, so a restarted service that reads an old
-/// deregistration from the bus's retained state retires the target without starting its actor.
+/// the deletion. A deregistration of a target without an actor whose own time is older than the
+/// delay (a restarted service reading the bus's retained state) retires it without starting one.
 ///
 /// With [`LateEvents::Record`] (the trajectory recorder, which acts on nothing and must lose no
 /// transition) a retired target's events are still counted but handed to a new actor, which is
@@ -99,6 +100,14 @@ where
     registered: std::collections::HashSet<Target>,
     registered_gauge: prometheus::IntGauge,
     registration_received: prometheus::Gauge,
+    /// `actors.max_targets`.
+    max_targets: usize,
+    /// `actors.require_registration`, in a service whose intake follows registrations
+    /// ([`TargetActors::follow_registrations`]): targets in `configured` or `registered` only.
+    require_registration: bool,
+    follows_registrations: bool,
+    configured: std::collections::HashSet<Target>,
+    refusals: prometheus::IntCounterVec,
 }
 
 /// What becomes of the events of a retired target ([`TargetActors`]).
@@ -165,7 +174,45 @@ where
             registered: std::collections::HashSet::new(),
             registered_gauge: ctx.metrics.registered_targets.clone(),
             registration_received: ctx.metrics.registration_last_received.clone(),
+            max_targets: ctx.config.actors.max_targets,
+            require_registration: ctx.config.actors.require_registration,
+            follows_registrations: false,
+            configured: ctx.config.targets.iter().map(|t| t.target()).collect(),
+            refusals: ctx.metrics.target_refusals.clone(),
         }
+    }
+
+    /// Whether the service's intake hands these actors every registration (`target/1`): only
+    /// then does `actors.require_registration` apply ([`run_actors`] sets it from what the
+    /// service consumes).
+    pub fn follow_registrations(&mut self, on: bool) {
+        self.follows_registrations = on;
+    }
+
+    /// Whether `ev` may start an actor for its target, which has none: refused (and counted)
+    /// past `actors.max_targets`, or, with `actors.require_registration`, for a target neither
+    /// registered nor configured.
+    fn may_start(&self, ev: &Event) -> bool {
+        let target = ev.target();
+        let reason = if self.require_registration
+            && self.follows_registrations
+            && !self.registered.contains(target)
+            && !self.configured.contains(target)
+        {
+            "unregistered"
+        } else if self.actors.len() >= self.max_targets {
+            "max_targets"
+        } else {
+            return true;
+        };
+        let refused = self.refusals.with_label_values(&[reason]);
+        if refused.get() == 0 {
+            tracing::warn!(%target, event = %ev.kind(), reason, max_targets = self.max_targets, "event refused: it would start an actor for another target (counted in aware_target_refusals_total)");
+        } else {
+            tracing::debug!(%target, event = %ev.kind(), reason, "event refused");
+        }
+        refused.inc();
+        false
     }
 
     /// The same, with `late` for the events of retired targets.
@@ -206,7 +253,14 @@ where
     /// The retirement bookkeeping of [`TargetActors::route_at`] without the delivery: whether
     /// `ev`, received at `now_ms`, is to be handed to its target's actor
     /// ([`TargetActors::get_or_start`]), for a service that sends its actors another message.
+    /// An event whose target has no actor yet is refused past `actors.max_targets`, and, with
+    /// `actors.require_registration`, unless the target is registered or configured.
     pub fn admit_at(&mut self, ev: &Event, now_ms: i64) -> bool {
+        self.admit_retiring(ev, now_ms)
+            && (self.actors.contains_key(ev.target()) || self.may_start(ev))
+    }
+
+    fn admit_retiring(&mut self, ev: &Event, now_ms: i64) -> bool {
         if let Event::Registration(reg) = ev {
             if reg.spec.is_some() {
                 self.registered.insert(reg.target.clone());
@@ -239,7 +293,9 @@ where
                     r.mark_retired(target.clone(), reg.ts_ms);
                     return false;
                 }
-                r.deregistered.entry(target.clone()).or_insert(reg.ts_ms);
+                // The delay runs on this service's clock from receipt: a deregistration stamped
+                // long ago (a skewed or forged `ts_ms`) must not stop a live actor at once.
+                r.deregistered.entry(target.clone()).or_insert(now_ms);
             }
             _ if r.retired.contains_key(target) => {
                 r.dropped.inc();
@@ -430,6 +486,7 @@ where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
     let tick = actors.sweep_every();
+    actors.follow_registrations(consumes.contains(&aware_bus_schemas::EventKind::Target));
     intake(ctx, consumes, retire, tick, |i| match i {
         Intake::Event(ev) => {
             if !sharded || ctx.config.shard.owns(ev.target()) {
@@ -547,6 +604,93 @@ mod tests {
             tokio::task::yield_now().await;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    /// `obs` for 1,000 made-up targets used to start 1,000 actors in every service that takes
+    /// them: at most `actors.max_targets` start, the rest are refused and counted; with
+    /// `actors.require_registration` none starts for a target neither registered nor configured.
+    #[test]
+    fn made_up_targets_start_at_most_the_bound_and_unregistered_ones_none() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let mut cfg = AppConfig::default();
+            cfg.actors.max_targets = 50;
+            let ctx = ServiceContext::new(
+                "probe",
+                Bus::in_process(16),
+                Arc::new(cfg.clone()),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let l = log.clone();
+            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
+                id: 0,
+                log: l.clone(),
+            });
+            let refused = |ctx: &ServiceContext, reason: &str| {
+                ctx.metrics
+                    .target_refusals
+                    .with_label_values(&[reason])
+                    .get()
+            };
+            for n in 0..1_000 {
+                a.route(obs_of(&Target::new("made", format!("up-{n}"))));
+            }
+            assert_eq!((a.len(), ctx.metrics.targets.get()), (50, 50));
+            assert_eq!(refused(&ctx, "max_targets"), 950);
+            // The targets that have an actor still get their events.
+            a.route(obs_of(&Target::new("made", "up-0")));
+            assert_eq!(refused(&ctx, "max_targets"), 950);
+            settle().await;
+            assert_eq!(log.lock().unwrap().len(), 51);
+
+            // Registration required: only registered or configured targets get an actor.
+            cfg.actors.require_registration = true;
+            let configured = Target::new("shop", "cart");
+            cfg.targets.push(crate::spec::TargetSpec::new(&configured));
+            let ctx = ServiceContext::new(
+                "probe",
+                Bus::in_process(16),
+                Arc::new(cfg),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let l = log.clone();
+            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
+                id: 0,
+                log: l.clone(),
+            });
+            a.follow_registrations(true);
+            for n in 0..1_000 {
+                a.route(obs_of(&Target::new("made", format!("up-{n}"))));
+            }
+            assert_eq!(a.len(), 0);
+            assert_eq!(refused(&ctx, "unregistered"), 1_000);
+            a.route(obs_of(&configured));
+            let registered = Target::new("shop", "new");
+            let spec = crate::registry::to_registered(&ctx.config.spec_for(&registered), None);
+            a.route(registration(&registered, 1, Some(spec)).into());
+            a.route(obs_of(&registered));
+            assert_eq!(a.len(), 2);
+            assert_eq!(refused(&ctx, "unregistered"), 1_000);
+        });
+    }
+
+    /// A live target's deregistration stamped long ago (a skewed or forged `ts_ms`) retires its
+    /// actor `retire_after_secs` after it was received, not at once.
+    #[test]
+    fn a_live_targets_retirement_counts_from_receipt() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (mut a, _ctx) = actors(10, &log);
+            let t = Target::new("shop", "cart");
+            let now = 1_000_000_000;
+            a.route_at(obs_of(&t), now);
+            a.route_at(registration(&t, 0, None).into(), now);
+            assert!(a.sweep(now).is_empty(), "not at once");
+            assert!(a.sweep(now + 9_999).is_empty());
+            assert_eq!(a.sweep(now + 10_000), vec![t.clone()]);
+        });
     }
 
     #[test]

@@ -439,12 +439,23 @@ pub struct ActorsConfig {
     /// stopped this long after the deregistration, seconds; 0 keeps it while the service runs.
     /// Its events are dropped from then on until it is registered again ([`crate::agents`]).
     pub retire_after_secs: u64,
+    /// At most this many targets (actors) per service: an event that would start one more is
+    /// refused and counted (`aware_target_refusals_total{reason="max_targets"}`), so a flood of
+    /// made-up targets cannot exhaust a service.
+    pub max_targets: usize,
+    /// Only targets registered by the controller (`target/1`) or listed in `targets` get an
+    /// actor in the services that follow registrations (the recommender, actuator, recorder,
+    /// lifecycle monitor); events of any other target are refused and counted
+    /// (`reason="unregistered"`). For deployments whose targets all come from the controller.
+    pub require_registration: bool,
 }
 
 impl Default for ActorsConfig {
     fn default() -> Self {
         ActorsConfig {
             retire_after_secs: 3600,
+            max_targets: 10_000,
+            require_registration: false,
         }
     }
 }
@@ -464,6 +475,57 @@ fn null_paths(v: &serde_json::Value, prefix: &str) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// Every leaf of `v` (a value that is not a non-empty object) with its dotted path.
+fn leaves<'a>(
+    v: &'a serde_json::Value,
+    prefix: &str,
+    out: &mut Vec<(String, &'a serde_json::Value)>,
+) {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(child, &path, out);
+            }
+        }
+        _ => out.push((prefix.to_string(), v)),
+    }
+}
+
+/// `v` with only the leaf at dotted `path` (and the objects above it).
+fn only(path: &str, leaf: &serde_json::Value) -> serde_json::Value {
+    path.rsplit('.').fold(leaf.clone(), |inner, key| {
+        serde_json::Value::Object(std::iter::once((key.to_string(), inner)).collect())
+    })
+}
+
+/// The dotted path (below the section) of the value that makes a section fail to read as `T`
+/// with `error` (serde_json's errors from a value carry no path): the first leaf that, alone in
+/// the section, fails with the same error, else the first that fails at all; `None` when no
+/// single leaf fails (the section's keys together are at fault).
+fn culprit<T: serde::de::DeserializeOwned>(v: &serde_json::Value, error: &str) -> Option<String> {
+    let mut all = Vec::new();
+    leaves(v, "", &mut all);
+    let failing: Vec<(String, String)> = all
+        .into_iter()
+        .filter(|(path, _)| !path.is_empty())
+        .filter_map(|(path, leaf)| {
+            serde_json::from_value::<T>(only(&path, leaf))
+                .err()
+                .map(|e| (path, e.to_string()))
+        })
+        .collect();
+    failing
+        .iter()
+        .find(|(_, e)| e == error)
+        .or_else(|| failing.first())
+        .map(|(path, _)| path.clone())
 }
 
 /// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher).
@@ -526,7 +588,11 @@ impl AppConfig {
                         key,
                         "must be a finite number (NaN and infinities are refused)",
                     ),
-                    _ => invalid(name, e.to_string()),
+                    _ => invalid(
+                        &culprit::<T>(v, &e.to_string())
+                            .map_or_else(|| name.to_string(), |path| format!("{name}.{path}")),
+                        e.to_string(),
+                    ),
                 }
             }),
         }
@@ -593,6 +659,29 @@ impl AppConfig {
         if self.bus.channel_capacity == 0 {
             return Err(invalid("bus.channel_capacity", "must be at least 1"));
         }
+        // 0 would mean: give up on the first connection at once, reconnect in a busy loop,
+        // fail every flush.
+        for (key, v) in [
+            ("bus.connect_timeout_ms", self.bus.connect_timeout_ms),
+            (
+                "bus.reconnect_max_delay_ms",
+                self.bus.reconnect_max_delay_ms,
+            ),
+            ("bus.flush_timeout_ms", self.bus.flush_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if self.bus.jetstream.max_bytes == 0 || self.bus.jetstream.max_bytes < -1 {
+            return Err(invalid(
+                "bus.jetstream.max_bytes",
+                format!(
+                    "{} (must be positive, or -1: unlimited)",
+                    self.bus.jetstream.max_bytes
+                ),
+            ));
+        }
         if self.bus.jetstream.stream.is_empty()
             || !self
                 .bus
@@ -614,6 +703,9 @@ impl AppConfig {
             .parse::<SocketAddr>()
             .map_err(|e| invalid("http.listen", format!("`{}`: {e}", self.http.listen)))?;
         self.shard.validate()?;
+        if self.actors.max_targets == 0 {
+            return Err(invalid("actors.max_targets", "must be at least 1"));
+        }
         for (i, t) in self.targets.iter().enumerate() {
             aware_bus_schemas::subject::validate_name("namespace", &t.namespace)
                 .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
@@ -666,6 +758,12 @@ impl AppConfig {
             return Err(invalid(
                 "collector.simulator.step_seconds",
                 "must be a positive number",
+            ));
+        }
+        if c.simulator.step_timeout_ms == 0 {
+            return Err(invalid(
+                "collector.simulator.step_timeout_ms",
+                "must be at least 1",
             ));
         }
         c.prometheus.validate()?;
@@ -803,6 +901,7 @@ name = "cart"
                 "shard.index",
             ),
             (&[("AWARE_LIFECYCLE__WINDOW", "0")], "lifecycle.window"),
+            (&[("AWARE_ACTORS__MAX_TARGETS", "0")], "actors.max_targets"),
             (
                 &[("AWARE_ACTORS__RETIRE_AFTER_SECS", "-1")],
                 "actors.retire_after_secs",
@@ -827,6 +926,38 @@ name = "cart"
             (
                 &[("AWARE_COLLECTOR__PROMETHEUS__QUERIES__CPU", "up")],
                 "collector.prometheus.queries.cpu",
+            ),
+            (
+                &[("AWARE_BUS__RECONNECT_MAX_DELAY_MS", "0")],
+                "bus.reconnect_max_delay_ms",
+            ),
+            (
+                &[("AWARE_BUS__CONNECT_TIMEOUT_MS", "0")],
+                "bus.connect_timeout_ms",
+            ),
+            (
+                &[("AWARE_BUS__FLUSH_TIMEOUT_MS", "0")],
+                "bus.flush_timeout_ms",
+            ),
+            (
+                &[("AWARE_BUS__FLUSH_TIMEOUT_MS", "-5")],
+                "bus.flush_timeout_ms",
+            ),
+            (
+                &[("AWARE_BUS__JETSTREAM__MAX_BYTES", "-2")],
+                "bus.jetstream.max_bytes",
+            ),
+            (
+                &[("AWARE_BUS__JETSTREAM__MAX_BYTES", "0")],
+                "bus.jetstream.max_bytes",
+            ),
+            (
+                &[("AWARE_COLLECTOR__SIMULATOR__STEP_TIMEOUT_MS", "0")],
+                "collector.simulator.step_timeout_ms",
+            ),
+            (
+                &[("AWARE_COLLECTOR__SIMULATOR__APPS", "-1")],
+                "collector.simulator.apps",
             ),
         ];
         for (vars, key) in cases {
@@ -872,7 +1003,40 @@ name = "cart"
         })
         .unwrap();
         let err = bad.section::<Section>("actuator").unwrap_err().to_string();
-        assert!(err.contains("actuator"), "{err}");
+        assert!(err.contains("`actuator.limit`"), "{err}");
+        // A type error in a nested table or a negative size names the full key.
+        #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+        #[serde(default, deny_unknown_fields)]
+        struct Outer {
+            name: String,
+            count: u32,
+            inner: Section,
+        }
+        for (vars, key) in [
+            (
+                &[
+                    ("AWARE_RECORDER__NAME", "x"),
+                    ("AWARE_RECORDER__INNER__SINK", "y"),
+                    ("AWARE_RECORDER__INNER__LIMIT", "-3"),
+                ][..],
+                "`recorder.inner.limit`",
+            ),
+            (
+                &[
+                    ("AWARE_RECORDER__NAME", "x"),
+                    ("AWARE_RECORDER__COUNT", "many"),
+                ],
+                "`recorder.count`",
+            ),
+        ] {
+            let cfg = load(&ConfigSources {
+                env: env(vars),
+                ..Default::default()
+            })
+            .unwrap();
+            let err = cfg.section::<Outer>("recorder").unwrap_err().to_string();
+            assert!(err.contains(key), "{vars:?}: {err}");
+        }
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! trainer's checkpoints) is deleted once the target has been deregistered (its `AwareAutoscaler`
 //! deleted and not created again) for a grace period.
 //!
-//! A service follows `target/1` ([`run`]): a deregistration *marks* the target with the
-//! deregistration's own time, a registration clears the mark (resyncs change nothing). Marks are
+//! A service follows `target/1` ([`run`]): a deregistration *marks* the target with the time
+//! the service received it (its own clock, never the sender's `ts_ms`: a skewed clock or a
+//! forged old timestamp must not delete data at once), a registration clears the mark (resyncs
+//! and repeated deregistrations change nothing). Marks are
 //! kept where the data is ([`Forgetting::mark`]), so a restart, or a bus that no longer retains the
 //! deregistration (JetStream keeps messages `bus.jetstream.max_age_secs`), does not reset the
 //! grace period. Once a mark is older than the grace period the service deletes the target's
@@ -70,14 +72,15 @@ impl Deregistrations {
         }
     }
 
-    /// Folds a registration in: a deregistration marks the target with its time, a registration
-    /// clears its mark. Resyncs and repeats change nothing.
-    pub fn on_registration(&mut self, r: &Registration) {
+    /// Folds in a registration received at `now_ms` (the receiver's clock): a deregistration
+    /// marks a target not yet marked with `now_ms`, a registration clears its mark. Resyncs and
+    /// repeats change nothing (a repeated deregistration keeps the first mark).
+    pub fn on_registration(&mut self, r: &Registration, now_ms: i64) {
         let t = &r.target;
         if r.spec.is_none() {
-            if self.marks.get(t) != Some(&r.ts_ms) {
-                self.marks.insert(t.clone(), r.ts_ms);
-                self.unsaved.insert(t.clone(), Some(r.ts_ms));
+            if !self.marks.contains_key(t) {
+                self.marks.insert(t.clone(), now_ms);
+                self.unsaved.insert(t.clone(), Some(now_ms));
             }
         } else if self.marks.remove(t).is_some() {
             self.unsaved.insert(t.clone(), None);
@@ -175,7 +178,7 @@ pub async fn run(
     let mut take = |d: &mut Deregistrations, ev: Event| {
         if let Event::Registration(r) = ev {
             on_registration(&r);
-            d.on_registration(&r);
+            d.on_registration(&r, aware_bus_schemas::now_ms());
         }
     };
     loop {
@@ -264,6 +267,25 @@ mod tests {
         crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }
 
+    /// A deregistration stamped long ago (a sender's skewed clock, a forged message) is marked
+    /// when received: nothing is due before the grace period has passed on the receiver's clock.
+    /// (The mark used to be the message's `ts_ms`: due at once.)
+    #[test]
+    fn the_grace_period_counts_from_receipt_not_from_the_senders_clock() {
+        let a = Target::new("ns", "a");
+        let mut d = Deregistrations::new(Duration::from_secs(600), vec![]);
+        let received = 1_000_000_000;
+        d.on_registration(&reg(&a, 0, false), received);
+        assert_eq!(d.marks[&a], received);
+        assert!(d.due(received).is_empty());
+        assert!(d.due(received + 599_999).is_empty());
+        assert_eq!(d.due(received + 600_000), vec![a.clone()]);
+        // A stamp in the future is no shortcut either way.
+        let b = Target::new("ns", "b");
+        d.on_registration(&reg(&b, i64::MAX, false), received);
+        assert_eq!(d.marks[&b], received);
+    }
+
     #[test]
     fn marks_follow_registrations_and_fall_due_after_the_grace_period() {
         let (a, b, c) = (
@@ -280,17 +302,19 @@ mod tests {
             "a loaded mark keeps its time"
         );
         // Registrations and resyncs of a target never deregistered change nothing.
-        d.on_registration(&reg(&a, 1_000, true));
-        d.on_registration(&reg(&a, 2_000, true));
+        d.on_registration(&reg(&a, 1_000, true), 1_000);
+        d.on_registration(&reg(&a, 2_000, true), 2_000);
         assert!(d.unsaved.is_empty() && !d.marks.contains_key(&a));
-        // a is deregistered at 3 s; the same deregistration again (a bus replay) is a no-op.
-        d.on_registration(&reg(&a, 3_000, false));
+        // a is deregistered, received at 3 s; the same deregistration again (a bus replay), or
+        // another one, is a no-op.
+        d.on_registration(&reg(&a, 2_900, false), 3_000);
         assert_eq!(d.unsaved.remove(&a), Some(Some(3_000)), "a mark to store");
-        d.on_registration(&reg(&a, 3_000, false));
+        d.on_registration(&reg(&a, 2_900, false), 3_500);
+        d.on_registration(&reg(&a, 3_400, false), 3_500);
         assert!(d.unsaved.is_empty(), "a repeated deregistration");
         // b is deregistered, then registered again: its mark is cleared.
-        d.on_registration(&reg(&b, 4_000, false));
-        d.on_registration(&reg(&b, 5_000, true));
+        d.on_registration(&reg(&b, 4_000, false), 4_000);
+        d.on_registration(&reg(&b, 5_000, true), 5_000);
         assert_eq!(d.unsaved.get(&b), Some(&None), "a clear to store");
         assert!(!d.marks.contains_key(&b));
         assert_eq!(d.len(), 2);

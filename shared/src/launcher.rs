@@ -30,19 +30,35 @@ pub struct Running {
 }
 
 impl Running {
-    /// Waits for every service to end (after `shutdown` is cancelled); the first error wins.
+    /// Waits for every service to end (after `shutdown` is cancelled). A service that fails,
+    /// at start-up or later, stops the others at once (each waited for concurrently, so a
+    /// failure of any service is seen, not only of the first): the first failure wins, naming
+    /// its service.
     pub async fn join(self) -> Result<(), ServiceError> {
+        use futures::StreamExt as _;
+        let mut pending: futures::stream::FuturesUnordered<_> = self
+            .tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, task)| async move { (i, task.await) })
+            .collect();
         let mut first = Ok(());
-        for (task, ctx) in self.tasks.into_iter().zip(&self.contexts) {
-            let res = match task.await {
+        while let Some((i, res)) = pending.next().await {
+            let service = self.contexts[i].name;
+            let res = match res {
                 Ok(r) => r,
-                Err(e) => Err(ServiceError::Other(format!("{} panicked: {e}", ctx.name))),
+                Err(e) => Err(ServiceError::Other(format!("panicked: {e}"))),
             };
             if let Err(e) = res {
-                tracing::error!(service = ctx.name, error = %e, "service failed");
-                ctx.shutdown.cancel();
+                tracing::error!(service, error = %e, "service failed: stopping the others");
+                for ctx in &self.contexts {
+                    ctx.shutdown.cancel();
+                }
                 if first.is_ok() {
-                    first = Err(e);
+                    first = Err(ServiceError::Failed {
+                        service,
+                        source: Box::new(e),
+                    });
                 }
             }
         }
@@ -137,6 +153,32 @@ pub fn main(args: &crate::cli::ConfigArgs, entries: &[ServiceEntry]) -> Result<(
     for (key, hint) in cfg.unused_keys() {
         tracing::warn!(%key, "{hint}");
     }
+    if let Some(hint) = nothing_to_manage(&cfg, entries) {
+        tracing::warn!("{hint}");
+    }
     run_blocking(cfg, entries)?;
     Ok(())
+}
+
+/// What a process running the metrics collector with no source says at start: its services
+/// have nothing to manage unless another collector publishes on the bus, and how to change that.
+pub fn nothing_to_manage(cfg: &AppConfig, entries: &[ServiceEntry]) -> Option<String> {
+    if cfg.collector.source != crate::config::SourceKind::None
+        || !entries.iter().any(|e| e.name == "metrics-collector")
+    {
+        return None;
+    }
+    let fix = "set collector.source = \"simulator\" (a simulated cluster; AWARE_COLLECTOR__SOURCE=simulator) \
+               or \"prometheus\" with [[targets]] and collector.prometheus.url";
+    Some(if cfg.bus.url == crate::bus::EMBEDDED {
+        format!(
+            "nothing to manage: collector.source = none and the bus is embedded, so no metrics \
+             will ever arrive; {fix}"
+        )
+    } else {
+        format!(
+            "collector.source = none: this process reads no metrics, and its services act only on \
+             what another collector publishes on the bus; to manage targets from here, {fix}"
+        )
+    })
 }

@@ -14,6 +14,7 @@ pub mod probe;
 pub mod quantity;
 pub mod registry;
 pub mod service;
+pub mod slow_consumers;
 pub mod spec;
 pub mod telemetry;
 pub mod testkit;

@@ -27,6 +27,13 @@ pub enum ServiceError {
     Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     Other(String),
+    /// One service of several in a process failed (`aware run all`): which one.
+    #[error("{service}: {source}")]
+    Failed {
+        service: &'static str,
+        #[source]
+        source: Box<ServiceError>,
+    },
 }
 
 /// Everything a running service needs; cheap to clone.
@@ -108,6 +115,7 @@ impl ServiceContext {
         let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
         for &kind in kinds {
             let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
+            self.count_slow_consumer(&sub, kind);
             let snapshot = if is_state_kind(kind) {
                 self.last_per_target(kind).await
             } else {
@@ -139,6 +147,24 @@ impl ServiceContext {
             });
         }
         Ok(rx)
+    }
+
+    /// Counts the messages the NATS client drops on `sub` (a full buffer: this service is a
+    /// slow consumer) in `bus_slow_consumer_drops_total{event}`.
+    fn count_slow_consumer(&self, sub: &crate::bus::Subscription, kind: EventKind) {
+        if let (crate::bus::Subscription::Nats(s), Bus::Nats(b)) = (sub, &self.bus) {
+            match crate::slow_consumers::sid_of(s) {
+                Some(sid) => b.slow_consumers().attribute(
+                    sid,
+                    self.metrics
+                        .slow_consumer_drops
+                        .with_label_values(&[kind.as_str()]),
+                ),
+                None => {
+                    tracing::warn!(service = self.name, event = kind.as_str(), "cannot tell this subscription's id: its slow-consumer drops are not counted for the service")
+                }
+            }
+        }
     }
 
     /// The newest captured event of `kind` for every target (see [`Self::subscribe_events`]):

@@ -78,6 +78,13 @@ pub struct ServiceMetrics {
     /// re-sends every registration each `controller.resync_seconds`, so with targets registered
     /// a long silence means the controller is gone.
     pub registration_last_received: Gauge,
+    /// Events refused because they would start an actor for one more target, by reason:
+    /// `max_targets` (`actors.max_targets` reached), `unregistered`
+    /// (`actors.require_registration` and the target is not registered).
+    pub target_refusals: IntCounterVec,
+    /// Messages the NATS client dropped because this service's subscription buffer was full
+    /// (a slow consumer), by event kind ([`crate::slow_consumers`]).
+    pub slow_consumer_drops: IntCounterVec,
 }
 
 impl ServiceMetrics {
@@ -98,6 +105,10 @@ impl ServiceMetrics {
             "Malformed bus messages counted and dropped, by event kind",
         )?;
         let publish_errors = by_event("publish_errors_total", "Failed publishes, by event kind")?;
+        let slow_consumer_drops = by_event(
+            "bus_slow_consumer_drops_total",
+            "Messages the NATS client dropped because the service's subscription buffer (bus.channel_capacity) was full, by event kind",
+        )?;
         let targets = registered(
             r,
             IntGauge::new("targets", "Targets with a live actor in this service")?,
@@ -143,9 +154,28 @@ impl ServiceMetrics {
                 "When the last controller registration was received (Unix seconds; 0: never)",
             )?,
         )?;
+        let target_refusals = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "target_refusals_total",
+                    "Events refused rather than start an actor for another target, by reason (max_targets, unregistered)",
+                ),
+                &["reason"],
+            )?,
+        )?;
+        for reason in ["max_targets", "unregistered"] {
+            target_refusals.with_label_values(&[reason]);
+        }
         // Pre-create every label so a scrape shows zeros instead of missing series.
         for kind in EventKind::ALL {
-            for c in [&messages_in, &messages_out, &decode_errors, &publish_errors] {
+            for c in [
+                &messages_in,
+                &messages_out,
+                &decode_errors,
+                &publish_errors,
+                &slow_consumer_drops,
+            ] {
                 c.with_label_values(&[kind.as_str()]);
             }
         }
@@ -162,6 +192,8 @@ impl ServiceMetrics {
             retired_target_events,
             registered_targets,
             registration_last_received,
+            target_refusals,
+            slow_consumer_drops,
         })
     }
 

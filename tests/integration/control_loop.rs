@@ -231,19 +231,23 @@ fn model_keys(models: &dyn aware_shared::model_store::ModelStore, target: &Targe
 }
 
 /// `recorder.forget_after_secs` and `trainer.forget_after_secs`: a deleted target's trajectories
-/// and checkpoints go once its deregistration is older than the grace period, and only then, and
-/// the trainer stops its actor; a target created again keeps everything; the marks survive a
-/// restart (the second run has no bus history at all).
+/// and checkpoints go once its deregistration was received longer ago than the grace period, and
+/// only then, and the trainer stops its actor; a target created again keeps everything; the
+/// marks survive a restart (the second run has no bus history at all). The grace period counts on
+/// the receiver's clock: every deregistration here claims to be two hours old (a skewed or
+/// forged `ts_ms`), which used to delete the data at once.
 #[actix_rt::test]
 async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
+    const GRACE_S: u64 = 4;
+    let grace = Duration::from_secs(GRACE_S);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("trajectories.db");
     let (apps, spe, episodes) = (3usize, 10u32, 2u64);
     let recorder = serde_json::json!({
         "sqlite_path": db.display().to_string(),
         "batch": 16,
-        "forget_after_secs": 3600,
+        "forget_after_secs": GRACE_S,
     });
     let mut cfg = simulated(apps, spe, u64::from(spe) * episodes, recorder);
     cfg.sections.insert(
@@ -252,7 +256,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     );
     cfg.sections.insert(
         "trainer".into(),
-        serde_json::json!({ "forget_after_secs": 3600 }),
+        serde_json::json!({ "forget_after_secs": GRACE_S }),
     );
     let bus = Bus::in_process(65_536);
     let (mut eps, running, shutdown) =
@@ -282,16 +286,38 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     )
     .await;
     let spec = aware_shared::registry::to_registered(&cfg.spec_for(back), None);
-    let now = aware_bus_schemas::now_ms();
-    let hour = 3_600_000;
-    // Deleted an hour and a second ago: due at once.
-    publish_registration(&bus, gone, now - hour - 1_000, None).await;
-    // Deleted two hours ago but created again since: kept.
-    publish_registration(&bus, back, now - 2 * hour, None).await;
-    publish_registration(&bus, back, now - hour, Some(spec)).await;
-    // Deleted 15 s short of the grace period: due only after the restart below.
-    publish_registration(&bus, later, now - hour + 15_000, None).await;
+    let old = aware_bus_schemas::now_ms() - 2 * 3_600_000;
+    let received = std::time::Instant::now();
+    // Deleted (so it says) two hours ago: due GRACE_S after it arrived, not at once.
+    publish_registration(&bus, gone, old, None).await;
+    // Deleted, then created again: kept.
+    publish_registration(&bus, back, old, None).await;
+    publish_registration(&bus, back, old + 1, Some(spec)).await;
+    crate::wait_for_metric(
+        &metric,
+        "aware_recorder_deregistered_targets",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        reader.count(gone).unwrap(),
+        rows,
+        "{gone}: not before its time"
+    );
+    assert_eq!(
+        model_keys(&models, gone).len(),
+        3,
+        "{gone}: checkpoints and mark"
+    );
+    assert_eq!(metric("aware_recorder_targets_forgotten_total"), Some(0.0));
     wait_forgotten(&metric, &trainer, 1.0, Duration::from_secs(20)).await;
+    assert!(
+        received.elapsed() >= grace,
+        "forgotten after {:?}",
+        received.elapsed()
+    );
     assert_eq!(
         metric("aware_recorder_transitions_forgotten_total"),
         Some(rows as f64)
@@ -307,26 +333,11 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         Duration::from_secs(5),
     )
     .await;
-    assert_eq!(
-        reader.count(later).unwrap(),
-        rows,
-        "{later} still in its grace period"
-    );
     assert_eq!(reader.count(back).unwrap(), rows, "{back} registered again");
     assert_eq!(model_keys(&models, back).len(), 2, "{back}'s checkpoints");
-    let mark = format!(
-        "{}/deregistered",
-        aware_shared::model_store::model_prefix(later)
-    );
-    assert_eq!(
-        model_keys(&models, later).len(),
-        3,
-        "{later}'s checkpoints and mark"
-    );
-    assert_eq!(
-        models.get(&mark).unwrap(),
-        (now - hour + 15_000).to_string().as_bytes()
-    );
+    // `later` is deleted just before a restart: its grace period runs on after it.
+    let sent = aware_bus_schemas::now_ms();
+    publish_registration(&bus, later, old, None).await;
     for m in [&metric, &trainer] {
         let gauge = if m("aware_recorder_deregistered_targets").is_some() {
             "aware_recorder_deregistered_targets"
@@ -335,10 +346,28 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
         };
         crate::wait_for_metric(m, gauge, 1.0, Duration::from_secs(5)).await;
     }
+    let mark = format!(
+        "{}/deregistered",
+        aware_shared::model_store::model_prefix(later)
+    );
+    let marks = reader.deregistered().unwrap();
+    assert_eq!(marks.len(), 1, "only the pending mark is stored: {marks:?}");
+    assert_eq!(&marks[0].0, later);
+    assert!(marks[0].1 >= sent, "marked when received, not at {old}");
+    let wait_mark = std::time::Instant::now() + Duration::from_secs(5);
+    while model_keys(&models, later).len() < 3 {
+        assert!(std::time::Instant::now() < wait_mark, "no mark stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let at: i64 = String::from_utf8(models.get(&mark).unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(at >= sent, "marked when received, not at {old}");
     assert_eq!(
-        reader.deregistered().unwrap(),
-        vec![(later.clone(), now - hour + 15_000)],
-        "only the pending mark is stored"
+        reader.count(later).unwrap(),
+        rows,
+        "{later} in its grace period"
     );
     shutdown.cancel();
     running.join().await.unwrap();
@@ -361,23 +390,12 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     .unwrap();
     let metric = crate::metrics_of(&running, "trajectory-recorder");
     let trainer = crate::metrics_of(&running, "meta-learner-trainer");
-    crate::wait_for_metric(
-        &metric,
-        "aware_recorder_deregistered_targets",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
-    crate::wait_for_metric(
-        &trainer,
-        "aware_trainer_deregistered_targets",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
-    assert_eq!(reader.count(later).unwrap(), rows, "not before its time");
-    assert_eq!(model_keys(&models, later).len(), 3, "not before its time");
     wait_forgotten(&metric, &trainer, 1.0, Duration::from_secs(30)).await;
+    let since = aware_bus_schemas::now_ms() - sent;
+    assert!(
+        since >= (GRACE_S * 1000) as i64,
+        "{later} forgotten {since} ms after it was deleted"
+    );
     assert_eq!(
         reader.count(later).unwrap(),
         0,

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod alerts;
+mod bad_input;
 mod bootstrap_loop;
 mod bus_conformance;
 mod chaos;

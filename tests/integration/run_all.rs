@@ -385,6 +385,50 @@ fn invalid_configuration_fails_start_up_naming_the_key() {
     assert!(bin_path("aware").is_file());
 }
 
+/// A service that fails at start-up after the first has started (the recorder, third, with a
+/// store it cannot open: its directory is a file, which even root cannot create in) stops the
+/// whole process with an error naming the service and the key; `run all` used to wait on the
+/// first service for ever, without a word, `/readyz` 503. At start it says it has nothing to
+/// manage (no collector source on the embedded bus) and how to change that.
+#[test]
+fn run_all_exits_non_zero_on_a_later_services_start_up_failure() {
+    let data = tempfile::tempdir().unwrap();
+    let not_a_dir = data.path().join("file");
+    std::fs::write(&not_a_dir, "x").unwrap();
+    let db = not_a_dir.join("t.db").display().to_string();
+    let models = data.path().join("models").display().to_string();
+    let mut p = Proc::spawn(
+        "aware",
+        &["run", "all", "--http-listen", "127.0.0.1:0"],
+        &[
+            ("AWARE_RECORDER__SQLITE_PATH", db.as_str()),
+            ("AWARE_MODEL_STORE__DIR", models.as_str()),
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running 30 s after a failed start-up:\n{}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = p.stderr();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("trajectory-recorder") && err.contains("recorder.sqlite_path"),
+        "{err}"
+    );
+    assert!(
+        err.contains("nothing to manage") && err.contains("collector.source"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_service_logs_a_variable_that_sets_nothing_at_start_up() {
     let mut p = Proc::spawn(

@@ -190,6 +190,24 @@ mod tests {
                 "[actuator.guardrails]\ncpu_min_change_ratio = inf\n",
                 "`actuator.guardrails.cpu_min_change_ratio`: must be a finite number",
             ),
+            // Sizes of 0 or less, and type errors, named by their full key.
+            ("[recorder]\nbatch = 0\n", "recorder.batch"),
+            ("[recorder]\nbatch = -1\n", "`recorder.batch`"),
+            ("[recorder]\nbatch = \"many\"\n", "`recorder.batch`"),
+            ("[trainer]\nbatch_size = -64\n", "`trainer.batch_size`"),
+            (
+                "[recommender.fallback.hpa]\ntarget_cpu_utilization = \"high\"\n",
+                "`recommender.fallback.hpa.target_cpu_utilization`",
+            ),
+            (
+                "[bus]\nreconnect_max_delay_ms = 0\n",
+                "bus.reconnect_max_delay_ms",
+            ),
+            ("[bus]\nchannel_capacity = -1\n", "bus.channel_capacity"),
+            (
+                "[model_store]\ntimeout_ms = -1\n",
+                "`model_store.timeout_ms`",
+            ),
         ] {
             let err = load_with(text).unwrap_err().to_string();
             assert!(

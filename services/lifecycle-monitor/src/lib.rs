@@ -817,6 +817,9 @@ pub struct LifecycleMetrics {
     /// `model`s whose checkpoint did not load and verify, so they promoted nothing
     /// (`aware_lifecycle_unverified_models_total`).
     pub unverified_models: prometheus::IntCounter,
+    /// `episode` and `model` messages refused for a non-finite value
+    /// (`aware_lifecycle_non_finite_refused_total{event}`).
+    pub non_finite: prometheus::IntCounterVec,
 }
 
 impl LifecycleMetrics {
@@ -850,11 +853,44 @@ impl LifecycleMetrics {
             "Models announced with a promoting estimate whose checkpoint was missing, did not match \
              the announced size and SHA-256 or did not load: ignored",
         )?;
+        let non_finite = m.counter_vec(
+            "lifecycle_non_finite_refused_total",
+            "Episode summaries and models refused because a reward or estimate is not finite, by event",
+            &["event"],
+            &[["episode"], ["model"]],
+        )?;
         Ok(LifecycleMetrics {
             stages,
             transitions,
             unverified_models,
+            non_finite,
         })
+    }
+}
+
+/// The first reward or estimate of an `episode` or a `model` that is not finite: a NaN would
+/// pass or fail every threshold of Algorithm 1 at random.
+fn non_finite_field(ev: &Event) -> Option<&'static str> {
+    let bad = |x: f64| !x.is_finite();
+    match ev {
+        Event::Episode(e) => [
+            ("mean_reward", Some(e.mean_reward)),
+            ("total_reward", Some(e.total_reward)),
+            ("cpu_util_mean", Some(e.cpu_util_mean)),
+            ("memory_util_mean", Some(e.memory_util_mean)),
+            ("policy_estimate", e.policy_estimate),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.is_some_and(bad))
+        .map(|(k, _)| k),
+        Event::Model(m) => [
+            ("policy_estimate", m.policy_estimate),
+            ("behaviour_reward", m.behaviour_reward),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.is_some_and(bad))
+        .map(|(k, _)| k),
+        _ => None,
     }
 }
 
@@ -954,6 +990,14 @@ impl Handler<Deliver> for LifecycleAgent {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
+        if let Some(field) = non_finite_field(&ev) {
+            self.metrics
+                .non_finite
+                .with_label_values(&[ev.kind().as_str()])
+                .inc();
+            tracing::warn!(target = %self.target, event = %ev.kind(), episode = ev.episode(), field, "refused: a value is not finite");
+            return;
+        }
         let (t, episode, step) = match &ev {
             Event::Episode(ep) => (self.machine.observe(ep), ep.episode, ep.step),
             Event::Model(m) if self.machine.could_promote(m) => {
@@ -1080,6 +1124,34 @@ mod tests {
             t_var: 0.1,
             window: 3,
         }
+    }
+
+    /// A NaN or an infinite reward or estimate is refused before Algorithm 1 sees it (NaN
+    /// compares false with every threshold: it used to count as an episode that fails them all).
+    #[test]
+    fn episodes_and_models_with_non_finite_values_are_refused() {
+        let e = episode(Stage::Offline, 1.0, Some(0.9));
+        assert_eq!(non_finite_field(&Event::Episode(e.clone())), None);
+        let mut bad = e.clone();
+        bad.mean_reward = f64::NAN;
+        assert_eq!(non_finite_field(&Event::Episode(bad)), Some("mean_reward"));
+        let mut bad = e.clone();
+        bad.policy_estimate = Some(f64::INFINITY);
+        assert_eq!(
+            non_finite_field(&Event::Episode(bad)),
+            Some("policy_estimate")
+        );
+        let Some(Event::Model(mut m)) = aware_bus_schemas::generated::samples()
+            .into_iter()
+            .find(|e| matches!(e, Event::Model(_)))
+        else {
+            unreachable!()
+        };
+        m.policy_estimate = Some(1.0);
+        m.behaviour_reward = Some(0.5);
+        assert_eq!(non_finite_field(&Event::Model(m.clone())), None);
+        m.behaviour_reward = Some(f64::NAN);
+        assert_eq!(non_finite_field(&Event::Model(m)), Some("behaviour_reward"));
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub struct TrainerConfig {
     /// `AwareAutoscaler` deleted and not created again), in seconds (0: for ever); then they are
     /// deleted from the model store and the target's actor stops.
     pub forget_after_secs: u64,
+    /// A failed round (a full or unreachable model store, a store error, non-finite training)
+    /// is tried again after `poll_ms` × 2^failures in a row, at most this long (ms); the first
+    /// round that succeeds resets it.
+    pub retry_max_delay_ms: u64,
 }
 
 /// The action a recorded row trains with (`trainer.learn_action`).
@@ -158,6 +162,7 @@ impl Default for TrainerConfig {
             learn_action: LearnAction::Intent,
             keep_versions: 10,
             forget_after_secs: 7 * 24 * 3600,
+            retry_max_delay_ms: 300_000,
         }
     }
 }
@@ -249,6 +254,9 @@ impl TrainerConfig {
         if self.poll_ms < 10 {
             return bad("poll_ms", "must be at least 10");
         }
+        if self.retry_max_delay_ms < self.poll_ms {
+            return bad("retry_max_delay_ms", "must be at least poll_ms");
+        }
         if !(1..=1_000_000).contains(&self.offline_gradient_steps) {
             return bad("offline_gradient_steps", "must be in 1..=1000000");
         }
@@ -306,6 +314,8 @@ pub struct Published {
     /// Rows skipped because they could not be turned into a training transition (or, in an
     /// offline round, were not the fallback's).
     pub skipped: usize,
+    /// Of `skipped`: rows refused for a non-finite value (state, next state, reward, action).
+    pub non_finite: usize,
     /// Which kind of round produced it.
     pub mode: RoundMode,
     /// Offline rounds: the off-policy estimate of the policy on the target's recent fallback
@@ -376,6 +386,11 @@ pub struct Learner {
     /// Retention: every base-learner version below this one is deleted (`None`: not known
     /// yet; the first pass lists the store, later passes delete by version without listing).
     pruned_below: Option<u64>,
+    /// Rounds failed in a row, and when the next may start (see `retry_max_delay_ms`).
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// Counts stored checkpoints that cannot be read (corrupt or truncated) when resuming.
+    corrupt: Option<prometheus::IntCounter>,
 }
 
 impl Learner {
@@ -399,7 +414,32 @@ impl Learner {
             observed: None,
             history_seen: false,
             pruned_below: None,
+            failures: 0,
+            retry_at: None,
+            corrupt: None,
         }
+    }
+
+    /// Where unreadable checkpoints met while resuming are counted.
+    pub fn set_corrupt_counter(&mut self, c: prometheus::IntCounter) {
+        self.corrupt = Some(c);
+    }
+
+    /// How long after the `failures`-th failed round in a row the next may start:
+    /// `poll_ms` × 2^failures, at most `retry_max_delay_ms`.
+    pub fn retry_delay(&self, failures: u32) -> Duration {
+        let exp = failures.min(30);
+        Duration::from_millis(
+            self.cfg
+                .poll_ms
+                .saturating_mul(1u64 << exp)
+                .min(self.cfg.retry_max_delay_ms),
+        )
+    }
+
+    /// Rounds failed in a row (0 after a round that succeeded).
+    pub fn failures(&self) -> u32 {
+        self.failures
     }
 
     /// Whether the target retrains (ONLINE entered from SERVING, see
@@ -483,6 +523,10 @@ impl Learner {
 
     /// Runs one round of the kind `stage` calls for, if one is due: samples minibatches,
     /// trains, (offline) evaluates, writes the checkpoint. INITIALIZED and SERVING: nothing.
+    ///
+    /// After a failed round the next waits [`Learner::retry_delay`] (growing with the failures
+    /// in a row), so a model store that stays full or unreachable is not hammered with rounds
+    /// whose gradient steps are thrown away.
     pub fn maybe_train_in(
         &mut self,
         stage: Stage,
@@ -492,6 +536,34 @@ impl Learner {
         let Some(mode) = RoundMode::of(stage) else {
             return Ok(None);
         };
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return Ok(None);
+        }
+        match self.round_if_due(mode, store, models) {
+            Err(TrainerError::Cancelled { target }) => Err(TrainerError::Cancelled { target }),
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                let wait = self.retry_delay(self.failures);
+                self.retry_at = Some(Instant::now() + wait);
+                tracing::debug!(target = %self.target, failures = self.failures, wait_ms = wait.as_millis() as u64, "round failed: backing off");
+                Err(e)
+            }
+            Ok(p) => {
+                if p.is_some() {
+                    self.failures = 0;
+                    self.retry_at = None;
+                }
+                Ok(p)
+            }
+        }
+    }
+
+    fn round_if_due(
+        &mut self,
+        mode: RoundMode,
+        store: &dyn TrajectoryStore,
+        models: &dyn ModelStore,
+    ) -> Result<Option<Published>, TrainerError> {
         let count = self.poll_rows(store)?;
         let now = Instant::now();
         let min = match mode {
@@ -543,8 +615,8 @@ impl Learner {
         }
     }
 
-    /// The latest checkpoint of the target in the model store (versions continue after it), or a
-    /// fresh network when there is none or it cannot be read.
+    /// The newest checkpoint of the target in the model store that reads and verifies (versions
+    /// continue after the newest stored), or a fresh network when there is none.
     fn resume(&mut self, models: &dyn ModelStore) -> Result<Ddpg, TrainerError> {
         let prefix = format!("{}/{BASE_LEARNER}/", model_prefix(&self.target));
         let latest = models
@@ -555,7 +627,7 @@ impl Learner {
             })?
             .into_iter()
             .filter_map(|k| version_of_key(&k).map(|v| (v, k)))
-            .max();
+            .collect::<Vec<_>>();
         let width = self.state_dim();
         let start = self.conditioning.as_ref().map(|c| c.base.clone());
         let fresh = |t: &Target| match &start {
@@ -567,25 +639,39 @@ impl Learner {
                 })
             }
         };
-        let Some((v, key)) = latest else {
-            return fresh(&self.target);
-        };
-        self.version = self.version.max(v);
-        match self.read_checkpoint(models, &key, v) {
-            Ok((d, _)) => {
-                tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
-                self.history_seen = true;
-                Ok(d)
-            }
-            Err(TrainerError::Width { .. }) => {
-                tracing::warn!(target = %self.target, version = v, "stored model has another state width; starting afresh");
-                fresh(&self.target)
-            }
-            Err(error) => {
-                tracing::warn!(target = %self.target, version = v, %error, "cannot resume from the stored model; starting afresh");
-                fresh(&self.target)
+        // Versions continue after the newest stored, readable or not.
+        if let Some((v, _)) = latest.iter().max() {
+            self.version = self.version.max(*v);
+        }
+        let mut versions = latest;
+        versions.sort_unstable_by_key(|v| std::cmp::Reverse(v.0));
+        // The newest version that reads and verifies: a corrupt or truncated newest checkpoint
+        // (a crash or a full disk mid-write on a store without atomic puts, a damaged object)
+        // falls back to the one before, rather than throwing the training away.
+        for (v, key) in versions {
+            match self.read_checkpoint(models, &key, v) {
+                Ok((d, _)) => {
+                    tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
+                    self.history_seen = true;
+                    return Ok(d);
+                }
+                Err(TrainerError::Width { .. }) => {
+                    tracing::warn!(target = %self.target, version = v, "stored model has another state width; starting afresh");
+                    return fresh(&self.target);
+                }
+                Err(error @ TrainerError::Model { .. }) => {
+                    if let Some(c) = &self.corrupt {
+                        c.inc();
+                    }
+                    tracing::warn!(target = %self.target, version = v, %error, "stored checkpoint is corrupt; trying the version before");
+                }
+                Err(error) => {
+                    tracing::warn!(target = %self.target, version = v, %error, "cannot resume from the stored model; starting afresh");
+                    return fresh(&self.target);
+                }
             }
         }
+        fresh(&self.target)
     }
 
     /// The checkpoint stored at `key` (version `version`) as a network of the learner's state
@@ -653,6 +739,7 @@ impl Learner {
             latest: at,
             critic_loss: f32::NAN,
             skipped: 0,
+            non_finite: 0,
             mode: RoundMode::Online,
             estimate: None,
             bc_weight: 0.0,
@@ -838,11 +925,16 @@ impl Learner {
                 .map_err(|e| self.store_err(e))?,
         };
         let bounds = self.bounds;
-        let mut skipped = 0;
+        let (mut skipped, mut non_finite) = (0, 0);
         let mut latest = (0u64, 0u32);
         let mut ts = Vec::with_capacity(rows.len());
         for r in &rows {
             latest = latest.max((r.episode, r.step));
+            if !is_finite_row(r) {
+                skipped += 1;
+                non_finite += 1;
+                continue;
+            }
             // Offline rounds learn from the fallback only: rows of an RL policy that was sent
             // back to OFFLINE are not behaviour to stay close to.
             if mode == RoundMode::Offline && r.source != DecisionSource::Fallback {
@@ -923,6 +1015,7 @@ impl Learner {
             latest,
             critic_loss,
             skipped,
+            non_finite,
             mode,
             estimate,
             bc_weight,
@@ -938,6 +1031,15 @@ impl Learner {
 /// `applied`: an RL row's raw action is also the intent before the actuator's guardrails, so both
 /// kinds of row mean the same thing to Q. With [`LearnAction::Applied`], every row is the behaviour
 /// action of `applied`, the allocation the reward and the next state came from.
+/// Whether every number a row trains with is finite (a store that does not check, such as a
+/// QuestDB table written by something else, may hold NaN).
+pub fn is_finite_row(r: &tstore::Transition) -> bool {
+    r.reward.is_finite()
+        && [&r.state, &r.next_state, &r.action_raw]
+            .iter()
+            .all(|v| v.iter().all(|x| x.is_finite()))
+}
+
 /// `None` for rows that do not fit (state width, non-finite values).
 pub fn to_training(
     r: &tstore::Transition,
@@ -1244,6 +1346,123 @@ mod tests {
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
         // Not retraining: the second online round of this learner, BC 1 − 1/20.
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
+    }
+
+    /// A row with a non-finite number anywhere it trains with is refused (and counted).
+    #[test]
+    fn rows_with_non_finite_values_are_refused() {
+        let t = Target::new("shop", "cart");
+        assert!(is_finite_row(&row(&t, 0, 0)));
+        for spoil in [
+            (|r: &mut tstore::Transition| r.reward = f64::NAN) as fn(&mut tstore::Transition),
+            |r| r.state[3] = f32::INFINITY,
+            |r| r.next_state[0] = f32::NAN,
+            |r| r.action_raw = vec![0.1, f32::NEG_INFINITY, 0.0],
+        ] {
+            let mut r = row(&t, 0, 0);
+            spoil(&mut r);
+            assert!(!is_finite_row(&r));
+        }
+    }
+
+    /// A model store that fails every write (its directory replaced by a file: every put fails,
+    /// as on a full disk) makes each round fail after its gradient steps. The learner waits
+    /// `poll_ms` × 2^failures (capped) before the next round instead of retrying at every poll,
+    /// and the first round that succeeds resets the wait.
+    #[test]
+    fn failed_rounds_back_off_exponentially_and_reset_on_success() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "cart");
+        let c = TrainerConfig {
+            poll_ms: 40,
+            retry_max_delay_ms: 160,
+            ..cfg()
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), c);
+        assert_eq!(
+            (1..=4)
+                .map(|n| l.retry_delay(n).as_millis())
+                .collect::<Vec<_>>(),
+            vec![80, 160, 160, 160],
+            "doubling, capped"
+        );
+        store
+            .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        let root = models.root().to_path_buf();
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::write(&root, b"not a directory").unwrap();
+        let started = Instant::now();
+        let (mut attempts, mut failures) = (0, 0);
+        while started.elapsed() < Duration::from_millis(600) {
+            attempts += 1;
+            match l.maybe_train(&store, &models) {
+                Err(TrainerError::ModelStore { .. }) => failures += 1,
+                Ok(None) => {}
+                other => panic!("{other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Retrying at every call would fail ~100 times; backing off 80, 160, 160, … ms: ≤ 6.
+        assert!(attempts > 50, "{attempts}");
+        assert!((2..=6).contains(&failures), "{failures} failed rounds");
+        assert_eq!(l.failures(), failures);
+        // The store recovers: the next round after the wait succeeds and resets the count.
+        std::fs::remove_file(&root).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        std::thread::sleep(Duration::from_millis(170));
+        let p = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!(p.version, 1);
+        assert_eq!(l.failures(), 0);
+    }
+
+    /// The newest checkpoint cut short (a crash mid-write on a store without atomic puts, a
+    /// damaged object): a restarted learner resumes from the newest intact version before it,
+    /// counts the corrupt one, and numbers its next version after the corrupt one. (It used to
+    /// start afresh, throwing away every round trained.)
+    #[test]
+    fn a_truncated_newest_checkpoint_falls_back_to_the_newest_intact_version() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "cart");
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        let mut published = Vec::new();
+        for episode in 0..3 {
+            store
+                .append(&(0..60).map(|s| row(&t, episode, s)).collect::<Vec<_>>())
+                .unwrap();
+            published.push(l.maybe_train(&store, &models).unwrap().expect("a round"));
+        }
+        assert_eq!(
+            published
+                .iter()
+                .map(|p| (p.version, p.trained_steps))
+                .collect::<Vec<_>>(),
+            vec![(1, 5), (2, 10), (3, 15)]
+        );
+        let newest = published[2].object.uri.strip_prefix("file://").unwrap();
+        let len = std::fs::metadata(newest).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(newest)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let corrupt = prometheus::IntCounter::new("corrupt", "corrupt").unwrap();
+        let mut again = Learner::new(t.clone(), Bounds::default(), cfg());
+        again.set_corrupt_counter(corrupt.clone());
+        store
+            .append(&(0..60).map(|s| row(&t, 3, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p = again
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("a round");
+        assert_eq!(
+            (p.version, p.trained_steps),
+            (4, 15),
+            "resumed from version 2 (10 steps), not afresh (5) nor the truncated 3"
+        );
+        assert_eq!(corrupt.get(), 1);
     }
 
     /// A rollback republishes the named version's checkpoint as the next version, the learner

@@ -80,6 +80,10 @@ pub struct TrainerMetrics {
     counting_all: Arc<AtomicBool>,
     pub rounds: prometheus::IntCounter,
     pub round_errors: prometheus::IntCounter,
+    /// Stored checkpoints that could not be read when resuming (the version before is used).
+    pub corrupt_checkpoints: prometheus::IntCounter,
+    /// Stored rows a round refused for a non-finite value.
+    pub non_finite_rows: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
     pub round_seconds: prometheus::Histogram,
     pub embeddings: prometheus::IntCounter,
@@ -106,6 +110,14 @@ impl TrainerMetrics {
             round_errors: m.counter(
                 "trainer_round_errors_total",
                 "Training rounds that failed (store, model store or non-finite training)",
+            )?,
+            corrupt_checkpoints: m.counter(
+                "trainer_corrupt_checkpoints_total",
+                "Stored checkpoints that failed to read or verify when resuming (corrupt, truncated); the newest intact version before is used",
+            )?,
+            non_finite_rows: m.counter(
+                "trainer_non_finite_rows_total",
+                "Stored transitions a training round refused because a value (state, reward, action) is not finite",
             )?,
             gradient_steps: m.counter("trainer_gradient_steps_total", "DDPG gradient steps taken")?,
             round_seconds: m.histogram(
@@ -158,7 +170,7 @@ impl TrainerMetrics {
 }
 
 /// The trainer's side of forgetting ([`aware_shared::forget`]): a deleted target's mark is the
-/// object `<namespace>/<name>/deregistered` (the deregistration's time, decimal milliseconds) in
+/// object `<namespace>/<name>/deregistered` (when the trainer received the deregistration, decimal milliseconds) in
 /// the model store, next to its checkpoints; forgetting deletes every object under
 /// `<namespace>/<name>/`, the mark last.
 pub struct ModelForgetting(pub Arc<dyn ModelStore>);
@@ -423,6 +435,7 @@ impl TargetTrainer {
             Ok(Some(p)) => {
                 self.metrics.rounds.inc();
                 self.metrics.gradient_steps.inc_by(p.steps as u64);
+                self.metrics.non_finite_rows.inc_by(p.non_finite as u64);
                 self.metrics.round_seconds.observe(took.as_secs_f64());
                 let est = p.estimate;
                 tracing::info!(target = %self.target, mode = p.mode.label(), version = p.version, trained_steps = p.trained_steps, steps = p.steps, critic_loss = p.critic_loss, bc_weight = p.bc_weight, skipped = p.skipped, policy_estimate = ?est.map(|e| e.estimate), behaviour_reward = ?est.map(|e| e.behaviour_reward), direct_estimate = ?est.map(|e| e.direct), action_gap = ?est.map(|e| e.action_gap), eval_rows = ?est.map(|e| e.rows), size_bytes = p.object.size_bytes, took_ms = took.as_millis() as u64, "published base-learner");
@@ -538,6 +551,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_cancel(cancel.clone());
+                l.set_corrupt_counter(metrics.corrupt_checkpoints.clone());
                 l
             }),
             meta: assets.as_ref().map(|a| {

@@ -17,7 +17,7 @@
 //!
 //! Forgetting (`recorder.forget_after_secs`, default 7 days): the recorder follows `target/1`. A
 //! deregistration (the target's `AwareAutoscaler` deleted) marks the target in the store with the
-//! deregistration's time and stops its episode from holding the resume point back; a registration
+//! time the recorder received it and stops its episode from holding the resume point back; a registration
 //! clears the mark. Once a mark is older than the grace period, the target's data is deleted from
 //! the store ([`TrajectoryStore::forget`]). Marks are kept in the store, so a restart does not
 //! reset the grace period.
@@ -116,6 +116,12 @@ pub enum StoreKind {
 impl RecorderConfig {
     /// Refuses settings the recorder cannot honour, naming the key.
     pub fn validate(&self, steps_per_episode: u32) -> Result<(), ConfigError> {
+        if !(1..=1_000_000).contains(&self.batch) {
+            return Err(ConfigError::Invalid {
+                key: "recorder.batch".into(),
+                reason: format!("{} (must be in 1..=1000000)", self.batch),
+            });
+        }
         if self.forget_after_secs > 0 && self.store == StoreKind::Questdb {
             return Err(ConfigError::Invalid {
                 key: "recorder.forget_after_secs".into(),
@@ -240,6 +246,8 @@ struct RecorderMetrics {
     store_errors: IntCounterVec,
     /// Transitions refused because their key holds one of another time.
     overwrites_refused: IntCounter,
+    /// Observations refused for a non-finite reward, state or utilization.
+    non_finite: IntCounter,
 }
 
 impl RecorderMetrics {
@@ -287,6 +295,10 @@ impl RecorderMetrics {
                 "recorder_silent_releases_total",
                 "Open episodes that stopped holding the resume point back because their target's observations stopped (recorder.release_silent_after_secs)",
             )?,
+            non_finite: m.counter(
+                "recorder_non_finite_obs_total",
+                "Observations refused because their reward, state or utilization is not finite (no transition is joined across them)",
+            )?,
             // Every op at 0 from the start, so a scrape (and an alert's rate) sees the series.
             store_errors: m.counter_vec(
                 "recorder_store_errors_total",
@@ -308,6 +320,21 @@ impl RecorderMetrics {
     }
 }
 
+/// The first value of `o` that a transition or an episode summary takes and is not finite.
+fn non_finite_field(o: &aware_bus_schemas::Obs) -> Option<&'static str> {
+    if o.reward.is_some_and(|r| !r.is_finite()) {
+        Some("reward")
+    } else if o.state.iter().any(|x| !x.is_finite()) {
+        Some("state")
+    } else if !o.metrics.cpu_util.is_finite() {
+        Some("metrics.cpu_util")
+    } else if !o.metrics.memory_util.is_finite() {
+        Some("metrics.memory_util")
+    } else {
+        None
+    }
+}
+
 /// The actor of one target.
 pub struct TargetRecorder {
     target: Target,
@@ -322,6 +349,7 @@ pub struct TargetRecorder {
     /// now, so a restart does not release a floor it has just rebuilt).
     last_obs: std::time::Instant,
     silent_releases: IntCounter,
+    non_finite: IntCounter,
 }
 
 impl Actor for TargetRecorder {
@@ -355,6 +383,7 @@ impl TargetRecorder {
         writes: mpsc::UnboundedSender<Write>,
         silent_after: Option<Duration>,
         silent_releases: IntCounter,
+        non_finite: IntCounter,
     ) -> Self {
         TargetRecorder {
             target: target.clone(),
@@ -364,6 +393,7 @@ impl TargetRecorder {
             silent_after,
             last_obs: std::time::Instant::now(),
             silent_releases,
+            non_finite,
         }
     }
 
@@ -396,6 +426,14 @@ impl TargetRecorder {
         match ev {
             Event::Obs(o) => {
                 self.last_obs = std::time::Instant::now();
+                // A NaN or an infinity would reach the store as a transition it refuses, and the
+                // episode's summary (whose mean would be NaN) it does not: the obs is refused
+                // whole, so neither the step before nor this one is joined into a transition.
+                if let Some(field) = non_finite_field(&o) {
+                    self.non_finite.inc();
+                    tracing::warn!(target = %o.target, episode = o.episode, step = o.step, field, "observation refused: a value is not finite");
+                    return;
+                }
                 let target = o.target.clone();
                 let first_of_episode = o.step == 0;
                 let out = self.joiner.on_obs(o);
@@ -805,6 +843,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         None => None,
     };
     let silent_releases = metrics.silent_releases.clone();
+    let non_finite = metrics.non_finite.clone();
     let stream_resets = metrics.stream_resets.clone();
     let writer_task = tokio::spawn(writer(
         ctx.clone(),
@@ -825,6 +864,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             writes.clone(),
             silent_after,
             silent_releases.clone(),
+            non_finite.clone(),
         )
     })
     .with_late_events(LateEvents::Record);
@@ -836,6 +876,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         // Registrations live (and the bus's retained state), not replayed: they release floors
         // and retire actors, whatever the replay has reached.
         let mut registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
+        actors.follow_registrations(true);
         let mut sweeps = actors.sweep_every().map(sweep_ticks);
         ctx.ready.set(true);
         tracing::info!(
@@ -986,7 +1027,14 @@ mod tests {
         let after = Duration::from_secs(60);
         let counter = IntCounter::new("c", "c").unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut r = TargetRecorder::new(&target, 100, tx, Some(after), counter.clone());
+        let mut r = TargetRecorder::new(
+            &target,
+            100,
+            tx,
+            Some(after),
+            counter.clone(),
+            IntCounter::new("n", "n").unwrap(),
+        );
 
         // Nothing to release before the first obs.
         r.release_if_silent_at(r.last_obs + after * 2);
@@ -1016,7 +1064,14 @@ mod tests {
 
         // Off: the floor holds however long the target is silent.
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut r = TargetRecorder::new(&target, 100, tx, None, counter.clone());
+        let mut r = TargetRecorder::new(
+            &target,
+            100,
+            tx,
+            None,
+            counter.clone(),
+            IntCounter::new("n", "n").unwrap(),
+        );
         r.take(obs(0), Some(5));
         r.release_if_silent_at(r.last_obs + Duration::from_secs(1_000_000));
         assert_eq!(drain(&mut rx), ["floor ns/quiet 5"]);
@@ -1025,6 +1080,52 @@ mod tests {
             RecorderConfig::default().release_silent_after(),
             Some(Duration::from_secs(3600))
         );
+    }
+
+    /// An observation with a NaN or an infinite reward, state or utilization is refused whole
+    /// and counted: it sets no resume floor and joins no transition (it used to be taken, its
+    /// NaN utilization summed into the episode).
+    #[test]
+    fn observations_with_non_finite_values_are_refused_and_counted() {
+        use aware_bus_schemas::generated::samples;
+        let target = Target::new("ns", "nan");
+        let obs = |spoil: fn(&mut aware_bus_schemas::Obs)| {
+            let Some(Event::Obs(mut o)) =
+                samples().into_iter().find(|e| matches!(e, Event::Obs(_)))
+            else {
+                unreachable!()
+            };
+            o.target = target.clone();
+            o.episode = 0;
+            o.step = 0;
+            spoil(&mut o);
+            Event::Obs(o)
+        };
+        let non_finite = IntCounter::new("n", "n").unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut r = TargetRecorder::new(
+            &target,
+            100,
+            tx,
+            None,
+            IntCounter::new("c", "c").unwrap(),
+            non_finite.clone(),
+        );
+        for spoil in [
+            (|o: &mut aware_bus_schemas::Obs| o.reward = Some(f64::NAN))
+                as fn(&mut aware_bus_schemas::Obs),
+            |o| o.state[0] = f32::INFINITY,
+            |o| o.metrics.cpu_util = f64::NAN,
+            |o| o.metrics.memory_util = f64::NEG_INFINITY,
+        ] {
+            r.take(obs(spoil), Some(5));
+        }
+        assert_eq!(non_finite.get(), 4);
+        assert!(rx.try_recv().is_err(), "nothing reached the writer");
+        assert_eq!(r.floor, None);
+        r.take(obs(|_| {}), Some(6));
+        assert_eq!(non_finite.get(), 4);
+        assert_eq!(r.floor, Some(6), "a finite one is taken");
     }
 
     #[test]

@@ -67,6 +67,8 @@ struct State {
     declared_for: AtomicU64,
     /// When the stream was last (re)declared or tried: at most one try a second.
     last_declare: Mutex<Option<Instant>>,
+    /// Messages the client dropped for slow consumers, by subscription.
+    slow: crate::slow_consumers::SlowConsumers,
 }
 
 impl NatsBus {
@@ -81,6 +83,7 @@ impl NatsBus {
             capture: cfg.jetstream.enabled.then(|| cfg.clone()),
             declared_for: AtomicU64::new(0),
             last_declare: Mutex::new(None),
+            slow: crate::slow_consumers::SlowConsumers::default(),
         });
         let client = loop {
             let opts = async_nats::ConnectOptions::new()
@@ -91,13 +94,23 @@ impl NatsBus {
                 ))
                 .max_reconnects(None)
                 .reconnect_delay_callback(move |n| backoff(n, max_delay))
-                .event_callback(|event| async move {
+                .event_callback({
+                    let slow = state.slow.clone();
+                    move |event| {
+                    let slow = slow.clone();
+                    async move {
                     match event {
+                        async_nats::Event::SlowConsumer(sid) => {
+                            slow.record(sid);
+                            tracing::warn!(sid, "nats: a subscription's buffer is full: message dropped (slow consumer)");
+                        }
                         async_nats::Event::Connected => tracing::info!("nats connected"),
                         async_nats::Event::Disconnected => {
                             tracing::warn!("nats disconnected; reconnecting with backoff")
                         }
                         other => tracing::warn!(event = %other, "nats event"),
+                    }
+                    }
                     }
                 });
             match opts.connect(cfg.url.as_str()).await {
@@ -233,6 +246,11 @@ impl NatsBus {
             subject: "<flush>".to_string(),
             reason,
         })
+    }
+
+    /// The slow-consumer drops of this connection (see [`crate::slow_consumers`]).
+    pub fn slow_consumers(&self) -> &crate::slow_consumers::SlowConsumers {
+        &self.state.slow
     }
 
     pub fn is_connected(&self) -> bool {
