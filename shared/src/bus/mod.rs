@@ -6,6 +6,7 @@ pub mod auth;
 mod inproc;
 mod nats;
 pub mod pattern;
+pub mod permissions;
 
 use std::sync::Arc;
 
