@@ -6,6 +6,7 @@
 mod alerts;
 mod bootstrap_loop;
 mod bus_conformance;
+mod bus_permissions;
 mod bus_security;
 mod control_loop;
 mod demo;
