@@ -422,6 +422,60 @@ def validate_doc(label: str, doc: dict, cr_schema: dict) -> bool:
     return True
 
 
+NATS_IDENTITY = {"controller": "controller", "metrics-collector": "collector", "actuator": "actuator",
+                 "trajectory-recorder": "recorder", "lifecycle-monitor": "lifecycle-monitor",
+                 "meta-learner-trainer": "trainer", "recommender": "recommender"}
+NATS_IDENTITIES = sorted(set(NATS_IDENTITY.values()) | {"watch"})
+
+
+def check_nats_identities(docs: list[dict], values: dict) -> None:
+    """With nats.auth.enabled: every service runs as its own identity (user, password file from
+    its own Secret, inbox prefix), NATS gets every identity's password and the generated
+    permissions (files/nats-authorization.conf), and nothing passes credentials in the URL."""
+    existing = values["nats"]["auth"].get("existingSecrets", {})
+    conf = "".join(d["data"].get("nats.conf", "") for d in docs if d["kind"] == "ConfigMap")
+    generated = (ROOT / "helm/aware/files/nats-authorization.conf").read_text()
+    if generated.strip() not in conf:
+        fail("values-full.yaml: nats.conf does not carry files/nats-authorization.conf")
+    secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
+    nats = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-nats")]
+    nats_env = {e["name"]: e for e in nats[0]["spec"]["template"]["spec"]["containers"][0]["env"]} if nats else {}
+    for ident in NATS_IDENTITIES:
+        var = "AWARE_NATS_PASSWORD_" + ident.replace("-", "_").upper()
+        ref = nats_env.get(var, {}).get("valueFrom", {}).get("secretKeyRef", {})
+        want = existing.get(ident)
+        if not ref or ref.get("key") != "password" or (want and ref.get("name") != want) \
+                or (not want and ref.get("name") not in secrets):
+            fail(f"values-full.yaml: NATS does not get the password of `{ident}` ({var}: {ref})")
+        if f'user: "{ident}", password: ${var}' not in conf:
+            fail(f"values-full.yaml: nats.conf has no user `{ident}`")
+    seen = set()
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        component = d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        if component not in NATS_IDENTITY:
+            continue
+        ident = NATS_IDENTITY[component]
+        pod = d["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        e = {x["name"]: x.get("value") for x in c["env"]}
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        secret = vols.get("nats-credentials", {}).get("secret", {}).get("secretName")
+        mounted = any(m["name"] == "nats-credentials" and m["mountPath"] == "/etc/aware/nats"
+                      for m in c.get("volumeMounts", []))
+        if e.get("AWARE_BUS__AUTH__USER") != ident or e.get("AWARE_BUS__AUTH__PASSWORD_FILE") != "/etc/aware/nats/password" \
+                or e.get("AWARE_BUS__INBOX_PREFIX") != "_INBOX_" + ident.replace("-", "_") \
+                or not mounted or secret != existing.get(ident, f"{d['metadata']['name'].rsplit('-' + component, 1)[0]}-nats-{ident}"):
+            fail(f"values-full.yaml: {d['metadata']['name']} does not run as NATS identity `{ident}` with its own Secret")
+        if "@" in (e.get("AWARE_BUS__URL") or ""):
+            fail(f"values-full.yaml: {d['metadata']['name']} passes credentials in AWARE_BUS__URL")
+        seen.add(ident)
+    if seen != set(NATS_IDENTITY.values()):
+        fail(f"values-full.yaml: services with a NATS identity: {sorted(seen)}")
+    ok(f"values-full.yaml: {len(seen)} services each run as their own NATS identity")
+
+
 def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
     """What the issue asks of every workload and of the RBAC, beyond schema validity."""
     kinds = {}
@@ -631,8 +685,7 @@ def main() -> int:
             if not sts or sts[0]["spec"]["replicas"] != full["recommender"]["shards"] \
                     or env.get("AWARE_SHARD__COUNT", {}).get("value") != str(full["recommender"]["shards"]):
                 fail("values-full.yaml: the recommender StatefulSet does not run `shards` shards")
-            if not secret or "$(NATS_PASSWORD)@" not in env.get("AWARE_BUS__URL", {}).get("value", ""):
-                fail("values-full.yaml: NATS auth is not wired into the Secret and AWARE_BUS__URL")
+            check_nats_identities(docs, full)
             for d in docs:
                 if d["kind"] not in ("Deployment", "StatefulSet") or \
                         d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") not in SERVICE_COMPONENTS:

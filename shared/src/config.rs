@@ -277,10 +277,12 @@ impl Default for SimulatorSourceConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
-    /// `embedded` (in-process bus) or a NATS URL such as `nats://127.0.0.1:4222`.
+    /// `embedded` (in-process bus) or a NATS URL such as `nats://127.0.0.1:4222`; a
+    /// comma-separated list for a cluster. Credentials may be written into it
+    /// (`nats://user:password@host`, `nats://token@host`, percent-encoded) or set in `auth`.
     pub url: String,
     /// Buffer per subscription, messages.
     pub channel_capacity: usize,
@@ -292,7 +294,193 @@ pub struct BusConfig {
     /// was published; past it the flush fails, so a service whose NATS server is unreachable
     /// still stops on SIGTERM.
     pub flush_timeout_ms: u64,
+    /// Subject prefix of the client's reply inboxes (JetStream and object store replies arrive
+    /// there). With per-service permissions each identity gets its own (`_INBOX_<identity>`,
+    /// see `aware nats-config`), so no service can read another's replies.
+    pub inbox_prefix: String,
     pub jetstream: JetStreamConfig,
+    /// Client credentials (at most one method; none when the URL carries them).
+    pub auth: BusAuthConfig,
+    /// TLS towards the NATS server.
+    pub tls: BusTlsConfig,
+}
+
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusConfig")
+            .field("url", &crate::bus::redact_url(&self.url))
+            .field("channel_capacity", &self.channel_capacity)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("reconnect_max_delay_ms", &self.reconnect_max_delay_ms)
+            .field("flush_timeout_ms", &self.flush_timeout_ms)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .field("jetstream", &self.jetstream)
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl BusConfig {
+    /// This configuration with every secret masked (`***`): the password or token in `url`,
+    /// `auth.password` and `auth.token`. What `aware config` prints.
+    pub fn redacted(&self) -> BusConfig {
+        let mask = |s: &str| {
+            if s.is_empty() {
+                String::new()
+            } else {
+                MASK.to_string()
+            }
+        };
+        BusConfig {
+            url: crate::bus::redact_url(&self.url),
+            auth: BusAuthConfig {
+                password: mask(&self.auth.password),
+                token: mask(&self.auth.token),
+                ..self.auth.clone()
+            },
+            ..self.clone()
+        }
+    }
+}
+
+/// What a secret is shown as.
+pub const MASK: &str = "***";
+
+/// How a service authenticates to the NATS server: `user` with `password` or `password_file`,
+/// `token` or `token_file`, `nkey_seed_file`, or `creds_file` (a user JWT and its NKey seed). The
+/// `*_file` forms read the secret from a file (a mounted Kubernetes Secret); surrounding
+/// whitespace is trimmed. Empty strings mean unset.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusAuthConfig {
+    pub user: String,
+    pub password: String,
+    pub password_file: String,
+    pub token: String,
+    pub token_file: String,
+    pub nkey_seed_file: String,
+    pub creds_file: String,
+}
+
+impl std::fmt::Debug for BusAuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mask = |s: &str| if s.is_empty() { "" } else { MASK };
+        f.debug_struct("BusAuthConfig")
+            .field("user", &self.user)
+            .field("password", &mask(&self.password))
+            .field("password_file", &self.password_file)
+            .field("token", &mask(&self.token))
+            .field("token_file", &self.token_file)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("creds_file", &self.creds_file)
+            .finish()
+    }
+}
+
+impl BusAuthConfig {
+    /// The keys set, as `bus.auth.<key>`.
+    pub fn keys_set(&self) -> Vec<&'static str> {
+        [
+            ("bus.auth.user", &self.user),
+            ("bus.auth.password", &self.password),
+            ("bus.auth.password_file", &self.password_file),
+            ("bus.auth.token", &self.token),
+            ("bus.auth.token_file", &self.token_file),
+            ("bus.auth.nkey_seed_file", &self.nkey_seed_file),
+            ("bus.auth.creds_file", &self.creds_file),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, _)| k)
+        .collect()
+    }
+
+    /// Refuses contradictory or incomplete combinations, naming the keys.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let set = |v: &String| !v.is_empty();
+        let both = |a: &str, b: &str| {
+            invalid(
+                &format!("{a}` and `{b}"),
+                "both set; set one (the value or the file holding it)",
+            )
+        };
+        if set(&self.password) && set(&self.password_file) {
+            return Err(both("bus.auth.password", "bus.auth.password_file"));
+        }
+        if set(&self.token) && set(&self.token_file) {
+            return Err(both("bus.auth.token", "bus.auth.token_file"));
+        }
+        let has_password = set(&self.password) || set(&self.password_file);
+        if set(&self.user) && !has_password {
+            return Err(invalid(
+                "bus.auth.user",
+                "needs `bus.auth.password` or `bus.auth.password_file`",
+            ));
+        }
+        if has_password && !set(&self.user) {
+            return Err(invalid(
+                "bus.auth.user",
+                "is empty, but a password is set (`bus.auth.password` or `bus.auth.password_file`)",
+            ));
+        }
+        let methods: Vec<&str> = [
+            ("bus.auth.user", set(&self.user)),
+            (
+                if set(&self.token) {
+                    "bus.auth.token"
+                } else {
+                    "bus.auth.token_file"
+                },
+                set(&self.token) || set(&self.token_file),
+            ),
+            ("bus.auth.nkey_seed_file", set(&self.nkey_seed_file)),
+            ("bus.auth.creds_file", set(&self.creds_file)),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(k, _)| k)
+        .collect();
+        if methods.len() > 1 {
+            return Err(invalid(
+                &methods.join("` and `"),
+                "contradictory credentials: a connection authenticates one way (user and \
+                 password, token, NKey seed or creds file); set one",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// TLS towards the NATS server. Without `ca_file` the server's certificate is checked against
+/// the system's trust store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusTlsConfig {
+    /// Connect only over TLS (as a `tls://` URL does), even when the server does not ask for it.
+    pub required: bool,
+    /// PEM file of the CA certificate(s) that signed the server's certificate.
+    pub ca_file: String,
+    /// PEM client certificate, for servers that verify clients (`verify: true`); with `key_file`.
+    pub cert_file: String,
+    /// PEM private key of `cert_file`.
+    pub key_file: String,
+}
+
+impl BusTlsConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match (self.cert_file.is_empty(), self.key_file.is_empty()) {
+            (false, true) => Err(invalid(
+                "bus.tls.key_file",
+                "needed with `bus.tls.cert_file`",
+            )),
+            (true, false) => Err(invalid(
+                "bus.tls.cert_file",
+                "needed with `bus.tls.key_file`",
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for BusConfig {
@@ -303,7 +491,10 @@ impl Default for BusConfig {
             connect_timeout_ms: 10_000,
             reconnect_max_delay_ms: 5_000,
             flush_timeout_ms: 5_000,
+            inbox_prefix: "_INBOX".to_string(),
             jetstream: JetStreamConfig::default(),
+            auth: BusAuthConfig::default(),
+            tls: BusTlsConfig::default(),
         }
     }
 }
@@ -656,6 +847,27 @@ impl AppConfig {
                 ),
             ));
         }
+        self.bus.auth.validate()?;
+        self.bus.tls.validate()?;
+        if url != crate::bus::EMBEDDED {
+            // Credentials in the URL: parsed (and checked against `bus.auth`) as the bus will.
+            crate::bus::auth::servers_and_url_credentials(url, &self.bus.auth)
+                .map_err(|e| invalid("bus.url", e.to_string()))?;
+        }
+        let inbox = &self.bus.inbox_prefix;
+        if inbox.is_empty()
+            || inbox.starts_with('.')
+            || inbox.ends_with('.')
+            || inbox.contains("..")
+            || !inbox
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
+        {
+            return Err(invalid(
+                "bus.inbox_prefix",
+                format!("`{inbox}` is not a subject prefix (letters, digits, `_`, `-`, `$`, dots between tokens)"),
+            ));
+        }
         if self.bus.channel_capacity == 0 {
             return Err(invalid("bus.channel_capacity", "must be at least 1"));
         }
@@ -789,6 +1001,14 @@ pub struct ConfigSources {
     pub overrides: Vec<(String, String)>,
 }
 
+/// Environment variables read as strings, never parsed as numbers or booleans.
+const VERBATIM_ENV: &[(&str, &str)] = &[
+    ("AWARE_BUS__URL", "bus.url"),
+    ("AWARE_BUS__AUTH__USER", "bus.auth.user"),
+    ("AWARE_BUS__AUTH__PASSWORD", "bus.auth.password"),
+    ("AWARE_BUS__AUTH__TOKEN", "bus.auth.token"),
+];
+
 /// Loads defaults → file → `AWARE_…` environment → overrides, then validates.
 pub fn load(sources: &ConfigSources) -> Result<AppConfig, ConfigError> {
     let defaults = config::Config::try_from(&AppConfig::default())?;
@@ -808,6 +1028,17 @@ pub fn load(sources: &ConfigSources) -> Result<AppConfig, ConfigError> {
         .try_parsing(true)
         .source(sources.env.clone());
     builder = builder.add_source(env);
+    // Secrets from the environment are taken as written: parsed as a number, a password such as
+    // `007` would lose its zeros.
+    for (var, key) in VERBATIM_ENV {
+        let value = match &sources.env {
+            Some(map) => map.get(*var).cloned(),
+            None => std::env::var(var).ok(),
+        };
+        if let Some(v) = value {
+            builder = builder.set_override(*key, v)?;
+        }
+    }
     for (k, v) in &sources.overrides {
         builder = builder.set_override(k.as_str(), v.as_str())?;
     }
@@ -1203,6 +1434,105 @@ name = "cart"
             "{}",
             unused[1].1
         );
+    }
+
+    #[test]
+    fn contradictory_or_incomplete_bus_credentials_are_refused_naming_the_keys() {
+        for (vars, named) in [
+            (
+                &[
+                    ("AWARE_BUS__AUTH__USER", "a"),
+                    ("AWARE_BUS__AUTH__PASSWORD", "b"),
+                    ("AWARE_BUS__AUTH__PASSWORD_FILE", "/run/b"),
+                ][..],
+                &["bus.auth.password", "bus.auth.password_file"][..],
+            ),
+            (
+                &[
+                    ("AWARE_BUS__AUTH__TOKEN", "t"),
+                    ("AWARE_BUS__AUTH__TOKEN_FILE", "/run/t"),
+                ],
+                &["bus.auth.token", "bus.auth.token_file"],
+            ),
+            (&[("AWARE_BUS__AUTH__USER", "a")], &["bus.auth.user"]),
+            (&[("AWARE_BUS__AUTH__PASSWORD", "b")], &["bus.auth.user"]),
+            (
+                &[
+                    ("AWARE_BUS__AUTH__TOKEN", "t"),
+                    ("AWARE_BUS__AUTH__NKEY_SEED_FILE", "/run/seed"),
+                ],
+                &["bus.auth.token", "bus.auth.nkey_seed_file"],
+            ),
+            (
+                &[
+                    ("AWARE_BUS__AUTH__USER", "a"),
+                    ("AWARE_BUS__AUTH__PASSWORD", "b"),
+                    ("AWARE_BUS__AUTH__CREDS_FILE", "/run/x.creds"),
+                ],
+                &["bus.auth.user", "bus.auth.creds_file"],
+            ),
+            (
+                &[
+                    ("AWARE_BUS__URL", "nats://a:hunter2@n:4222"),
+                    ("AWARE_BUS__AUTH__TOKEN", "t"),
+                ],
+                &["bus.url", "bus.auth.token"],
+            ),
+            (
+                &[(
+                    "AWARE_BUS__URL",
+                    "nats://a:hunter2@n1:4222,nats://b:hunter2@n2:4222",
+                )],
+                &["bus.url"],
+            ),
+            (
+                &[("AWARE_BUS__TLS__CERT_FILE", "/c.pem")],
+                &["bus.tls.key_file"],
+            ),
+            (
+                &[("AWARE_BUS__TLS__KEY_FILE", "/k.pem")],
+                &["bus.tls.cert_file"],
+            ),
+        ] {
+            let err = load(&ConfigSources {
+                env: env(vars),
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string();
+            for key in named {
+                assert!(err.contains(key), "{vars:?}: `{err}` does not name {key}");
+            }
+            assert!(!err.contains("hunter2"), "a secret in `{err}`");
+        }
+    }
+
+    #[test]
+    fn secrets_are_taken_verbatim_from_the_environment_and_never_shown() {
+        let cfg = load(&ConfigSources {
+            env: env(&[
+                ("AWARE_BUS__URL", "nats://n:4222"),
+                ("AWARE_BUS__AUTH__USER", "0123"),
+                ("AWARE_BUS__AUTH__PASSWORD", "007"),
+            ]),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(cfg.bus.auth.user, "0123");
+        assert_eq!(cfg.bus.auth.password, "007", "not the number 7");
+        let mut cfg = cfg;
+        cfg.bus.url = "nats://ann:hunter2@n:4222".into();
+        cfg.bus.auth.password = "hunter3".into();
+        cfg.bus.auth.token = "hunter4".into();
+        let shown = format!(
+            "{cfg:?} {:?} {}",
+            cfg.bus,
+            serde_json::to_string(&cfg.bus.redacted()).unwrap()
+        );
+        for secret in ["hunter2", "hunter3", "hunter4"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("ann:***@n:4222"), "{shown}");
     }
 
     #[test]

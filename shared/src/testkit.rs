@@ -106,13 +106,50 @@ impl NatsServer {
 
     /// Starts a server on `port` over `store` (to test a restart on the same address).
     pub fn start_on(port: u16, store: PathBuf) -> Result<Self, HarnessError> {
+        Self::spawn(port, store, None, &[])
+    }
+
+    /// Starts a server with the configuration file text `conf` (authorization, TLS, …; its
+    /// `$VARIABLES` read from `env`), on a free port with a fresh JetStream store. The address,
+    /// port and store given on the command line take precedence over the file.
+    pub fn start_with_config(conf: &str, env: &[(String, String)]) -> Result<Self, HarnessError> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!("aware-nats-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(HarnessError::TempDir)?;
+        let guard = TempDirGuard(dir.clone());
+        let conf_path = dir.join("nats.conf");
+        std::fs::write(&conf_path, conf).map_err(HarnessError::TempDir)?;
+        let mut s = Self::spawn(port, dir.join("store"), Some(conf_path), env)?;
+        s._dir = Some(guard);
+        Ok(s)
+    }
+
+    fn spawn(
+        port: u16,
+        store: PathBuf,
+        conf: Option<PathBuf>,
+        env: &[(String, String)],
+    ) -> Result<Self, HarnessError> {
         let bin = find_binary("NATS_SERVER_BIN", "nats-server");
         std::fs::create_dir_all(&store).map_err(HarnessError::TempDir)?;
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(conf) = &conf {
+            cmd.arg("-c").arg(conf);
+        }
+        // A configured server logs next to its configuration (shown when it does not start).
+        let log = conf
+            .as_ref()
+            .and_then(|c| Some(c.parent()?.join("nats.log")));
+        let stderr = match &log {
+            Some(path) => Stdio::from(std::fs::File::create(path).map_err(HarnessError::TempDir)?),
+            None => Stdio::null(),
+        };
+        let child = cmd
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(&store)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|source| HarnessError::Spawn {
                 bin: bin.clone(),
@@ -125,6 +162,9 @@ impl NatsServer {
             _dir: None,
         };
         if !wait_for_port(port, Duration::from_secs(10)) {
+            if let Some(text) = log.and_then(|p| std::fs::read_to_string(p).ok()) {
+                eprintln!("nats-server log:\n{text}");
+            }
             return Err(HarnessError::NotReady {
                 bin,
                 port,

@@ -7,6 +7,8 @@ mod alerts;
 mod bad_input;
 mod bootstrap_loop;
 mod bus_conformance;
+mod bus_permissions;
+mod bus_security;
 mod chaos;
 mod control_loop;
 mod defence;

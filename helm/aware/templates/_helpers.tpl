@@ -39,42 +39,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Name of the Secret holding the NATS credentials. */}}
-{{- define "aware.natsSecret" -}}
-{{- if .Values.nats.auth.existingSecret }}
-{{- .Values.nats.auth.existingSecret }}
-{{- else }}
-{{- printf "%s-nats-auth" (include "aware.fullname" .) }}
-{{- end }}
+{{/* The NATS identities (files/nats-authorization.conf): one per service, and `watch`. */}}
+{{- define "aware.natsIdentities" -}}
+collector recommender actuator recorder trainer lifecycle-monitor controller watch
 {{- end }}
 
-{{/* NATS credentials as environment variables (referenced by the bus URL and nats.conf). */}}
-{{- define "aware.natsAuthEnv" -}}
-{{- if .Values.nats.auth.enabled -}}
-- name: NATS_USER
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "aware.natsSecret" . }}
-      key: {{ .Values.nats.auth.userKey }}
-- name: NATS_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "aware.natsSecret" . }}
-      key: {{ .Values.nats.auth.passwordKey }}
+{{/* The identity a service component runs as. */}}
+{{- define "aware.natsIdentityOf" -}}
+{{- get (dict "controller" "controller" "metrics-collector" "collector" "actuator" "actuator" "trajectory-recorder" "recorder" "lifecycle-monitor" "lifecycle-monitor" "meta-learner-trainer" "trainer" "recommender" "recommender") . }}
+{{- end }}
+
+{{/* The Secret (key `password`) of an identity: dict "root" "identity". */}}
+{{- define "aware.natsIdentitySecret" -}}
+{{- $existing := get .root.Values.nats.auth.existingSecrets .identity }}
+{{- if $existing }}
+{{- $existing }}
+{{- else }}
+{{- printf "%s-nats-%s" (include "aware.fullname" .root) .identity }}
 {{- end }}
 {{- end }}
 
 {{/* Environment shared by every AWARE-rs service (bus, HTTP endpoint, logging). */}}
 {{- define "aware.commonEnv" -}}
-{{- if .Values.nats.auth.enabled }}
-{{ include "aware.natsAuthEnv" . }}
-{{- end }}
 - name: AWARE_BUS__URL
-  {{- if .Values.nats.auth.enabled }}
-  value: {{ printf "nats://$(NATS_USER):$(NATS_PASSWORD)@%s-nats:4222" (include "aware.fullname" .) | quote }}
-  {{- else }}
   value: {{ printf "nats://%s-nats:4222" (include "aware.fullname" .) | quote }}
-  {{- end }}
 - name: AWARE_HTTP__LISTEN
   value: "0.0.0.0:9464"
 - name: AWARE_LOG__FORMAT
@@ -168,6 +156,16 @@ containers:
     workingDir: /data
     env:
       {{- include "aware.commonEnv" $root | trim | nindent 6 }}
+      {{- if $root.Values.nats.auth.enabled }}
+      {{- $identity := include "aware.natsIdentityOf" .component }}
+      # This service's own NATS identity and its subject permissions (`aware nats-config`).
+      - name: AWARE_BUS__AUTH__USER
+        value: {{ $identity | quote }}
+      - name: AWARE_BUS__AUTH__PASSWORD_FILE
+        value: /etc/aware/nats/password
+      - name: AWARE_BUS__INBOX_PREFIX
+        value: {{ printf "_INBOX_%s" ($identity | replace "-" "_") | quote }}
+      {{- end }}
       {{- with .env }}
       {{- . | nindent 6 }}
       {{- end }}
@@ -200,6 +198,11 @@ containers:
         mountPath: /data
       - name: tmp
         mountPath: /tmp
+      {{- if $root.Values.nats.auth.enabled }}
+      - name: nats-credentials
+        mountPath: /etc/aware/nats
+        readOnly: true
+      {{- end }}
 volumes:
   - name: data
     emptyDir: {}
@@ -207,4 +210,13 @@ volumes:
     emptyDir:
       medium: Memory
       sizeLimit: 64Mi
+  {{- if $root.Values.nats.auth.enabled }}
+  - name: nats-credentials
+    secret:
+      secretName: {{ include "aware.natsIdentitySecret" (dict "root" $root "identity" (include "aware.natsIdentityOf" .component)) }}
+      defaultMode: 0440
+      items:
+        - key: password
+          path: password
+  {{- end }}
 {{- end }}

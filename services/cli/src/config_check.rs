@@ -43,7 +43,12 @@ where
 /// `cfg` (already validated by [`aware_shared::config::load`]) with every service section in
 /// full, as JSON; the first section a service would refuse is an error naming it.
 pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
-    let core = serde_json::to_value(cfg)?;
+    // Secrets (a password or token in `bus.url` or `bus.auth`) are masked.
+    let shown = AppConfig {
+        bus: cfg.bus.redacted(),
+        ..cfg.clone()
+    };
+    let core = serde_json::to_value(&shown)?;
     // The core sections; the raw service sections and stray top-level scalars (unrelated
     // `AWARE_*` variables) are left out.
     let mut out: serde_json::Map<String, Value> = CORE_SECTIONS

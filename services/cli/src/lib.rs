@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod config_check;
 pub mod demo;
+pub mod nats_config;
 pub mod train_meta;
 pub mod watch;
 

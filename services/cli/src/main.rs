@@ -35,6 +35,18 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Print the nats-server `authorization` block: one user per AWARE identity (each service,
+    /// and a read-only `watch`), allowed to publish only the events it owns and to subscribe only
+    /// to what it consumes. Passwords are read by nats-server from $AWARE_NATS_PASSWORD_<IDENTITY>
+    /// unless --nkeys is given.
+    NatsConfig {
+        /// Use NKeys instead of passwords: generate a pair per identity and write each seed to
+        /// DIR/<identity>.nk (the service's `bus.auth.nkey_seed_file`).
+        #[arg(long, value_name = "DIR")]
+        nkeys: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
     /// Print bus events as JSON lines.
     Watch {
         /// Subject filter (NATS wildcards `*` and `>`).
@@ -538,6 +550,15 @@ fn main() -> anyhow::Result<()> {
             let effective = aware_cli::config_check::effective(&cfg)?;
             println!("{}", serde_json::to_string_pretty(&effective)?);
         }
+        Command::NatsConfig { nkeys, config } => {
+            let cfg = aware_shared::config::load(&config.sources()?)?;
+            let text = match &nkeys {
+                Some(dir) => aware_cli::nats_config::with_nkeys(&cfg, dir)?,
+                None => aware_cli::nats_config::with_passwords(&cfg)?,
+            };
+            print!("{text}");
+            eprint!("{}", aware_cli::nats_config::client_settings());
+        }
         Command::Watch {
             subject,
             limit,
@@ -552,7 +573,11 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                let bus = aware_shared::bus::Bus::connect(&cfg.bus, "aware-watch").await?;
+                // Watching only subscribes: no capture stream to declare (the read-only `watch`
+                // identity may not).
+                let mut bus_cfg = cfg.bus.clone();
+                bus_cfg.jetstream.enabled = false;
+                let bus = aware_shared::bus::Bus::connect(&bus_cfg, "aware-watch").await?;
                 let stop = tokio_util::sync::CancellationToken::new();
                 aware_shared::service::cancel_on_signal(stop.clone());
                 let mut out = std::io::stdout().lock();

@@ -2,9 +2,11 @@
 //! in-process bus for the embedded default. Both pass the same conformance suite
 //! (`tests/src/bus_conformance.rs`).
 
+pub mod auth;
 mod inproc;
 mod nats;
 pub mod pattern;
+pub mod permissions;
 
 use std::sync::Arc;
 

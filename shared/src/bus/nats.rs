@@ -85,9 +85,17 @@ impl NatsBus {
             last_declare: Mutex::new(None),
             slow: crate::slow_consumers::SlowConsumers::default(),
         });
+        // Credentials out of the URL or from `bus.auth` (files read once), TLS files checked: a
+        // mistake there is reported now, naming the key, instead of after every retry.
+        let resolved =
+            super::auth::resolve(&cfg.url, &cfg.auth, &cfg.tls).map_err(|e| BusError::Connect {
+                url: redact_url(&cfg.url),
+                reason: e.to_string(),
+            })?;
         let client = loop {
             let opts = async_nats::ConnectOptions::new()
                 .name(client_name)
+                .custom_inbox_prefix(&cfg.inbox_prefix)
                 .subscription_capacity(cfg.channel_capacity)
                 .connection_timeout(Duration::from_millis(
                     cfg.connect_timeout_ms.clamp(100, 5_000),
@@ -113,8 +121,29 @@ impl NatsBus {
                     }
                     }
                 });
-            match opts.connect(cfg.url.as_str()).await {
+            let opts = resolved.apply(opts).map_err(|e| BusError::Connect {
+                url: redact_url(&cfg.url),
+                reason: e.to_string(),
+            })?;
+            match opts.connect(resolved.servers.clone()).await {
                 Ok(c) => break c,
+                // Wrong credentials do not get better by retrying.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        async_nats::ConnectErrorKind::AuthorizationViolation
+                            | async_nats::ConnectErrorKind::Authentication
+                    ) =>
+                {
+                    return Err(BusError::Connect {
+                        url: redact_url(&cfg.url),
+                        reason: format!(
+                            "the server refused the credentials ({}): {e}; check `bus.url` \
+                             and `bus.auth`",
+                            resolved.method()
+                        ),
+                    });
+                }
                 Err(e) => {
                     let wait = backoff(attempt, max_delay);
                     if tokio::time::Instant::now() + wait > deadline {
@@ -159,16 +188,51 @@ impl NatsBus {
             description: Some("AWARE events (aware.v1.>) for replay by external tools".into()),
             ..Default::default()
         };
-        js.create_or_update_stream(config)
-            .await
-            .map_err(|e| BusError::JetStream {
-                stream: js_cfg.stream.clone(),
-                reason: format!(
-                    "{e} (is JetStream enabled on the server, e.g. `nats-server -js`? \
-                     set bus.jetstream.enabled=false to run without replay)"
-                ),
-            })?;
-        Ok(())
+        let err = |e: String| BusError::JetStream {
+            stream: js_cfg.stream.clone(),
+            reason: format!(
+                "{e} (is JetStream enabled on the server, e.g. `nats-server -js`? \
+                 set bus.jetstream.enabled=false to run without replay)"
+            ),
+        };
+        // Read first, create when missing, update only when the settings differ: with
+        // per-service permissions every identity may create the stream but only its owner
+        // (`aware nats-config`: the recorder) may change it.
+        match js.get_stream(&js_cfg.stream).await {
+            Ok(stream) => {
+                let have = &stream.cached_info().config;
+                let same = have.subjects == config.subjects
+                    && have.max_age == config.max_age
+                    && have.max_bytes == config.max_bytes
+                    && have.storage == config.storage
+                    && have.num_replicas == config.num_replicas;
+                if !same {
+                    if let Err(e) = js.update_stream(config).await {
+                        // It exists and captures; only its settings stay as they were.
+                        tracing::warn!(stream = %js_cfg.stream, error = %e, "the capture stream's settings differ from bus.jetstream and cannot be updated (not this identity's to change?); using it as it is");
+                    }
+                }
+                Ok(())
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::GetStreamErrorKind::JetStream(j)
+                        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) =>
+            {
+                match js.create_stream(config).await {
+                    Ok(_) => Ok(()),
+                    // Another service created it meanwhile.
+                    Err(create) => js
+                        .get_stream(&js_cfg.stream)
+                        .await
+                        .map(drop)
+                        .map_err(|_| err(create.to_string())),
+                }
+            }
+            Err(e) => Err(err(e.to_string())),
+        }
     }
 
     /// Connections made so far (the first one included).
