@@ -302,15 +302,26 @@ impl ServiceContext {
         tokio::spawn(async move {
             let mut check = tokio::time::interval(REPLAY_RESET_CHECK);
             check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The next stream sequence wanted, and whether a message came since the last check.
+            let mut wanted = start_seq.max(1);
+            let mut received = false;
             loop {
                 let next = tokio::select! {
                     _ = ctx.shutdown.cancelled() => break,
                     m = reader.messages.next() => m,
                     _ = check.tick() => {
-                        if let Some(reason) = reader.recreated(&js, &stream_name).await {
-                            tracing::warn!(service = ctx.name, stream = %stream_name, %reason, "replaying the stream from its first message");
-                            if tx.send(Replayed::Reset(reason)).await.is_err() {
-                                break;
+                        let idle = !std::mem::take(&mut received);
+                        match reader.check(&js, &stream_name, wanted, idle).await {
+                            Checked::Unchanged => {}
+                            Checked::Recreated(reason) => {
+                                tracing::warn!(service = ctx.name, stream = %stream_name, %reason, "replaying the stream from its first message");
+                                wanted = 1;
+                                if tx.send(Replayed::Reset(reason)).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Checked::Reopened => {
+                                tracing::warn!(service = ctx.name, stream = %stream_name, from_seq = wanted, "replay consumer stalled with messages waiting (lost by a server restart?): reading again from the next one");
                             }
                         }
                         continue;
@@ -319,11 +330,15 @@ impl ServiceContext {
                 let m = match next {
                     Some(Ok(m)) => m,
                     Some(Err(e)) => {
-                        tracing::warn!(service = ctx.name, error = %e, "replay consumer error; it resumes by itself");
+                        tracing::warn!(service = ctx.name, error = %e, "replay consumer error; it is read again if it stalls");
                         continue;
                     }
                     None => break,
                 };
+                received = true;
+                if let Ok(info) = m.info() {
+                    wanted = info.stream_sequence + 1;
+                }
                 let Ok(parsed) = subject::parse(m.subject.as_str()) else {
                     continue;
                 };
@@ -486,29 +501,55 @@ impl ReplayReader {
         })
     }
 
-    /// When the stream now has another creation time: reopens the reading at its first message
-    /// and says why. `None` while it is unchanged or cannot be read (the server away: checked
-    /// again at the next tick).
-    async fn recreated(
+    /// The periodic check of a replay. When the stream now has another creation time, reopens
+    /// the reading at its first message and says why. When the reader was `idle` since the last
+    /// check although the stream holds sequence `wanted` or later, its consumer is gone (an
+    /// ordered consumer lives in the server's memory: a server restarted with its storage kept
+    /// has the messages but not the consumer, and the client notices only much later, if at all):
+    /// reopens the reading at `wanted`, so nothing is skipped or read twice. Unchanged while the
+    /// stream cannot be read (the server away: checked again at the next tick).
+    async fn check(
         &mut self,
         js: &async_nats::jetstream::Context,
         stream_name: &str,
-    ) -> Option<String> {
+        wanted: u64,
+        idle: bool,
+    ) -> Checked {
         // `get_stream` already asks for the stream's info: one request per check.
-        let stream = js.get_stream(stream_name).await.ok()?;
-        let created = stream.cached_info().created.to_string();
-        if created == self.created {
-            return None;
+        let Ok(stream) = js.get_stream(stream_name).await else {
+            return Checked::Unchanged;
+        };
+        let info = stream.cached_info();
+        let created = info.created.to_string();
+        if created != self.created {
+            let Ok(reopened) = ReplayReader::open(js, stream_name, 0).await else {
+                return Checked::Unchanged;
+            };
+            let reason = format!(
+                "the stream was recreated at {created} (created {} before): its server lost its \
+                 JetStream storage?",
+                self.created
+            );
+            *self = reopened;
+            return Checked::Recreated(reason);
         }
-        let reopened = ReplayReader::open(js, stream_name, 0).await.ok()?;
-        let reason = format!(
-            "the stream was recreated at {created} (created {} before): its server lost its \
-             JetStream storage?",
-            self.created
-        );
-        *self = reopened;
-        Some(reason)
+        if idle && info.state.last_sequence >= wanted {
+            if let Ok(reopened) = ReplayReader::open(js, stream_name, wanted).await {
+                *self = reopened;
+                return Checked::Reopened;
+            }
+        }
+        Checked::Unchanged
     }
+}
+
+/// What [`ReplayReader::check`] found.
+enum Checked {
+    Unchanged,
+    /// Read again from the new stream's first message, for this reason.
+    Recreated(String),
+    /// Read again from the next sequence wanted: the consumer had stalled.
+    Reopened,
 }
 
 #[cfg(all(test, unix))]
