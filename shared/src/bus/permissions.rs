@@ -86,7 +86,7 @@ const TABLE: [Row; 8] = [
         name: "actuator",
         service: Some("actuator"),
         publishes: &[K::Applied],
-        subscribes: &[K::Action, K::Target],
+        subscribes: &[K::Action, K::Obs, K::Target],
         capture: Capture::Read,
         models: Models::None,
     },
@@ -115,7 +115,8 @@ const TABLE: [Row; 8] = [
         publishes: &[K::Lifecycle],
         subscribes: &[K::Episode, K::Model, K::Obs, K::Target],
         capture: Capture::Read,
-        models: Models::None,
+        // A model promotes only once its checkpoint loads and verifies.
+        models: Models::Read,
     },
     Row {
         id: Identity::Controller,
