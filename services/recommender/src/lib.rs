@@ -74,10 +74,14 @@ impl AgentState {
         }
     }
 
-    /// Folds one event into the state.
-    pub fn apply(&mut self, ev: &Event) {
+    /// Folds one event into the state; `false` for a `lifecycle` refused as no move the
+    /// lifecycle monitor makes (see [`lifecycle_move_allowed`]), which changes nothing.
+    pub fn apply(&mut self, ev: &Event) -> bool {
         match ev {
             Event::Lifecycle(l) => {
+                if !lifecycle_move_allowed(self.stage, l.previous, l.stage) {
+                    return false;
+                }
                 self.retraining = l.retraining(self.retraining);
                 self.stage = l.stage;
             }
@@ -89,7 +93,30 @@ impl AgentState {
             Event::Obs(o) => self.last_obs = Some((o.episode, o.step)),
             _ => {}
         }
+        true
     }
+}
+
+/// Whether a `lifecycle` announcing `to` (after `previous`) is a move the lifecycle monitor makes
+/// from the stage `at` this agent knows: any stage while it knows none yet (the first message,
+/// possibly the capture's restored stage), a fresh start (`previous` none or INITIALIZED: a
+/// monitor that lost its state announces OFFLINE or ONLINE again), or one of Algorithm 1's
+/// moves (OFFLINE → ONLINE, ONLINE → OFFLINE or SERVING, SERVING → ONLINE) and announcements
+/// of the same stage. Anything else — a SERVING for a target this agent knows OFFLINE, say — did
+/// not come from the monitor (forged, with the bus's permissions off) and would switch the target
+/// to a policy the monitor never promoted.
+pub fn lifecycle_move_allowed(at: Stage, previous: Option<Stage>, to: Stage) -> bool {
+    use Stage::{Initialized, Offline, Online, Serving};
+    if at == Initialized || at == to {
+        return true;
+    }
+    if matches!(previous, None | Some(Initialized)) {
+        return matches!(to, Offline | Online);
+    }
+    matches!(
+        (at, to),
+        (Offline, Online) | (Online, Offline) | (Online, Serving) | (Serving, Online)
+    )
 }
 
 /// The `[recommender]` configuration section.
@@ -180,6 +207,8 @@ pub struct RecommenderMetrics {
     pub rl_fallbacks: prometheus::IntCounterVec,
     /// The service's `registrations_total` (shared telemetry).
     pub registrations: prometheus::IntCounterVec,
+    /// `lifecycle` messages refused as no move the lifecycle monitor makes.
+    pub lifecycle_refused: prometheus::IntCounter,
 }
 
 /// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
@@ -224,6 +253,10 @@ impl RecommenderMetrics {
                 &FallbackReason::ALL.map(|r| [r.label()]),
             )?,
             registrations: m.registrations.clone(),
+            lifecycle_refused: m.counter(
+                "recommender_lifecycle_refused_total",
+                "lifecycle messages refused as no move the lifecycle monitor makes (e.g. SERVING for a target known OFFLINE)",
+            )?,
         })
     }
 }
@@ -319,7 +352,13 @@ impl Decider {
     /// Folds one event into the agent; returns the action for a complete `obs`.
     pub fn handle(&mut self, ev: &Event) -> Option<Action> {
         let before = self.state.stage;
-        self.state.apply(ev);
+        if !self.state.apply(ev) {
+            self.metrics.lifecycle_refused.inc();
+            if let Event::Lifecycle(l) = ev {
+                tracing::warn!(target = %l.target, at = %before, previous = ?l.previous, to = %l.stage, "lifecycle refused: not a move the lifecycle monitor makes");
+            }
+            return None;
+        }
         if self.state.stage != before {
             tracing::info!(target = %self.state.target, from = %before, to = %self.state.stage, retraining = self.state.retraining, "stage changed");
         }
@@ -492,7 +531,7 @@ impl Handler<Deliver> for Agent {
         // without blocking the arbiter's other actors.
         if let Event::Model(m) = &ev {
             if self.decider.wants_model(m) {
-                self.decider.state.apply(&ev);
+                let _ = self.decider.state.apply(&ev);
                 let (models, m) = (self.decider.models.clone(), m.clone());
                 let load = tokio::task::spawn_blocking(move || {
                     let loaded = load_policy(models.as_ref(), &m);
@@ -569,6 +608,50 @@ mod tests {
         assert_eq!(s.model_version, Some(12));
         assert_eq!(s.embedding_len, 4);
         assert_eq!(s.last_obs, Some((7, 42)));
+    }
+
+    /// A `lifecycle` that is no move of the lifecycle monitor (forged with the bus's permissions
+    /// off) changes nothing: a target known OFFLINE is not switched to the policy by a SERVING.
+    #[test]
+    fn lifecycle_messages_the_monitor_never_sends_are_refused() {
+        let msg = |previous: Option<Stage>, stage: Stage| {
+            Event::Lifecycle(aware_bus_schemas::Lifecycle {
+                schema: Schema::new(),
+                target: Target::new("shop", "checkout"),
+                episode: 0,
+                step: 0,
+                ts_ms: 0,
+                stage,
+                previous,
+                reason: String::new(),
+                reward_mean: None,
+                reward_std: None,
+                window: 0,
+                rollback_to: None,
+            })
+        };
+        let mut s = AgentState::new(Target::new("shop", "checkout"));
+        assert!(s.apply(&msg(Some(Stage::Initialized), Stage::Offline)));
+        for forged in [
+            msg(Some(Stage::Offline), Stage::Serving),
+            msg(Some(Stage::Online), Stage::Serving),
+            msg(None, Stage::Serving),
+            msg(Some(Stage::Initialized), Stage::Serving),
+        ] {
+            assert!(!s.apply(&forged), "{forged:?}");
+            assert_eq!(s.stage, Stage::Offline);
+        }
+        // Algorithm 1's moves and a monitor starting afresh are taken.
+        assert!(s.apply(&msg(Some(Stage::Offline), Stage::Online)));
+        assert!(s.apply(&msg(Some(Stage::Online), Stage::Serving)));
+        assert!(s.apply(&msg(Some(Stage::Serving), Stage::Online)));
+        assert!(s.retraining);
+        assert!(s.apply(&msg(Some(Stage::Initialized), Stage::Offline)));
+        assert_eq!(s.stage, Stage::Offline);
+        // The first stage an agent learns may be any (the capture's restored stage).
+        let mut fresh = AgentState::new(Target::new("shop", "checkout"));
+        assert!(fresh.apply(&msg(Some(Stage::Online), Stage::Serving)));
+        assert_eq!(fresh.stage, Stage::Serving);
     }
 
     mod rl_path {
