@@ -8,14 +8,17 @@
 //! - none overwritten: no step key was published twice with different observations, and every
 //!   stored transition carries the action captured for its step;
 //! - control continues: at least 99% of the complete observations got a decision that the
-//!   actuator carried out (not rejected).
+//!   actuator carried out (not rejected);
+//! - no stage or model lost: one fresh stage announcement per target (a restarted lifecycle
+//!   monitor resumes at the stage it published), model versions only grow (a restarted trainer
+//!   resumes its numbering).
 //!
 //! `AWARE_CHAOS_LOGS=DIR` keeps the last process of every service's log there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{Event, Outcome, Resources, Target};
+use aware_bus_schemas::{Event, ModelKind, Outcome, Resources, Stage, Target};
 use aware_tests::{http_get, metric, parse_metrics, NatsServer, Proc};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 use futures::StreamExt;
@@ -89,6 +92,13 @@ struct Captured {
     actions: BTreeMap<Key, (u64, Resources)>,
     /// Steps whose decision the actuator carried out (`applied` not rejected).
     carried_out: BTreeSet<Key>,
+    /// `lifecycle` messages announcing a fresh start (no previous stage, or INITIALIZED): one
+    /// per target, or a restarted monitor lost the stage it had published.
+    fresh_starts: u64,
+    /// `model` versions published in an order that went back (a restarted trainer starting its
+    /// numbering again).
+    model_regressions: u64,
+    last_model: Option<u64>,
 }
 
 /// Reads the whole capture stream, in order.
@@ -129,6 +139,15 @@ async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
             }
             Event::Applied(a) if a.outcome != Outcome::Rejected => {
                 c.carried_out.insert((a.episode, a.step));
+            }
+            Event::Lifecycle(l) if matches!(l.previous, None | Some(Stage::Initialized)) => {
+                c.fresh_starts += 1;
+            }
+            Event::Model(m) if m.kind == ModelKind::BaseLearner => {
+                if c.last_model.is_some_and(|v| m.version <= v) {
+                    c.model_regressions += 1;
+                }
+                c.last_model = Some(m.version);
             }
             _ => {}
         }
@@ -257,11 +276,15 @@ fn every_service_and_nats_killed_once_lose_no_transition_and_control_continues()
     let (mut complete, mut decided, mut expected, mut lost, mut wrong, mut conflicting) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut lost_examples = Vec::new();
+    let (mut fresh_starts, mut model_regressions, mut models) = (0u64, 0u64, 0u64);
     // Undecided observations per ten global steps (every target), to see which outage cost what.
     let mut undecided: BTreeMap<u64, u64> = BTreeMap::new();
     let mut lost_per: BTreeMap<u64, u64> = BTreeMap::new();
     for (target, c) in &captured {
         conflicting += c.conflicting;
+        fresh_starts += c.fresh_starts;
+        model_regressions += c.model_regressions;
+        models += u64::from(c.last_model.is_some());
         let stored: BTreeMap<Key, Resources> = store
             .transitions(target, 0..u64::MAX)
             .unwrap()
@@ -313,7 +336,16 @@ fn every_service_and_nats_killed_once_lose_no_transition_and_control_continues()
         captured.len(),
         100.0 * fraction
     );
+    eprintln!(
+        "chaos: {fresh_starts} fresh stage announcements, {models} targets with models, \
+         {model_regressions} model versions published out of order"
+    );
     assert_eq!(captured.len(), APPS, "every app observed");
+    assert_eq!(
+        fresh_starts, APPS as u64,
+        "one fresh start per target: a restart lost a stage"
+    );
+    assert_eq!(model_regressions, 0, "a restart lost the model versions");
     assert!(complete > 0);
     assert_eq!(lost, 0, "transitions lost, e.g. {lost_examples:?}");
     assert_eq!(wrong, 0, "transitions stored with another step's action");
