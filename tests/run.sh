@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
 # with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
-# binary (integration tests run them as separate processes), then runs every test.
+# binary (integration tests run them as separate processes), runs every test, then every fuzz
+# target for 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,3 +24,5 @@ export PATH="$PATH:/usr/sbin:/usr/bin"
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
+# Every fuzz target for 60 s from its seed corpus (docs/benchmarks/fuzz.md has the long runs).
+bash tests/fuzz.sh 60
