@@ -3,7 +3,8 @@
 //! The first two bytes are the HTTP status, the rest the body.
 //!
 //! Invariant: the samples of a parsed response, written back as an instant-vector response,
-//! parse to the same samples (labels, times and values bit for bit, NaN and infinities included).
+//! parse to the same samples (labels, times and values bit for bit, infinities included; NaN
+//! values of either sign stay NaN).
 #![no_main]
 
 use aware_metrics_collector::prometheus::{parse_response, Sample};
@@ -15,7 +16,9 @@ fn bits(samples: &[Sample]) -> Vec<(Vec<(&String, &String)>, u64, u64)> {
         .map(|s| {
             let mut labels: Vec<_> = s.labels.iter().collect();
             labels.sort();
-            (labels, s.time_s.to_bits(), s.value.to_bits())
+            // One NaN is as good as another (`-NaN` reads as a NaN with its sign bit set).
+            let value = if s.value.is_nan() { f64::NAN } else { s.value };
+            (labels, s.time_s.to_bits(), value.to_bits())
         })
         .collect()
 }
