@@ -10,7 +10,10 @@
 use aware_metrics_collector::prometheus::{parse_response, Sample};
 use libfuzzer_sys::fuzz_target;
 
-fn bits(samples: &[Sample]) -> Vec<(Vec<(&String, &String)>, u64, u64)> {
+/// A sample as sorted labels, time bits and value bits.
+type SampleBits<'a> = (Vec<(&'a String, &'a String)>, u64, u64);
+
+fn bits(samples: &[Sample]) -> Vec<SampleBits<'_>> {
     samples
         .iter()
         .map(|s| {
