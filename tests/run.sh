@@ -2,7 +2,7 @@
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
 # with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
 # binary (integration tests run them as separate processes), runs every test, then the chaos test
-# on its own.
+# on its own and every fuzz target for 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,3 +26,5 @@ cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
 # The chaos test (every service and nats-server killed -9 once, ~10 min) runs alone.
 cargo test -p aware-tests --test integration --locked chaos -- --ignored --nocapture
+# Every fuzz target for 60 s from its seed corpus (docs/benchmarks/fuzz.md has the long runs).
+bash tests/fuzz.sh 60

@@ -870,6 +870,26 @@ mod tests {
     }
 
     #[test]
+    fn times_are_read_exactly_as_written() {
+        // Found by the `prometheus_response` fuzz target: the default JSON number parser read
+        // this time as the float next to the one its digits denote.
+        for t in [
+            "1755555555555555555555555555555555500000000",
+            "1.7555555555555555e42",
+        ] {
+            let body = format!(
+                r#"{{"status":"success","data":{{"resultType":"scalar","result":[{t},"1"]}}}}"#
+            );
+            let s = parse_response("q", 200, body.as_bytes()).unwrap();
+            assert_eq!(
+                s[0].time_s.to_bits(),
+                t.parse::<f64>().unwrap().to_bits(),
+                "{t}"
+            );
+        }
+    }
+
+    #[test]
     fn complete_evaluation_uses_the_simulator_formulas() {
         let t = 1000.0;
         let e = build_evaluation(&complete_outcomes(t), t, &spec(), Some(50.0), 5.0);
