@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use aware_bus_schemas::Target;
 use serde::{Deserialize, Serialize};
@@ -1009,10 +1010,21 @@ const VERBATIM_ENV: &[(&str, &str)] = &[
     ("AWARE_BUS__AUTH__TOKEN", "bus.auth.token"),
 ];
 
+/// The built-in defaults as a configuration layer. Serializing `AppConfig::default()` into the
+/// `config` crate's tree sets every key through its path parser, by far the largest cost of a
+/// load, so it is done once per process and cloned after.
+fn defaults() -> Result<config::Config, ConfigError> {
+    static DEFAULTS: OnceLock<config::Config> = OnceLock::new();
+    if let Some(d) = DEFAULTS.get() {
+        return Ok(d.clone());
+    }
+    let d = config::Config::try_from(&AppConfig::default())?;
+    Ok(DEFAULTS.get_or_init(|| d).clone())
+}
+
 /// Loads defaults → file → `AWARE_…` environment → overrides, then validates.
 pub fn load(sources: &ConfigSources) -> Result<AppConfig, ConfigError> {
-    let defaults = config::Config::try_from(&AppConfig::default())?;
-    let mut builder = config::Config::builder().add_source(defaults);
+    let mut builder = config::Config::builder().add_source(defaults()?);
     if let Some(path) = &sources.file {
         if !path.exists() {
             return Err(invalid(
