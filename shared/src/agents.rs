@@ -81,8 +81,9 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
 /// new actor (one started from defaults would act on a deleted workload), until a registration
 /// creates it again, which starts a fresh actor. A retired target is remembered for
 /// `bus.jetstream.max_age_secs` more, as long as the bus can still deliver a message sent before
-/// the deletion. A deregistration of a target without an actor whose own time is older than the
-/// delay (a restarted service reading the bus's retained state) retires it without starting one.
+/// the deletion. A deregistration of a target without an actor, neither configured nor registered
+/// here, whose own time is older than the delay (a restarted service reading the bus's retained
+/// state) retires it without starting one.
 ///
 /// With [`LateEvents::Record`] (the trajectory recorder, which acts on nothing and must lose no
 /// transition) a retired target's events are still counted but handed to a new actor, which is
@@ -261,6 +262,9 @@ where
     }
 
     fn admit_retiring(&mut self, ev: &Event, now_ms: i64) -> bool {
+        // A target this service knows (configured, or registered before this message) is live
+        // news whatever the message's time says.
+        let known = self.configured.contains(ev.target()) || self.registered.contains(ev.target());
         if let Event::Registration(reg) = ev {
             if reg.spec.is_some() {
                 self.registered.insert(reg.target.clone());
@@ -288,8 +292,11 @@ where
                 if r.retired.contains_key(target) {
                     return false; // a repeat (a resync, the bus's retained state)
                 }
-                if !live && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
-                    // An old deregistration (a restart): retired without an actor.
+                if !live && !known && now_ms.saturating_sub(reg.ts_ms) >= r.after_ms {
+                    // An old deregistration of a target this service never heard of (a restart
+                    // reading the bus's retained state): retired without an actor. Only then is
+                    // the sender's time trusted: a forged old stamp for a configured or
+                    // registered target must not drop its events at once.
                     r.mark_retired(target.clone(), reg.ts_ms);
                     return false;
                 }
@@ -690,6 +697,43 @@ mod tests {
             assert!(a.sweep(now).is_empty(), "not at once");
             assert!(a.sweep(now + 9_999).is_empty());
             assert_eq!(a.sweep(now + 10_000), vec![t.clone()]);
+        });
+    }
+
+    /// A configured target without an actor yet (no event so far) is not retired at once by a
+    /// deregistration stamped long ago (a skewed or forged `ts_ms`): the delay counts from
+    /// receipt. An unknown target's old deregistration (a restart's retained state) still is.
+    #[test]
+    fn a_known_targets_old_deregistration_counts_from_receipt_even_without_an_actor() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let mut cfg = AppConfig::default();
+            cfg.actors.retire_after_secs = 10;
+            cfg.bus.jetstream.max_age_secs = 100;
+            let configured = Target::new("shop", "cart");
+            cfg.targets.push(crate::spec::TargetSpec::new(&configured));
+            let ctx = ServiceContext::new(
+                "probe",
+                Bus::in_process(16),
+                Arc::new(cfg),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let l = log.clone();
+            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
+                id: 0,
+                log: l.clone(),
+            });
+            let now = 1_000_000_000;
+            a.route_at(registration(&configured, 0, None).into(), now);
+            assert!(!a.is_retired(&configured), "not at once");
+            assert!(a.admit_at(&obs_of(&configured), now + 1));
+            assert!(a.sweep(now + 9_999).is_empty());
+            assert_eq!(a.sweep(now + 10_000), vec![configured.clone()]);
+            // Never heard of: the retained state of a target deleted long ago.
+            let unknown = Target::new("shop", "gone");
+            a.route_at(registration(&unknown, 0, None).into(), now);
+            assert!(a.is_retired(&unknown));
         });
     }
 
