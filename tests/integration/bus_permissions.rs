@@ -12,7 +12,7 @@ use aware_bus_schemas::{subject, EventKind, Target};
 use aware_shared::bus::permissions::Identity;
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, BusConfig};
-use aware_tests::{http_get, metric, parse_metrics, NatsServer, Proc};
+use aware_tests::{scrape, NatsServer, Proc};
 use bytes::Bytes;
 
 const BUCKET: &str = "perm-models";
@@ -174,11 +174,6 @@ async fn forged_is_refused(
     assert!(owner_violations.lock().unwrap().is_empty());
 }
 
-fn scrape(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let (_, text) = http_get(addr, "/metrics").ok()?;
-    metric(&parse_metrics(&text), name, &[])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identity() {
     let server = server();
@@ -242,7 +237,8 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
             .into_iter()
             .filter(|k| *k != EventKind::Embedding && !observer.saw_kind(*k))
             .collect();
-        let loaded = scrape(recommender, "aware_recommender_models_loaded_total").unwrap_or(0.0);
+        let loaded =
+            scrape(recommender, "aware_recommender_models_loaded_total", &[]).unwrap_or(0.0);
         if missing.is_empty() && loaded >= 1.0 {
             break;
         }

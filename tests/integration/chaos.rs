@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{Event, ModelKind, Outcome, Resources, Stage, Target};
-use aware_tests::{http_get, metric, parse_metrics, NatsServer, Proc};
+use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 use futures::StreamExt;
 
@@ -43,22 +43,6 @@ const SERVICES: [&str; 6] = [
     "aware-lifecycle-monitor",
 ];
 const NATS: &str = "nats-server";
-
-fn scrape(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let (_, text) = http_get(addr, "/metrics").ok()?;
-    metric(&parse_metrics(&text), name, &[])
-}
-
-fn wait_ready(addr: std::net::SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok((200, _)) = http_get(addr, "/readyz") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{addr} not ready");
-}
 
 /// The kill order: the six services and the NATS server, shuffled by `seed` (SplitMix64 and
 /// Fisher–Yates, so the order is the same on every machine).
@@ -210,6 +194,7 @@ fn every_service_and_nats_killed_once_lose_no_transition_and_control_continues()
         scrape(
             procs["aware-metrics-collector"].1,
             "aware_collector_sim_steps_total",
+            &[],
         )
         .unwrap_or(0.0)
     };

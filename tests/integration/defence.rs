@@ -23,7 +23,7 @@ use aware_shared::config::AppConfig;
 use aware_shared::registry::to_registered;
 use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::NatsServer;
-use aware_tests::{http_get, metric, parse_metrics, Proc};
+use aware_tests::{scrape, wait_ready, Proc};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
 const MIB: u64 = 1024 * 1024;
@@ -195,22 +195,6 @@ async fn forged_actions_and_registrations_neither_freeze_nor_widen_the_actuator(
 const APPS: usize = 4;
 const SPE: u32 = 20;
 const STEPS: u64 = 300;
-
-fn scrape(addr: std::net::SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let (_, text) = http_get(addr, "/metrics").ok()?;
-    metric(&parse_metrics(&text), name, labels)
-}
-
-fn wait_ready(addr: std::net::SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok((200, _)) = http_get(addr, "/readyz") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{addr} not ready");
-}
 
 /// The collector killed with SIGKILL a third into a lock-step run and started again: it resumes
 /// after its last captured step, the actuator decides every later step (none rejected as

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
-use aware_tests::{http_get, metric, parse_metrics, NatsServer, Proc};
+use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
 const APPS: usize = 10;
@@ -21,22 +21,6 @@ const NEVER: f64 = 1e9;
 
 fn steps() -> u64 {
     u64::from(SPE) * EPISODES
-}
-
-fn scrape(addr: std::net::SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let (_, text) = http_get(addr, "/metrics").ok()?;
-    metric(&parse_metrics(&text), name, labels)
-}
-
-fn wait_ready(addr: std::net::SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok((200, _)) = http_get(addr, "/readyz") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{addr} not ready");
 }
 
 /// Per target: (SLO violations, mean CPU utilization, mean memory utilization) of the stored run.

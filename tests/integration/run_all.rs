@@ -5,23 +5,13 @@
 use std::time::Duration;
 
 use aware_tests::{
-    bin_path, http_get, metric, msgpack_field, msgpack_keys, parse_metrics, NatsServer, Proc,
+    bin_path, http_get, metric, msgpack_field, msgpack_keys, parse_metrics, wait_ready, NatsServer,
+    Proc,
 };
 use futures::StreamExt;
 use rmpv::Value;
 
 const HEADER: [&str; 5] = ["schema", "target", "episode", "step", "ts_ms"];
-
-fn wait_ready(addr: std::net::SocketAddr) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok((200, _)) = http_get(addr, "/readyz") {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{addr} never ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// An `episode/1` message built field by field, without the project's types.
 fn foreign_episode(

@@ -152,6 +152,25 @@ pub fn metric(
         })
 }
 
+/// The value of `name` with `labels` in the `/metrics` of the service listening on `addr`; none
+/// while it does not answer or does not have the sample.
+pub fn scrape(addr: std::net::SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let (_, text) = http_get(addr, "/metrics").ok()?;
+    metric(&parse_metrics(&text), name, labels)
+}
+
+/// Waits until the service listening on `addr` answers `/readyz` with 200; panics after 30 s.
+pub fn wait_ready(addr: std::net::SocketAddr) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Ok((200, _)) = http_get(addr, "/readyz") {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("{addr} not ready");
+}
+
 /// Top-level field names of a MessagePack map, read without the project's types.
 pub fn msgpack_keys(bytes: &[u8]) -> Vec<String> {
     let v =
