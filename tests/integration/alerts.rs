@@ -233,22 +233,24 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
         missing.is_empty(),
         "read by the dashboard, exported by no service: {missing:?}"
     );
-    // The README's metric list names every metric the services export, and no other.
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
-    let start = readme.find("- **Metrics.**").unwrap();
-    let end = start + 2 + readme[start + 2..].find("\n- **").unwrap();
-    let listed = metric_names(&readme[start..end]);
+    // The metric table of docs/operations.md names every metric the services export, and no
+    // other.
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .unwrap();
+    let start = doc.find("\n## Metrics\n").unwrap();
+    let end = start + 1 + doc[start + 1..].find("\n## ").unwrap();
+    let listed = metric_names(&doc[start..end]);
     let unlisted: Vec<_> = exported.difference(&listed).collect();
     assert!(
         unlisted.is_empty(),
-        "exported, missing from the README's metric list: {unlisted:?}"
+        "exported, missing from the metric table of docs/operations.md: {unlisted:?}"
     );
     let stale: Vec<_> = listed.difference(&exported).collect();
     assert!(
         stale.is_empty(),
-        "in the README's metric list, exported by no service: {stale:?}"
+        "in the metric table of docs/operations.md, exported by no service: {stale:?}"
     );
 
     // A real Prometheus scraping the services with the rules loaded.

@@ -1,14 +1,19 @@
-//! The README's configuration table against the settings the services read: every key it names
-//! exists, every setting is named, and every default it states is the built-in one.
+//! The docs against the code: the configuration reference (`docs/configuration.md`) against the
+//! settings the services read (every key it names exists, every setting is named, and every
+//! default it states is the built-in one), and every relative link of the Markdown docs against
+//! the files of the repository.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde_json::Value;
 
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    std::fs::read_to_string(path).unwrap()
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn configuration_reference() -> String {
+    std::fs::read_to_string(repo().join("docs/configuration.md")).unwrap()
 }
 
 /// Every setting with its built-in default: `AppConfig` and each service's section (what
@@ -82,10 +87,13 @@ fn split_top(cell: &str) -> Vec<String> {
     out
 }
 
-fn config_table(readme: &str) -> Vec<Row> {
-    let start = readme.find("## Configuration").unwrap();
-    let end = start + readme[start..].find("## Operations").unwrap();
-    readme[start..end]
+/// The rows of the table under `## Settings` (up to the next `## ` heading or the end).
+fn config_table(doc: &str) -> Vec<Row> {
+    let start = doc.find("\n## Settings\n").unwrap() + 1;
+    let end = doc[start + 3..]
+        .find("\n## ")
+        .map_or(doc.len(), |i| start + 3 + i);
+    doc[start..end]
         .lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| {
@@ -138,9 +146,9 @@ fn same(stated: &Value, actual: &Value) -> bool {
 }
 
 #[test]
-fn the_readme_configuration_table_names_every_setting_and_its_default() {
+fn the_configuration_reference_names_every_setting_and_its_default() {
     let defaults = defaults();
-    let rows = config_table(&readme());
+    let rows = config_table(&configuration_reference());
     assert!(rows.len() >= 80, "{rows:?}");
     let mut exact = BTreeSet::new();
     let mut prefixes = BTreeSet::new();
@@ -180,18 +188,18 @@ fn the_readme_configuration_table_names_every_setting_and_its_default() {
             compared += 1;
             if !same(&want, actual) {
                 wrong.push(format!(
-                    "{key}: README says {want}, the default is {actual}"
+                    "{key}: docs/configuration.md says {want}, the default is {actual}"
                 ));
             }
         }
     }
     assert!(
         unknown.is_empty(),
-        "README names settings that do not exist: {unknown:?}"
+        "docs/configuration.md names settings that do not exist: {unknown:?}"
     );
     assert!(
         wrong.is_empty(),
-        "README states wrong defaults:\n{}",
+        "docs/configuration.md states wrong defaults:\n{}",
         wrong.join("\n")
     );
     let mut all = Vec::new();
@@ -207,7 +215,7 @@ fn the_readme_configuration_table_names_every_setting_and_its_default() {
         .collect();
     assert!(
         undocumented.is_empty(),
-        "settings missing from the README's configuration table: {undocumented:?}"
+        "settings missing from docs/configuration.md: {undocumented:?}"
     );
     // Most rows state a value that is checked, so the check cannot pass by reading nothing.
     assert!(compared >= 80, "only {compared} defaults compared");
@@ -215,11 +223,12 @@ fn the_readme_configuration_table_names_every_setting_and_its_default() {
 
 #[test]
 fn the_table_reader_sees_shorthand_keys_prefixes_and_remarks() {
-    let table = "## Configuration\n\n| key | default | meaning |\n|---|---|---|\n\
+    let table = "# T\n\n## Settings\n\n| key | default | meaning |\n|---|---|---|\n\
         | `a.b.c`, `.d` | 1, `[1, 2]` | x |\n\
         | `a.q.*` | built in | y |\n\
-        | `a.f` | 604800 (7 days) | z |\n\n## Operations\n";
+        | `a.f` | 604800 (7 days) | z |\n\n## Notes\n\n| `x.y` | 1 | not a setting |\n";
     let rows = config_table(table);
+    assert_eq!(rows.len(), 3, "{rows:?}");
     assert_eq!(rows[0].keys, ["a.b.c", "a.b.d"]);
     assert_eq!(rows[0].defaults, ["1", "`[1, 2]`"]);
     assert_eq!(
@@ -237,4 +246,104 @@ fn the_table_reader_sees_shorthand_keys_prefixes_and_remarks() {
         &serde_json::json!(0.200_000_002_98)
     ));
     assert!(!same(&serde_json::json!(0.2), &serde_json::json!(0.3)));
+}
+
+/// The relative link targets of the Markdown `text`: `[…](target)` outside code blocks and code
+/// spans, without a URL scheme or a pure `#anchor`, the `#anchor` part dropped.
+fn relative_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Code spans cannot hold links: keep the text between them.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = prose.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = rest[..end].split_whitespace().next().unwrap_or("");
+            rest = &rest[end..];
+            if target.is_empty() || target.starts_with('#') || target.contains("://") {
+                continue;
+            }
+            if target.starts_with("mailto:") {
+                continue;
+            }
+            out.push(target.split('#').next().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// README.md, ARCHITECTURE.md and every Markdown file under docs/.
+fn markdown_docs() -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let root = repo();
+    let mut out = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    walk(&root.join("docs"), &mut out);
+    out
+}
+
+#[test]
+fn every_relative_link_in_the_docs_points_to_an_existing_file() {
+    let docs = markdown_docs();
+    assert!(docs.len() >= 10, "{docs:?}");
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let dir = doc.parent().unwrap();
+        for target in relative_links(&text) {
+            checked += 1;
+            if !dir.join(&target).exists() {
+                broken.push(format!("{}: {target}", doc.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    // The docs link to each other: a reader that found no link would pass on anything.
+    assert!(checked >= 30, "only {checked} links checked");
+}
+
+#[test]
+fn the_link_reader_skips_urls_anchors_and_code() {
+    let text = "See [a](docs/a.md), [b](../b.md#part) and [c](https://x.org/c.md).\n\
+        [d](#anchor) `[e](e.md)`\n```\n[f](f.md)\n```\n[g](g/ \"title\")\n";
+    assert_eq!(relative_links(text), ["docs/a.md", "../b.md", "g/"]);
+}
+
+/// The README and ARCHITECTURE.md stay readable in one sitting: what grows goes to docs/.
+#[test]
+fn the_readme_and_the_architecture_stay_short() {
+    for (file, max) in [("README.md", 250), ("ARCHITECTURE.md", 500)] {
+        let lines = std::fs::read_to_string(repo().join(file))
+            .unwrap()
+            .lines()
+            .count();
+        assert!(
+            lines <= max,
+            "{file} has {lines} lines (at most {max}): move references to docs/, measurements to docs/benchmarks/"
+        );
+    }
 }
