@@ -25,6 +25,8 @@ export PATH="$PATH:/usr/sbin:/usr/bin"
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 bash tests/check-deps.sh  # who may depend on the simulator (aware-loadgen) and on dfdx
 cargo build --workspace --bins --locked
+# The production collector builds without the simulator (its default-on `simulator` feature off).
+cargo check -p aware-metrics-collector --no-default-features --locked
 cargo test --workspace --locked --no-fail-fast
 # The chaos test (every service and nats-server killed -9 once, ~10 min) runs alone.
 cargo test -p aware-tests --test integration --locked chaos -- --ignored --nocapture
