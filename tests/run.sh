@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
 # with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
-# binary (integration tests run them as separate processes), runs every test, then the chaos test
+# binary (integration tests run them as separate processes) after checking which crates may depend
+# on the simulator and on dfdx (tests/check-deps.sh), runs every test, then the chaos test
 # on its own and every fuzz target for 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,10 @@ fi
 export PATH="$PATH:/usr/sbin:/usr/bin"
 
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
+bash tests/check-deps.sh  # who may depend on the simulator (aware-loadgen) and on dfdx
 cargo build --workspace --bins --locked
+# The production collector builds without the simulator (its default-on `simulator` feature off).
+cargo check -p aware-metrics-collector --no-default-features --locked
 cargo test --workspace --locked --no-fail-fast
 # The chaos test (every service and nats-server killed -9 once, ~10 min) runs alone.
 cargo test -p aware-tests --test integration --locked chaos -- --ignored --nocapture

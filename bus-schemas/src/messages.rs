@@ -207,43 +207,10 @@ pub enum DecisionSource {
     Rl,
 }
 
-/// A concrete allocation for a target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub struct Resources {
-    pub replicas: u32,
-    /// CPU limit per replica, millicores.
-    pub cpu_millicores: u32,
-    /// Memory limit per replica, bytes.
-    pub memory_bytes: u64,
-}
-
-/// The raw measurements behind a state vector, in physical units.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct RawMetrics {
-    pub replicas: u32,
-    pub ready_replicas: u32,
-    /// CPU limit per replica, cores.
-    pub cpu_limit_cores: f64,
-    /// Memory limit per replica, bytes.
-    pub memory_limit_bytes: f64,
-    /// CPU used, summed over replicas, cores.
-    pub cpu_usage_cores: f64,
-    /// Memory working set, summed over replicas, bytes.
-    pub memory_working_set_bytes: f64,
-    /// Utilizations of the allocated resources, in [0, 1].
-    pub cpu_util: f64,
-    pub memory_util: f64,
-    pub io_util: f64,
-    pub network_util: f64,
-    /// Offered load, requests per second.
-    pub request_rate_rps: f64,
-    /// Completed requests per second.
-    pub throughput_rps: f64,
-    pub latency_p50_ms: Option<f64>,
-    pub latency_p99_ms: Option<f64>,
-    /// Containers killed for exceeding their memory limit during the step.
-    pub oom_kills: u32,
-}
+/// A concrete allocation for a target ([`aware_mdp::Allocation`]) and the raw measurements behind
+/// a state vector: defined once with the learning problem, their wire form and JSON Schema
+/// unchanged.
+pub use aware_mdp::{RawMetrics, Resources};
 
 /// `obs/1`: the state at step t and the reward of the action taken at t−1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

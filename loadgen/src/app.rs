@@ -11,105 +11,7 @@ use crate::error::SimError;
 use crate::load::{LoadPattern, LoadSpec};
 use crate::segments::SegmentKind;
 
-/// One MiB in bytes.
-pub const MIB: u64 = 1024 * 1024;
-
-/// A concrete allocation of one target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Allocation {
-    /// Number of replicas.
-    pub replicas: u32,
-    /// CPU limit per replica, millicores.
-    pub cpu_millicores: u32,
-    /// Memory limit per replica, bytes.
-    pub memory_bytes: u64,
-}
-
-/// Allocation bounds; defaults from the authors' artifact: 1–20 replicas, 128–2048 millicores,
-/// 256–3072 MiB.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bounds {
-    /// Minimum replicas.
-    pub min_replicas: u32,
-    /// Maximum replicas.
-    pub max_replicas: u32,
-    /// Minimum CPU limit, millicores.
-    pub min_cpu_millicores: u32,
-    /// Maximum CPU limit, millicores.
-    pub max_cpu_millicores: u32,
-    /// Minimum memory limit, bytes.
-    pub min_memory_bytes: u64,
-    /// Maximum memory limit, bytes.
-    pub max_memory_bytes: u64,
-}
-
-impl Default for Bounds {
-    fn default() -> Self {
-        Bounds {
-            min_replicas: 1,
-            max_replicas: 20,
-            min_cpu_millicores: 128,
-            max_cpu_millicores: 2048,
-            min_memory_bytes: 256 * MIB,
-            max_memory_bytes: 3072 * MIB,
-        }
-    }
-}
-
-impl Bounds {
-    /// Check min ≤ max and non-zero minimums.
-    pub fn validate(&self) -> Result<(), SimError> {
-        if self.min_replicas == 0
-            || self.min_replicas > self.max_replicas
-            || self.min_cpu_millicores == 0
-            || self.min_cpu_millicores > self.max_cpu_millicores
-            || self.min_memory_bytes == 0
-            || self.min_memory_bytes > self.max_memory_bytes
-        {
-            return Err(SimError::Config(format!("invalid bounds {self:?}")));
-        }
-        Ok(())
-    }
-
-    /// Clamp an allocation into the bounds; returns the clamped allocation and whether any
-    /// field changed.
-    pub fn clamp(&self, a: Allocation) -> (Allocation, bool) {
-        let c = Allocation {
-            replicas: a.replicas.clamp(self.min_replicas, self.max_replicas),
-            cpu_millicores: a
-                .cpu_millicores
-                .clamp(self.min_cpu_millicores, self.max_cpu_millicores),
-            memory_bytes: a
-                .memory_bytes
-                .clamp(self.min_memory_bytes, self.max_memory_bytes),
-        };
-        (c, c != a)
-    }
-
-    /// The largest allocation.
-    pub fn max_allocation(&self) -> Allocation {
-        Allocation {
-            replicas: self.max_replicas,
-            cpu_millicores: self.max_cpu_millicores,
-            memory_bytes: self.max_memory_bytes,
-        }
-    }
-}
-
-/// Service-level objective. Both may be set; none means best-effort (nothing to violate; SP is
-/// the share of the offered load served).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Slo {
-    /// p99 latency objective, ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_p99_ms: Option<f64>,
-    /// Throughput objective, requests/s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub throughput_rps: Option<f64>,
-}
+pub use aware_mdp::{Allocation, Bounds, Slo, MIB};
 
 /// How a vertical (CPU/memory limit) change is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -155,6 +57,7 @@ pub struct AppSpec {
     #[serde(default)]
     pub bounds: Bounds,
     /// Allocation at reset.
+    #[serde(deserialize_with = "Allocation::deserialize_strict")]
     pub initial: Allocation,
     /// How vertical changes apply.
     #[serde(default)]
@@ -213,8 +116,9 @@ impl AppSpec {
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
             return err(format!("timeout_s must be > 0, got {}", self.timeout_s));
         }
-        self.bounds.validate()?;
-        Ok(())
+        self.bounds
+            .validate()
+            .map_err(|e| SimError::Config(e.to_string()))
     }
 }
 
@@ -573,6 +477,10 @@ apps:
                 "noise",
             ),
             (format!("{}version: 2\n", app("", constant)), "version"),
+            (
+                app("", constant).replace("536870912 }", "536870912, gpus: 1 }"),
+                "gpus",
+            ),
         ] {
             let err = AppSet::from_yaml(&text).unwrap_err().to_string();
             assert!(err.contains(named), "{text}: `{err}` does not name {named}");
@@ -640,20 +548,5 @@ apps:
             .unwrap_err()
             .to_string()
             .contains("1–3 segments"));
-    }
-
-    #[test]
-    fn bounds_clamp_reports() {
-        let b = Bounds::default();
-        let (c, clamped) = b.clamp(Allocation {
-            replicas: 50,
-            cpu_millicores: 10,
-            memory_bytes: 512 * MIB,
-        });
-        assert!(clamped);
-        assert_eq!(c.replicas, 20);
-        assert_eq!(c.cpu_millicores, 128);
-        let (_, clamped) = b.clamp(c);
-        assert!(!clamped);
     }
 }

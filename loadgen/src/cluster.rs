@@ -36,6 +36,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
+use aware_mdp::RawMetrics;
+pub use aware_mdp::{slo_preservation, utilization};
+
 use crate::app::{Allocation, AppSpec, VerticalMode};
 use crate::error::SimError;
 use crate::load::{sample_arrivals, LoadModel};
@@ -179,9 +182,12 @@ pub struct Replica {
     pub crash_streak: u32,
 }
 
-/// Raw metrics of one target for one step (what a metrics collector would read).
+/// What the simulator reports for one target and step: the measurements a metrics collector
+/// would read ([`SimMetrics::raw`]) plus what only a simulator knows (backlog, failed requests,
+/// the step's SLO preservation and violation). Its fields, names and order are the `metrics` of
+/// `aware sim`'s JSON lines; latencies are plain numbers (+∞ when nothing was served).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct RawMetrics {
+pub struct SimMetrics {
     /// Step index (the step these metrics describe).
     pub step: u64,
     /// Simulated time at the end of the step, seconds.
@@ -227,47 +233,29 @@ pub struct RawMetrics {
     pub slo_violation: bool,
 }
 
-/// Utilization `used / capacity` in \[0, 1\] (0 without capacity).
-pub fn utilization(used: f64, capacity: f64) -> f64 {
-    if capacity > 0.0 {
-        (used / capacity).min(1.0)
-    } else {
-        0.0
-    }
-}
-
-/// SLO preservation `SP = min(SLO / measured, 1)` and whether the SLO was violated: p99 above
-/// the latency SLO, or throughput below `min(throughput SLO, offered)`. A p99 of +∞ (nothing
-/// served) gives SP 0 for a latency SLO. A best-effort app (no SLO) has nothing to violate, but
-/// its SP is the share of the offered load it served, `min(throughput / offered, 1)` (1 when
-/// nothing is offered): otherwise the reward would pay for starving it (one replica at full
-/// utilization dropping most requests earns the top reward).
-pub fn slo_preservation(
-    slo: &crate::app::Slo,
-    p99_ms: f64,
-    throughput_rps: f64,
-    offered_rps: f64,
-) -> (f64, bool) {
-    let mut sp: f64 = 1.0;
-    let mut violation = false;
-    if slo.latency_p99_ms.is_none() && slo.throughput_rps.is_none() {
-        if offered_rps > 0.0 && throughput_rps.is_finite() {
-            sp = (throughput_rps / offered_rps).clamp(0.0, 1.0);
-        }
-        return (sp, violation);
-    }
-    if let Some(l) = slo.latency_p99_ms {
-        sp = sp.min((l / p99_ms.max(1e-9)).min(1.0));
-        violation |= p99_ms > l;
-    }
-    if let Some(tp) = slo.throughput_rps {
-        let target = tp.min(offered_rps);
-        if target > 0.0 {
-            sp = sp.min((throughput_rps / target).min(1.0));
-            violation |= throughput_rps < target * 0.99;
+impl SimMetrics {
+    /// The measurements as a metrics collector reads them (the `obs` message's `metrics`):
+    /// latencies that are not finite (nothing served) are unknown.
+    pub fn raw(&self) -> RawMetrics {
+        let finite = |x: f64| x.is_finite().then_some(x);
+        RawMetrics {
+            replicas: self.replicas,
+            ready_replicas: self.ready_replicas,
+            cpu_limit_cores: self.cpu_limit_cores,
+            memory_limit_bytes: self.memory_limit_bytes,
+            cpu_usage_cores: self.cpu_usage_cores,
+            memory_working_set_bytes: self.memory_working_set_bytes,
+            cpu_util: self.cpu_util,
+            memory_util: self.memory_util,
+            io_util: self.io_util,
+            network_util: self.network_util,
+            request_rate_rps: self.offered_rps,
+            throughput_rps: self.throughput_rps,
+            latency_p50_ms: finite(self.p50_ms),
+            latency_p99_ms: finite(self.p99_ms),
+            oom_kills: self.oom_kills,
         }
     }
-    (sp, violation)
 }
 
 /// Cumulative counters for the Prometheus exposition.
@@ -283,6 +271,8 @@ pub struct Counters {
     pub sum: f64,
     /// Failed requests.
     pub failed: f64,
+    /// Requests received (the offered arrivals, served or not).
+    pub received: f64,
 }
 
 /// Standard bucket bounds of the request-latency histogram, seconds.
@@ -308,7 +298,7 @@ pub struct TargetSim {
     replicas: Vec<Replica>,
     backlog: f64,
     next_id: u64,
-    last: RawMetrics,
+    last: SimMetrics,
     prev_offered: Option<f64>,
     histogram: Option<Box<Counters>>,
     scratch: Vec<ReplicaStep>,
@@ -354,7 +344,7 @@ impl TargetSim {
             replicas: Vec::with_capacity(alloc.replicas as usize),
             backlog: 0.0,
             next_id: 0,
-            last: RawMetrics::default(),
+            last: SimMetrics::default(),
             prev_offered: None,
             histogram: None,
             scratch: Vec::with_capacity(alloc.replicas as usize),
@@ -383,8 +373,8 @@ impl TargetSim {
         }
     }
 
-    fn idle_metrics(&self) -> RawMetrics {
-        RawMetrics {
+    fn idle_metrics(&self) -> SimMetrics {
+        SimMetrics {
             step: 0,
             time_s: self.now,
             cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
@@ -392,7 +382,7 @@ impl TargetSim {
             replicas: self.alloc.replicas,
             ready_replicas: self.alloc.replicas,
             slo_preservation: 1.0,
-            ..RawMetrics::default()
+            ..SimMetrics::default()
         }
     }
 
@@ -434,7 +424,7 @@ impl TargetSim {
         self.dt
     }
     /// Metrics of the last step.
-    pub fn last_metrics(&self) -> &RawMetrics {
+    pub fn last_metrics(&self) -> &SimMetrics {
         &self.last
     }
     /// Offered rate of the previous step (for the load-change state feature).
@@ -530,13 +520,13 @@ impl TargetSim {
     }
 
     /// Advance one step with the current allocation and the load's arrivals.
-    pub fn advance(&mut self) -> RawMetrics {
+    pub fn advance(&mut self) -> SimMetrics {
         let (arrivals, _) = self.arrivals_for_step();
         self.advance_with(arrivals)
     }
 
     /// Advance one step with an explicit number of arrivals in the step.
-    pub fn advance_with(&mut self, arrivals: f64) -> RawMetrics {
+    pub fn advance_with(&mut self, arrivals: f64) -> SimMetrics {
         let arrivals = if arrivals.is_finite() {
             arrivals.max(0.0)
         } else {
@@ -684,11 +674,12 @@ impl TargetSim {
         if let Some(h) = self.histogram.as_deref_mut() {
             record_histogram(h, good, p50 / 1000.0, p99 / 1000.0);
             h.failed += failed + pass.dropped;
+            h.received += arrivals;
         }
 
         self.backlog = pass.b1;
         self.now = t1;
-        let metrics = RawMetrics {
+        let metrics = SimMetrics {
             step: self.step,
             time_s: t1,
             cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
@@ -976,21 +967,7 @@ mod tests {
 
     #[test]
     fn best_effort_sp_is_the_served_share_and_never_a_violation() {
-        let none = Slo::default();
-        assert_eq!(
-            slo_preservation(&none, 30_000.0, 60.0, 400.0),
-            (0.15, false)
-        );
-        assert_eq!(slo_preservation(&none, 50.0, 420.0, 400.0), (1.0, false));
-        assert_eq!(slo_preservation(&none, 0.0, 0.0, 0.0), (1.0, false));
-        assert_eq!(slo_preservation(&none, 0.0, f64::NAN, 10.0), (1.0, false));
-        // an SLO keeps its own definition: throughput above its target is SP 1
-        let tp = Slo {
-            latency_p99_ms: None,
-            throughput_rps: Some(100.0),
-        };
-        assert_eq!(slo_preservation(&tp, 30_000.0, 150.0, 400.0), (1.0, false));
-        // a starved best-effort app: SP falls with the dropped requests, so the reward does
+        // (the formula is tested in `aware-mdp`) a starved best-effort app: SP falls with the dropped requests, so the reward does
         // not pay for one overloaded replica; provisioned, it serves everything
         let kinds = [SegmentKind::MatrixMultiply];
         let mut app = app_with(&kinds, alloc(1, 250, 3072), VerticalMode::InPlace);

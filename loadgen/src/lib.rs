@@ -19,7 +19,9 @@
 //! [`env::SimEnv`] is a Gym-like environment: [`env::SimEnv::reset`] and
 //! [`env::SimEnv::step`] with one [`env::TargetAction`] per target (raw `[-1,1]³` policy output,
 //! concrete allocation, or hold); observations carry the state vector ([`env::STATE_NAMES`]), the
-//! raw metrics ([`cluster::RawMetrics`]), the reward ([`env::reward`]) and a clamp report.
+//! simulator's metrics ([`cluster::SimMetrics`]), the reward ([`env::reward`]) and a clamp report.
+//! The learning problem itself (state features, action map, reward, SLO preservation, bounds) is
+//! `aware-mdp`, re-exported here where the simulator's modules used to define it.
 //! [`env::LockStep`] advances virtual time as soon as every target's action has arrived.
 //! [`oracle::oracle_step`] is the per-step upper bound.
 //!
@@ -29,7 +31,7 @@
 //! [`wallclock::run_wall_clock`] ticks it; [`wallclock::serve_metrics`] exposes the simulated
 //! pods as Prometheus text with cAdvisor / kube-state-metrics names.
 //!
-//! The model (segments, queueing, action map, reward, oracle, trace formats) is documented in
+//! The model (segments, queueing, oracle, trace formats) is documented in
 //! `loadgen/README.md` and in each module.
 
 pub mod app;

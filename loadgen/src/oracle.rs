@@ -13,7 +13,7 @@
 //! regret); [`crate::run::PolicySpec::Oracle`] follows the oracle's choices greedily.
 
 use crate::app::{Allocation, MIB};
-use crate::cluster::{RawMetrics, TargetSim};
+use crate::cluster::{SimMetrics, TargetSim};
 use crate::env::reward;
 
 /// Candidate grid of the oracle.
@@ -45,7 +45,7 @@ pub struct OracleChoice {
     /// Its step reward.
     pub reward: f64,
     /// Its step metrics.
-    pub metrics: RawMetrics,
+    pub metrics: SimMetrics,
     /// Candidates evaluated.
     pub evaluated: usize,
 }
@@ -72,7 +72,7 @@ fn axis_u64(min: u64, max: u64, step: u64) -> Vec<u64> {
 }
 
 /// Evaluate one candidate from `target`'s current state.
-pub fn evaluate(target: &TargetSim, candidate: Allocation) -> (f64, RawMetrics) {
+pub fn evaluate(target: &TargetSim, candidate: Allocation) -> (f64, SimMetrics) {
     let mut t = target.clone();
     let (a, _) = t.app().bounds.clamp(candidate);
     if a != t.allocation() {

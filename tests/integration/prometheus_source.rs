@@ -168,26 +168,25 @@ async fn prometheus_source_matches_simulator_states() {
                 prom.log()
             );
             let s = e.state.unwrap();
+            let sim = aware_loadgen::env::State::from_slice(&o.state).unwrap();
             let m = &o.metrics;
-            for (k, tol) in [
-                (0usize, 1e-5f32),
-                (1, 1e-5),
-                (2, 1e-5),
-                (3, 1e-5),
-                (7, 1e-5),
-                (8, 1e-6),
+            for (k, got, want, tol) in [
+                ("cpu_limit", s.cpu_limit, sim.cpu_limit, 1e-5f32),
+                ("memory_limit", s.memory_limit, sim.memory_limit, 1e-5),
+                ("cpu_util", s.cpu_util, sim.cpu_util, 1e-5),
+                ("memory_util", s.memory_util, sim.memory_util, 1e-5),
+                ("load_change", s.load_change, sim.load_change, 1e-5),
+                ("replicas", s.replicas, sim.replicas, 1e-6),
             ] {
-                let d = (s[k] - o.state[k]).abs();
-                err.add(aware_loadgen::STATE_NAMES[k], f64::from(d));
-                assert!(
-                    d <= tol,
-                    "{name} step {step}: {} prom {} sim {}",
-                    aware_loadgen::STATE_NAMES[k],
-                    s[k],
-                    o.state[k]
-                );
+                let d = (got - want).abs();
+                err.add(k, f64::from(d));
+                assert!(d <= tol, "{name} step {step}: {k} prom {got} sim {want}");
             }
-            assert_eq!((s[4], s[5]), (0.0, 0.0), "io/network are not exposed");
+            assert_eq!(
+                (s.io_util, s.network_util),
+                (0.0, 0.0),
+                "io/network are not exposed"
+            );
             let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-9);
             for (k, a, b) in [
                 (
@@ -243,7 +242,7 @@ async fn prometheus_source_matches_simulator_states() {
                 assert_eq!(e.metrics.latency_p99_ms, None);
                 (m.slo_preservation, m.slo_preservation)
             };
-            let sp = f64::from(s[6]);
+            let sp = f64::from(s.slo_preservation);
             assert!(
                 sp >= sp_lo - 1e-5 && sp <= sp_hi + 1e-5,
                 "{name} step {step}: SP prom {sp} outside [{sp_lo}, {sp_hi}] (sim {})",

@@ -110,7 +110,7 @@ pub fn load_meta_dir(dir: &Path) -> Result<MetaAssets, EmbeddingError> {
     };
     let meta = MetaLearner::from_bytes(&read("meta.ckpt")?).map_err(ckpt("meta.ckpt"))?;
     let base = Ddpg::from_bytes(&read("base.ckpt")?).map_err(ckpt("base.ckpt"))?;
-    let state = aware_loadgen::STATE_DIM;
+    let state = aware_mdp::STATE_DIM;
     let (d, e) = (meta.config().state_dim, meta.config().embed_dim);
     let shape = |reason: String| EmbeddingError::Shape {
         dir: dir.display().to_string(),
@@ -186,7 +186,7 @@ pub fn bundle_of_rows(
         return Ok(None);
     }
     let n = u32::try_from(steps.len()).unwrap_or(u32::MAX);
-    let bundle = EpisodeBundle::truncated(aware_loadgen::STATE_DIM, steps)?;
+    let bundle = EpisodeBundle::truncated(aware_mdp::STATE_DIM, steps)?;
     Ok(Some(Bundled {
         bundle,
         episodes_used: n,
@@ -627,7 +627,11 @@ mod tests {
         let t = Target::new("a", "b");
         // A NaN in the rows fails the bundle.
         let mut rows: Vec<_> = (0..5).map(|s| row(&t, 0, s)).collect();
-        rows[2].state[4] = f32::NAN;
+        rows[2].state = aware_mdp::State {
+            io_util: f32::NAN,
+            ..aware_mdp::State::from_slice(&rows[2].state).unwrap()
+        }
+        .to_vec();
         assert!(bundle_of_rows(&[rows], &b).is_err());
         assert!(bundle_of_rows(&[vec![]], &b).unwrap().is_none());
 

@@ -231,7 +231,7 @@ impl TrainerConfig {
             })
         };
         if let Err(e) = self
-            .ddpg_config(aware_loadgen::STATE_DIM, &Target::new("a", "b"))
+            .ddpg_config(aware_mdp::STATE_DIM, &Target::new("a", "b"))
             .validate()
         {
             return bad("hidden", &e.to_string());
@@ -474,7 +474,7 @@ impl Learner {
 
     /// The network's input width: the state, plus the embedding when conditioned.
     pub fn state_dim(&self) -> usize {
-        aware_loadgen::STATE_DIM + self.conditioning.as_ref().map_or(0, |c| c.embedding.len())
+        aware_mdp::STATE_DIM + self.conditioning.as_ref().map_or(0, |c| c.embedding.len())
     }
 
     fn conditioned(&self, t: Transition) -> Transition {
@@ -967,7 +967,7 @@ impl Learner {
         }
         if pinned {
             // The embedding features keep the meta-learner's scale (mean 0, std 1).
-            ddpg.normalizer_mut().pin_identity(aware_loadgen::STATE_DIM);
+            ddpg.normalizer_mut().pin_identity(aware_mdp::STATE_DIM);
         }
         let mut critic_loss = f32::NAN;
         let mut done = 0;
@@ -1046,7 +1046,7 @@ pub fn to_training(
     bounds: &Bounds,
     learn: LearnAction,
 ) -> Option<Transition> {
-    let dim = aware_loadgen::STATE_DIM;
+    let dim = aware_mdp::STATE_DIM;
     if r.state.len() != dim || r.next_state.len() != dim || !r.reward.is_finite() {
         return None;
     }
@@ -1067,44 +1067,23 @@ pub fn to_training(
     })
 }
 
-/// The raw action in [−1, 1]³ that asks for `applied` from the allocation encoded in `state`
-/// (features 0, 1 and 8 scaled by the bounds): `loadgen::env::action_for` under the default
-/// action map (absolute: the allocation's point of the bound range).
+/// The raw action in [−1, 1]³ that asks for `applied` from the allocation the state encodes
+/// ([`aware_mdp::State::allocation`]): [`aware_mdp::action_for`] under the default action map
+/// (absolute: the allocation's point of the bound range). `None` for a state of another width or
+/// with a non-finite allocation feature.
 pub fn behaviour_action(
     state: &[f32],
     applied: aware_bus_schemas::Resources,
     bounds: &Bounds,
 ) -> Option<[f32; ACTION_DIM]> {
-    use aware_loadgen::app::{Allocation, Bounds as SimBounds};
-    let cur_cpu = f64::from(*state.first()?) * f64::from(bounds.max_cpu_millicores);
-    let cur_mem = f64::from(*state.get(1)?) * bounds.max_memory_bytes as f64;
-    let cur_rep = f64::from(*state.get(8)?) * f64::from(bounds.max_replicas);
-    if ![cur_cpu, cur_mem, cur_rep].iter().all(|x| x.is_finite()) {
-        return None;
-    }
-    let current = Allocation {
-        replicas: cur_rep.round().max(0.0) as u32,
-        cpu_millicores: cur_cpu.round().max(0.0) as u32,
-        memory_bytes: cur_mem.round().max(0.0) as u64,
-    };
-    let desired = Allocation {
-        replicas: applied.replicas,
-        cpu_millicores: applied.cpu_millicores,
-        memory_bytes: applied.memory_bytes,
-    };
-    let sim = SimBounds {
-        min_replicas: bounds.min_replicas,
-        max_replicas: bounds.max_replicas,
-        min_cpu_millicores: bounds.min_cpu_millicores,
-        max_cpu_millicores: bounds.max_cpu_millicores,
-        min_memory_bytes: bounds.min_memory_bytes,
-        max_memory_bytes: bounds.max_memory_bytes,
-    };
-    Some(aware_loadgen::env::action_for(
-        desired,
+    let current = aware_mdp::State::from_slice(state)
+        .ok()?
+        .allocation(bounds)?;
+    Some(aware_mdp::action_for(
+        applied,
         current,
-        &sim,
-        &aware_loadgen::env::ActionMap::default(),
+        bounds,
+        &aware_mdp::ActionMap::default(),
     ))
 }
 
@@ -1348,6 +1327,13 @@ mod tests {
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
     }
 
+    /// `state` with one feature changed by `f`.
+    fn spoilt(state: &[f32], f: fn(&mut aware_mdp::State)) -> Vec<f32> {
+        let mut s = aware_mdp::State::from_slice(state).unwrap();
+        f(&mut s);
+        s.to_vec()
+    }
+
     /// A row with a non-finite number anywhere it trains with is refused (and counted).
     #[test]
     fn rows_with_non_finite_values_are_refused() {
@@ -1355,8 +1341,8 @@ mod tests {
         assert!(is_finite_row(&row(&t, 0, 0)));
         for spoil in [
             (|r: &mut tstore::Transition| r.reward = f64::NAN) as fn(&mut tstore::Transition),
-            |r| r.state[3] = f32::INFINITY,
-            |r| r.next_state[0] = f32::NAN,
+            |r| r.state = spoilt(&r.state, |s| s.memory_util = f32::INFINITY),
+            |r| r.next_state = spoilt(&r.next_state, |s| s.cpu_limit = f32::NAN),
             |r| r.action_raw = vec![0.1, f32::NEG_INFINITY, 0.0],
         ] {
             let mut r = row(&t, 0, 0);
@@ -1757,10 +1743,13 @@ mod tests {
             cpu_millicores: 1024,
             memory_bytes: 1536 * MIB,
         };
-        let mut state = vec![0.0f32; 9];
-        state[0] = (f64::from(cur.cpu_millicores) / f64::from(b.max_cpu_millicores)) as f32;
-        state[1] = (cur.memory_bytes as f64 / b.max_memory_bytes as f64) as f32;
-        state[8] = (f64::from(cur.replicas) / f64::from(b.max_replicas)) as f32;
+        let state = aware_mdp::State {
+            cpu_limit: (f64::from(cur.cpu_millicores) / f64::from(b.max_cpu_millicores)) as f32,
+            memory_limit: (cur.memory_bytes as f64 / b.max_memory_bytes as f64) as f32,
+            replicas: (f64::from(cur.replicas) / f64::from(b.max_replicas)) as f32,
+            ..aware_mdp::State::default()
+        }
+        .to_vec();
         // The absolute map: the applied allocation's point of each bound range
         // (replicas 1..20, CPU 128..2048 m, memory 256..3072 MiB).
         let applied = Resources {
@@ -1778,16 +1767,7 @@ mod tests {
             assert!((f64::from(*got) - want).abs() < 1e-3, "{a:?}");
         }
         // and the action map takes the allocation in force there
-        let (to, _) = aware_loadgen::env::map_action(
-            a,
-            aware_loadgen::app::Allocation {
-                replicas: cur.replicas,
-                cpu_millicores: cur.cpu_millicores,
-                memory_bytes: cur.memory_bytes,
-            },
-            &aware_loadgen::app::Bounds::default(),
-            &aware_loadgen::env::ActionMap::default(),
-        );
+        let (to, _) = aware_mdp::map_action(a, cur, &b, &aware_mdp::ActionMap::default());
         assert_eq!(
             (to.replicas, to.cpu_millicores, to.memory_bytes),
             (6, 1264, 1360 * MIB)

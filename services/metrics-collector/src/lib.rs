@@ -1,10 +1,13 @@
 //! metrics-collector: reads metrics, computes each target's state and reward, publishes `obs`.
 //!
-//! Sources (`collector.source`): `simulator` (the simulated cluster, see [`simulator`]);
-//! `prometheus` (the Prometheus HTTP API, see [`prometheus`]); `none` (idle).
+//! Sources (`collector.source`): `simulator` (the simulated cluster, see `simulator`; cargo
+//! feature `simulator`, on by default); `prometheus` (the Prometheus HTTP API, see
+//! [`prometheus`]); `none` (idle). Built with `--no-default-features` the collector leaves the
+//! simulator (`aware-loadgen`) out and refuses `collector.source: simulator`.
 
 pub mod metrics;
 pub mod prometheus;
+#[cfg(feature = "simulator")]
 pub mod simulator;
 
 use aware_bus_schemas::EventKind;
@@ -99,7 +102,16 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;
     match ctx.config.collector.source {
         SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
+        #[cfg(feature = "simulator")]
         SourceKind::Simulator => simulator::run(ctx, metrics).await,
+        #[cfg(not(feature = "simulator"))]
+        SourceKind::Simulator => Err(aware_shared::config::ConfigError::Invalid {
+            key: "collector.source".to_string(),
+            reason: "this collector was built without the simulator source (cargo feature \
+                     `simulator`)"
+                .to_string(),
+        }
+        .into()),
         SourceKind::Prometheus => prometheus::run(ctx, metrics).await,
     }
 }

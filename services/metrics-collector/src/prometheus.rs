@@ -1,8 +1,8 @@
 //! Source `prometheus`: every `collector.prometheus.interval_s` the collector evaluates, for each
 //! configured target, a set of instant queries (`GET <url>/api/v1/query`, all at one evaluation
-//! time `T`) and publishes one `obs` with the state and reward computed by the simulator's own
-//! functions ([`aware_loadgen::env::state_vector`], [`aware_loadgen::env::reward`],
-//! [`aware_loadgen::cluster::slo_preservation`], [`aware_loadgen::cluster::utilization`]).
+//! time `T`) and publishes one `obs` with the state and reward of the learning problem, the same
+//! functions the simulator uses ([`aware_mdp::State::observe`], [`aware_mdp::reward`],
+//! [`aware_mdp::slo_preservation`], [`aware_mdp::utilization`]).
 //!
 //! # Queries
 //!
@@ -21,13 +21,21 @@
 //! | `memory_limit_total_bytes` | the same with `sum` |
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
-//! | `request_rate_rps` | `sum(aware_sim_offered_requests_per_second{$deployment})` (override on a real cluster, e.g. with the ingress' request counter) |
-//! | `throughput_rps` | increase of `aware_sim_request_duration_seconds_count{$deployment}` / `$window_s` |
-//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of aware_sim_request_duration_seconds_bucket{$deployment}>)` |
+//! | `request_rate_rps` | increase of `http_requests_total{$deployment}` / `$window_s` |
+//! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
+//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
 //! | `io_util`, `network_util` | none (not exposed by cAdvisor as a utilization; configure a query to use them) |
 //! | `pod_sample_time` | `max(timestamp(container_memory_working_set_bytes{$pod}))` |
 //! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
-//! | `request_sample_time` | `max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))` |
+//! | `request_sample_time` | `max(timestamp(http_request_duration_seconds_count{$deployment}))` |
+//!
+//! The pod and Deployment metrics are cAdvisor's and kube-state-metrics'. The request metrics are
+//! the application's own, in the Prometheus client libraries' conventional names:
+//! `http_requests_total` (a counter of the requests received, failed ones included: the offered
+//! load) and the histogram `http_request_duration_seconds` of the requests served, both labelled
+//! with the `namespace` and `deployment` of the target (a relabelling rule of the scrape config
+//! usually adds `deployment`). An application exporting other names overrides these queries. The
+//! simulator exports the same names and labels (`aware-loadgen`'s `wallclock::render_metrics`).
 //!
 //! **Counters** are differenced over exactly one step window: `sum(c) - (sum((c offset W) and c)
 //! or vector(0))`, divided by the window. This is `rate()` without its extrapolation: `rate()`
@@ -75,8 +83,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aware_bus_schemas::{Obs, RawMetrics, Schema, Target};
-use aware_loadgen::cluster::{slo_preservation, utilization};
-use aware_loadgen::env::{reward, state_vector, STATE_DIM};
+use aware_mdp::{reward, slo_preservation, utilization, State};
 use aware_shared::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
 use aware_shared::registry::{log_change, Change, Registry};
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -247,9 +254,10 @@ impl PromClient {
 
 fn default_query(name: &str) -> &'static str {
     const CPU: &str = "(sum(container_cpu_usage_seconds_total{$pod}) - (sum((container_cpu_usage_seconds_total{$pod} offset $window) and container_cpu_usage_seconds_total{$pod}) or vector(0))) / $window_s";
-    const THROUGHPUT: &str = "(sum(aware_sim_request_duration_seconds_count{$deployment}) - (sum((aware_sim_request_duration_seconds_count{$deployment} offset $window) and aware_sim_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
-    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
-    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
+    const REQUESTS: &str = "(sum(http_requests_total{$deployment}) - (sum((http_requests_total{$deployment} offset $window) and http_requests_total{$deployment}) or vector(0))) / $window_s";
+    const THROUGHPUT: &str = "(sum(http_request_duration_seconds_count{$deployment}) - (sum((http_request_duration_seconds_count{$deployment} offset $window) and http_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
+    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
+    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
     match name {
         "cpu_usage_cores" => CPU,
         "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
@@ -263,15 +271,13 @@ fn default_query(name: &str) -> &'static str {
         "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
-        "request_rate_rps" => "sum(aware_sim_offered_requests_per_second{$deployment})",
+        "request_rate_rps" => REQUESTS,
         "throughput_rps" => THROUGHPUT,
         "latency_p50_ms" => P50,
         "latency_p99_ms" => P99,
         "pod_sample_time" => "max(timestamp(container_memory_working_set_bytes{$pod}))",
         "deployment_sample_time" => "max(timestamp(kube_deployment_status_replicas{$deployment}))",
-        "request_sample_time" => {
-            "max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))"
-        }
+        "request_sample_time" => "max(timestamp(http_request_duration_seconds_count{$deployment}))",
         // io_util, network_util: not read unless configured
         _ => "",
     }
@@ -400,7 +406,7 @@ pub struct Evaluation {
     /// Evaluation time, Unix seconds.
     pub time_s: f64,
     /// The state (`None` when incomplete).
-    pub state: Option<[f32; STATE_DIM]>,
+    pub state: Option<State>,
     /// The reward of the observed window (`None` when incomplete).
     pub reward: Option<f64>,
     pub slo_violation: bool,
@@ -485,11 +491,7 @@ pub fn build_evaluation(
         None if offered_rps > 0.0 => f64::INFINITY,
         None => 0.0,
     };
-    let slo = aware_loadgen::app::Slo {
-        latency_p99_ms: spec.slo.latency_p99_ms,
-        throughput_rps: spec.slo.throughput_rps,
-    };
-    let (sp, violation) = slo_preservation(&slo, p99_for_slo, throughput_rps, offered_rps);
+    let (sp, violation) = slo_preservation(&spec.slo, p99_for_slo, throughput_rps, offered_rps);
     let metrics = RawMetrics {
         replicas: count(replicas),
         ready_replicas: count(ready),
@@ -509,40 +511,8 @@ pub fn build_evaluation(
     };
     let complete = missing.is_empty();
     let (state, reward_value) = if complete {
-        let b = spec.bounds;
-        let bounds = aware_loadgen::app::Bounds {
-            min_replicas: b.min_replicas,
-            max_replicas: b.max_replicas,
-            min_cpu_millicores: b.min_cpu_millicores,
-            max_cpu_millicores: b.max_cpu_millicores,
-            min_memory_bytes: b.min_memory_bytes,
-            max_memory_bytes: b.max_memory_bytes,
-        };
-        let m = aware_loadgen::cluster::RawMetrics {
-            step: 0,
-            time_s,
-            cpu_limit_cores: metrics.cpu_limit_cores,
-            memory_limit_bytes: metrics.memory_limit_bytes,
-            cpu_usage_cores: metrics.cpu_usage_cores,
-            memory_working_set_bytes: metrics.memory_working_set_bytes,
-            cpu_util,
-            memory_util,
-            io_util: metrics.io_util,
-            network_util: metrics.network_util,
-            p50_ms: p50.unwrap_or(f64::NAN),
-            p99_ms: p99_for_slo,
-            throughput_rps,
-            offered_rps,
-            replicas: metrics.replicas,
-            ready_replicas: metrics.ready_replicas,
-            oom_kills: 0,
-            failed_requests: 0.0,
-            backlog: 0.0,
-            slo_preservation: sp,
-            slo_violation: violation,
-        };
         (
-            Some(state_vector(&m, prev_offered, &bounds)),
+            Some(State::observe(&metrics, sp, prev_offered, &spec.bounds)),
             Some(reward(spec.alpha, sp, cpu_util, memory_util)),
         )
     } else {
@@ -896,12 +866,12 @@ mod tests {
         assert!(e.missing.is_empty(), "{:?}", e.missing);
         let s = e.state.unwrap();
         let b = spec().bounds;
-        assert!((s[0] - (1000.0 / b.max_cpu_millicores as f32)).abs() < 1e-6);
-        assert_eq!(s[2], 0.5, "cpu util = usage / total limit");
-        assert_eq!(s[3], 0.25);
-        assert_eq!(s[4], 0.0, "io not configured");
-        assert_eq!(s[6], 0.5, "SP = 100 / 200");
-        assert_eq!(s[7], 0.5, "load change (100 - 50) / 100");
+        assert!((s.cpu_limit - (1000.0 / b.max_cpu_millicores as f32)).abs() < 1e-6);
+        assert_eq!(s.cpu_util, 0.5, "cpu util = usage / total limit");
+        assert_eq!(s.memory_util, 0.25);
+        assert_eq!(s.io_util, 0.0, "io not configured");
+        assert_eq!(s.slo_preservation, 0.5, "SP = 100 / 200");
+        assert_eq!(s.load_change, 0.5, "load change (100 - 50) / 100");
         assert_eq!(e.reward, Some(0.5 * 0.5 * 2.0 + 0.5 * (0.5 + 0.25)));
         assert!(e.slo_violation);
         assert_eq!(e.metrics.replicas, 2);
@@ -1005,9 +975,17 @@ mod tests {
         let e = build_evaluation(&o, t, &spec(), None, 5.0);
         assert!(e.missing.is_empty());
         assert_eq!(e.metrics.latency_p99_ms, None);
-        assert_eq!(e.state.unwrap()[6], 0.0, "offered but nothing served");
+        assert_eq!(
+            e.state.unwrap().slo_preservation,
+            0.0,
+            "offered but nothing served"
+        );
         o.insert("request_rate_rps", QueryOutcome::Value(0.0));
         let e = build_evaluation(&o, t, &spec(), None, 5.0);
-        assert_eq!(e.state.unwrap()[6], 1.0, "no load, nothing to violate");
+        assert_eq!(
+            e.state.unwrap().slo_preservation,
+            1.0,
+            "no load, nothing to violate"
+        );
     }
 }

@@ -17,10 +17,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aware_bus_schemas::{Applied, Event, EventKind, Obs, RawMetrics, Schema, Target};
-use aware_loadgen::app::{generate_apps, Allocation, AppSet, AppSpec, GeneratorOptions};
+use aware_bus_schemas::{Applied, Event, EventKind, Obs, Schema, Target};
+use aware_loadgen::app::{generate_apps, AppSet, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::{Injection, Scenario};
+use aware_mdp::Allocation;
 use aware_shared::config::{ClockMode, SimulatorSourceConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
 
@@ -91,26 +92,13 @@ pub fn sim_config(
 /// The target specs of simulated apps (bounds, SLO, alpha), for the services' configuration.
 pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
     apps.iter()
-        .map(|a| {
-            let b = a.bounds;
-            aware_shared::spec::TargetSpec {
-                namespace: a.namespace.clone(),
-                name: a.name.clone(),
-                bounds: aware_shared::spec::Bounds {
-                    min_replicas: b.min_replicas,
-                    max_replicas: b.max_replicas,
-                    min_cpu_millicores: b.min_cpu_millicores,
-                    max_cpu_millicores: b.max_cpu_millicores,
-                    min_memory_bytes: b.min_memory_bytes,
-                    max_memory_bytes: b.max_memory_bytes,
-                },
-                slo: aware_shared::spec::Slo {
-                    latency_p99_ms: a.slo.latency_p99_ms,
-                    throughput_rps: a.slo.throughput_rps,
-                },
-                alpha: a.alpha,
-                update_mode: aware_shared::spec::UpdateMode::Auto,
-            }
+        .map(|a| aware_shared::spec::TargetSpec {
+            namespace: a.namespace.clone(),
+            name: a.name.clone(),
+            bounds: a.bounds,
+            slo: a.slo,
+            alpha: a.alpha,
+            update_mode: aware_shared::spec::UpdateMode::Auto,
         })
         .collect()
 }
@@ -124,7 +112,6 @@ pub fn to_obs(
     base_ms: i64,
 ) -> Obs {
     let m = &o.metrics;
-    let finite = |x: f64| x.is_finite().then_some(x);
     let spe = u64::from(steps_per_episode.max(1));
     let mut obs = Obs {
         schema: Schema::new(),
@@ -133,23 +120,7 @@ pub fn to_obs(
         step: u32::try_from(g % spe).unwrap_or(0),
         ts_ms: base_ms.saturating_add((m.time_s * 1000.0) as i64),
         state: o.state.to_vec(),
-        metrics: RawMetrics {
-            replicas: m.replicas,
-            ready_replicas: m.ready_replicas,
-            cpu_limit_cores: m.cpu_limit_cores,
-            memory_limit_bytes: m.memory_limit_bytes,
-            cpu_usage_cores: m.cpu_usage_cores,
-            memory_working_set_bytes: m.memory_working_set_bytes,
-            cpu_util: m.cpu_util,
-            memory_util: m.memory_util,
-            io_util: m.io_util,
-            network_util: m.network_util,
-            request_rate_rps: m.offered_rps,
-            throughput_rps: m.throughput_rps,
-            latency_p50_ms: finite(m.p50_ms),
-            latency_p99_ms: finite(m.p99_ms),
-            oom_kills: m.oom_kills,
-        },
+        metrics: m.raw(),
         reward: (g > 0).then_some(o.reward),
         slo_violation: m.slo_violation,
         complete: true,
@@ -222,11 +193,7 @@ impl Sim {
         // Only an applied decision changes the cluster: a rejection or a recommendation keeps
         // the allocation in force whatever allocation it reports.
         self.pending[i] = Some(match a.outcome {
-            aware_bus_schemas::Outcome::Applied => TargetAction::Desired(Allocation {
-                replicas: a.applied.replicas,
-                cpu_millicores: a.applied.cpu_millicores,
-                memory_bytes: a.applied.memory_bytes,
-            }),
+            aware_bus_schemas::Outcome::Applied => TargetAction::Desired(a.applied),
             _ => TargetAction::Hold,
         });
         self.pending.iter().all(Option::is_some)
@@ -293,14 +260,7 @@ fn resume_allocations(captured: &[Obs], sim: &Sim) -> HashMap<usize, Allocation>
             continue;
         };
         if o.complete {
-            out.insert(
-                i,
-                Allocation {
-                    replicas: r.replicas,
-                    cpu_millicores: r.cpu_millicores,
-                    memory_bytes: r.memory_bytes,
-                },
-            );
+            out.insert(i, r);
         }
     }
     out
@@ -537,7 +497,7 @@ mod tests {
         let t = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
         let ok = to_obs(&o, &t, 1, 10, 0);
         assert!(ok.complete && ok.missing.is_empty() && ok.reward.is_some());
-        type Set = fn(&mut aware_loadgen::cluster::RawMetrics, f64);
+        type Set = fn(&mut aware_loadgen::cluster::SimMetrics, f64);
         let cases: [(&str, Set); 4] = [
             ("cpu_limit_cores", |m, v| m.cpu_limit_cores = v),
             ("memory_limit_bytes", |m, v| m.memory_limit_bytes = v),

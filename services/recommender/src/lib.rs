@@ -989,9 +989,11 @@ mod tests {
                 (Stage::Online, f32::NEG_INFINITY),
             ] {
                 f.decider.state.stage = stage;
-                let mut s = vec![0.5; 9];
-                s[4] = bad;
-                let a = f.decider.decide(&obs(s));
+                let s = aware_mdp::State {
+                    io_util: bad,
+                    ..aware_mdp::State::from_slice(&[0.5; aware_mdp::STATE_DIM]).unwrap()
+                };
+                let a = f.decider.decide(&obs(s.to_vec()));
                 assert_eq!(a.source, DecisionSource::Fallback);
                 assert!(a.raw.is_empty());
                 assert_eq!(

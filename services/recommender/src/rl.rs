@@ -3,7 +3,7 @@
 //!
 //! Safety (issue [rl-agent] item 5): every RL action is bounded (the raw output is clamped to
 //! [−1, 1] by the model and mapped to an allocation inside the target's bounds by
-//! [`aware_loadgen::env::map_action`], the same map the simulator uses); a NaN or infinite value in
+//! [`aware_mdp::map_action`], the same map the simulator uses); a NaN or infinite value in
 //! the state or in the network's output, a state of the wrong width or a missing model gives a
 //! [`FallbackReason`] instead of an action, and the agent acts with the fallback for that step. A
 //! model that cannot be loaded (missing, corrupt, wrong checksum) is a [`LoadError`]: the agent
@@ -17,8 +17,7 @@
 //! the embedding features at mean 0, std 1, as the trainer does. A 9-d policy ignores embeddings.
 
 use aware_bus_schemas::{Model, ModelKind, Resources};
-use aware_loadgen::app::{Allocation, Bounds as SimBounds};
-use aware_loadgen::env::{map_action, ActionMap};
+use aware_mdp::{map_action, ActionMap, STATE_DIM};
 use aware_shared::model_store::{get_verified, ModelStore, ModelStoreError};
 use aware_shared::spec::Bounds;
 use aware_shared_model::{ModelError, Policy, ACTION_DIM};
@@ -128,7 +127,7 @@ pub fn policy_input(
     state: &[f32],
     embedding: Option<&[f32]>,
 ) -> Result<Vec<f32>, FallbackReason> {
-    if input_dim == state.len() || state.len() != aware_loadgen::STATE_DIM {
+    if input_dim == state.len() || state.len() != STATE_DIM {
         // A plain policy, or a state of the wrong width (the model's error, as without
         // meta-learning).
         return Ok(state.to_vec());
@@ -192,35 +191,10 @@ pub fn rl_decide<R: Rng + ?Sized>(
     })
 }
 
-/// The concrete allocation a raw action asks for: `loadgen`'s default action map (absolute, with
+/// The concrete allocation a raw action asks for: the default action map (absolute, with
 /// bounded steps) applied to the allocation in force, clamped to the target's bounds.
 pub fn map_raw(raw: [f32; ACTION_DIM], current: Resources, bounds: &Bounds) -> Resources {
-    let (a, _) = map_action(
-        raw,
-        Allocation {
-            replicas: current.replicas,
-            cpu_millicores: current.cpu_millicores,
-            memory_bytes: current.memory_bytes,
-        },
-        &sim_bounds(bounds),
-        &ActionMap::default(),
-    );
-    Resources {
-        replicas: a.replicas,
-        cpu_millicores: a.cpu_millicores,
-        memory_bytes: a.memory_bytes,
-    }
-}
-
-fn sim_bounds(b: &Bounds) -> SimBounds {
-    SimBounds {
-        min_replicas: b.min_replicas,
-        max_replicas: b.max_replicas,
-        min_cpu_millicores: b.min_cpu_millicores,
-        max_cpu_millicores: b.max_cpu_millicores,
-        min_memory_bytes: b.min_memory_bytes,
-        max_memory_bytes: b.max_memory_bytes,
-    }
+    map_action(raw, current, bounds, &ActionMap::default()).0
 }
 
 #[cfg(test)]

@@ -469,7 +469,7 @@ impl Fallback {
             });
         }
 
-        let (clamped, dims) = b.clamp(desired);
+        let (clamped, dims) = b.clamp_dimensions(desired);
         if !dims.is_empty() {
             rules.push(Rule::Clamped { dims });
         }

@@ -962,7 +962,7 @@ proptest::proptest! {
         let requested = Resources { replicas: req.0, cpu_millicores: req.1, memory_bytes: req.2 };
         let guards = Guardrails::new(GuardrailConfig::default()).unwrap();
         let d = guards.decide(&spec, &GuardState::default(), current, StepId { episode: 0, step: 1 }, requested, 1);
-        proptest::prop_assert!(bounds.clamp(d.applied).1.is_empty(), "guarded {:?} outside {:?}", d.applied, bounds);
+        proptest::prop_assert!(bounds.clamp_dimensions(d.applied).1.is_empty(), "guarded {:?} outside {:?}", d.applied, bounds);
         if !d.changes(&current) {
             return Ok(());
         }

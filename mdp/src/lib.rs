@@ -1,0 +1,32 @@
+//! The learning problem AWARE solves, defined once for the simulator, the services and the
+//! benchmarks: what the agent observes ([`State`], built from [`RawMetrics`]), what it may do
+//! ([`map_action`] of a raw action within [`Bounds`] to an [`Allocation`]), and what it is paid
+//! ([`reward`] from [`slo_preservation`] and [`utilization`]).
+//!
+//! This crate is pure (no I/O, no async runtime, no tensor library): the collector, recommender
+//! and trainer use it in production; the simulator (`aware-loadgen`) builds its environment on
+//! it. Types that travel on the bus ([`Allocation`] as `Resources`, [`RawMetrics`]) keep their
+//! wire form; their JSON Schemas are derived behind the `schema` feature.
+
+mod action;
+mod allocation;
+mod metrics;
+mod reward;
+mod state;
+
+pub use action::{action_for, map_action, ActionMap, ActionMode, ClampReport, ACTION_DIM};
+pub use allocation::{Allocation, Bounds, Resources, MIB};
+pub use metrics::{slo_preservation, utilization, RawMetrics, Slo};
+pub use reward::{reward, REWARD_RANGE};
+pub use state::{State, STATE_DIM, STATE_NAMES};
+
+/// Errors of the learning problem's definitions.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MdpError {
+    /// A minimum above its maximum, or a zero minimum.
+    #[error("invalid bounds {0:?}")]
+    InvalidBounds(Bounds),
+    /// A state vector of another width than [`STATE_DIM`].
+    #[error("state vector has {got} features, expected {expected}")]
+    StateWidth { expected: usize, got: usize },
+}
