@@ -561,3 +561,38 @@ fn worst(apps: &mut [(&str, f64)], n: usize) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Subcommand;
+
+    /// Every flag hidden from a bench's `--help` is named in its after-help line, and only
+    /// the research knobs of bootstrap, serve and adapt are hidden.
+    #[test]
+    fn hidden_flags_are_named_in_the_help() {
+        let cmd = super::BenchCommand::augment_subcommands(clap::Command::new("bench"));
+        let mut hidden = 0;
+        for sub in cmd.get_subcommands() {
+            let after = sub
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            for arg in sub.get_arguments().filter(|a| a.is_hide_set()) {
+                let long = arg.get_long().unwrap();
+                assert!(
+                    after.contains(&format!("--{long},")) || after.ends_with(&format!("--{long}")),
+                    "bench {}: --{long} is hidden but not named",
+                    sub.get_name()
+                );
+                hidden += 1;
+            }
+            let named = after.matches("--").count();
+            let count = sub.get_arguments().filter(|a| a.is_hide_set()).count();
+            assert_eq!(named, count, "bench {}: {after}", sub.get_name());
+            if count > 0 {
+                assert!(["bootstrap", "serve", "adapt"].contains(&sub.get_name()));
+            }
+        }
+        assert_eq!(hidden, 9 + 19 + 8);
+    }
+}
