@@ -21,9 +21,9 @@ use aware_shared::config::{AppConfig, SourceKind};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::chart::{line_chart, Chart, Series};
-use crate::bench::{BenchError, PacedServices};
-use crate::train_meta::TrainMetaOptions;
+use aware_harness::chart::{line_chart, Chart, Series};
+use aware_harness::train_meta::TrainMetaOptions;
+use aware_harness::{PacedServices, ServicesError};
 
 /// The hand-written apps (two of them on excerpts of real traces), embedded so the demo runs from
 /// any directory.
@@ -39,24 +39,39 @@ const TRACES: [(&str, &str); 2] = [
     ),
 ];
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct DemoOptions {
     /// Generated apps, in addition to the hand-written ones.
+    #[arg(long = "apps", value_name = "APPS", default_value_t = DemoOptions::default().generated_apps, help = "Generated apps in addition to the hand-written ones (two on real traces)")]
     pub generated_apps: usize,
+    #[arg(long, default_value_t = DemoOptions::default().seed)]
     pub seed: u64,
+    #[arg(long, default_value_t = DemoOptions::default().episodes)]
     pub episodes: u64,
+    #[arg(long, default_value_t = DemoOptions::default().steps_per_episode)]
     pub steps_per_episode: u32,
     /// Print the progress table every this many steps.
+    #[arg(long, default_value_t = DemoOptions::default().print_every)]
     pub print_every: u32,
+    #[arg(
+        long = "out",
+        value_name = "OUT",
+        default_value = "demo-out",
+        help = "Output directory (the apps, the stores under data/, the summary and the plots)"
+    )]
     pub out_dir: PathBuf,
     /// Wall-clock pause after every simulated step: the lock-step simulation would otherwise run
     /// the whole demo in a fraction of a second, before the trainer's first round.
+    #[arg(long = "pace-ms", value_name = "PACE_MS", default_value = "20", value_parser = parse_millis, help = "Wall-clock pause after every simulated step, ms (time for the trainer)")]
     pub pace: Duration,
     /// The base-learner the apps bootstrap: meta-learned (`trainer.meta_dir`) or plain.
+    #[arg(skip)]
     pub meta: DemoMeta,
     /// Settings of the services other than the demo's, `(section.key[.key…], JSON value)`.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "A setting of the services other than the demo's, SECTION.KEY=VALUE with a JSON value (repeatable), e.g. --set lifecycle_monitor.probation_episodes=2")]
     pub settings: Vec<(String, serde_json::Value)>,
     /// Stop reading after this long even if episodes are missing (the summary covers what ran).
+    #[arg(skip = DemoOptions::default().timeout)]
     pub timeout: Duration,
 }
 
@@ -73,6 +88,43 @@ impl Default for DemoOptions {
             meta: DemoMeta::default(),
             settings: Vec::new(),
             timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// A duration given in milliseconds (`--pace-ms`).
+fn parse_millis(s: &str) -> Result<Duration, std::num::ParseIntError> {
+    s.parse().map(Duration::from_millis)
+}
+
+/// The command line of `aware demo`: [`DemoOptions`] and where its meta-learned base-learner
+/// comes from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    pub options: DemoOptions,
+    /// An `aware train-meta` output to bootstrap from (trainer.meta_dir). Without it the
+    /// demo meta-trains one into OUT/meta the first time (`aware train-meta` with two
+    /// restarts, about 1.5 min) and reuses it afterwards.
+    #[arg(long, conflicts_with = "no_meta")]
+    pub meta: Option<PathBuf>,
+    /// The plain base-learner: every app learns from nothing (no meta-learning).
+    #[arg(long)]
+    pub no_meta: bool,
+    /// Iterations of the demo's own meta-training.
+    #[arg(long, default_value_t = TrainMetaOptions::default().iterations)]
+    pub meta_iterations: u64,
+}
+
+impl DemoArgs {
+    pub fn options(self) -> DemoOptions {
+        DemoOptions {
+            meta: match (self.meta, self.no_meta) {
+                (Some(dir), _) => DemoMeta::Dir(dir),
+                (None, true) => DemoMeta::Off,
+                (None, false) => DemoMeta::trained(self.meta_iterations),
+            },
+            ..self.options
         }
     }
 }
@@ -159,14 +211,15 @@ async fn meta_dir(
         },
     };
     let dir = opts.out.clone();
-    let cached =
-        crate::train_meta::read_json::<crate::train_meta::TrainLog>(&dir.join("train-log.json"))
-            .ok()
-            .filter(|log| {
-                comparable(&log.options) == comparable(&opts)
-                    && dir.join("base.ckpt").is_file()
-                    && dir.join("meta.ckpt").is_file()
-            });
+    let cached = aware_harness::train_meta::read_json::<aware_harness::train_meta::TrainLog>(
+        &dir.join("train-log.json"),
+    )
+    .ok()
+    .filter(|log| {
+        comparable(&log.options) == comparable(&opts)
+            && dir.join("base.ckpt").is_file()
+            && dir.join("meta.ckpt").is_file()
+    });
     if let Some(log) = cached {
         let _ = writeln!(
             out,
@@ -186,7 +239,7 @@ async fn meta_dir(
         opts.restarts
     );
     let _ = out.flush();
-    let log = tokio::task::spawn_blocking(move || crate::train_meta::run(&opts))
+    let log = tokio::task::spawn_blocking(move || aware_harness::train_meta::run(&opts))
         .await
         .map_err(|e| DemoError::Config(format!("meta-training stopped: {e}")))?
         .map_err(|e| DemoError::Config(format!("meta-training: {e}")))?;
@@ -211,7 +264,7 @@ pub enum DemoError {
     #[error(transparent)]
     Bus(#[from] aware_shared::bus::BusError),
     #[error(transparent)]
-    Run(#[from] BenchError),
+    Run(#[from] ServicesError),
     #[error("{0}")]
     Config(String),
 }
@@ -352,7 +405,7 @@ pub fn demo_config(
     }
     cfg.sections.insert("trainer".into(), trainer);
     for (path, value) in &opts.settings {
-        crate::bench::serve_bus::set_path(&mut cfg.sections, path, value.clone())
+        aware_harness::set_path(&mut cfg.sections, path, value.clone())
             .map_err(|e| DemoError::Config(e.to_string()))?;
     }
     Ok(cfg)

@@ -19,19 +19,29 @@ use super::{median, BenchError};
 
 const SUBJECT: &str = "aware.v1.obs.bench.app";
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct BusBenchOptions {
     /// Messages per throughput run.
+    #[arg(long, default_value_t = BusBenchOptions::default().messages)]
     pub messages: usize,
     /// Throughput runs per transport (the median is reported).
+    #[arg(long, default_value_t = BusBenchOptions::default().runs, help = "Throughput runs (median reported)")]
     pub runs: usize,
     /// Publish rate of the latency run, messages/s.
+    #[arg(long, default_value_t = BusBenchOptions::default().rate, help = "Rate of the latency run, messages/s")]
     pub rate: u64,
     /// Duration of the latency run.
+    #[arg(long, default_value_t = BusBenchOptions::default().latency_secs, help = "Duration of the latency run, seconds")]
     pub latency_secs: f64,
     /// NATS server to use; when `None` a `nats-server` is started on a free port.
+    #[arg(
+        long = "nats",
+        value_name = "NATS",
+        help = "Use this NATS server instead of starting `nats-server` on a free port"
+    )]
     pub nats_url: Option<String>,
     /// Skip the NATS part.
+    #[arg(long, help = "Only the in-process bus")]
     pub skip_nats: bool,
 }
 

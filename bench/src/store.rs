@@ -23,19 +23,26 @@ use serde::Serialize;
 use super::{fail, median, BenchError};
 
 /// What to run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, clap::Args)]
 pub struct StoreBenchOptions {
     #[serde(skip)]
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Rows stored before the first pass.
+    #[arg(long, default_value_t = StoreBenchOptions::default().rows, help = "Rows of one target stored before the first pass")]
     pub rows: u64,
     /// `recorder.keep_transitions`.
+    #[arg(long, default_value_t = StoreBenchOptions::default().keep)]
     pub keep: u64,
+    #[arg(long, default_value_t = StoreBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: u32,
     /// Rows per append (the recorder's `batch`).
+    #[arg(skip = StoreBenchOptions::default().batch)]
     pub batch: usize,
     /// Rows per timed `sample`.
+    #[arg(long, default_value_t = StoreBenchOptions::default().sample, help = "Rows per timed sample (a trainer round's draw)")]
     pub sample: usize,
+    #[arg(long, default_value_t = StoreBenchOptions::default().runs, help = "Runs (medians reported)")]
     pub runs: usize,
 }
 

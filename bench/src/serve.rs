@@ -69,54 +69,77 @@ use serde::Serialize;
 
 use super::{fail, first, BenchError};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeBenchOptions {
+    #[arg(long, default_value_t = ServeBenchOptions::default().apps)]
     pub apps: usize,
     /// Generator and noise seed (held out: ≥ 1000).
+    #[arg(long, default_value_t = ServeBenchOptions::default().seed)]
     pub seed: u64,
+    #[arg(long, default_value_t = ServeBenchOptions::default().train_episodes, help = "Online-RL episodes per app before serving")]
     pub train_episodes: u32,
+    #[arg(long, default_value_t = ServeBenchOptions::default().serve_episodes)]
     pub serve_episodes: u32,
+    #[arg(long, default_value_t = ServeBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: u32,
     /// Episodes between two scenario injections.
+    #[arg(long, default_value_t = ServeBenchOptions::default().inject_every, help = "Episodes between scenario injections")]
     pub inject_every: u32,
     /// Algorithm 1's decision window (episodes).
+    #[arg(long, default_value_t = ServeBenchOptions::default().window, hide = true, help = "Algorithm 1's decision window, episodes")]
     pub window: usize,
     /// `t_serving` = converged mean × (1 − margin).
+    #[arg(skip = ServeBenchOptions::default().serving_margin)]
     pub serving_margin: f64,
+    #[arg(skip = ServeBenchOptions::default().hidden)]
     pub hidden: usize,
+    #[arg(skip = ServeBenchOptions::default().exploration_sigma)]
     pub exploration_sigma: f32,
     /// Gradient steps (minibatch 64) per transition while learning (training and ONLINE).
+    #[arg(long, default_value_t = ServeBenchOptions::default().gradient_steps, hide = true, help = "Gradient steps per transition while learning")]
     pub gradient_steps: u32,
     /// Retraining (`with_retraining` while ONLINE): gradient steps per transition.
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_gradient_steps, hide = true, help = "Gradient steps per transition while retraining (with_retraining, ONLINE; default: the services' trainer.retrain_gradient_steps ÷ trainer.train_every_transitions, 4)")]
     pub retrain_gradient_steps: u32,
     /// Retraining: share of each minibatch drawn from the newest `retrain_recent` transitions
     /// (recency-mixed replay; 0: uniform over the whole buffer, as in training). Default: the
     /// services' `trainer.recent_fraction` 0.5 of 20 episodes (1,000 transitions).
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_recent_fraction, hide = true, help = "Share of each retraining minibatch drawn from the newest --retrain-recent transitions (default: the services' trainer.recent_fraction; 0: uniform, the paper's replay)")]
     pub retrain_recent_fraction: f32,
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_recent, hide = true, help = "Newest transitions that share is drawn from (0: uniform over the whole buffer; default: the services' 20 episodes of 50 steps)")]
     pub retrain_recent: usize,
     /// Retraining: exploration σ while ONLINE.
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_sigma, hide = true, help = "Exploration σ while retraining (default: the services' trainer.exploration_sigma × recommender.retrain_noise_scale, 0.1)")]
     pub retrain_sigma: f32,
     /// Retraining: transitions per training round (each round takes `retrain_gradient_steps`
     /// per transition). 1: after every transition; the services' trainer trains in rounds every
     /// `trainer.retrain_every_transitions` (50), the recommenders acting meanwhile with the
     /// weights of the last round.
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_every, hide = true, help = "Transitions per retraining round, each round taking --retrain-gradient-steps per transition (1: after every transition; the services train every trainer.retrain_every_transitions, 50)")]
     pub retrain_every: u32,
     /// `lifecycle_monitor.rebaseline_after_episodes` / `_tolerance` / `_margin` of the
     /// `with_retraining` arm's Algorithm 1 (0: off; default 10, the services').
+    #[arg(long, default_value_t = ServeBenchOptions::default().rebaseline_after, hide = true, help = "Re-baselining of with_retraining's Algorithm 1 (lifecycle_monitor. rebaseline_after_episodes; 0: off): ONLINE episodes whose rewards no longer improve before it serves at the level they settled at (default: the services')")]
     pub rebaseline_after: usize,
+    #[arg(long, default_value_t = ServeBenchOptions::default().rebaseline_tolerance, hide = true, help = "lifecycle_monitor.rebaseline_tolerance: relative improvement that still counts as settled")]
     pub rebaseline_tolerance: f64,
+    #[arg(long, default_value_t = ServeBenchOptions::default().rebaseline_margin, hide = true, help = "lifecycle_monitor.rebaseline_margin: relative drop below the settled level that retrains")]
     pub rebaseline_margin: f64,
     /// `lifecycle_monitor.rebaseline_rollback`: a retraining that settled below what the
     /// policy earned before it restores the agent in force at the trigger.
+    #[arg(long = "no-rollback", action = clap::ArgAction::SetFalse, hide = true, help = "lifecycle_monitor.rebaseline_rollback off: a retraining that settled below what the policy earned before it keeps learning instead of rolling back to the policy in force at the trigger")]
     pub rebaseline_rollback: bool,
     /// `lifecycle_monitor.reprobe_after_episodes`: a target SERVING at a re-baselined or
     /// rolled-back level retrains again after this many episodes there (0: off).
+    #[arg(long, default_value_t = ServeBenchOptions::default().reprobe_after, hide = true, help = "lifecycle_monitor.reprobe_after_episodes: a target serving at a re-baselined or rolled-back level retrains again after this many episodes there (0: off)")]
     pub reprobe_after: usize,
     /// `lifecycle_monitor.serving_hysteresis`: SERVING on `t_serving` retrains below
     /// `t_serving` less this fraction.
+    #[arg(long, default_value_t = ServeBenchOptions::default().serving_hysteresis, hide = true, help = "lifecycle_monitor.serving_hysteresis: a target serving on t_serving retrains below t_serving less this fraction of it")]
     pub serving_hysteresis: f64,
     /// Retraining: shrink and perturb the agent's networks by this α at every trigger (1: off;
     /// [`Ddpg::shrink_perturb`]).
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_shrink, hide = true, help = "Shrink and perturb α applied to with_retraining's networks at every trigger (θ ← α·θ + (1 − α)·fresh; 1: off)")]
     pub retrain_shrink: f32,
     /// Retraining: the services' evaluation episodes. ONLINE serve episodes whose number is
     /// k − 1 modulo k run without exploration noise (still training:
@@ -124,22 +147,42 @@ pub struct ServeBenchOptions {
     /// (`lifecycle_monitor.online_noise_free_only`), so its return to SERVING judges the policy
     /// rather than the policy plus noise (0: off, every ONLINE episode explores and is fed;
     /// default 2, the services').
+    #[arg(long, default_value_t = ServeBenchOptions::default().retrain_eval_every, hide = true, help = "The services' evaluation episodes in with_retraining (recommender.eval_every_episodes with lifecycle_monitor.online_noise_free_only): ONLINE episodes numbered k − 1 modulo k run without exploration noise and only those reach its Algorithm 1 (0: off; default: the services')")]
     pub retrain_eval_every: u32,
     /// Run the oracle arms (≈ 4,000 simulated candidates per step).
+    #[arg(long = "no-oracle", action = clap::ArgAction::SetFalse, help = "Skip the oracle arms (slow: thousands of candidates per step)")]
     pub oracle: bool,
     /// Also train a reference agent on the fully disturbed app (`converged_disturbed`).
+    #[arg(
+        long,
+        hide = true,
+        help = "Also train a reference agent on the fully disturbed app (converged_disturbed)"
+    )]
     pub disturbed_reference: bool,
     /// Schedule only scenarios whose changed workload the app's bounds can serve
     /// ([`servable`] within `servable_tolerance`).
+    #[arg(
+        long,
+        hide = true,
+        help = "Schedule only scenarios whose changed workload the app's bounds can serve: with every resource at its maximum, the share of steps violating the SLO after the injection rises by at most --servable-tolerance; the others are skipped"
+    )]
     pub servable_only: bool,
+    #[arg(long, default_value_t = ServeBenchOptions::default().servable_tolerance, hide = true, help = "The rise in max_allocation's SLO-violation rate a servable scenario may cause")]
     pub servable_tolerance: f64,
     /// After the in-process arms, run the protocol on the six services over the embedded bus
     /// with the same agents ([`super::serve_bus`]).
+    #[arg(
+        long,
+        help = "Then run the protocol on the six services over the embedded bus, starting from the same converged agents (bus_with_retraining, bus_without_retraining)"
+    )]
     pub bus: bool,
     /// `bus`: the pacer's sleep per round of observations.
+    #[arg(long, default_value_t = ServeBenchOptions::default().bus_pace_ms, hide = true, help = "--bus: the pacer's sleep after every round of the apps' observations, ms")]
     pub bus_pace_ms: u64,
     /// `bus`: settings other than the services' defaults ([`super::serve_bus::BusOptions::settings`]).
+    #[arg(long = "bus-set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "--bus: a setting of the services other than its default, SECTION.KEY=VALUE with a JSON value (repeatable), e.g. --bus-set trainer.train_every_transitions=50 or --bus-set actuator.guardrails.cpu_cooldown_ms=0")]
     pub bus_settings: Vec<(String, serde_json::Value)>,
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
 }
 
@@ -1249,7 +1292,7 @@ pub fn aggregate(results: &[AppResult], serve_episodes: usize) -> Vec<ArmReport>
 /// The learning curves as SVG: training (with noise), then every arm over the serve episodes;
 /// dashed lines at the injection episodes.
 pub fn curve_svg(train: &[f64], arms: &[ArmReport], inject_at: &[usize]) -> String {
-    use super::chart::{line_chart, Chart, Series};
+    use aware_harness::chart::{line_chart, Chart, Series};
     let mut series = vec![Series {
         name: "training (noisy)",
         offset: 0,

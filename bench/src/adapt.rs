@@ -62,7 +62,7 @@ use serde::Serialize;
 
 use self::features::TlPlusFeatures;
 use super::{fail, first, median, BenchError};
-use crate::train_meta::{
+use aware_harness::train_meta::{
     self, bundle_of, fallback_action, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
 };
 
@@ -76,57 +76,86 @@ const BATCH: usize = 64;
 /// Replay capacity per agent (more than any budget's transitions).
 const REPLAY_CAPACITY: usize = 100_000;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AdaptBenchOptions {
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// An `aware train-meta` output; None: a short meta-training (`train`) into
     /// `<out>/adapt-meta` first.
+    #[arg(
+        long,
+        help = "An `aware train-meta` output directory (default: a short meta-training first)"
+    )]
     pub meta: Option<PathBuf>,
     /// Held-out apps.
+    #[arg(long, default_value_t = AdaptBenchOptions::default().apps, help = "Held-out apps (generated from --seed, which must differ from the pool's)")]
     pub apps: usize,
     /// Generator and noise seed of the held-out apps (must differ from the pool's).
+    #[arg(long, default_value_t = AdaptBenchOptions::default().seed)]
     pub seed: u64,
     /// Episode budget per app and arm.
+    #[arg(long, default_value_t = AdaptBenchOptions::default().episodes)]
     pub episodes: usize,
+    #[arg(long, default_value_t = AdaptBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: usize,
     /// Gradient steps per transition (every learning arm).
+    #[arg(long, default_value_t = AdaptBenchOptions::default().gradient_steps, hide = true)]
     pub gradient_steps: u32,
     /// `aware`: fallback episodes before the first embedding (counted in the budget). 1 by
     /// default, as in the services: the trainer embeds a target after its first recorded episode.
+    #[arg(long, default_value_t = AdaptBenchOptions::default().fallback_episodes, hide = true, help = "AWARE: fallback episodes before the first embedding (counted in the budget; 1, as the trainer, which embeds a target after its first recorded episode)")]
     pub fallback_episodes: usize,
     /// `aware`: agent episodes between embedding refreshes.
+    #[arg(long, default_value_t = AdaptBenchOptions::default().embedding_refresh, hide = true, help = "AWARE: recompute the embedding from the app's top-M episodes every this many episodes")]
     pub embedding_refresh: usize,
     /// Moving-average window (episodes).
+    #[arg(skip = AdaptBenchOptions::default().window)]
     pub window: usize,
     /// Share of the converged reward to reach.
+    #[arg(skip = AdaptBenchOptions::default().threshold)]
     pub threshold: f64,
+    #[arg(skip = AdaptBenchOptions::default().hidden)]
     pub hidden: usize,
     /// Exploration σ of the TL source agents and of `scratch`.
+    #[arg(skip = AdaptBenchOptions::default().exploration_sigma)]
     pub exploration_sigma: f32,
     /// Exploration σ of every arm that fine-tunes a pre-trained policy (`aware`, `tl`,
     /// `tl_plus`; the same for the three, so no arm gets an advantage the others lack).
+    #[arg(long, default_value_t = AdaptBenchOptions::default().fine_tune_sigma, hide = true, help = "Exploration σ while fine-tuning a pre-trained policy: AWARE's meta-trained base-learner and TL's / TL+'s transferred agents alike (`aware train-meta`'s default; scratch and the TL sources explore with 0.2, Table 2)")]
     pub fine_tune_sigma: f32,
     /// Exploration σ of TL and TL+ only, when it should differ from `fine_tune_sigma` (None:
     /// the same). TL's transferred policy starts further from the app's optimum than AWARE's and
     /// may need more exploration: this lets each arm run at the σ it does best with.
+    #[arg(
+        long,
+        hide = true,
+        help = "TL's and TL+'s own fine-tuning σ (default: --fine-tune-sigma), to compare every arm at the σ it does best with"
+    )]
     pub tl_fine_tune_sigma: Option<f32>,
     /// Critic warm-up of every arm that fine-tunes a pre-trained policy (`aware`, `tl`,
     /// `tl_plus`, the same for the three): the gradient steps of the first this many episodes'
     /// transitions train the critic only ([`Ddpg::train_critic_step`]), so the actor does not
     /// follow a critic that has not yet seen the new app's returns. 0: none. `scratch` has
     /// nothing to keep and never warms up.
+    #[arg(long = "critic-warmup", default_value_t = AdaptBenchOptions::default().critic_warmup_episodes, hide = true, help = "Critic warm-up of AWARE, TL and TL+ alike: the gradient steps of the first this many episodes' transitions train the critic only (0: none)")]
     pub critic_warmup_episodes: usize,
     /// Index into the pool's training side of the TL source app (repetition r uses
     /// `source_index + r`).
+    #[arg(long, default_value_t = AdaptBenchOptions::default().source_index, hide = true, help = "TL/TL+ source app: index into the meta-training pool's training side (repetition r uses the next r-th)")]
     pub source_index: usize,
     /// Repetitions: each with its own source app (the next one of the training side) and its
     /// own held-out apps (seed `seed + 1000·r`), as the paper's repeated A/B tests.
+    #[arg(long, default_value_t = AdaptBenchOptions::default().repeats, help = "Repetitions, each with another source app and other held-out apps (seed + 1000·r); the TL source draw moves the speed-ups more than anything else, so the default averages over ten sources")]
     pub repeats: usize,
+    #[arg(skip = AdaptBenchOptions::default().source_min_episodes)]
     pub source_min_episodes: u32,
+    #[arg(long, default_value_t = AdaptBenchOptions::default().source_max_episodes, hide = true, help = "Most episodes the TL/TL+ source agents train (they stop earlier on a plateau)")]
     pub source_max_episodes: u32,
     /// Run the `scratch` arm.
+    #[arg(long = "no-scratch", action = clap::ArgAction::SetFalse, help = "Skip the learning-from-scratch reference arm")]
     pub scratch: bool,
     /// The short meta-training used without `meta`.
+    #[arg(skip = AdaptBenchOptions::default().train)]
     pub train: TrainMetaOptions,
 }
 
@@ -1387,7 +1416,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
 /// The learning curves (mean over apps of the per-step reward by episode) as SVG, with the mean
 /// 95% target dashed and AWARE's first policy episode marked.
 pub fn curve_svg(arms: &[ArmSummary], target: f64, policy_from: usize) -> String {
-    use super::chart::{line_chart, Chart, Series};
+    use aware_harness::chart::{line_chart, Chart, Series};
     line_chart(&Chart {
         series: arms
             .iter()
@@ -1620,7 +1649,7 @@ mod tests {
             base,
             MetaConfig {
                 state_dim: STATE_DIM,
-                ..crate::train_meta::tiny_meta()
+                ..aware_harness::train_meta::tiny_meta()
             },
         )
         .unwrap();
@@ -1736,7 +1765,7 @@ mod tests {
                 apps_per_iteration: 2,
                 updates_per_iteration: 1,
                 batch: 8,
-                meta: crate::train_meta::tiny_meta(),
+                meta: aware_harness::train_meta::tiny_meta(),
                 base_hidden: vec![16, 16],
                 progress_every: 0,
                 ..TrainMetaOptions::default()

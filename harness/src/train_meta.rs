@@ -102,55 +102,74 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainMetaError + '_ {
 }
 
 /// Options of `aware train-meta`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, clap::Args)]
 pub struct TrainMetaOptions {
     /// Apps in the generated pool (80% train, 20% held out).
+    #[arg(long, default_value_t = TrainMetaOptions::default().apps, help = "Apps in the generated pool")]
     pub apps: usize,
     /// Meta-training iterations.
+    #[arg(long, default_value_t = TrainMetaOptions::default().iterations, help = "Meta-training iterations")]
     pub iterations: u64,
     /// Seed of the pool, the split, the networks and every episode.
+    #[arg(long, default_value_t = TrainMetaOptions::default().seed)]
     pub seed: u64,
     /// Output directory.
+    #[arg(long, default_value = "meta-out")]
     pub out: PathBuf,
     /// Continue from the checkpoint in `out`.
+    #[arg(long, help = "Continue from the checkpoint in --out")]
     pub resume: bool,
     /// Write checkpoints every this many iterations (and at the end).
+    #[arg(long, default_value_t = TrainMetaOptions::default().checkpoint_every)]
     pub checkpoint_every: u64,
     /// Steps per episode T.
+    #[arg(long, default_value_t = TrainMetaOptions::default().steps_per_episode)]
     pub steps_per_episode: usize,
     /// Training apps drawn per iteration.
+    #[arg(long, default_value_t = TrainMetaOptions::default().apps_per_iteration)]
     pub apps_per_iteration: usize,
     /// Joint updates per iteration.
+    #[arg(long, default_value_t = TrainMetaOptions::default().updates_per_iteration)]
     pub updates_per_iteration: usize,
     /// Base-learner updates per iteration with the drawn apps' embeddings held fixed
     /// ([`MetaDdpg::train_base_step`]; no GRU pass, so far cheaper than a joint update).
+    #[arg(long, default_value_t = TrainMetaOptions::default().base_updates_per_iteration, help = "Base-learner updates per iteration with the embeddings held fixed (cheap: no GRU pass)")]
     pub base_updates_per_iteration: usize,
     /// Transitions per app in one update.
+    #[arg(skip = TrainMetaOptions::default().batch)]
     pub batch: usize,
     /// Final share of fallback episodes.
+    #[arg(skip = TrainMetaOptions::default().min_fallback)]
     pub min_fallback: f64,
     /// Exploration noise σ of agent episodes.
+    #[arg(skip = TrainMetaOptions::default().sigma)]
     pub sigma: f32,
     /// The exploration σ stored in `base.ckpt`: what the recommenders explore with while the
     /// services fine-tune this base-learner for a new target (`trainer.meta_dir`). Lower than
     /// learning from scratch (Table 2: 0.2): the policy starts near a good one, and noise costs
     /// it more reward than it finds (`aware bench adapt`, seed 1001: AWARE's mean episodes to 95%
     /// of converged 48.6 / 21.4 / 11.9 / 5.6 at σ 0.2 / 0.15 / 0.1 / 0.05).
+    #[arg(long, default_value_t = TrainMetaOptions::default().fine_tune_sigma, help = "Exploration σ stored in base.ckpt: what the services explore with while they fine-tune the base-learner for a new target")]
     pub fine_tune_sigma: f32,
     /// Meta-learner shape (state_dim is fixed to the simulator's).
+    #[arg(skip = TrainMetaOptions::default().meta)]
     pub meta: MetaConfig,
     /// Base-learner hidden widths.
+    #[arg(skip = TrainMetaOptions::default().base_hidden)]
     pub base_hidden: Vec<usize>,
     /// Progress line every this many iterations (0: none).
+    #[arg(skip = TrainMetaOptions::default().progress_every)]
     pub progress_every: u64,
     /// Independent trainings on the same pool, split and validation episodes (networks,
     /// exploration and the iteration draws seeded apart); the output is the best-validated agent
     /// of all. Joint training varies a lot from one initialization to the next (see
     /// [`run`]); 1: a single training straight into `out`.
     #[serde(default = "one")]
+    #[arg(long, default_value_t = DEFAULT_RESTARTS, help = "Independent trainings on the same pool (in --out/restart-N, as many at once as there are cores); --out gets the best-validated agent of all")]
     pub restarts: u64,
     /// Which restart this training is (0: the seeds of a single training).
     #[serde(default)]
+    #[arg(skip = TrainMetaOptions::default().restart)]
     pub restart: u64,
 }
 
@@ -200,6 +219,35 @@ impl Default for TrainMetaOptions {
             progress_every: 10,
             restarts: 1,
             restart: 0,
+        }
+    }
+}
+
+/// The command line of `aware train-meta`: [`TrainMetaOptions`] (at `aware train-meta`'s
+/// defaults, which train [`DEFAULT_RESTARTS`] restarts) plus the meta-learner's shape.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainMetaArgs {
+    #[command(flatten)]
+    pub options: TrainMetaOptions,
+    /// GRU hidden width per direction (FC width follows it).
+    #[arg(long, default_value_t = MetaConfig::default().hidden)]
+    pub hidden: usize,
+    /// Episodes per bundle (top-M).
+    #[arg(long, default_value_t = MetaConfig::default().bundle_size)]
+    pub bundle: usize,
+}
+
+impl TrainMetaArgs {
+    /// The options with the meta-learner's shape set from `hidden` and `bundle`.
+    pub fn into_options(self) -> TrainMetaOptions {
+        TrainMetaOptions {
+            meta: MetaConfig {
+                hidden: self.hidden,
+                fc_hidden: self.hidden,
+                bundle_size: self.bundle,
+                ..self.options.meta
+            },
+            ..self.options
         }
     }
 }
@@ -479,7 +527,7 @@ fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), TrainMetaError> {
     write_atomic(path, &text)
 }
 
-pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainMetaError> {
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainMetaError> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
     serde_json::from_slice(&bytes).map_err(|source| TrainMetaError::Json {
         path: path.display().to_string(),
@@ -994,8 +1042,8 @@ fn checkpoint(
 }
 
 /// A meta-learner small enough for unit tests (H 8, FC 8, E 4, M 3).
-#[cfg(test)]
-pub(crate) fn tiny_meta() -> MetaConfig {
+#[cfg(any(test, feature = "testing"))]
+pub fn tiny_meta() -> MetaConfig {
     MetaConfig {
         hidden: 8,
         fc_hidden: 8,

@@ -242,41 +242,9 @@ pub fn arm_config(
     cfg.sections
         .insert("trainer".into(), serde_json::json!({ "poll_ms": 50 }));
     for (path, value) in &opts.settings {
-        set_path(&mut cfg.sections, path, value.clone())?;
+        aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
     }
     Ok(cfg)
-}
-
-/// Sets `value` at the dotted `path` (`section.key[.key…]`) of the config's sections, creating
-/// the objects on the way.
-pub fn set_path(
-    sections: &mut std::collections::BTreeMap<String, serde_json::Value>,
-    path: &str,
-    value: serde_json::Value,
-) -> Result<(), BenchError> {
-    let bad = || fail(format!("setting {path:?}: expected section.key[.key…]"));
-    let parts: Vec<&str> = path.split('.').collect();
-    let (Some((section, keys)), false) = (parts.split_first(), parts.iter().any(|p| p.is_empty()))
-    else {
-        return Err(bad());
-    };
-    let Some((leaf, inner)) = keys.split_last() else {
-        return Err(bad());
-    };
-    let mut node = sections
-        .entry((*section).to_string())
-        .or_insert_with(|| serde_json::json!({}));
-    for k in inner {
-        node = node
-            .as_object_mut()
-            .ok_or_else(bad)?
-            .entry((*k).to_string())
-            .or_insert_with(|| serde_json::json!({}));
-    }
-    node.as_object_mut()
-        .ok_or_else(bad)?
-        .insert((*leaf).to_string(), value);
-    Ok(())
 }
 
 /// The Algorithm 1 profile registered for a target in `arm`.
@@ -450,7 +418,7 @@ pub async fn run_arm(
         .map(|h| (target_of(&h.app), first + h.final_regime_from as u64))
         .collect();
     let started = Instant::now();
-    let mut services = super::PacedServices::start(
+    let mut services = aware_harness::PacedServices::start(
         bus,
         cfg,
         opts.apps,

@@ -11,8 +11,8 @@ use aware_shared_model::{Ddpg, DdpgConfig, ModelError};
 
 use super::features::EXTRA_DIM;
 use super::{episode_seed, Learner, RunEpisode};
-use crate::bench::BenchError;
-use crate::train_meta::STATE_DIM;
+use crate::BenchError;
+use aware_harness::train_meta::STATE_DIM;
 
 /// How the source agent is trained.
 #[derive(Debug, Clone, PartialEq)]

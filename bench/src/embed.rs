@@ -22,7 +22,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::train_meta::{self, bundle_of, keep_top, run_episode, Driver, TrainMetaOptions};
+use aware_harness::train_meta::{self, bundle_of, keep_top, run_episode, Driver, TrainMetaOptions};
 
 use super::BenchError;
 
@@ -38,16 +38,25 @@ impl From<aware_shared_model::ModelError> for BenchError {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EmbedBenchOptions {
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// A trained meta-learner (`meta.ckpt`, `base.ckpt`); None: a short meta-training first.
+    #[arg(
+        long,
+        help = "An `aware train-meta` output directory (default: a short meta-training first)"
+    )]
     pub meta: Option<PathBuf>,
     /// Fallback episodes per app (the bundle is the top-M of them).
+    #[arg(long, default_value_t = EmbedBenchOptions::default().episodes, help = "Fallback episodes per app (the bundle is their top-M)")]
     pub episodes: usize,
+    #[arg(long, default_value_t = EmbedBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: usize,
+    #[arg(long, default_value_t = EmbedBenchOptions::default().seed)]
     pub seed: u64,
     /// The short meta-training used without `meta`.
+    #[arg(skip = EmbedBenchOptions::default().train)]
     pub train: TrainMetaOptions,
 }
 

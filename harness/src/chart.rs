@@ -1,4 +1,4 @@
-//! One SVG line chart for the benches' learning curves (serve, adapt, bootstrap): series of
+//! One SVG line chart for the learning curves of the benches (serve, adapt, bootstrap) and the demo: series of
 //! per-episode values, optional vertical markers (episode indices) and horizontal reference lines,
 //! a legend on the right. Non-finite points are skipped; the y range covers every finite value
 //! and reference line.

@@ -32,50 +32,72 @@ use serde::Serialize;
 
 use super::BenchError;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct BootstrapBenchOptions {
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().apps)]
     pub apps: usize,
     /// Generator and noise seed (held out: the tests use small seeds).
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().seed)]
     pub seed: u64,
     /// The early window: episodes per app.
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().episodes)]
     pub episodes: u32,
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: u32,
     /// Fallback episodes the bootstrap arm trains offline from before it may go ONLINE.
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().offline_episodes)]
     pub offline_episodes: u32,
     /// Work directory (trajectory stores and model stores of the arms).
+    #[arg(skip = BootstrapBenchOptions::default().work)]
     pub work: PathBuf,
     /// Per-arm wall-clock limit.
+    #[arg(skip = BootstrapBenchOptions::default().timeout)]
     pub timeout: Duration,
     /// Wall-clock pause after every simulated step (gives the trainer time).
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().pace_ms, hide = true, help = "Wall-clock pause after every simulated step, ms (time for the trainer)")]
     pub pace_ms: u64,
     /// `trainer.train_every_transitions` of the RL arms.
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().train_every_transitions, hide = true)]
     pub train_every_transitions: u64,
     /// `trainer.exploration_sigma` of the RL arms.
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().exploration_sigma, hide = true, help = "σ of the RL arms' exploration noise")]
     pub exploration_sigma: f32,
     /// `trainer.bc_alpha` (TD3+BC λ) of the RL arms.
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().bc_alpha, hide = true, help = "TD3+BC λ of the RL arms")]
     pub bc_alpha: f32,
     /// `lifecycle_monitor.probation_margin` / `behaviour_margin` of the bootstrap arm (the
     /// service defaults: 0.10 / 0.05).
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().probation_margin, hide = true, help = "`lifecycle_monitor.probation_margin` of the bootstrap arm")]
     pub probation_margin: f64,
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().behaviour_margin, hide = true, help = "`lifecycle_monitor.behaviour_margin` of the bootstrap arm")]
     pub behaviour_margin: f64,
     /// `trainer.meta_dir` of the bootstrap arm (an `aware train-meta` output): AWARE with
     /// meta-learning, its base-learner conditioned on the workload embedding of the fallback's
     /// episodes. `None`: the plain base-learner. The other arms never use it.
+    #[arg(
+        long,
+        help = "`trainer.meta_dir` of the bootstrap arm (an `aware train-meta` output): bootstrapping with the meta-trained, embedding-conditioned base-learner"
+    )]
     pub meta: Option<PathBuf>,
     /// `trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off;
     /// default: the services').
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().recent_fraction, hide = true, help = "`trainer.recent_fraction` of both RL arms (recency-mixed replay while ONLINE; 0: off)")]
     pub recent_fraction: f32,
     /// `lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off; default: the
     /// services').
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().rebaseline_after, hide = true, help = "`lifecycle_monitor.rebaseline_after_episodes` of both RL arms (0: off)")]
     pub rebaseline_after: usize,
     /// `recommender.eval_every_episodes` of both RL arms, with
     /// `lifecycle_monitor.online_noise_free_only` (0: off; default: the services').
+    #[arg(long, default_value_t = BootstrapBenchOptions::default().eval_every, hide = true, help = "`recommender.eval_every_episodes` of both RL arms, with `lifecycle_monitor.online_noise_free_only` (0: off)")]
     pub eval_every: u32,
     /// Settings of the services other than their defaults in every arm, `(section.key[.key…],
     /// JSON value)`, applied after the bench's own (`--set`).
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "A setting of the services other than its default in every arm, SECTION.KEY=VALUE with a JSON value (repeatable), e.g. --set trainer.learn_action=applied")]
     pub settings: Vec<(String, serde_json::Value)>,
     /// Settings of one arm only, `(arm, section.key[.key…], JSON value)`, applied after
     /// `settings` (`--set-arm`): e.g. each RL arm at its own best `trainer.bc_alpha`.
+    #[arg(long = "set-arm", value_name = "ARM:KEY=VALUE", value_parser = crate::cli::parse_arm_setting, help = "A setting of one arm only, ARM:SECTION.KEY=VALUE (ARM: fallback, bootstrap or no_bootstrap; repeatable), applied after --set, e.g. each RL arm at its own best λ: --bc-alpha 100 --set-arm no_bootstrap:trainer.bc_alpha=25")]
     pub arm_settings: Vec<(String, String, serde_json::Value)>,
 }
 
@@ -289,10 +311,10 @@ fn arm_config(
     }
     cfg.sections.insert("trainer".into(), trainer);
     for (path, value) in &opts.settings {
-        super::serve_bus::set_path(&mut cfg.sections, path, value.clone())?;
+        aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
     }
     for (_, path, value) in opts.arm_settings.iter().filter(|s| s.0 == arm.name()) {
-        super::serve_bus::set_path(&mut cfg.sections, path, value.clone())?;
+        aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
     }
     Ok(cfg)
 }
@@ -344,7 +366,7 @@ async fn run_arm(
     // Small buffers: the pacer's back-pressure reaches the collector within a few steps.
     let bus = Bus::in_process((4 * opts.apps).max(64));
     let started = Instant::now();
-    let mut services = super::PacedServices::start(
+    let mut services = aware_harness::PacedServices::start(
         bus,
         cfg,
         opts.apps,
@@ -476,7 +498,7 @@ async fn run_arm(
 /// step, SLO violations per episode, CPU and memory utilization, each by episode of the window,
 /// one line per arm (mean over apps), and the oracle's mean over the window as a level line.
 pub fn plots(r: &BootstrapReport) -> Vec<(&'static str, String)> {
-    use super::chart::{line_chart, Chart, Series};
+    use aware_harness::chart::{line_chart, Chart, Series};
     let oracle = r.oracle_total_reward / r.window_steps().max(1.0);
     let app_episodes = f64::from(r.episodes) * r.apps as f64;
     let oracle_slo = r.oracle_slo_violations as f64 / app_episodes.max(1.0);

@@ -27,12 +27,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::{median, BenchError};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct LoopBenchOptions {
+    #[arg(long, default_value_t = LoopBenchOptions::default().targets)]
     pub targets: usize,
+    #[arg(long, default_value_t = LoopBenchOptions::default().steps)]
     pub steps: u64,
+    #[arg(long, default_value_t = LoopBenchOptions::default().runs)]
     pub runs: usize,
     /// The recommender binary (default: `aware-recommender` next to the running executable).
+    #[arg(skip)]
     pub recommender_bin: Option<PathBuf>,
 }
 
@@ -180,7 +184,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
         .await?;
     observer.flush().await?;
     let shutdown = CancellationToken::new();
-    let others: Vec<_> = crate::SERVICES
+    let others: Vec<_> = aware_harness::SERVICES
         .iter()
         .copied()
         .filter(|e| e.name != aware_recommender::NAME)
