@@ -5,7 +5,8 @@
 # 1. The simulator (`aware-loadgen`) is research and test equipment: no workspace crate reaches it
 #    through its normal dependencies (dev-dependencies are fine) except the metrics collector,
 #    whose simulator source must be an optional dependency (cargo feature `simulator`), the CLI
-#    (`aware sim`, `aware demo`, `aware bench`), the benchmarks and the tests.
+#    (`aware sim`, `aware demo`, `aware bench`) and its harness (`aware-harness`: the demo's paced
+#    services, meta-training), the benchmarks and the tests.
 # 2. Only the model crate (`aware-shared-model`) depends on the tensor library (`dfdx`), in any
 #    kind of dependency; everything else uses the model crate's types.
 #
@@ -21,7 +22,9 @@ import json
 import sys
 
 SIMULATOR = "aware-loadgen"
-SIMULATOR_USERS = {"aware-metrics-collector", "aware-cli", "aware-tests", "aware-bench", "aware-fuzz"}
+SIMULATOR_USERS = {
+    "aware-metrics-collector", "aware-cli", "aware-harness", "aware-tests", "aware-bench", "aware-fuzz",
+}
 OPTIONAL_USERS = {"aware-metrics-collector"}
 TENSOR = "dfdx"
 TENSOR_USERS = {"aware-shared-model"}
