@@ -147,8 +147,7 @@ pub struct TrainMetaOptions {
     /// The exploration σ stored in `base.ckpt`: what the recommenders explore with while the
     /// services fine-tune this base-learner for a new target (`trainer.meta_dir`). Lower than
     /// learning from scratch (Table 2: 0.2): the policy starts near a good one, and noise costs
-    /// it more reward than it finds (`aware bench adapt`, seed 1001: AWARE's mean episodes to 95%
-    /// of converged 48.6 / 21.4 / 11.9 / 5.6 at σ 0.2 / 0.15 / 0.1 / 0.05).
+    /// it more reward than it finds (docs/adr/0012-meta-learner.md).
     #[arg(long, default_value_t = TrainMetaOptions::default().fine_tune_sigma, help = "Exploration σ stored in base.ckpt: what the services explore with while they fine-tune the base-learner for a new target")]
     pub fine_tune_sigma: f32,
     /// Meta-learner shape (state_dim is fixed to the simulator's).
@@ -179,9 +178,9 @@ fn one() -> u64 {
 
 /// `aware train-meta`'s default `--restarts` (the library's [`TrainMetaOptions::default`] stays
 /// at one training, for the short trainings of the benches and tests). Four reseeded trainings,
-/// the best-validated kept: on the seed-2 and seed-3 pools AWARE's mean episodes to 95% in
-/// `aware bench adapt` fell from 36.8 to 15.9 and from 17.2 to 13.8 (seed 1001, 3 × 10 apps).
-/// About 2.5–4× the wall time of one training on two cores (459 s for the default pool).
+/// the best-validated kept: one initialization can land far from another, and the best of four
+/// adapts faster in `aware bench adapt` (docs/adr/0012-meta-learner.md), for a few times the
+/// wall time of one training.
 pub const DEFAULT_RESTARTS: u64 = 4;
 
 impl TrainMetaOptions {
@@ -624,9 +623,7 @@ pub fn restart_dir(out: &Path, r: u64) -> PathBuf {
 /// `out/restart-<r>/` (as many at once as there are cores; each one resumable on its own), and
 /// `out` receives the best-validated agent of all of them, with the winner's log plus every
 /// restart's kept validation (`TrainLog::restarts`, `kept_restart`). One initialization can
-/// land far from another: four pools of 100 apps (seeds 0–3) validated at 1.20, 1.20, 1.08 and
-/// 1.17× the fallback's reward, and `aware bench adapt` (seed 1001) measured AWARE's mean
-/// episodes to 95% of converged at 7.4, 15.2, 36.8 and 17.2.
+/// land far from another ([`DEFAULT_RESTARTS`]).
 pub fn run(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
     if opts.apps < 2 || opts.apps_per_iteration == 0 || opts.steps_per_episode < 2 {
         return Err(TrainMetaError::Invalid(

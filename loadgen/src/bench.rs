@@ -91,7 +91,7 @@ pub struct SimBenchReport {
     pub target_steps_per_sec_goal: f64,
     /// Whether the median meets the goal.
     pub meets_goal: bool,
-    /// Whether this was built with optimizations (debug builds are ~20× slower).
+    /// Whether this was built with optimizations (debug builds are far slower).
     pub optimized_build: bool,
     /// Targets per run.
     pub targets: usize,

@@ -12,7 +12,7 @@
 //!
 //! A policy holds an allocation by naming it (an interior action), not by producing exactly 0, so
 //! a saturated actor does not walk the workload into a corner of the bounds (DDPG on the delta map
-//! ends at 1 or 20 replicas on most apps; ARCHITECTURE.md, *Action space*).
+//! ends at 1 or 20 replicas on most apps; docs/adr/0011-absolute-action-map.md).
 //! [`ActionMode::Delta`] keeps the older map: `n' = n + round(a₀ · max_replica_delta)`,
 //! `c' = c + a₁ · cpu_delta_fraction · (max_cpu − min_cpu)`, likewise memory.
 //! [`action_for`] is the inverse: the raw action that asks for a given allocation.

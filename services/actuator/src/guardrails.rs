@@ -47,9 +47,8 @@
 //! capacity at once, and the HPA relies on a stabilization window for the same reason. Vertical
 //! changes are bounded to ±50 % per step. They have no cooldown by default: the Kubernetes sink
 //! resizes pods in place (`vertical_mode = in_place`), which restarts nothing, and on the simulated
-//! cluster (about half its apps roll a restart for every vertical change) a 60 s cooldown cost the
-//! converged policy 1–6 % of its reward, and retraining 8 % on the app set measured with the
-//! cooldown alone (ARCHITECTURE, *On the services*).
+//! cluster a cooldown cost the converged policy and retraining reward
+//! (docs/adr/0007-no-vertical-cooldown.md).
 //! A cluster that patches the template (`template_patch`, or the in-place fallback) restarts the
 //! pods on every vertical change: set `cpu_cooldown_ms` / `memory_cooldown_ms` (e.g. 60000; a
 //! CPU change then starts the memory cooldown too, both restart the same pods). The

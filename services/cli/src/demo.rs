@@ -400,7 +400,7 @@ pub fn demo_config(
     });
     if let (Some(meta), Some(t)) = (meta, trainer.as_object_mut()) {
         t.insert("meta_dir".into(), meta.display().to_string().into());
-        // A light imitation term keeps more of the meta-trained policy (README, trainer.bc_alpha).
+        // A light imitation term keeps more of the meta-trained policy (docs/adr/0004-td3-bc-bootstrapping.md).
         t.insert("bc_alpha".into(), 100.0.into());
     }
     cfg.sections.insert("trainer".into(), trainer);

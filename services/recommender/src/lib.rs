@@ -135,8 +135,8 @@ pub struct RecommenderConfig {
     /// While a target retrains (ONLINE entered from SERVING: Algorithm 1's trigger), its
     /// exploration noise is the checkpoint's scaled by this: a converged policy adapting to a
     /// changed workload needs less exploration than one learning from scratch. 1: the
-    /// checkpoint's σ; 0: no exploration while retraining. Default 0.5 (σ 0.2 → 0.1, measured in
-    /// `aware bench serve`).
+    /// checkpoint's σ; 0: no exploration while retraining. Default 0.5 (σ 0.2 → 0.1;
+    /// docs/adr/0006-retraining-defaults.md).
     pub retrain_noise_scale: f32,
 }
 

@@ -75,8 +75,8 @@ pub struct DdpgConfig {
     pub seed: u64,
     /// Weight of `mean(z²)` in the actor's loss, z the input of its tanh output layer: keeps the
     /// actor out of tanh saturation, where the critic's gradient vanishes and a policy stays at a
-    /// corner of the action space whatever the critic learns (measured: without it, DDPG on the
-    /// simulator ends at |a| > 0.9999 on most apps). 0 turns it off.
+    /// corner of the action space whatever the critic learns (without it, DDPG on the simulator
+    /// saturates on most apps). 0 turns it off.
     #[serde(default = "default_preactivation_penalty")]
     pub actor_preactivation_penalty: f32,
     /// Bounds `[lo, hi]` the critic's bootstrapped target `r + γ(1−done)·Q'` is clamped to.

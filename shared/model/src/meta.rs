@@ -34,9 +34,8 @@
 //! `Ddpg::act(state ‖ embedding)` on the saved base checkpoint is exactly the trained policy.
 //!
 //! The output activation defaults to tanh, not the paper's ReLU: in joint training the ReLU
-//! embedding drifted to a large common offset (values 2–5) with near-identical directions for
-//! every workload (cosine similarity 1.000 between all bench apps after the default
-//! meta-training, measured), while tanh keeps it bounded and signed.
+//! embedding drifted to a large common offset with near-identical directions for every workload,
+//! while tanh keeps it bounded and signed (docs/adr/0012-meta-learner.md).
 
 mod gru;
 
@@ -103,11 +102,10 @@ pub struct MetaConfig {
 }
 
 impl Default for MetaConfig {
-    /// H = 64, FC 64 → 64, 2 bidirectional layers, M = 20, E = 64. Measured on the 2-core
-    /// development machine (`examples/meta_bench.rs`, release, one joint step over a 20 × 100
-    /// bundle): H = 32 43 ms, H = 64 82 ms, H = 128 432 ms, H = 256 (the paper's) 1.1 s per
-    /// BPTT iteration. H = 64 keeps meta-training of the default pool within minutes; the
-    /// paper's sizes are [`MetaConfig::paper`].
+    /// H = 64, FC 64 → 64, 2 bidirectional layers, M = 20, E = 64: the paper's H = 256 costs
+    /// about an order of magnitude more per BPTT iteration (`examples/meta_bench.rs`); H = 64
+    /// keeps meta-training of the default pool within minutes. The paper's sizes are
+    /// [`MetaConfig::paper`].
     fn default() -> Self {
         Self {
             state_dim: 9,
