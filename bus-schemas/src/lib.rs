@@ -13,4 +13,305 @@ pub use codec::{decode, decode_any, decode_event, encode, encode_event, DecodeEr
 pub use messages::*;
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use std::path::PathBuf;
+
+    use proptest::prelude::*;
+
+    use crate::generated::{fixture_file, json_schema, samples, schema_file};
+    use crate::*;
+
+    fn crate_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn every_sample_round_trips() {
+        let samples = samples();
+        assert_eq!(samples.len(), EventKind::ALL.len());
+        for ev in samples {
+            let bytes = encode_event(&ev).unwrap();
+            assert_eq!(decode_any(&bytes).unwrap(), ev);
+            assert_eq!(decode_event(ev.kind(), &bytes).unwrap(), ev);
+        }
+    }
+
+    #[test]
+    fn golden_fixtures_match_committed_bytes() {
+        for ev in samples() {
+            let path = crate_dir().join("fixtures").join(fixture_file(ev.kind()));
+            let committed = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (run `aware schemas --write bus-schemas`)",
+                    path.display()
+                )
+            });
+            let encoded = encode_event(&ev).unwrap();
+            assert_eq!(
+                encoded,
+                committed,
+                "encoding of {} changed: this breaks the wire contract; bump the schema version or \
+                 regenerate deliberately with `aware schemas --write bus-schemas`",
+                ev.kind()
+            );
+            assert_eq!(decode_any(&committed).unwrap(), ev);
+        }
+    }
+
+    #[test]
+    fn committed_json_schemas_are_fresh() {
+        for kind in EventKind::ALL {
+            let path = crate_dir().join("schemas").join(schema_file(kind));
+            let committed = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(
+                committed,
+                json_schema(kind),
+                "{} is stale: run `aware schemas --write bus-schemas`",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn json_schema_names_the_header_fields() {
+        for kind in EventKind::ALL {
+            let v: serde_json::Value = serde_json::from_str(&json_schema(kind)).unwrap();
+            let required: Vec<&str> = v["required"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap())
+                .collect();
+            for f in ["schema", "target", "episode", "step", "ts_ms"] {
+                assert!(required.contains(&f), "{kind}: {f} not required");
+            }
+            assert_eq!(
+                v["properties"]["schema"]["const"],
+                format!("{}/1", kind.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn wire_format_is_a_named_map_readable_without_our_types() {
+        for ev in samples() {
+            let bytes = encode_event(&ev).unwrap();
+            let value = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+            let map = value.as_map().expect("top level is a map");
+            let keys: Vec<&str> = map.iter().map(|(k, _)| k.as_str().unwrap()).collect();
+            for f in ["schema", "target", "episode", "step", "ts_ms"] {
+                assert!(keys.contains(&f), "{}: {f} missing in {keys:?}", ev.kind());
+            }
+            let schema = map
+                .iter()
+                .find(|(k, _)| k.as_str() == Some("schema"))
+                .unwrap()
+                .1
+                .as_str()
+                .unwrap();
+            assert_eq!(schema, format!("{}/1", ev.kind()));
+        }
+    }
+
+    #[test]
+    fn enums_are_encoded_as_strings() {
+        let ev = samples()
+            .into_iter()
+            .find(|e| e.kind() == EventKind::Action)
+            .unwrap();
+        let bytes = encode_event(&ev).unwrap();
+        let value = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let get = |k: &str| {
+            value
+                .as_map()
+                .unwrap()
+                .iter()
+                .find(|(key, _)| key.as_str() == Some(k))
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert_eq!(get("source").as_str(), Some("rl"));
+        assert_eq!(get("stage").as_str(), Some("online"));
+    }
+
+    #[test]
+    fn nan_in_a_state_survives_the_codec() {
+        let Event::Obs(mut obs) = samples().remove(0) else {
+            panic!("first sample is obs")
+        };
+        obs.state[0] = f32::NAN;
+        let back: Obs = decode(&encode(&obs).unwrap()).unwrap();
+        assert!(back.state[0].is_nan());
+    }
+
+    fn with_schema(ev: &Event, schema: &str) -> Vec<u8> {
+        let bytes = encode_event(ev).unwrap();
+        let mut value = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        if let rmpv::Value::Map(entries) = &mut value {
+            for (k, v) in entries.iter_mut() {
+                if k.as_str() == Some("schema") {
+                    *v = rmpv::Value::from(schema);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &value).unwrap();
+        out
+    }
+
+    #[test]
+    fn typed_errors_for_bad_input() {
+        let obs = samples().remove(0);
+        assert_eq!(decode_any(&[]), Err(DecodeError::Empty));
+        assert_eq!(
+            decode_any(&[0x93, 1, 2, 3]),
+            Err(DecodeError::NotAMap(0x93))
+        );
+        assert!(matches!(
+            decode_any(&with_schema(&obs, "obs/2")),
+            Err(DecodeError::UnsupportedVersion { .. })
+        ));
+        assert!(matches!(
+            decode_any(&with_schema(&obs, "weather/1")),
+            Err(DecodeError::UnknownKind(_))
+        ));
+        assert!(matches!(
+            decode::<Action>(&encode_event(&obs).unwrap()),
+            Err(DecodeError::WrongSchema {
+                expected: "action/1",
+                ..
+            })
+        ));
+        // A map without a schema field.
+        let no_schema = rmp_serde::to_vec_named(&Target::new("a", "b")).unwrap();
+        assert!(matches!(
+            decode_any(&no_schema),
+            Err(DecodeError::NoSchema(_))
+        ));
+        // Trailing bytes.
+        let mut trailing = encode_event(&obs).unwrap();
+        trailing.push(0xc0);
+        assert_eq!(decode_any(&trailing), Err(DecodeError::TrailingBytes(1)));
+        // A right schema with a field of the wrong type.
+        let Event::Obs(o) = &obs else { unreachable!() };
+        let mut value = rmpv::decode::read_value(&mut &encode(o).unwrap()[..]).unwrap();
+        if let rmpv::Value::Map(entries) = &mut value {
+            for (k, v) in entries.iter_mut() {
+                if k.as_str() == Some("step") {
+                    *v = rmpv::Value::from("forty-two");
+                }
+            }
+        }
+        let mut wrong = Vec::new();
+        rmpv::encode::write_value(&mut wrong, &value).unwrap();
+        let err = decode_any(&wrong).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    kind: EventKind::Obs,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_truncation_of_every_message_is_an_error() {
+        for ev in samples() {
+            let bytes = encode_event(&ev).unwrap();
+            for len in 0..bytes.len() {
+                assert!(
+                    decode_any(&bytes[..len]).is_err(),
+                    "{} truncated to {len} bytes decoded",
+                    ev.kind()
+                );
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_any(&bytes);
+            for kind in EventKind::ALL {
+                let _ = decode_event(kind, &bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_messages_never_panic(
+            idx in 0usize..8,
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        ) {
+            let ev = &samples()[idx];
+            let mut bytes = encode_event(ev).unwrap();
+            for (at, byte) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] = byte;
+            }
+            if let Ok(decoded) = decode_any(&bytes) {
+                // Whatever decodes re-encodes and decodes to itself.
+                let again = encode_event(&decoded).unwrap();
+                let back = decode_any(&again).unwrap();
+                prop_assert_eq!(back.kind(), decoded.kind());
+            }
+        }
+
+        #[test]
+        fn obs_round_trips(
+            episode in any::<u64>(),
+            step in any::<u32>(),
+            state in proptest::collection::vec(-10.0f32..10.0, 0..80),
+            reward in proptest::option::of(-100.0f64..100.0),
+            ns in "[a-z][a-z0-9-]{0,20}",
+        ) {
+            let Event::Obs(mut obs) = samples().remove(0) else { unreachable!() };
+            obs.episode = episode;
+            obs.step = step;
+            obs.state = state;
+            obs.reward = reward;
+            obs.target.namespace = ns;
+            let back: Obs = decode(&encode(&obs).unwrap()).unwrap();
+            prop_assert_eq!(back, obs);
+        }
+    }
+
+    #[test]
+    fn retraining_is_online_entered_from_serving_until_it_leaves_online() {
+        let l = |stage, previous| Lifecycle {
+            schema: Schema::new(),
+            target: Target::new("ns", "app"),
+            episode: 3,
+            step: 0,
+            ts_ms: 0,
+            stage,
+            previous,
+            reason: String::new(),
+            reward_mean: None,
+            reward_std: None,
+            window: 0,
+            rollback_to: None,
+        };
+        use Stage::*;
+        // Entered from SERVING: retraining, whatever came before.
+        assert!(l(Online, Some(Serving)).retraining(false));
+        assert!(l(Online, Some(Serving)).retraining(true));
+        // Entered from OFFLINE (bootstrapped) or at start: first learning.
+        assert!(!l(Online, Some(Offline)).retraining(true));
+        assert!(!l(Online, Some(Initialized)).retraining(true));
+        assert!(!l(Online, None).retraining(true));
+        // Staying ONLINE keeps the answer.
+        assert!(l(Online, Some(Online)).retraining(true));
+        assert!(!l(Online, Some(Online)).retraining(false));
+        // Leaving ONLINE ends it.
+        for stage in [Serving, Offline, Initialized] {
+            assert!(!l(stage, Some(Online)).retraining(true), "{stage:?}");
+        }
+    }
+}

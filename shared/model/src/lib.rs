@@ -24,11 +24,6 @@ mod net;
 mod normalizer;
 mod replay;
 
-#[cfg(test)]
-mod learning_tests;
-#[cfg(test)]
-mod offline_tests;
-
 pub use bench::{bench_training, BenchReport, BENCH_BATCH};
 pub use checkpoint::{FORMAT_VERSION, MAGIC, MAX_CHECKPOINT_BYTES};
 pub use config::{

@@ -3,11 +3,14 @@
 //! policy that is a fixed function of the state plus small noise, and a reward known in closed
 //! form.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use crate::{Batch, BcConfig, Ddpg, DdpgConfig, Transition, ACTION_DIM};
+use aware_shared_model::{Batch, BcConfig, Ddpg, DdpgConfig, Transition, ACTION_DIM};
 
 /// The behaviour policy's mean action: well inside [−0.45, 0.45]³.
 fn behaviour(s: &[f32]) -> [f32; ACTION_DIM] {

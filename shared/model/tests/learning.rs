@@ -1,10 +1,13 @@
 //! DDPG must learn: a deterministic contextual control task where the best action is a fixed
 //! function of the state.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Ddpg, DdpgConfig, ReplayBuffer, Transition, ACTION_DIM};
+use aware_shared_model::{Ddpg, DdpgConfig, ReplayBuffer, Transition, ACTION_DIM};
 
 /// The ideal action for a state in [−1, 1]³ (inside [−1, 1]³).
 fn ideal(s: &[f32]) -> [f32; ACTION_DIM] {
