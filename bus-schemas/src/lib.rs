@@ -1,4 +1,4 @@
-//! The AWARE bus contract (DESIGN §2): message types, subjects, the MessagePack codec, generated
+//! The AWARE bus contract (docs/design.md §2): message types, subjects, the MessagePack codec, generated
 //! JSON Schemas and golden fixtures.
 //!
 //! External tools need none of this crate: messages are MessagePack maps with the field names

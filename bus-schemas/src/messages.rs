@@ -1,4 +1,4 @@
-//! The seven messages of DESIGN §2 (contract), plus `target`: the controller's registrations.
+//! The seven messages of docs/design.md §2 (contract), plus `target`: the controller's registrations.
 //!
 //! Every message is a MessagePack map with named fields and carries `schema` (`"<kind>/<version>"`),
 //! `target {namespace, name}`, `episode`, `step` and `ts_ms` (Unix epoch milliseconds).

@@ -1,4 +1,4 @@
-//! Subject builders and parsers (DESIGN §2, contract).
+//! Subject builders and parsers (docs/design.md §2, contract).
 //!
 //! Every event travels on `aware.v1.<event>.<namespace>.<target>`. Kubernetes object names may
 //! contain `.` (DNS-1123 subdomains) which is the NATS token separator, so a `.` in a namespace or

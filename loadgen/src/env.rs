@@ -1,4 +1,4 @@
-//! Gym-like environment on the learning problem of `aware-mdp` (DESIGN §3): lock-step virtual
+//! Gym-like environment on the learning problem of `aware-mdp` (docs/design.md §3): lock-step virtual
 //! time over [`TargetSim`]s.
 //!
 //! The state ([`State`], named features, [`STATE_NAMES`]), the action map ([`map_action`],

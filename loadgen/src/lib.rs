@@ -1,4 +1,4 @@
-//! Simulated cluster for AWARE (DESIGN §6): the environment for training, tests and benchmarks
+//! Simulated cluster for AWARE (docs/design.md §6): the environment for training, tests and benchmarks
 //! where there is no cluster.
 //!
 //! # Entry points for the CLI

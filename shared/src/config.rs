@@ -71,7 +71,7 @@ pub enum ClockMode {
 #[serde(default, deny_unknown_fields)]
 pub struct CollectorConfig {
     pub source: SourceKind,
-    /// Control steps per episode (DESIGN §3: 100).
+    /// Control steps per episode (docs/design.md §3: 100).
     pub steps_per_episode: u32,
     pub simulator: SimulatorSourceConfig,
     pub prometheus: PrometheusSourceConfig,
@@ -728,7 +728,7 @@ pub fn stable_hash(s: &str) -> u64 {
 }
 
 /// The lifecycle profile of Algorithm 1. Rewards are per-step means of an episode
-/// (r_t ∈ [0, 2] with the reward of DESIGN §3), so thresholds do not depend on episode length.
+/// (r_t ∈ [0, 2] with the reward of docs/design.md §3), so thresholds do not depend on episode length.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LifecycleProfile {

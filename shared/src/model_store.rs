@@ -1,4 +1,4 @@
-//! The model store (DESIGN §5): versioned weights by key, each with its SHA-256.
+//! The model store (docs/design.md §5): versioned weights by key, each with its SHA-256.
 //!
 //! The trainer writes a checkpoint with [`ModelStore::put`] and announces the returned
 //! [`StoredObject`] (uri, sha256, size) in a `model` message; a recommender resolves the uri with

@@ -1,5 +1,5 @@
 //! The `AwareAutoscaler` custom resource (`aware.dev/v1alpha1`), shaped after the
-//! multidimensional pod autoscaler API (DESIGN §4).
+//! multidimensional pod autoscaler API (docs/design.md §4).
 //!
 //! What the API server can check alone is in the schema (ranges, enums, CEL rules with the
 //! Kubernetes quantity library); what needs the target's current allocation is
