@@ -13,6 +13,7 @@ use crate::bus::{Bus, BusError};
 use crate::config::AppConfig;
 use crate::telemetry::{Readiness, ServiceMetrics, TelemetryError};
 
+/// Why a service stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error(transparent)]
@@ -25,8 +26,22 @@ pub enum ServiceError {
     Telemetry(#[from] TelemetryError),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("{0}")]
-    Other(String),
+    /// A task of the service (its writer, its publisher, the service itself under
+    /// `aware run all`) panicked or was cancelled.
+    #[error("{task} task: {source}")]
+    Task {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Something the service opens or runs on failed (a store, a client, a file, the
+    /// simulator), named by `what` (the setting or the step).
+    #[error("{what}: {source}")]
+    Resource {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// One service of several in a process failed (`aware run all`): which one.
     #[error("{service}: {source}")]
     Failed {
@@ -34,6 +49,19 @@ pub enum ServiceError {
         #[source]
         source: Box<ServiceError>,
     },
+}
+
+impl ServiceError {
+    /// A failure of `what` (a setting, a resource or a step of the service), keeping its cause.
+    pub fn resource(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ServiceError::Resource {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Everything a running service needs; cheap to clone.
