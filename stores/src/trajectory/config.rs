@@ -83,7 +83,7 @@ pub enum StoreConfigError {
     Open {
         key: String,
         #[source]
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -140,7 +140,7 @@ pub fn open_store(
                 SqliteStore::open(&SqliteConfig::new(&cfg.sqlite_path)).map_err(|source| {
                     StoreConfigError::Open {
                         key: key("sqlite_path"),
-                        source,
+                        source: Box::new(source),
                     }
                 })?;
             Ok(Arc::new(store))
@@ -150,7 +150,7 @@ pub fn open_store(
             q.table_prefix = cfg.questdb_table_prefix.clone();
             let store = QuestDbStore::open(q).map_err(|source| StoreConfigError::Open {
                 key: key("questdb_url"),
-                source,
+                source: Box::new(source),
             })?;
             Ok(Arc::new(store))
         }
@@ -202,7 +202,7 @@ mod tests {
             panic!("QuestDB is read without TLS")
         };
         assert!(
-            matches!(&e, StoreConfigError::Open { key, source: StoreError::QuestDbConfig { .. } } if key == "recorder.questdb_url"),
+            matches!(&e, StoreConfigError::Open { key, source } if key == "recorder.questdb_url" && matches!(**source, StoreError::QuestDbConfig { .. })),
             "{e:?}"
         );
     }

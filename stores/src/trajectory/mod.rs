@@ -241,7 +241,7 @@ pub enum StoreError {
         url: String,
         query: String,
         #[source]
-        source: self::questdb::QueryError,
+        source: Box<self::questdb::QueryError>,
     },
     #[error("questdb: {op}: table {table} at {url} did not apply its WAL within {timeout_ms} ms")]
     QuestDbNotVisible {
@@ -257,7 +257,7 @@ pub enum StoreError {
         /// The row's identity (`ns/name episode e step s`) when known, else the row.
         key: String,
         #[source]
-        source: self::questdb::CellError,
+        source: Box<self::questdb::CellError>,
     },
     #[error("{op}: corrupt row in table {table} for {key}: {detail}")]
     Corrupt {

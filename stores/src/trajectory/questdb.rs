@@ -577,7 +577,7 @@ impl QuestDbStore {
             table: table.to_owned(),
             url: self.base.clone(),
             query: sql.to_owned(),
-            source,
+            source: Box::new(source),
         };
         let mut req = self
             .agent
@@ -637,7 +637,7 @@ impl QuestDbStore {
                 table: table.clone(),
                 url: self.base.clone(),
                 query: sql.clone(),
-                source: QueryError::Unexpected(ans.dataset.clone()),
+                source: Box::new(QueryError::Unexpected(ans.dataset.clone())),
             })?;
         Ok(n)
     }
@@ -683,7 +683,7 @@ impl QuestDbStore {
                         table: table.to_owned(),
                         url: self.base.clone(),
                         query: sql.clone(),
-                        source: QueryError::Suspended,
+                        source: Box::new(QueryError::Suspended),
                     });
                 }
                 if let (Ok(w), Ok(s)) = (writer, sequencer) {
@@ -721,7 +721,7 @@ impl QuestDbStore {
             op,
             table: table.clone(),
             key,
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -934,7 +934,7 @@ impl TrajectoryStore for QuestDbStore {
                         op: "list targets",
                         table: table.clone(),
                         key: format!("{row:?}"),
-                        source,
+                        source: Box::new(source),
                     })?;
                 set.insert(t);
             }
