@@ -551,10 +551,10 @@ async fn prune(
     for target in due {
         retention.since.insert(target.clone(), 0);
         let (s, t) = (store.clone(), target.clone());
-        let outcome = tokio::task::spawn_blocking(move || s.prune(&t, keep))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
+        let outcome = match tokio::task::spawn_blocking(move || s.prune(&t, keep)).await {
+            Ok(r) => r.map_err(PruneError::Store),
+            Err(e) => Err(PruneError::Task(e)),
+        };
         match outcome {
             Ok(p) => {
                 metrics.pruned_transitions.inc_by(p.transitions);
@@ -569,6 +569,15 @@ async fn prune(
             }
         }
     }
+}
+
+/// A failed retention pass (logged and counted; tried again later).
+#[derive(Debug, thiserror::Error)]
+enum PruneError {
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("blocking task: {0}")]
+    Task(tokio::task::JoinError),
 }
 
 /// The recorder's side of forgetting ([`aware_shared::forget`]): marks and data in the
