@@ -40,7 +40,7 @@ use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, LifecycleProfile, SimInjection, SourceKind};
 use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
 use aware_shared::registry::to_registered;
-use aware_trajectory_recorder::store::{self as tstore, SqliteStore, TrajectoryStore};
+use aware_stores::trajectory::{self as tstore, SqliteStore, TrajectoryStore};
 use bytes::Bytes;
 use serde::Serialize;
 

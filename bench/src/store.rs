@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aware_bus_schemas::Target;
-use aware_trajectory_recorder::store::conformance::transition;
-use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore, Transition};
+use aware_stores::trajectory::conformance::transition;
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore, Transition};
 use serde::Serialize;
 
 use super::{fail, median, BenchError};

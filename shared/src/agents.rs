@@ -39,7 +39,10 @@ pub async fn join_publisher(
 ) -> Result<(), crate::service::ServiceError> {
     publisher
         .await
-        .map_err(|e| crate::service::ServiceError::Other(format!("publisher task: {e}")))
+        .map_err(|source| crate::service::ServiceError::Task {
+            task: "publisher",
+            source,
+        })
 }
 
 /// Starts the publisher task of a service. It publishes the outbox in order and ends when every

@@ -27,13 +27,24 @@ pub const RETRY_MS: i64 = 30_000;
 
 /// Where a service keeps its marks and its targets' data. Called on the blocking pool.
 pub trait Forgetting: Send + Sync + 'static {
+    /// The store's error (logged and counted; the operation is tried again later).
+    type Error: std::error::Error + Send + Sync + 'static;
     /// Every stored mark: the target and the time of its deregistration (Unix milliseconds).
-    fn marks(&self) -> Result<Vec<(Target, i64)>, String>;
+    fn marks(&self) -> Result<Vec<(Target, i64)>, Self::Error>;
     /// Stores `target`'s mark (`Some`, replacing any earlier one) or clears it (`None`).
-    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), String>;
+    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), Self::Error>;
     /// Deletes everything kept of `target`, its mark included; how many items (rows, versions)
     /// went. Nothing to delete is not an error.
-    fn forget(&self, target: &Target) -> Result<u64, String>;
+    fn forget(&self, target: &Target) -> Result<u64, Self::Error>;
+}
+
+/// A failed operation of [`run`] on the blocking pool.
+#[derive(Debug, thiserror::Error)]
+enum Failed<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Store(E),
+    #[error("blocking task: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// A service's metrics of forgetting (registered by the service under its own names).
@@ -129,22 +140,19 @@ impl Deregistrations {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r)
+async fn blocking<T: Send + 'static, E: std::error::Error + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Failed<E>> {
+    tokio::task::spawn_blocking(f).await?.map_err(Failed::Store)
 }
 
 /// Follows `registrations` (a `target/1` subscription) and forgets targets deregistered longer
 /// than `after` ago, until shutdown. `on_registration` sees every registration first (the
 /// recorder frees a deregistered target's resume floor there); `on_forgotten` every target
 /// forgotten (the trainer stops its actor).
-pub async fn run(
+pub async fn run<F: Forgetting>(
     ctx: ServiceContext,
-    backend: Arc<dyn Forgetting>,
+    backend: Arc<F>,
     after: Duration,
     mut registrations: mpsc::Receiver<Event>,
     metrics: ForgetMetrics,
@@ -224,9 +232,9 @@ pub async fn run(
 }
 
 /// Stores the marks not yet stored; a failed write is counted and kept for the next check.
-async fn save_marks(
+async fn save_marks<F: Forgetting>(
     ctx: &ServiceContext,
-    backend: &Arc<dyn Forgetting>,
+    backend: &Arc<F>,
     metrics: &ForgetMetrics,
     d: &mut Deregistrations,
 ) {

@@ -1,7 +1,7 @@
 //! A scripted mock Kubernetes API server for tests (`tower_test::mock::pair`): every request's
 //! method, URI (with query), content type and JSON body is asserted against the script, and the
 //! server answers with Kubernetes-shaped JSON. Used by the actuator's sink tests and the
-//! controller's tests (feature `kube-mock`, for dev-dependencies only).
+//! controller's tests (feature `testing`, for dev-dependencies only).
 
 // Test support: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -47,7 +47,10 @@ impl Running {
             let service = self.contexts[i].name;
             let res = match res {
                 Ok(r) => r,
-                Err(e) => Err(ServiceError::Other(format!("panicked: {e}"))),
+                Err(source) => Err(ServiceError::Task {
+                    task: "service",
+                    source,
+                }),
             };
             if let Err(e) = res {
                 tracing::error!(service, error = %e, "service failed: stopping the others");

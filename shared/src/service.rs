@@ -13,6 +13,26 @@ use crate::bus::{Bus, BusError};
 use crate::config::AppConfig;
 use crate::telemetry::{Readiness, ServiceMetrics, TelemetryError};
 
+/// Why the current state could not be read from the JetStream capture (logged; the service then
+/// learns state from live messages only).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {step}: {source}")]
+struct CaptureError {
+    step: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+fn capture<E: std::error::Error + Send + Sync + 'static>(
+    step: &'static str,
+) -> impl FnOnce(E) -> CaptureError {
+    move |e| CaptureError {
+        step,
+        source: Box::new(e),
+    }
+}
+
+/// Why a service stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error(transparent)]
@@ -25,8 +45,22 @@ pub enum ServiceError {
     Telemetry(#[from] TelemetryError),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("{0}")]
-    Other(String),
+    /// A task of the service (its writer, its publisher, the service itself under
+    /// `aware run all`) panicked or was cancelled.
+    #[error("{task} task: {source}")]
+    Task {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Something the service opens or runs on failed (a store, a client, a file, the
+    /// simulator), named by `what` (the setting or the step).
+    #[error("{what}: {source}")]
+    Resource {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// One service of several in a process failed (`aware run all`): which one.
     #[error("{service}: {source}")]
     Failed {
@@ -34,6 +68,19 @@ pub enum ServiceError {
         #[source]
         source: Box<ServiceError>,
     },
+}
+
+impl ServiceError {
+    /// A failure of `what` (a setting, a resource or a step of the service), keeping its cause.
+    pub fn resource(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ServiceError::Resource {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Everything a running service needs; cheap to clone.
@@ -208,7 +255,7 @@ impl ServiceContext {
             let stream = js
                 .get_stream(&stream_name)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(capture("get the stream"))?;
             let mut consumer = stream
                 .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
                     filter_subject: subject::kind_filter(kind),
@@ -216,26 +263,29 @@ impl ServiceContext {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(capture("create a consumer"))?;
             let pending = consumer
                 .info()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(capture("read the consumer's info"))?
                 .num_pending;
             let mut out = Vec::new();
             if pending == 0 {
                 return Ok(out);
             }
-            let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            let mut messages = consumer
+                .messages()
+                .await
+                .map_err(capture("read the messages"))?;
             while let Some(m) = messages.next().await {
-                let m = m.map_err(|e| e.to_string())?;
+                let m = m.map_err(capture("read a message"))?;
                 let remaining = m.info().map(|i| i.pending).unwrap_or(0);
                 out.push((m.subject.to_string(), m.payload.clone()));
                 if remaining == 0 {
                     break;
                 }
             }
-            Ok::<_, String>(out)
+            Ok::<_, CaptureError>(out)
         };
         match tokio::time::timeout(std::time::Duration::from_secs(10), read).await {
             Ok(Ok(out)) => {

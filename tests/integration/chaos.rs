@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{Event, ModelKind, Outcome, Resources, Stage, Target};
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
-use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 use futures::StreamExt;
 
 const APPS: usize = 50;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use aware_bus_schemas::{subject, Event, Stage, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
-use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use tokio_util::sync::CancellationToken;
 
 /// The simulated cluster of `apps` (seed 11) for `steps` steps of `spe`-step episodes, the

@@ -23,8 +23,8 @@ use aware_shared::config::AppConfig;
 use aware_shared::registry::to_registered;
 use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::NatsServer;
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, Proc};
-use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
 const MIB: u64 = 1024 * 1024;
 

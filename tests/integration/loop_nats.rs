@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, SourceKind};
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
-use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
 
 const APPS: usize = 10;
 const SPE: u32 = 50;

@@ -530,8 +530,8 @@ async fn the_recorder_retires_a_deleted_targets_actor_and_still_records_its_late
 
     shutdown.cancel();
     running.join().await.unwrap();
-    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
-    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    let store = aware_stores::trajectory::SqliteStore::open_path(&db).unwrap();
+    use aware_stores::trajectory::TrajectoryStore as _;
     assert_eq!(store.count(&gone).unwrap(), 2, "the late step is recorded");
     assert_eq!(store.count(&kept).unwrap(), 4);
 }
@@ -612,8 +612,8 @@ async fn a_silent_target_stops_holding_the_recorders_resume_point() {
 
     shutdown.cancel();
     running.join().await.unwrap();
-    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
-    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    let store = aware_stores::trajectory::SqliteStore::open_path(&db).unwrap();
+    use aware_stores::trajectory::TrajectoryStore as _;
     assert_eq!(
         store.count(&quiet).unwrap(),
         2,
@@ -927,7 +927,7 @@ async fn the_recorder_reads_a_recreated_stream_from_its_start() {
     assert_eq!(m("aware_recorder_stream_resets_total"), Some(1.0));
     shutdown.cancel();
     running.join().await.unwrap();
-    let store = aware_trajectory_recorder::store::SqliteStore::open_path(&db).unwrap();
-    use aware_trajectory_recorder::store::TrajectoryStore as _;
+    let store = aware_stores::trajectory::SqliteStore::open_path(&db).unwrap();
+    use aware_stores::trajectory::TrajectoryStore as _;
     assert_eq!(store.count(&t).unwrap(), stored as u64 + 2, "every step");
 }

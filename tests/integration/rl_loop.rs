@@ -420,7 +420,7 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
 #[test]
 fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigger() {
     use aware_bench::serve::{run, ServeBenchOptions};
-    use aware_trajectory_recorder::store::{SqliteStore, TrajectoryStore};
+    use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 
     let dir = tempfile::tempdir().unwrap();
     // Small rounds, so a debug build keeps up with the paced loop.

@@ -476,17 +476,17 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: ActuatorConfig = ctx.config.section("actuator")?;
     let guards = Arc::new(
         Guardrails::new(cfg.guardrails)
-            .map_err(|e| ServiceError::Other(format!("actuator.guardrails: {e}")))?,
+            .map_err(|e| ServiceError::resource("actuator.guardrails", e))?,
     );
     let sink = Arc::new(match cfg.sink {
         SinkKind::Simulator => SinkImpl::Simulator,
         SinkKind::Kubernetes => {
             let client = kube::Client::try_default()
                 .await
-                .map_err(|e| ServiceError::Other(format!("kubernetes client: {e}")))?;
+                .map_err(|e| ServiceError::resource("kubernetes client", e))?;
             SinkImpl::Kubernetes(Arc::new(
                 KubernetesSink::new(client, cfg.kubernetes)
-                    .map_err(|e| ServiceError::Other(format!("actuator.kubernetes: {e}")))?,
+                    .map_err(|e| ServiceError::resource("actuator.kubernetes", e))?,
             ))
         }
     });

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use aware_bus_schemas::{Event, EventKind, Outcome, Registration, Schema, Target};
+use aware_shared::config::ConfigError;
 use aware_shared::quantity::{format_cpu, format_memory, parse_cpu_millicores, parse_memory_bytes};
 use aware_shared::registry::to_registered;
 use aware_shared::service::{ServiceContext, ServiceError};
@@ -69,9 +70,10 @@ impl ControllerConfig {
     /// Problems with the values, as `(key, reason)`.
     pub fn validate(&self) -> Result<(), ServiceError> {
         let bad = |key: &str, why: &str| {
-            Err(ServiceError::Other(format!(
-                "invalid configuration: controller.{key}: {why}"
-            )))
+            Err(ServiceError::Config(ConfigError::Invalid {
+                key: format!("controller.{key}"),
+                reason: why.to_string(),
+            }))
         };
         if self.resync_seconds == 0 {
             return bad("resync_seconds", "must be at least 1");
@@ -690,9 +692,10 @@ pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), 
     }
     ctx.ready.set(false);
     ctx.shutdown.cancel();
-    writer
-        .await
-        .map_err(|e| ServiceError::Other(format!("status writer: {e}")))??;
+    writer.await.map_err(|source| ServiceError::Task {
+        task: "status writer",
+        source,
+    })??;
     Ok(())
 }
 
@@ -700,7 +703,7 @@ pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), 
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let client = Client::try_default()
         .await
-        .map_err(|e| ServiceError::Other(format!("kubernetes client: {e}")))?;
+        .map_err(|e| ServiceError::resource("kubernetes client", e))?;
     run_with_client(ctx, client).await
 }
 

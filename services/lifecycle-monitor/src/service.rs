@@ -288,9 +288,12 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let profile = ctx.config.lifecycle.clone();
     let rules: MonitorConfig = ctx.config.section("lifecycle_monitor")?;
-    rules
-        .validate()
-        .map_err(|e| ServiceError::Other(e.to_string()))?;
+    rules.validate().map_err(|e| {
+        ServiceError::Config(aware_shared::config::ConfigError::Invalid {
+            key: format!("lifecycle_monitor.{}", e.key),
+            reason: e.reason.to_string(),
+        })
+    })?;
     // A restart resumes every target at the stage the previous run published (NATS with the
     // JetStream capture; the embedded bus's retained messages).
     let mut restored: std::collections::HashMap<Target, Stage> = ctx
@@ -308,7 +311,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
-        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
+        .map_err(|e| ServiceError::resource("model_store", e))?;
     let registrations = ctx.metrics.registrations.clone();
     let metrics = LifecycleMetrics::new(&ctx.metrics)?;
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use aware_bus_schemas::{Embedding, Schema, Target};
 use aware_shared::spec::Bounds;
 use aware_shared_model::{Ddpg, EpisodeBundle, MetaLearner, ModelError, Transition};
-use aware_trajectory_recorder::store::{self as tstore, StoreError, TrajectoryStore};
+use aware_stores::trajectory::{self as tstore, StoreError, TrajectoryStore};
 
 use crate::learner::{to_training, LearnAction, Learner};
 
@@ -389,7 +389,7 @@ mod tests {
     use aware_bus_schemas::{DecisionSource, Event, EventKind, Resources, Stage};
     use aware_shared::model_store::{get_verified, LocalDirStore};
     use aware_shared_model::{DdpgConfig, MetaConfig, MetaDdpg};
-    use aware_trajectory_recorder::store::{EpisodeSummary, SqliteStore};
+    use aware_stores::trajectory::{EpisodeSummary, SqliteStore};
 
     const E: usize = 8;
 

@@ -20,7 +20,7 @@ use aware_shared::spec::Bounds;
 use aware_shared_model::{
     Batch, BcConfig, Ddpg, DdpgConfig, ModelError, PolicyEstimate, Transition, ACTION_DIM,
 };
-use aware_trajectory_recorder::store::{self as tstore, StoreError, TrajectoryStore};
+use aware_stores::trajectory::{self as tstore, StoreError, TrajectoryStore};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1092,7 +1092,7 @@ mod tests {
     use super::*;
     use aware_bus_schemas::{Resources, Stage};
     use aware_shared::model_store::{get_verified, LocalDirStore};
-    use aware_trajectory_recorder::store::SqliteStore;
+    use aware_stores::trajectory::SqliteStore;
 
     /// A trajectory store and a model store in a fresh directory (kept while the guard lives).
     fn stores() -> (tempfile::TempDir, SqliteStore, LocalDirStore) {

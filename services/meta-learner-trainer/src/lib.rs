@@ -30,13 +30,15 @@ use aware_bus_schemas::{Event, EventKind, Model, ModelKind, Registration, Schema
 use aware_shared::agents::{
     run_actors_retiring, spawn_publisher, Deliver, Outbox, Retire, TargetActors,
 };
+use aware_shared::config::ConfigError;
 use aware_shared::forget::{ForgetMetrics, Forgetting};
 use aware_shared::launcher::ServiceEntry;
-use aware_shared::model_store::{model_prefix, open_model_store, ModelStore, ModelStoreConfig};
+use aware_shared::model_store::{
+    model_prefix, open_model_store, ModelStore, ModelStoreConfig, ModelStoreError,
+};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
-use aware_trajectory_recorder::service::{open_store, RecorderConfig};
-use aware_trajectory_recorder::store::TrajectoryStore;
+use aware_stores::trajectory::{open_store, StoreConfig, StoreError, TrajectoryStore};
 
 use crate::embedding::{Checked, MetaAssets, TargetMeta};
 use crate::learner::{Learner, TrainerConfig, TrainerError};
@@ -63,7 +65,7 @@ pub fn training_data(
     store: &dyn TrajectoryStore,
     target: &Target,
     top_m: usize,
-) -> Result<TrainingData, aware_trajectory_recorder::store::StoreError> {
+) -> Result<TrainingData, StoreError> {
     let top = store.top_episodes(target, top_m)?;
     Ok(TrainingData {
         transitions: store.count(target)?,
@@ -182,45 +184,53 @@ pub fn mark_key(target: &Target) -> String {
 
 const MARK: &str = "deregistered";
 
+/// Why forgetting in the model store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelForgetError {
+    #[error(transparent)]
+    Store(#[from] ModelStoreError),
+    #[error("deregistration mark {key} is not a time in ms")]
+    BadMark { key: String },
+}
+
 impl Forgetting for ModelForgetting {
-    fn marks(&self) -> Result<Vec<(Target, i64)>, String> {
+    type Error = ModelForgetError;
+
+    fn marks(&self) -> Result<Vec<(Target, i64)>, ModelForgetError> {
         let mut marks = Vec::new();
-        for key in self.0.keys("").map_err(|e| e.to_string())? {
+        for key in self.0.keys("")? {
             let parts: Vec<&str> = key.split('/').collect();
             let [namespace, name, MARK] = parts.as_slice() else {
                 continue;
             };
-            let bytes = self.0.get(&key).map_err(|e| e.to_string())?;
+            let bytes = self.0.get(&key)?;
             let since = std::str::from_utf8(&bytes)
                 .ok()
                 .and_then(|t| t.trim().parse::<i64>().ok())
-                .ok_or_else(|| format!("deregistration mark {key} is not a time in ms"))?;
+                .ok_or_else(|| ModelForgetError::BadMark { key: key.clone() })?;
             marks.push((Target::new(*namespace, *name), since));
         }
         Ok(marks)
     }
 
-    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), String> {
+    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), ModelForgetError> {
         let key = mark_key(target);
         match since_ms {
             Some(since) => self.0.put(&key, since.to_string().as_bytes()).map(|_| ()),
             None => self.0.delete(&key),
-        }
-        .map_err(|e| e.to_string())
+        }?;
+        Ok(())
     }
 
-    fn forget(&self, target: &Target) -> Result<u64, String> {
+    fn forget(&self, target: &Target) -> Result<u64, ModelForgetError> {
         let mark = mark_key(target);
-        let keys = self
-            .0
-            .keys(&format!("{}/", model_prefix(target)))
-            .map_err(|e| e.to_string())?;
+        let keys = self.0.keys(&format!("{}/", model_prefix(target)))?;
         let mut deleted = 0u64;
         for key in keys.iter().filter(|k| **k != mark) {
-            self.0.delete(key).map_err(|e| e.to_string())?;
+            self.0.delete(key)?;
             deleted += 1;
         }
-        self.0.delete(&mark).map_err(|e| e.to_string())?;
+        self.0.delete(&mark)?;
         Ok(deleted)
     }
 }
@@ -517,16 +527,22 @@ impl Handler<Deliver> for TargetTrainer {
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    let cfg: RecorderConfig = ctx.config.section("recorder")?;
+    // The store the recorder writes: its settings are in the `[recorder]` section.
+    let cfg: StoreConfig = ctx.config.section("recorder")?;
     let trainer: TrainerConfig = ctx.config.section("trainer")?;
-    trainer
-        .validate()
-        .map_err(|e| ServiceError::Other(e.to_string()))?;
+    trainer.validate().map_err(|e| match e {
+        TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
+            key: format!("trainer.{key}"),
+            reason,
+        }),
+        other => ServiceError::resource("trainer", other),
+    })?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
-        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
-    let store = open_store(&cfg)?;
+        .map_err(|e| ServiceError::resource("model_store", e))?;
+    let store =
+        open_store(&cfg, "recorder").map_err(|e| ServiceError::resource("trajectory store", e))?;
     let forget_models = models.clone();
     let forget_after = Duration::from_secs(trainer.forget_after_secs);
     let metrics = TrainerMetrics::new(&ctx.metrics)?;
@@ -587,8 +603,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     run_actors_retiring(&ctx, CONSUMES, false, &mut actors, retire).await?;
     drop(actors);
     if let Some(task) = forget_task {
-        task.await
-            .map_err(|e| ServiceError::Other(format!("forget task: {e}")))?;
+        task.await.map_err(|source| ServiceError::Task {
+            task: "forget",
+            source,
+        })?;
     }
     aware_shared::agents::join_publisher(publisher).await
 }
@@ -615,7 +633,7 @@ pub fn load_assets(cfg: &TrainerConfig, metrics: &TrainerMetrics) -> Option<Arc<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aware_trajectory_recorder::store::{EpisodeSummary, SqliteStore};
+    use aware_stores::trajectory::{EpisodeSummary, SqliteStore};
 
     /// Marks are objects next to the checkpoints; forgetting deletes every object of the target
     /// (mark last) and nothing of another target, also not of one whose name extends it.
@@ -657,7 +675,7 @@ mod tests {
         assert_eq!(f.forget(&a).unwrap(), 0, "forgetting again");
         // A mark that is not a time is an error naming the key, not a silent skip.
         models.put(&mark_key(&b), b"yesterday").unwrap();
-        let e = f.marks().unwrap_err();
+        let e = f.marks().unwrap_err().to_string();
         assert!(e.contains("other/b/deregistered"), "{e}");
     }
 

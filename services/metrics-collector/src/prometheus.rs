@@ -679,7 +679,7 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     let cfg = ctx.config.collector.prometheus.clone();
     let spe = ctx.config.collector.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
-        .map_err(|e| ServiceError::Other(format!("collector.prometheus: {e}")))?;
+        .map_err(|e| ServiceError::resource("collector.prometheus", e))?;
     let captured = crate::captured_obs(&ctx).await;
     let resume = crate::resume_points(&captured, spe);
     let mut targets = Targets::new(&ctx, &cfg, resume)?;

@@ -32,7 +32,7 @@ pub fn build_apps(cfg: &SimulatorSourceConfig) -> Result<Vec<AppSpec>, ServiceEr
     let mut apps = generate_apps(cfg.apps, cfg.seed, &GeneratorOptions::default());
     for path in &cfg.app_files {
         let set = AppSet::read(path)
-            .map_err(|e| ServiceError::Other(format!("app file {}: {e}", path.display())))?;
+            .map_err(|e| ServiceError::resource(format!("app file {}", path.display()), e))?;
         apps.extend(set.apps);
     }
     Ok(apps)
@@ -49,7 +49,10 @@ pub fn sim_config(
     let mut injections = Vec::with_capacity(cfg.injections.len());
     for (i, inj) in cfg.injections.iter().enumerate() {
         let bad = |why: String| {
-            ServiceError::Other(format!("collector.simulator.injections[{i}]: {why}"))
+            ServiceError::Config(aware_shared::config::ConfigError::Invalid {
+                key: format!("collector.simulator.injections[{i}]"),
+                reason: why,
+            })
         };
         let scenario: Scenario = serde_json::from_value(serde_json::Value::String(
             inj.scenario.clone(),
@@ -221,7 +224,7 @@ impl Sim {
         self.last = self
             .env
             .step(actions)
-            .map_err(|e| ServiceError::Other(format!("simulator step: {e}")))?;
+            .map_err(|e| ServiceError::resource("simulator step", e))?;
         metrics.steps.inc();
         self.note_injections(metrics);
         Ok(())
@@ -281,14 +284,13 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
     for inj in &sim_cfg.injections {
         tracing::info!(target = %inj.target, step = inj.step, scenario = ?inj.scenario, "instability scenario scheduled");
     }
-    let mut env =
-        SimEnv::new(apps, sim_cfg).map_err(|e| ServiceError::Other(format!("simulator: {e}")))?;
+    let mut env = SimEnv::new(apps, sim_cfg).map_err(|e| ServiceError::resource("simulator", e))?;
     env.reset(cfg.seed)
-        .map_err(|e| ServiceError::Other(format!("simulator reset: {e}")))?;
+        .map_err(|e| ServiceError::resource("simulator reset", e))?;
     let n = targets.len();
     let last = env
         .step(&vec![TargetAction::Hold; n])
-        .map_err(|e| ServiceError::Other(format!("simulator warm-up step: {e}")))?;
+        .map_err(|e| ServiceError::resource("simulator warm-up step", e))?;
     let mut sim = Sim {
         env,
         index: targets

@@ -23,7 +23,7 @@ use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
-use aware_shared::config::{stable_hash, ShardConfig};
+use aware_shared::config::{stable_hash, ConfigError, ShardConfig};
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::registry::{log_change, Change, Registered};
@@ -154,16 +154,16 @@ impl Default for RecommenderConfig {
 impl RecommenderConfig {
     pub fn validate(&self) -> Result<(), ServiceError> {
         if self.eval_every_episodes == 1 {
-            return Err(ServiceError::Other(
-                "recommender.eval_every_episodes: must be 0 (off) or at least 2 (1 would never explore)"
-                    .into(),
-            ));
+            return Err(ServiceError::Config(ConfigError::Invalid {
+                key: "recommender.eval_every_episodes".into(),
+                reason: "must be 0 (off) or at least 2 (1 would never explore)".into(),
+            }));
         }
         if !(self.retrain_noise_scale.is_finite() && self.retrain_noise_scale >= 0.0) {
-            return Err(ServiceError::Other(format!(
-                "recommender.retrain_noise_scale: must be finite and >= 0, got {}",
-                self.retrain_noise_scale
-            )));
+            return Err(ServiceError::Config(ConfigError::Invalid {
+                key: "recommender.retrain_noise_scale".into(),
+                reason: format!("must be finite and >= 0, got {}", self.retrain_noise_scale),
+            }));
         }
         Ok(())
     }
@@ -563,11 +563,11 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     cfg.validate()?;
     // Validated once at start-up: a bad setting stops the service naming the key.
     let prototype = Fallback::new(cfg.fallback)
-        .map_err(|e| ServiceError::Other(format!("recommender.fallback: {e}")))?;
+        .map_err(|e| ServiceError::resource("recommender.fallback", e))?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
-        .map_err(|e| ServiceError::Other(format!("model_store: {e}")))?;
+        .map_err(|e| ServiceError::resource("model_store", e))?;
     let metrics = RecommenderMetrics::new(&ctx.metrics, &ctx.config.shard)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let config = ctx.config.clone();

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use aware_bus_schemas::{Action, Applied, DecisionSource, Episode, Obs, Schema, Stage, Target};
 
-use crate::store::Transition;
+use aware_stores::trajectory::Transition;
 
 /// Global step index of (episode, step) with `steps_per_episode`.
 pub fn global(episode: u64, step: u32, spe: u32) -> u64 {

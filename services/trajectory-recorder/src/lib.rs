@@ -1,7 +1,7 @@
 //! trajectory-recorder: joins obs, action and applied into transitions in the trajectory store and publishes `episode`.
 //!
-//! [`join`] builds transitions and episode summaries, [`store`] keeps them (SQLite embedded,
-//! QuestDB in production), [`service`] runs it on the bus.
+//! [`join`] builds transitions and episode summaries, the trajectory store of `aware-stores`
+//! keeps them (SQLite embedded, QuestDB in production), [`service`] runs it on the bus.
 
 use aware_bus_schemas::EventKind;
 use aware_shared::launcher::ServiceEntry;
@@ -9,7 +9,6 @@ use aware_shared::service::{ServiceContext, ServiceError};
 
 pub mod join;
 pub mod service;
-pub mod store;
 
 pub const NAME: &str = "trajectory-recorder";
 /// What the recorder reads: the three halves of a transition, and registrations (a deleted

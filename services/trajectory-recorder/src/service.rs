@@ -52,35 +52,24 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::join::Joiner;
-use crate::store::{
-    EpisodeSummary, QuestDbConfig, QuestDbStore, SqliteConfig, SqliteStore, StoreError,
-    TrajectoryStore, Transition,
+use aware_stores::trajectory::{
+    open_store, EpisodeSummary, InvalidSetting, StoreConfig, StoreError, TrajectoryStore,
+    Transition,
 };
 
-/// The `[recorder]` configuration section.
+/// The `[recorder]` configuration section: the trajectory store's settings ([`StoreConfig`]:
+/// `store`, `sqlite_path`, `questdb_*`, `keep_transitions`, `forget_after_secs`) and the
+/// recorder's own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RecorderConfig {
-    /// `sqlite` (embedded, default) or `questdb`.
-    pub store: StoreKind,
-    /// SQLite database file of the embedded store (and, with QuestDB, where the resume point is
-    /// kept by default).
-    pub sqlite_path: PathBuf,
-    /// QuestDB HTTP base URL (`store = "questdb"`), e.g. `http://questdb:9000`.
-    pub questdb_url: String,
-    /// Prefix of the QuestDB tables.
-    pub questdb_table_prefix: String,
+    /// The trajectory store the recorder writes (the trainer reads the same keys).
+    #[serde(flatten)]
+    pub store: StoreConfig,
     /// Where the JetStream resume point is kept (default: `<sqlite_path>.resume`).
     pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
     pub batch: usize,
-    /// Retention: transitions kept per target, the newest whole episodes (0: keep everything).
-    /// The `sqlite` store only; with `questdb` it must be 0 (bound QuestDB's tables with a TTL).
-    pub keep_transitions: u64,
-    /// How long a deregistered target's data is kept (its `AwareAutoscaler` deleted and not
-    /// created again) before the recorder deletes it from the store, in seconds (0: never). The
-    /// `sqlite` store only; with `questdb` it must be 0.
-    pub forget_after_secs: u64,
     /// On NATS: a target whose observations have stopped this long (seconds, wall clock) without
     /// a deregistration stops holding the JetStream resume point back at its open episode's
     /// first `obs` (0: it holds it until the episode completes, however long). Keep it well
@@ -91,26 +80,12 @@ pub struct RecorderConfig {
 impl Default for RecorderConfig {
     fn default() -> Self {
         RecorderConfig {
-            store: StoreKind::Sqlite,
-            sqlite_path: PathBuf::from("aware-data/trajectories.db"),
-            questdb_url: "http://127.0.0.1:9000".to_string(),
-            questdb_table_prefix: "aware_".to_string(),
+            store: StoreConfig::default(),
             resume_path: None,
             batch: 512,
-            keep_transitions: 1_000_000,
-            forget_after_secs: 7 * 24 * 3600,
             release_silent_after_secs: 3600,
         }
     }
-}
-
-/// Which trajectory store the recorder writes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StoreKind {
-    #[default]
-    Sqlite,
-    Questdb,
 }
 
 impl RecorderConfig {
@@ -122,34 +97,18 @@ impl RecorderConfig {
                 reason: format!("{} (must be in 1..=1000000)", self.batch),
             });
         }
-        if self.forget_after_secs > 0 && self.store == StoreKind::Questdb {
+        self.store
+            .validate("recorder")
+            .map_err(|InvalidSetting { key, reason }| ConfigError::Invalid { key, reason })?;
+        let keep = self.store.keep_transitions;
+        if keep > 0 && keep < u64::from(steps_per_episode) {
             return Err(ConfigError::Invalid {
-                key: "recorder.forget_after_secs".into(),
-                reason: "the questdb store cannot delete one target's rows: set it to 0 (the \
-                         tables' TTL bounds a deleted target's rows)"
-                    .into(),
+                key: "recorder.keep_transitions".into(),
+                reason: format!(
+                    "{keep} is less than one episode (collector.steps_per_episode = \
+                     {steps_per_episode}); use 0 to keep everything"
+                ),
             });
-        }
-        let bad = |reason: String| ConfigError::Invalid {
-            key: "recorder.keep_transitions".into(),
-            reason,
-        };
-        if self.keep_transitions == 0 {
-            return Ok(());
-        }
-        if self.store == StoreKind::Questdb {
-            return Err(bad(
-                "the questdb store cannot delete rows per target (QuestDB drops whole time \
-                 partitions): set it to 0 and bound the tables with `ALTER TABLE … SET TTL`"
-                    .into(),
-            ));
-        }
-        if self.keep_transitions < u64::from(steps_per_episode) {
-            return Err(bad(format!(
-                "{} is less than one episode (collector.steps_per_episode = {steps_per_episode}); \
-                 use 0 to keep everything",
-                self.keep_transitions
-            )));
         }
         Ok(())
     }
@@ -160,40 +119,46 @@ impl RecorderConfig {
             .then(|| Duration::from_secs(self.release_silent_after_secs))
     }
 
-    /// How long a deregistered target's data is kept: `None` keeps it for ever.
-    pub fn forget_after(&self) -> Option<Duration> {
-        (self.forget_after_secs > 0).then(|| Duration::from_secs(self.forget_after_secs))
-    }
-
-    /// The retention in force: `None` keeps everything.
-    pub fn keep(&self) -> Option<NonZeroU64> {
-        NonZeroU64::new(self.keep_transitions)
-    }
-
     pub fn resume_path(&self) -> PathBuf {
         self.resume_path.clone().unwrap_or_else(|| {
-            let mut p = self.sqlite_path.clone().into_os_string();
+            let mut p = self.store.sqlite_path.clone().into_os_string();
             p.push(".resume");
             PathBuf::from(p)
         })
     }
 }
 
+/// Why the persisted resume point cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("recorder resume point {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("recorder resume point {} is corrupt: `{text}`", path.display())]
+    Corrupt {
+        path: PathBuf,
+        text: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
 /// The persisted resume point (0 when none: replay everything the stream keeps).
-pub fn read_resume(path: &std::path::Path) -> Result<u64, ServiceError> {
+pub fn read_resume(path: &std::path::Path) -> Result<u64, ResumeError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => text.trim().parse().map_err(|_| {
-            ServiceError::Other(format!(
-                "recorder resume point {} is corrupt: `{}`",
-                path.display(),
-                text.trim()
-            ))
+        Ok(text) => text.trim().parse().map_err(|source| ResumeError::Corrupt {
+            path: path.to_path_buf(),
+            text: text.trim().to_string(),
+            source,
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(ServiceError::Other(format!(
-            "recorder resume point {}: {e}",
-            path.display()
-        ))),
+        Err(source) => Err(ResumeError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -480,7 +445,7 @@ async fn with_retry<T: Send + 'static>(
     ctx: &ServiceContext,
     metrics: &RecorderMetrics,
     label: &'static str,
-    op: impl Fn() -> Result<T, crate::store::StoreError> + Send + Sync + Clone + 'static,
+    op: impl Fn() -> Result<T, StoreError> + Send + Sync + Clone + 'static,
 ) -> Option<T> {
     let mut attempt = 0usize;
     loop {
@@ -586,10 +551,10 @@ async fn prune(
     for target in due {
         retention.since.insert(target.clone(), 0);
         let (s, t) = (store.clone(), target.clone());
-        let outcome = tokio::task::spawn_blocking(move || s.prune(&t, keep))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e: StoreError| e.to_string()));
+        let outcome = match tokio::task::spawn_blocking(move || s.prune(&t, keep)).await {
+            Ok(r) => r.map_err(PruneError::Store),
+            Err(e) => Err(PruneError::Task(e)),
+        };
         match outcome {
             Ok(p) => {
                 metrics.pruned_transitions.inc_by(p.transitions);
@@ -606,23 +571,32 @@ async fn prune(
     }
 }
 
+/// A failed retention pass (logged and counted; tried again later).
+#[derive(Debug, thiserror::Error)]
+enum PruneError {
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("blocking task: {0}")]
+    Task(tokio::task::JoinError),
+}
+
 /// The recorder's side of forgetting ([`aware_shared::forget`]): marks and data in the
 /// trajectory store.
 struct StoreForgetting(Arc<dyn TrajectoryStore>);
 
 impl Forgetting for StoreForgetting {
-    fn marks(&self) -> Result<Vec<(Target, i64)>, String> {
-        self.0.deregistered().map_err(|e| e.to_string())
+    type Error = StoreError;
+
+    fn marks(&self) -> Result<Vec<(Target, i64)>, StoreError> {
+        self.0.deregistered()
     }
 
-    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), String> {
-        self.0
-            .mark_deregistered(target, since_ms)
-            .map_err(|e| e.to_string())
+    fn mark(&self, target: &Target, since_ms: Option<i64>) -> Result<(), StoreError> {
+        self.0.mark_deregistered(target, since_ms)
     }
 
-    fn forget(&self, target: &Target) -> Result<u64, String> {
-        let f = self.0.forget(target).map_err(|e| e.to_string())?;
+    fn forget(&self, target: &Target) -> Result<u64, StoreError> {
+        let f = self.0.forget(target)?;
         tracing::debug!(target = %target, transitions = f.transitions, episodes = f.episodes, "trajectories forgotten");
         Ok(f.transitions)
     }
@@ -782,46 +756,23 @@ async fn flush(
     true
 }
 
-/// Opens the configured store.
-pub fn open_store(cfg: &RecorderConfig) -> Result<Arc<dyn TrajectoryStore>, ServiceError> {
-    if let Some(dir) = cfg.sqlite_path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                ServiceError::Other(format!("recorder.sqlite_path {}: {e}", dir.display()))
-            })?;
-        }
-    }
-    match cfg.store {
-        StoreKind::Sqlite => {
-            let store = SqliteStore::open(&SqliteConfig::new(&cfg.sqlite_path))
-                .map_err(|e| ServiceError::Other(format!("recorder.sqlite_path: {e}")))?;
-            Ok(Arc::new(store))
-        }
-        StoreKind::Questdb => {
-            let mut q = QuestDbConfig::new(cfg.questdb_url.clone());
-            q.table_prefix = cfg.questdb_table_prefix.clone();
-            let store = QuestDbStore::open(q)
-                .map_err(|e| ServiceError::Other(format!("recorder.questdb_url: {e}")))?;
-            Ok(Arc::new(store))
-        }
-    }
-}
-
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecorderConfig = ctx.config.section("recorder")?;
     cfg.validate(ctx.config.collector.steps_per_episode)?;
-    let store = open_store(&cfg)?;
+    let store = open_store(&cfg.store, "recorder")
+        .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let metrics = RecorderMetrics::new(&ctx)?;
     let resume_path = cfg.resume_path();
-    let start_seq = read_resume(&resume_path)?;
+    let start_seq =
+        read_resume(&resume_path).map_err(|e| ServiceError::resource("recorder.resume_path", e))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let resume = Resume {
         path: resume_path,
         floors: Default::default(),
         persisted: start_seq,
     };
-    let forget_task = match cfg.forget_after() {
+    let forget_task = match cfg.store.forget_after() {
         Some(after) => {
             let registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
             let forget_metrics = ForgetMetrics {
@@ -852,7 +803,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         metrics,
         cfg.batch.max(1),
         resume,
-        Retention::new(cfg.keep()),
+        Retention::new(cfg.store.keep()),
     ));
     let spe = ctx.config.collector.steps_per_episode;
     let writes = tx.clone();
@@ -925,17 +876,55 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     drop(actors);
     drop(tx);
     if let Some(task) = forget_task {
-        task.await
-            .map_err(|e| ServiceError::Other(format!("forget task: {e}")))?;
+        task.await.map_err(|source| ServiceError::Task {
+            task: "forget",
+            source,
+        })?;
     }
-    writer_task
-        .await
-        .map_err(|e| ServiceError::Other(format!("writer task: {e}")))
+    writer_task.await.map_err(|source| ServiceError::Task {
+        task: "writer",
+        source,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aware_stores::trajectory::StoreKind;
+
+    /// The store's settings keep their `recorder.*` keys: the section is flat, unknown keys are
+    /// refused, and the trainer reading the store's part alone ignores the recorder's keys.
+    #[test]
+    fn the_section_is_flat_and_the_store_reads_its_part_of_it() {
+        let section = serde_json::json!({
+            "store": "questdb",
+            "sqlite_path": "/d/t.db",
+            "questdb_url": "http://q:9000",
+            "keep_transitions": 0,
+            "forget_after_secs": 0,
+            "batch": 7,
+            "release_silent_after_secs": 5,
+        });
+        let cfg: RecorderConfig = serde_json::from_value(section.clone()).unwrap();
+        assert_eq!(cfg.store.store, StoreKind::Questdb);
+        assert_eq!(cfg.store.sqlite_path, PathBuf::from("/d/t.db"));
+        assert_eq!(cfg.store.questdb_url, "http://q:9000");
+        assert_eq!(cfg.store.questdb_table_prefix, "aware_", "a default");
+        assert_eq!((cfg.batch, cfg.release_silent_after_secs), (7, 5));
+        assert_eq!(
+            serde_json::to_value(&cfg).unwrap()["sqlite_path"],
+            "/d/t.db",
+            "written back flat"
+        );
+        let store: StoreConfig = serde_json::from_value(section.clone()).unwrap();
+        assert_eq!(store, cfg.store);
+        let mut typo = section;
+        typo["sqlite_pth"] = serde_json::json!("/x");
+        let e = serde_json::from_value::<RecorderConfig>(typo)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sqlite_pth"), "{e}");
+    }
 
     #[test]
     fn resume_point_round_trips_and_rejects_garbage() {
@@ -947,7 +936,10 @@ mod tests {
         std::fs::write(&p, "twelve").unwrap();
         assert!(read_resume(&p).unwrap_err().to_string().contains("corrupt"));
         let cfg = RecorderConfig {
-            sqlite_path: "/x/t.db".into(),
+            store: StoreConfig {
+                sqlite_path: "/x/t.db".into(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert_eq!(cfg.resume_path(), PathBuf::from("/x/t.db.resume"));
@@ -1131,12 +1123,18 @@ mod tests {
     #[test]
     fn retention_settings_are_validated() {
         let ok = RecorderConfig::default();
-        assert_eq!(ok.keep_transitions, 1_000_000, "the paper's replay size");
+        assert_eq!(
+            ok.store.keep_transitions, 1_000_000,
+            "the paper's replay size"
+        );
         ok.validate(100).unwrap();
         let keep = |store, keep_transitions| RecorderConfig {
-            store,
-            keep_transitions,
-            forget_after_secs: 0,
+            store: StoreConfig {
+                store,
+                keep_transitions,
+                forget_after_secs: 0,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let e = keep(StoreKind::Questdb, 1_000_000)
@@ -1154,17 +1152,23 @@ mod tests {
             .to_string();
         assert!(e.contains("less than one episode"), "{e}");
         keep(StoreKind::Sqlite, 100).validate(100).unwrap();
-        assert_eq!(keep(StoreKind::Sqlite, 0).keep(), None);
+        assert_eq!(keep(StoreKind::Sqlite, 0).store.keep(), None);
     }
 
     #[test]
     fn forgetting_settings_are_validated() {
         let ok = RecorderConfig::default();
-        assert_eq!(ok.forget_after(), Some(Duration::from_secs(7 * 24 * 3600)));
+        assert_eq!(
+            ok.store.forget_after(),
+            Some(Duration::from_secs(7 * 24 * 3600))
+        );
         let cfg = |store, forget_after_secs| RecorderConfig {
-            store,
-            forget_after_secs,
-            keep_transitions: 0,
+            store: StoreConfig {
+                store,
+                forget_after_secs,
+                keep_transitions: 0,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let e = cfg(StoreKind::Questdb, 60)
@@ -1173,12 +1177,12 @@ mod tests {
             .to_string();
         assert!(e.contains("recorder.forget_after_secs"), "{e}");
         cfg(StoreKind::Questdb, 0).validate(100).unwrap();
-        assert_eq!(cfg(StoreKind::Sqlite, 0).forget_after(), None);
+        assert_eq!(cfg(StoreKind::Sqlite, 0).store.forget_after(), None);
     }
 
     fn rows(target: &Target, n: u32) -> Vec<Transition> {
         (0..n)
-            .map(|s| crate::store::conformance::transition(target, 0, s))
+            .map(|s| aware_stores::trajectory::conformance::transition(target, 0, s))
             .collect()
     }
 

@@ -72,17 +72,23 @@ impl QuestDbConfig {
     /// `host:port` of an `http://host:port[/]` URL.
     fn authority(&self) -> Result<&str, StoreError> {
         let rest = self.url.strip_prefix("http://").ok_or_else(|| {
-            StoreError::QuestDbConfig(format!(
-                "url `{}` must start with http:// (reads use a client without TLS)",
-                self.url
-            ))
+            invalid(
+                "url",
+                format!(
+                    "`{}` must start with http:// (reads use a client without TLS)",
+                    self.url
+                ),
+            )
         })?;
         let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
-            return Err(StoreError::QuestDbConfig(format!(
-                "url `{}` must be http://host:port with no path, query or credentials",
-                self.url
-            )));
+            return Err(invalid(
+                "url",
+                format!(
+                    "`{}` must be http://host:port with no path, query or credentials",
+                    self.url
+                ),
+            ));
         }
         Ok(authority)
     }
@@ -94,23 +100,80 @@ impl QuestDbConfig {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_')
         {
-            return Err(StoreError::QuestDbConfig(format!(
-                "table_prefix `{}` may only hold ASCII letters, digits and `_`",
-                self.table_prefix
-            )));
+            return Err(invalid(
+                "table_prefix",
+                format!(
+                    "`{}` may only hold ASCII letters, digits and `_`",
+                    self.table_prefix
+                ),
+            ));
         }
         if self.page_rows == 0 {
-            return Err(StoreError::QuestDbConfig(
-                "page_rows must be at least 1".to_owned(),
-            ));
+            return Err(invalid("page_rows", "must be at least 1".to_owned()));
         }
         if self.request_timeout.is_zero() {
-            return Err(StoreError::QuestDbConfig(
-                "request_timeout must be positive".to_owned(),
-            ));
+            return Err(invalid("request_timeout", "must be positive".to_owned()));
         }
         Ok(())
     }
+}
+
+fn invalid(setting: &'static str, reason: String) -> StoreError {
+    StoreError::QuestDbConfig { setting, reason }
+}
+
+/// What went wrong with one `/exec` request or its answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("HTTP request failed: {0}")]
+    Request(#[source] Box<ureq::Error>),
+    #[error("reading the answer failed: {0}")]
+    Read(#[source] Box<ureq::Error>),
+    #[error("HTTP {status}: answer is not JSON ({source}): {head}")]
+    NotJson {
+        status: u16,
+        /// The answer's first 200 characters.
+        head: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("HTTP {status}: {message}{}", position.map_or_else(String::new, |p| format!(" at position {p}")))]
+    Refused {
+        status: u16,
+        message: String,
+        position: Option<i64>,
+    },
+    #[error("HTTP {status}: {answer}")]
+    Status { status: u16, answer: Value },
+    #[error("dataset row is not an array: {0}")]
+    RowNotArray(Value),
+    #[error("dataset is not an array: {0}")]
+    DatasetNotArray(Value),
+    #[error("unexpected answer {0:?}")]
+    Unexpected(Vec<Vec<Value>>),
+    #[error("the table is suspended (see wal_tables() and the server log)")]
+    Suspended,
+}
+
+/// Why a cell of an `/exec` row cannot be read as the column's type; names the column.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CellError {
+    #[error("row has no column {index} ({column})")]
+    Missing { index: usize, column: String },
+    #[error("{column} = {value} is not a {expected}")]
+    Type {
+        column: String,
+        value: Value,
+        expected: &'static str,
+    },
+    #[error("{column} = {value} is out of u32 range")]
+    OutOfU32 { column: String, value: i64 },
+    #[error("{column} = {value} is negative")]
+    Negative { column: String, value: i64 },
+    #[error("{column} is not hex of little-endian f32s ({chars} chars)")]
+    NotF32Hex { column: String, chars: usize },
+    #[error("{column} = {value:?}")]
+    UnknownName { column: &'static str, value: String },
 }
 
 /// The QuestDB trajectory store; see the module documentation.
@@ -232,21 +295,21 @@ pub(crate) struct ExecAnswer {
 
 /// Parses an `/exec` answer: `{"columns": [{"name": …}], "dataset": [[…]]}` on success,
 /// `{"error": "…", "position": n}` on failure (any HTTP status), `{"ddl": "OK"}` for DDL.
-pub(crate) fn parse_exec_answer(status: u16, body: &str) -> Result<ExecAnswer, String> {
-    let v: Value = serde_json::from_str(body).map_err(|e| {
-        let head: String = body.chars().take(200).collect();
-        format!("HTTP {status}: answer is not JSON ({e}): {head}")
+pub(crate) fn parse_exec_answer(status: u16, body: &str) -> Result<ExecAnswer, QueryError> {
+    let v: Value = serde_json::from_str(body).map_err(|source| QueryError::NotJson {
+        status,
+        head: body.chars().take(200).collect(),
+        source,
     })?;
     if let Some(err) = v.get("error").and_then(Value::as_str) {
-        let pos = v
-            .get("position")
-            .and_then(Value::as_i64)
-            .map(|p| format!(" at position {p}"))
-            .unwrap_or_default();
-        return Err(format!("HTTP {status}: {err}{pos}"));
+        return Err(QueryError::Refused {
+            status,
+            message: err.to_owned(),
+            position: v.get("position").and_then(Value::as_i64),
+        });
     }
     if !(200..300).contains(&status) {
-        return Err(format!("HTTP {status}: {v}"));
+        return Err(QueryError::Status { status, answer: v });
     }
     let columns = v
         .get("columns")
@@ -263,10 +326,10 @@ pub(crate) fn parse_exec_answer(status: u16, body: &str) -> Result<ExecAnswer, S
             .iter()
             .map(|r| match r {
                 Value::Array(cells) => Ok(cells.clone()),
-                other => Err(format!("dataset row is not an array: {other}")),
+                other => Err(QueryError::RowNotArray(other.clone())),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(format!("dataset is not an array: {other}")),
+        Some(other) => return Err(QueryError::DatasetNotArray(other.clone())),
     };
     Ok(ExecAnswer { columns, dataset })
 }
@@ -277,58 +340,67 @@ struct Cells<'a> {
 }
 
 impl Cells<'_> {
-    fn cell(&self, i: usize, col: &str) -> Result<&Value, String> {
-        self.row
-            .get(i)
-            .ok_or_else(|| format!("row has no column {i} ({col})"))
+    fn cell(&self, i: usize, col: &str) -> Result<&Value, CellError> {
+        self.row.get(i).ok_or_else(|| CellError::Missing {
+            index: i,
+            column: col.to_owned(),
+        })
     }
-    fn i64(&self, i: usize, col: &str) -> Result<i64, String> {
-        let v = self.cell(i, col)?;
-        v.as_i64()
-            .ok_or_else(|| format!("{col} = {v} is not a LONG"))
+    fn typed<'v, T>(
+        v: &'v Value,
+        col: &str,
+        expected: &'static str,
+        read: impl Fn(&'v Value) -> Option<T>,
+    ) -> Result<T, CellError> {
+        read(v).ok_or_else(|| CellError::Type {
+            column: col.to_owned(),
+            value: v.clone(),
+            expected,
+        })
     }
-    fn u32(&self, i: usize, col: &str) -> Result<u32, String> {
+    fn i64(&self, i: usize, col: &str) -> Result<i64, CellError> {
+        Self::typed(self.cell(i, col)?, col, "LONG", Value::as_i64)
+    }
+    fn u32(&self, i: usize, col: &str) -> Result<u32, CellError> {
         let v = self.i64(i, col)?;
-        u32::try_from(v).map_err(|_| format!("{col} = {v} is out of u32 range"))
+        u32::try_from(v).map_err(|_| CellError::OutOfU32 {
+            column: col.to_owned(),
+            value: v,
+        })
     }
-    fn u64(&self, i: usize, col: &str) -> Result<u64, String> {
+    fn u64(&self, i: usize, col: &str) -> Result<u64, CellError> {
         let v = self.i64(i, col)?;
-        u64::try_from(v).map_err(|_| format!("{col} = {v} is negative"))
+        u64::try_from(v).map_err(|_| CellError::Negative {
+            column: col.to_owned(),
+            value: v,
+        })
     }
-    fn f64(&self, i: usize, col: &str) -> Result<f64, String> {
-        let v = self.cell(i, col)?;
-        v.as_f64()
-            .ok_or_else(|| format!("{col} = {v} is not a DOUBLE"))
+    fn f64(&self, i: usize, col: &str) -> Result<f64, CellError> {
+        Self::typed(self.cell(i, col)?, col, "DOUBLE", Value::as_f64)
     }
-    fn opt_f64(&self, i: usize, col: &str) -> Result<Option<f64>, String> {
+    fn opt_f64(&self, i: usize, col: &str) -> Result<Option<f64>, CellError> {
         match self.cell(i, col)? {
             Value::Null => Ok(None),
-            v => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| format!("{col} = {v} is not a DOUBLE")),
+            v => Self::typed(v, col, "DOUBLE", Value::as_f64).map(Some),
         }
     }
-    fn bool(&self, i: usize, col: &str) -> Result<bool, String> {
-        let v = self.cell(i, col)?;
-        v.as_bool()
-            .ok_or_else(|| format!("{col} = {v} is not a BOOLEAN"))
+    fn bool(&self, i: usize, col: &str) -> Result<bool, CellError> {
+        Self::typed(self.cell(i, col)?, col, "BOOLEAN", Value::as_bool)
     }
-    fn str(&self, i: usize, col: &str) -> Result<&str, String> {
-        let v = self.cell(i, col)?;
-        v.as_str()
-            .ok_or_else(|| format!("{col} = {v} is not a string"))
+    fn str(&self, i: usize, col: &str) -> Result<&str, CellError> {
+        Self::typed(self.cell(i, col)?, col, "string", Value::as_str)
     }
     /// A hex-encoded vector; NULL (an empty string may come back as NULL) is empty.
-    fn vector(&self, i: usize, col: &str) -> Result<Vec<f32>, String> {
+    fn vector(&self, i: usize, col: &str) -> Result<Vec<f32>, CellError> {
         match self.cell(i, col)? {
             Value::Null => Ok(Vec::new()),
             Value::String(s) => hex_decode(s)
                 .and_then(|b| le_bytes_to_f32s(&b))
-                .ok_or_else(|| {
-                    format!("{col} is not hex of little-endian f32s ({} chars)", s.len())
+                .ok_or_else(|| CellError::NotF32Hex {
+                    column: col.to_owned(),
+                    chars: s.len(),
                 }),
-            v => Err(format!("{col} = {v} is not a string")),
+            v => Self::typed(v, col, "string", |_| None::<Vec<f32>>),
         }
     }
     fn key(&self) -> String {
@@ -344,11 +416,18 @@ impl Cells<'_> {
     }
 }
 
+fn unknown(column: &'static str, value: &str) -> CellError {
+    CellError::UnknownName {
+        column,
+        value: value.to_owned(),
+    }
+}
+
 /// Decodes a row selected with `TRANSITION_COLS`.
-pub(crate) fn decode_transition(row: &[Value]) -> Result<Transition, (String, String)> {
+pub(crate) fn decode_transition(row: &[Value]) -> Result<Transition, (String, CellError)> {
     let c = Cells { row };
-    let inner = || -> Result<Transition, String> {
-        let res = |base: usize, name: &str| -> Result<Resources, String> {
+    let inner = || -> Result<Transition, CellError> {
+        let res = |base: usize, name: &str| -> Result<Resources, CellError> {
             Ok(Resources {
                 replicas: c.u32(base, &format!("{name}_replicas"))?,
                 cpu_millicores: c.u32(base + 1, &format!("{name}_cpu_millicores"))?,
@@ -366,8 +445,8 @@ pub(crate) fn decode_transition(row: &[Value]) -> Result<Transition, (String, St
             action_raw: c.vector(6, "action_raw")?,
             desired: res(7, "desired")?,
             applied: res(10, "applied")?,
-            source: parse_source(source).ok_or_else(|| format!("source = {source:?}"))?,
-            stage: parse_stage(stage).ok_or_else(|| format!("stage = {stage:?}"))?,
+            source: parse_source(source).ok_or_else(|| unknown("source", source))?,
+            stage: parse_stage(stage).ok_or_else(|| unknown("stage", stage))?,
             reward: c.f64(15, "reward")?,
             next_state: c.vector(16, "next_state")?,
             slo_violation: c.bool(17, "slo_violation")?,
@@ -379,9 +458,9 @@ pub(crate) fn decode_transition(row: &[Value]) -> Result<Transition, (String, St
 }
 
 /// Decodes a row selected with `EPISODE_COLS`.
-pub(crate) fn decode_episode(row: &[Value]) -> Result<EpisodeSummary, (String, String)> {
+pub(crate) fn decode_episode(row: &[Value]) -> Result<EpisodeSummary, (String, CellError)> {
     let c = Cells { row };
-    let inner = || -> Result<EpisodeSummary, String> {
+    let inner = || -> Result<EpisodeSummary, CellError> {
         let stage = c.str(13, "stage")?;
         Ok(EpisodeSummary {
             target: Target::new(c.str(0, "namespace")?, c.str(1, "name")?),
@@ -396,7 +475,7 @@ pub(crate) fn decode_episode(row: &[Value]) -> Result<EpisodeSummary, (String, S
             memory_util_mean: c.f64(10, "memory_util_mean")?,
             rl_steps: c.u32(11, "rl_steps")?,
             fallback_steps: c.u32(12, "fallback_steps")?,
-            stage: parse_stage(stage).ok_or_else(|| format!("stage = {stage:?}"))?,
+            stage: parse_stage(stage).ok_or_else(|| unknown("stage", stage))?,
             policy_estimate: c.opt_f64(14, "policy_estimate")?,
         })
     };
@@ -493,11 +572,12 @@ impl QuestDbStore {
         table: &str,
         limit: Option<(u64, u64)>,
     ) -> Result<ExecAnswer, StoreError> {
-        let query_err = |message: String| StoreError::QuestDbQuery {
+        let query_err = |source: QueryError| StoreError::QuestDbQuery {
             op,
             table: table.to_owned(),
             url: self.base.clone(),
-            message,
+            query: sql.to_owned(),
+            source: Box::new(source),
         };
         let mut req = self
             .agent
@@ -508,15 +588,15 @@ impl QuestDbStore {
         }
         let resp = req
             .call()
-            .map_err(|e| query_err(format!("HTTP request failed: {e}")))?;
+            .map_err(|e| query_err(QueryError::Request(Box::new(e))))?;
         let status = resp.status().as_u16();
         let body = resp
             .into_body()
             .into_with_config()
             .limit(MAX_BODY_BYTES)
             .read_to_string()
-            .map_err(|e| query_err(format!("reading the answer failed: {e}")))?;
-        parse_exec_answer(status, &body).map_err(|m| query_err(format!("{m} (query: {sql})")))
+            .map_err(|e| query_err(QueryError::Read(Box::new(e))))?;
+        parse_exec_answer(status, &body).map_err(query_err)
     }
 
     /// Every row of a SELECT, paged.
@@ -556,7 +636,8 @@ impl QuestDbStore {
                 op: "count",
                 table: table.clone(),
                 url: self.base.clone(),
-                message: format!("unexpected answer {:?}", ans.dataset),
+                query: sql.clone(),
+                source: Box::new(QueryError::Unexpected(ans.dataset.clone())),
             })?;
         Ok(n)
     }
@@ -601,8 +682,8 @@ impl QuestDbStore {
                         op,
                         table: table.to_owned(),
                         url: self.base.clone(),
-                        message: "the table is suspended (see wal_tables() and the server log)"
-                            .to_owned(),
+                        query: sql.clone(),
+                        source: Box::new(QueryError::Suspended),
                     });
                 }
                 if let (Ok(w), Ok(s)) = (writer, sequencer) {
@@ -634,13 +715,13 @@ impl QuestDbStore {
         }
     }
 
-    fn corrupt(op: &'static str, table: &str) -> impl Fn((String, String)) -> StoreError {
+    fn corrupt(op: &'static str, table: &str) -> impl Fn((String, CellError)) -> StoreError {
         let table = table.to_owned();
-        move |(key, detail)| StoreError::Corrupt {
+        move |(key, source)| StoreError::CorruptCell {
             op,
             table: table.clone(),
             key,
-            detail,
+            source: Box::new(source),
         }
     }
 
@@ -849,11 +930,11 @@ impl TrajectoryStore for QuestDbStore {
                 let t = c
                     .str(0, "namespace")
                     .and_then(|ns| Ok(Target::new(ns, c.str(1, "name")?)))
-                    .map_err(|detail| StoreError::Corrupt {
+                    .map_err(|source| StoreError::CorruptCell {
                         op: "list targets",
                         table: table.clone(),
                         key: format!("{row:?}"),
-                        detail,
+                        source: Box::new(source),
                     })?;
                 set.insert(t);
             }
@@ -900,7 +981,7 @@ fn forget_unsupported(op: &'static str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::conformance::{self, Backend};
+    use crate::trajectory::conformance::{self, Backend};
     use serde_json::json;
 
     const URL_ENV: &str = "AWARE_QUESTDB_URL";
@@ -964,7 +1045,10 @@ mod tests {
             "http://user:pw@questdb:9000",
         ] {
             let err = QuestDbConfig::new(bad).validate().unwrap_err();
-            assert!(matches!(err, StoreError::QuestDbConfig(_)), "{bad}: {err}");
+            assert!(
+                matches!(err, StoreError::QuestDbConfig { setting: "url", .. }),
+                "{bad}: {err}"
+            );
             assert!(err.to_string().contains(bad), "{err}");
         }
         let mut cfg = QuestDbConfig::new("http://q:9000");
@@ -1039,10 +1123,21 @@ mod tests {
             r#"{"query":"SELECT nope","error":"Invalid column: nope","position":7}"#,
         )
         .unwrap_err();
-        assert_eq!(err, "HTTP 400: Invalid column: nope at position 7");
-        assert!(parse_exec_answer(502, "<html>bad gateway</html>")
-            .unwrap_err()
-            .contains("HTTP 502"));
+        assert_eq!(
+            err.to_string(),
+            "HTTP 400: Invalid column: nope at position 7"
+        );
+        let err = parse_exec_answer(502, "<html>bad gateway</html>").unwrap_err();
+        assert!(
+            matches!(err, QueryError::NotJson { status: 502, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("HTTP 502"), "{err}");
+        let err = parse_exec_answer(503, r#"{"status":"busy"}"#).unwrap_err();
+        assert!(
+            matches!(err, QueryError::Status { status: 503, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -1081,10 +1176,20 @@ mod tests {
         bad[14] = json!("paused");
         let (key, detail) = decode_transition(&bad).unwrap_err();
         assert_eq!(key, "ns/app episode 3 step 7");
-        assert!(detail.contains("stage"), "{detail}");
+        assert_eq!(
+            detail,
+            CellError::UnknownName {
+                column: "stage",
+                value: "paused".to_owned()
+            }
+        );
         let mut bad = row;
         bad[5] = json!("0000803");
-        assert!(decode_transition(&bad).unwrap_err().1.contains("state"));
+        let (_, detail) = decode_transition(&bad).unwrap_err();
+        assert!(
+            matches!(&detail, CellError::NotF32Hex { column, .. } if column == "state"),
+            "{detail}"
+        );
     }
 
     #[test]
@@ -1113,7 +1218,13 @@ mod tests {
         bad[8] = json!(-1);
         let (key, detail) = decode_episode(&bad).unwrap_err();
         assert_eq!(key, "ns/app episode 4");
-        assert!(detail.contains("slo_violations"), "{detail}");
+        assert_eq!(
+            detail,
+            CellError::OutOfU32 {
+                column: "slo_violations".to_owned(),
+                value: -1
+            }
+        );
     }
 
     #[test]

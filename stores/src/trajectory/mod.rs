@@ -67,11 +67,14 @@ use aware_bus_schemas::{DecisionSource, Episode, Resources, Schema, Stage, Targe
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+pub mod config;
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod questdb;
 pub mod sqlite;
 
-pub use questdb::{QuestDbConfig, QuestDbStore};
+pub use config::{open_store, InvalidSetting, StoreConfig, StoreConfigError, StoreKind};
+pub use questdb::{CellError, QueryError, QuestDbConfig, QuestDbStore};
 pub use sqlite::{Durability, SqliteConfig, SqliteStore};
 
 /// One recorded step: state s_t, action a_t, reward r_{t+1} and next state s_{t+1} of a target.
@@ -217,8 +220,12 @@ pub enum StoreError {
         op: &'static str,
         hint: &'static str,
     },
-    #[error("questdb: invalid configuration: {0}")]
-    QuestDbConfig(String),
+    #[error("questdb: invalid configuration: {setting} {reason}")]
+    QuestDbConfig {
+        /// The [`QuestDbConfig`] field.
+        setting: &'static str,
+        reason: String,
+    },
     #[error("questdb: {op} into table {table} at {url} failed: {source}")]
     QuestDbIngest {
         op: &'static str,
@@ -227,12 +234,14 @@ pub enum StoreError {
         #[source]
         source: Box<::questdb::Error>,
     },
-    #[error("questdb: {op} on table {table} at {url} failed: {message}")]
+    #[error("questdb: {op} on table {table} at {url} failed: {source} (query: {query})")]
     QuestDbQuery {
         op: &'static str,
         table: String,
         url: String,
-        message: String,
+        query: String,
+        #[source]
+        source: Box<self::questdb::QueryError>,
     },
     #[error("questdb: {op}: table {table} at {url} did not apply its WAL within {timeout_ms} ms")]
     QuestDbNotVisible {
@@ -240,6 +249,15 @@ pub enum StoreError {
         table: String,
         url: String,
         timeout_ms: u64,
+    },
+    #[error("{op}: corrupt row in table {table} for {key}: {source}")]
+    CorruptCell {
+        op: &'static str,
+        table: String,
+        /// The row's identity (`ns/name episode e step s`) when known, else the row.
+        key: String,
+        #[source]
+        source: Box<self::questdb::CellError>,
     },
     #[error("{op}: corrupt row in table {table} for {key}: {detail}")]
     Corrupt {

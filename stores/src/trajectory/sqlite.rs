@@ -1224,7 +1224,7 @@ fn below_episode(conn: &Connection, target: &Target) -> Result<i64, StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::conformance::{self, Backend};
+    use crate::trajectory::conformance::{self, Backend};
 
     /// One SQLite file per conformance case in a temporary directory; the same key opens the same
     /// file again.
@@ -1754,7 +1754,7 @@ mod tests {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "store::sqlite::tests::crash_child",
+                "trajectory::sqlite::tests::crash_child",
                 "--include-ignored",
                 "--nocapture",
                 "--test-threads=1",
