@@ -1,4 +1,4 @@
-//! The trajectory store (DESIGN §5): transitions (s_t, a_t, r_{t+1}, s_{t+1}) per target and
+//! The trajectory store (docs/design.md §5): transitions (s_t, a_t, r_{t+1}, s_{t+1}) per target and
 //! episode summaries, behind one trait with two implementations that pass one conformance suite.
 //!
 //! * [`SqliteStore`] — the embedded default: one SQLite file (WAL, `synchronous=FULL`).
