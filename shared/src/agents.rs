@@ -583,6 +583,14 @@ mod tests {
         let mut cfg = AppConfig::default();
         cfg.actors.retire_after_secs = retire_after_secs;
         cfg.bus.jetstream.max_age_secs = 100;
+        actors_with(cfg, log)
+    }
+
+    /// The actors of a service configured by `cfg`; each new actor logs under the next id.
+    fn actors_with(
+        cfg: AppConfig,
+        log: &Arc<Mutex<Vec<(usize, String)>>>,
+    ) -> (TargetActors<Probe>, ServiceContext) {
         let ctx = ServiceContext::new(
             "probe",
             Bus::in_process(16),
@@ -625,18 +633,7 @@ mod tests {
             let log = Arc::new(Mutex::new(Vec::new()));
             let mut cfg = AppConfig::default();
             cfg.actors.max_targets = 50;
-            let ctx = ServiceContext::new(
-                "probe",
-                Bus::in_process(16),
-                Arc::new(cfg.clone()),
-                tokio_util::sync::CancellationToken::new(),
-            )
-            .unwrap();
-            let l = log.clone();
-            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
-                id: 0,
-                log: l.clone(),
-            });
+            let (mut a, ctx) = actors_with(cfg.clone(), &log);
             let refused = |ctx: &ServiceContext, reason: &str| {
                 ctx.metrics
                     .target_refusals
@@ -658,18 +655,7 @@ mod tests {
             cfg.actors.require_registration = true;
             let configured = Target::new("shop", "cart");
             cfg.targets.push(crate::spec::TargetSpec::new(&configured));
-            let ctx = ServiceContext::new(
-                "probe",
-                Bus::in_process(16),
-                Arc::new(cfg),
-                tokio_util::sync::CancellationToken::new(),
-            )
-            .unwrap();
-            let l = log.clone();
-            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
-                id: 0,
-                log: l.clone(),
-            });
+            let (mut a, ctx) = actors_with(cfg, &log);
             a.follow_registrations(true);
             for n in 0..1_000 {
                 a.route(obs_of(&Target::new("made", format!("up-{n}"))));
@@ -715,18 +701,7 @@ mod tests {
             cfg.bus.jetstream.max_age_secs = 100;
             let configured = Target::new("shop", "cart");
             cfg.targets.push(crate::spec::TargetSpec::new(&configured));
-            let ctx = ServiceContext::new(
-                "probe",
-                Bus::in_process(16),
-                Arc::new(cfg),
-                tokio_util::sync::CancellationToken::new(),
-            )
-            .unwrap();
-            let l = log.clone();
-            let mut a = TargetActors::new(&ctx, move |_: &Target| Probe {
-                id: 0,
-                log: l.clone(),
-            });
+            let (mut a, _ctx) = actors_with(cfg, &log);
             let now = 1_000_000_000;
             a.route_at(registration(&configured, 0, None).into(), now);
             assert!(!a.is_retired(&configured), "not at once");
