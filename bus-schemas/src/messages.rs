@@ -65,6 +65,16 @@ impl EventKind {
         EventKind::Target,
     ];
 
+    /// Whether the newest message of this kind per target is that target's current state
+    /// (stage, weights, embedding, registration) rather than one event of a stream: a consumer
+    /// starts such kinds from a snapshot, and a bus retains their newest message per subject.
+    pub const fn is_state(self) -> bool {
+        matches!(
+            self,
+            EventKind::Lifecycle | EventKind::Model | EventKind::Embedding | EventKind::Target
+        )
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             EventKind::Obs => "obs",

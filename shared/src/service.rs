@@ -148,7 +148,7 @@ impl ServiceContext {
     /// Subscribes to `kinds` for every target and yields decoded events. Malformed messages are
     /// counted (`decode_errors_total`) and dropped with a warning; they never end the intake.
     ///
-    /// For the kinds that carry a target's current state ([`is_state_kind`]: `lifecycle`,
+    /// For the kinds that carry a target's current state ([`EventKind::is_state`]: `lifecycle`,
     /// `model`, `embedding`, `target`) on NATS with the JetStream capture on, or on the embedded
     /// bus (which retains them), the newest message of every target comes first, then the live ones: a service that starts (or
     /// restarts) after a target's last stage change, model or registration still learns it. The
@@ -163,7 +163,7 @@ impl ServiceContext {
         for &kind in kinds {
             let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
             self.count_slow_consumer(&sub, kind);
-            let snapshot = if is_state_kind(kind) {
+            let snapshot = if kind.is_state() {
                 self.last_per_target(kind).await
             } else {
                 Vec::new()
@@ -432,15 +432,6 @@ impl ServiceContext {
             Err(e) => fail(e.to_string()),
         }
     }
-}
-
-/// Kinds whose newest message per target is that target's current state (stage, weights,
-/// embedding, registration); [`ServiceContext::subscribe_events`] starts them from a snapshot.
-pub fn is_state_kind(kind: EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::Lifecycle | EventKind::Model | EventKind::Embedding | EventKind::Target
-    )
 }
 
 /// Cancels `token` on SIGINT or SIGTERM.

@@ -57,12 +57,12 @@ pub const EMBEDDED: &str = "embedded";
 
 impl Bus {
     /// The embedded in-process bus. It keeps the newest message of every state subject
-    /// ([`crate::service::is_state_kind`]: lifecycle, model, embedding, target), the embedded
+    /// ([`aware_bus_schemas::EventKind::is_state`]: lifecycle, model, embedding, target), the embedded
     /// counterpart of the JetStream capture's last message per subject.
     pub fn in_process(capacity: usize) -> Self {
         let state: Vec<String> = aware_bus_schemas::EventKind::ALL
             .into_iter()
-            .filter(|k| crate::service::is_state_kind(*k))
+            .filter(|k| k.is_state())
             .map(aware_bus_schemas::subject::kind_filter)
             .collect();
         match InProcBus::with_retained(capacity, &state) {
