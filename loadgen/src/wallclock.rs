@@ -12,10 +12,7 @@
 //! `container_spec_cpu_quota`, `container_spec_cpu_period`, `container_spec_memory_limit_bytes`,
 //! `kube_pod_container_status_restarts_total` (per pod), `kube_deployment_status_replicas`,
 //! `kube_deployment_status_replicas_available`, `kube_deployment_spec_replicas` (per Deployment)
-//! and, per Deployment, the application's request metrics in the Prometheus client libraries'
-//! conventional names: the counter `http_requests_total` (requests received) and the histogram
-//! `http_request_duration_seconds` (requests served) — the names the collector's Prometheus source
-//! reads by default.
+//! and the request-latency histogram `aware_sim_request_duration_seconds` (per Deployment).
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -314,7 +311,7 @@ pub fn render_metrics(env: &SimEnv) -> String {
     }
     let now = |t: &crate::cluster::TargetSim| t.now();
     type DepFn = fn(&crate::cluster::TargetSim, f64) -> f64;
-    let dep_metrics: [(&str, &str, &str, DepFn); 3] = [
+    let dep_metrics: [(&str, &str, &str, DepFn); 4] = [
         (
             "kube_deployment_spec_replicas",
             "gauge",
@@ -333,6 +330,12 @@ pub fn render_metrics(env: &SimEnv) -> String {
             "The number of available replicas per deployment.",
             |t, now| t.replicas().iter().filter(|r| r.ready_at <= now).count() as f64,
         ),
+        (
+            "aware_sim_offered_requests_per_second",
+            "gauge",
+            "Arrival rate offered to the deployment in the last step.",
+            |t, _| t.last_metrics().offered_rps,
+        ),
     ];
     for (name, kind, help, f) in dep_metrics {
         header(&mut s, name, kind, help);
@@ -346,25 +349,7 @@ pub fn render_metrics(env: &SimEnv) -> String {
             );
         }
     }
-    let received = "http_requests_total";
-    header(
-        &mut s,
-        received,
-        "counter",
-        "Requests received (served, failed or still queued).",
-    );
-    for (t, r) in env.targets().iter().zip(env.target_refs()) {
-        if let Some(c) = t.counters() {
-            let _ = writeln!(
-                s,
-                "{received}{{namespace=\"{}\",deployment=\"{}\"}} {}",
-                esc(&r.namespace),
-                esc(&r.name),
-                c.received
-            );
-        }
-    }
-    let h = "http_request_duration_seconds";
+    let h = "aware_sim_request_duration_seconds";
     header(
         &mut s,
         h,
@@ -466,9 +451,8 @@ mod tests {
             "container_spec_cpu_quota{",
             "container_spec_memory_limit_bytes{",
             "kube_deployment_status_replicas{",
-            "http_requests_total{",
-            "http_request_duration_seconds_bucket{",
-            "http_request_duration_seconds_count{",
+            "aware_sim_request_duration_seconds_bucket{",
+            "aware_sim_request_duration_seconds_count{",
             "le=\"+Inf\"",
         ] {
             assert!(text.contains(m), "missing {m}");

@@ -21,21 +21,13 @@
 //! | `memory_limit_total_bytes` | the same with `sum` |
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
-//! | `request_rate_rps` | increase of `http_requests_total{$deployment}` / `$window_s` |
-//! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
-//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
+//! | `request_rate_rps` | `sum(aware_sim_offered_requests_per_second{$deployment})` (override on a real cluster, e.g. with the ingress' request counter) |
+//! | `throughput_rps` | increase of `aware_sim_request_duration_seconds_count{$deployment}` / `$window_s` |
+//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of aware_sim_request_duration_seconds_bucket{$deployment}>)` |
 //! | `io_util`, `network_util` | none (not exposed by cAdvisor as a utilization; configure a query to use them) |
 //! | `pod_sample_time` | `max(timestamp(container_memory_working_set_bytes{$pod}))` |
 //! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
-//! | `request_sample_time` | `max(timestamp(http_request_duration_seconds_count{$deployment}))` |
-//!
-//! The pod and Deployment metrics are cAdvisor's and kube-state-metrics'. The request metrics are
-//! the application's own, in the Prometheus client libraries' conventional names:
-//! `http_requests_total` (a counter of the requests received, failed ones included: the offered
-//! load) and the histogram `http_request_duration_seconds` of the requests served, both labelled
-//! with the `namespace` and `deployment` of the target (a relabelling rule of the scrape config
-//! usually adds `deployment`). An application exporting other names overrides these queries. The
-//! simulator exports the same names and labels (`aware-loadgen`'s `wallclock::render_metrics`).
+//! | `request_sample_time` | `max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))` |
 //!
 //! **Counters** are differenced over exactly one step window: `sum(c) - (sum((c offset W) and c)
 //! or vector(0))`, divided by the window. This is `rate()` without its extrapolation: `rate()`
@@ -254,10 +246,9 @@ impl PromClient {
 
 fn default_query(name: &str) -> &'static str {
     const CPU: &str = "(sum(container_cpu_usage_seconds_total{$pod}) - (sum((container_cpu_usage_seconds_total{$pod} offset $window) and container_cpu_usage_seconds_total{$pod}) or vector(0))) / $window_s";
-    const REQUESTS: &str = "(sum(http_requests_total{$deployment}) - (sum((http_requests_total{$deployment} offset $window) and http_requests_total{$deployment}) or vector(0))) / $window_s";
-    const THROUGHPUT: &str = "(sum(http_request_duration_seconds_count{$deployment}) - (sum((http_request_duration_seconds_count{$deployment} offset $window) and http_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
-    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
-    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
+    const THROUGHPUT: &str = "(sum(aware_sim_request_duration_seconds_count{$deployment}) - (sum((aware_sim_request_duration_seconds_count{$deployment} offset $window) and aware_sim_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
+    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
+    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
     match name {
         "cpu_usage_cores" => CPU,
         "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
@@ -271,13 +262,15 @@ fn default_query(name: &str) -> &'static str {
         "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
-        "request_rate_rps" => REQUESTS,
+        "request_rate_rps" => "sum(aware_sim_offered_requests_per_second{$deployment})",
         "throughput_rps" => THROUGHPUT,
         "latency_p50_ms" => P50,
         "latency_p99_ms" => P99,
         "pod_sample_time" => "max(timestamp(container_memory_working_set_bytes{$pod}))",
         "deployment_sample_time" => "max(timestamp(kube_deployment_status_replicas{$deployment}))",
-        "request_sample_time" => "max(timestamp(http_request_duration_seconds_count{$deployment}))",
+        "request_sample_time" => {
+            "max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))"
+        }
         // io_util, network_util: not read unless configured
         _ => "",
     }
