@@ -834,7 +834,26 @@ impl AppConfig {
                 ));
             }
         }
-        let url = &self.bus.url;
+        self.bus.validate()?;
+        self.http
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("http.listen", format!("`{}`: {e}", self.http.listen)))?;
+        self.shard.validate()?;
+        if self.actors.max_targets == 0 {
+            return Err(invalid("actors.max_targets", "must be at least 1"));
+        }
+        validate_targets(&self.targets)?;
+        self.lifecycle.validate()?;
+        self.collector.validate()?;
+        Ok(())
+    }
+}
+
+impl BusConfig {
+    /// The `[bus]` section's values; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = &self.url;
         if url != crate::bus::EMBEDDED
             && !["nats://", "tls://", "ws://", "wss://"]
                 .iter()
@@ -848,14 +867,14 @@ impl AppConfig {
                 ),
             ));
         }
-        self.bus.auth.validate()?;
-        self.bus.tls.validate()?;
+        self.auth.validate()?;
+        self.tls.validate()?;
         if url != crate::bus::EMBEDDED {
             // Credentials in the URL: parsed (and checked against `bus.auth`) as the bus will.
-            crate::bus::auth::servers_and_url_credentials(url, &self.bus.auth)
+            crate::bus::auth::servers_and_url_credentials(url, &self.auth)
                 .map_err(|e| invalid("bus.url", e.to_string()))?;
         }
-        let inbox = &self.bus.inbox_prefix;
+        let inbox = &self.inbox_prefix;
         if inbox.is_empty()
             || inbox.starts_with('.')
             || inbox.ends_with('.')
@@ -869,35 +888,31 @@ impl AppConfig {
                 format!("`{inbox}` is not a subject prefix (letters, digits, `_`, `-`, `$`, dots between tokens)"),
             ));
         }
-        if self.bus.channel_capacity == 0 {
+        if self.channel_capacity == 0 {
             return Err(invalid("bus.channel_capacity", "must be at least 1"));
         }
         // 0 would mean: give up on the first connection at once, reconnect in a busy loop,
         // fail every flush.
         for (key, v) in [
-            ("bus.connect_timeout_ms", self.bus.connect_timeout_ms),
-            (
-                "bus.reconnect_max_delay_ms",
-                self.bus.reconnect_max_delay_ms,
-            ),
-            ("bus.flush_timeout_ms", self.bus.flush_timeout_ms),
+            ("bus.connect_timeout_ms", self.connect_timeout_ms),
+            ("bus.reconnect_max_delay_ms", self.reconnect_max_delay_ms),
+            ("bus.flush_timeout_ms", self.flush_timeout_ms),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
             }
         }
-        if self.bus.jetstream.max_bytes == 0 || self.bus.jetstream.max_bytes < -1 {
+        if self.jetstream.max_bytes == 0 || self.jetstream.max_bytes < -1 {
             return Err(invalid(
                 "bus.jetstream.max_bytes",
                 format!(
                     "{} (must be positive, or -1: unlimited)",
-                    self.bus.jetstream.max_bytes
+                    self.jetstream.max_bytes
                 ),
             ));
         }
-        if self.bus.jetstream.stream.is_empty()
+        if self.jetstream.stream.is_empty()
             || !self
-                .bus
                 .jetstream
                 .stream
                 .chars()
@@ -908,46 +923,50 @@ impl AppConfig {
                 "must be non-empty letters, digits, `-` or `_`",
             ));
         }
-        if self.bus.jetstream.replicas == 0 || self.bus.jetstream.replicas > 5 {
+        if self.jetstream.replicas == 0 || self.jetstream.replicas > 5 {
             return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
         }
-        self.http
-            .listen
-            .parse::<SocketAddr>()
-            .map_err(|e| invalid("http.listen", format!("`{}`: {e}", self.http.listen)))?;
-        self.shard.validate()?;
-        if self.actors.max_targets == 0 {
-            return Err(invalid("actors.max_targets", "must be at least 1"));
+        Ok(())
+    }
+}
+
+/// The `[[targets]]` entries: names, bounds, weights and SLOs; errors name the entry and key.
+fn validate_targets(targets: &[crate::spec::TargetSpec]) -> Result<(), ConfigError> {
+    for (i, t) in targets.iter().enumerate() {
+        aware_bus_schemas::subject::validate_name("namespace", &t.namespace)
+            .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
+        aware_bus_schemas::subject::validate_name("name", &t.name)
+            .map_err(|e| invalid(&format!("targets[{i}].name"), e.to_string()))?;
+        if let Some((key, reason)) = t.bounds.problems().into_iter().next() {
+            return Err(invalid(&format!("targets[{i}].bounds.{key}"), reason));
         }
-        for (i, t) in self.targets.iter().enumerate() {
-            aware_bus_schemas::subject::validate_name("namespace", &t.namespace)
-                .map_err(|e| invalid(&format!("targets[{i}].namespace"), e.to_string()))?;
-            aware_bus_schemas::subject::validate_name("name", &t.name)
-                .map_err(|e| invalid(&format!("targets[{i}].name"), e.to_string()))?;
-            if let Some((key, reason)) = t.bounds.problems().into_iter().next() {
-                return Err(invalid(&format!("targets[{i}].bounds.{key}"), reason));
-            }
-            if !(0.0..=1.0).contains(&t.alpha) {
+        if !(0.0..=1.0).contains(&t.alpha) {
+            return Err(invalid(
+                &format!("targets[{i}].alpha"),
+                format!("{} is outside [0, 1]", t.alpha),
+            ));
+        }
+        // As for a registration: an SLO of NaN, 0 or less would leave the target with a
+        // reward no policy can earn, or none.
+        for (key, v) in [
+            ("latency_p99_ms", t.slo.latency_p99_ms),
+            ("throughput_rps", t.slo.throughput_rps),
+        ] {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
                 return Err(invalid(
-                    &format!("targets[{i}].alpha"),
-                    format!("{} is outside [0, 1]", t.alpha),
+                    &format!("targets[{i}].slo.{key}"),
+                    format!("{v} is not a positive number"),
                 ));
             }
-            // As for a registration: an SLO of NaN, 0 or less would leave the target with a
-            // reward no policy can earn, or none.
-            for (key, v) in [
-                ("latency_p99_ms", t.slo.latency_p99_ms),
-                ("throughput_rps", t.slo.throughput_rps),
-            ] {
-                if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
-                    return Err(invalid(
-                        &format!("targets[{i}].slo.{key}"),
-                        format!("{v} is not a positive number"),
-                    ));
-                }
-            }
         }
-        let l = &self.lifecycle;
+    }
+    Ok(())
+}
+
+impl LifecycleProfile {
+    /// The `[lifecycle]` section's thresholds; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
         for (key, v) in [
             ("lifecycle.t_online", l.t_online),
             ("lifecycle.t_serving", l.t_serving),
@@ -963,7 +982,14 @@ impl AppConfig {
         if l.window == 0 {
             return Err(invalid("lifecycle.window", "must be at least 1"));
         }
-        let c = &self.collector;
+        Ok(())
+    }
+}
+
+impl CollectorConfig {
+    /// The `[collector]` section's values; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = self;
         if c.steps_per_episode == 0 {
             return Err(invalid("collector.steps_per_episode", "must be at least 1"));
         }
