@@ -31,10 +31,9 @@ pub const BASE_LEARNER: &str = "base_learner";
 
 /// The `[trainer]` configuration section.
 ///
-/// The default network is 64-64 (the AWARE artifact's size): on these 2-core CPU machines dfdx
-/// trains it at ~2,800 gradient steps/s against ~340 for 256-256 (`aware-shared-model`'s
-/// benchmark, batch 64), so a round of 200 steps per target costs ~70 ms instead of ~0.6 s and
-/// the trainer keeps up with many targets.
+/// The default network is 64-64 (the AWARE artifact's size): on a CPU it trains about ten times
+/// faster than 256-256, so the trainer keeps up with many targets
+/// (docs/adr/0005-network-width-64.md, docs/benchmarks/model.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainerConfig {
@@ -48,13 +47,13 @@ pub struct TrainerConfig {
     pub gradient_steps: usize,
     /// Gradient steps per ONLINE round while the target retrains (ONLINE entered from SERVING:
     /// Algorithm 1's trigger), so a converged policy catches up with a changed workload sooner.
-    /// Default 200: 4 per transition at the default `retrain_every_transitions` (measured in
-    /// `aware bench serve`).
+    /// Default 200: 4 per transition at the default `retrain_every_transitions`
+    /// (docs/adr/0006-retraining-defaults.md).
     pub retrain_gradient_steps: usize,
     /// While the target retrains, train when this many transitions arrived since the last round
     /// (instead of `train_every_transitions`): the recommenders act with weights at most this
-    /// many transitions old while the workload they learn has changed. Default 50 (measured
-    /// with `aware bench serve --bus`; first learning keeps `train_every_transitions`).
+    /// many transitions old while the workload they learn has changed. Default 50
+    /// (docs/adr/0006-retraining-defaults.md; first learning keeps `train_every_transitions`).
     pub retrain_every_transitions: u64,
     /// Minibatch size (paper Table 2: 64).
     pub batch_size: usize,
