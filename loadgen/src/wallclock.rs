@@ -12,7 +12,8 @@
 //! `container_spec_cpu_quota`, `container_spec_cpu_period`, `container_spec_memory_limit_bytes`,
 //! `kube_pod_container_status_restarts_total` (per pod), `kube_deployment_status_replicas`,
 //! `kube_deployment_status_replicas_available`, `kube_deployment_spec_replicas` (per Deployment)
-//! and the request-latency histogram `aware_sim_request_duration_seconds` (per Deployment).
+//! and the request-latency histogram `http_request_duration_seconds` (per Deployment: the name
+//! the Prometheus client libraries give it, which the collector's Prometheus source reads).
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -349,7 +350,7 @@ pub fn render_metrics(env: &SimEnv) -> String {
             );
         }
     }
-    let h = "aware_sim_request_duration_seconds";
+    let h = "http_request_duration_seconds";
     header(
         &mut s,
         h,
@@ -451,8 +452,8 @@ mod tests {
             "container_spec_cpu_quota{",
             "container_spec_memory_limit_bytes{",
             "kube_deployment_status_replicas{",
-            "aware_sim_request_duration_seconds_bucket{",
-            "aware_sim_request_duration_seconds_count{",
+            "http_request_duration_seconds_bucket{",
+            "http_request_duration_seconds_count{",
             "le=\"+Inf\"",
         ] {
             assert!(text.contains(m), "missing {m}");

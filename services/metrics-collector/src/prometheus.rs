@@ -22,12 +22,12 @@
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
 //! | `request_rate_rps` | `sum(aware_sim_offered_requests_per_second{$deployment})` (override on a real cluster, e.g. with the ingress' request counter) |
-//! | `throughput_rps` | increase of `aware_sim_request_duration_seconds_count{$deployment}` / `$window_s` |
-//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of aware_sim_request_duration_seconds_bucket{$deployment}>)` |
+//! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
+//! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
 //! | `io_util`, `network_util` | none (not exposed by cAdvisor as a utilization; configure a query to use them) |
 //! | `pod_sample_time` | `max(timestamp(container_memory_working_set_bytes{$pod}))` |
 //! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
-//! | `request_sample_time` | `max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))` |
+//! | `request_sample_time` | `max(timestamp(http_request_duration_seconds_count{$deployment}))` |
 //!
 //! **Counters** are differenced over exactly one step window: `sum(c) - (sum((c offset W) and c)
 //! or vector(0))`, divided by the window. This is `rate()` without its extrapolation: `rate()`
@@ -246,9 +246,9 @@ impl PromClient {
 
 fn default_query(name: &str) -> &'static str {
     const CPU: &str = "(sum(container_cpu_usage_seconds_total{$pod}) - (sum((container_cpu_usage_seconds_total{$pod} offset $window) and container_cpu_usage_seconds_total{$pod}) or vector(0))) / $window_s";
-    const THROUGHPUT: &str = "(sum(aware_sim_request_duration_seconds_count{$deployment}) - (sum((aware_sim_request_duration_seconds_count{$deployment} offset $window) and aware_sim_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
-    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
-    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((aware_sim_request_duration_seconds_bucket{$deployment} offset $window) and aware_sim_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (aware_sim_request_duration_seconds_bucket{$deployment})))";
+    const THROUGHPUT: &str = "(sum(http_request_duration_seconds_count{$deployment}) - (sum((http_request_duration_seconds_count{$deployment} offset $window) and http_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
+    const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
+    const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
     match name {
         "cpu_usage_cores" => CPU,
         "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
@@ -268,9 +268,7 @@ fn default_query(name: &str) -> &'static str {
         "latency_p99_ms" => P99,
         "pod_sample_time" => "max(timestamp(container_memory_working_set_bytes{$pod}))",
         "deployment_sample_time" => "max(timestamp(kube_deployment_status_replicas{$deployment}))",
-        "request_sample_time" => {
-            "max(timestamp(aware_sim_request_duration_seconds_count{$deployment}))"
-        }
+        "request_sample_time" => "max(timestamp(http_request_duration_seconds_count{$deployment}))",
         // io_util, network_util: not read unless configured
         _ => "",
     }
