@@ -265,9 +265,11 @@ where
     }
 
     fn admit_retiring(&mut self, ev: &Event, now_ms: i64) -> bool {
-        // A target this service knows (configured, or registered before this message) is live
-        // news whatever the message's time says.
-        let known = self.configured.contains(ev.target()) || self.registered.contains(ev.target());
+        // A deregistration of a target this service knows (configured, or registered before this
+        // message) is live news whatever the message's time says. Looked up for deregistrations
+        // only: every other event passes here too.
+        let known = matches!(ev, Event::Registration(r) if r.spec.is_none())
+            && (self.configured.contains(ev.target()) || self.registered.contains(ev.target()));
         if let Event::Registration(reg) = ev {
             if reg.spec.is_some() {
                 self.registered.insert(reg.target.clone());

@@ -323,6 +323,84 @@ impl std::fmt::Debug for BusConfig {
 }
 
 impl BusConfig {
+    /// The `[bus]` section's values; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = &self.url;
+        if url != crate::bus::EMBEDDED
+            && !["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|p| url.starts_with(p))
+        {
+            return Err(invalid(
+                "bus.url",
+                format!(
+                    "`{}` is neither `embedded` nor a nats://, tls://, ws:// or wss:// URL",
+                    crate::bus::redact_url(url)
+                ),
+            ));
+        }
+        self.auth.validate()?;
+        self.tls.validate()?;
+        if url != crate::bus::EMBEDDED {
+            // Credentials in the URL: parsed (and checked against `bus.auth`) as the bus will.
+            crate::bus::auth::servers_and_url_credentials(url, &self.auth)
+                .map_err(|e| invalid("bus.url", e.to_string()))?;
+        }
+        let inbox = &self.inbox_prefix;
+        if inbox.is_empty()
+            || inbox.starts_with('.')
+            || inbox.ends_with('.')
+            || inbox.contains("..")
+            || !inbox
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
+        {
+            return Err(invalid(
+                "bus.inbox_prefix",
+                format!("`{inbox}` is not a subject prefix (letters, digits, `_`, `-`, `$`, dots between tokens)"),
+            ));
+        }
+        if self.channel_capacity == 0 {
+            return Err(invalid("bus.channel_capacity", "must be at least 1"));
+        }
+        // 0 would mean: give up on the first connection at once, reconnect in a busy loop,
+        // fail every flush.
+        for (key, v) in [
+            ("bus.connect_timeout_ms", self.connect_timeout_ms),
+            ("bus.reconnect_max_delay_ms", self.reconnect_max_delay_ms),
+            ("bus.flush_timeout_ms", self.flush_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if self.jetstream.max_bytes == 0 || self.jetstream.max_bytes < -1 {
+            return Err(invalid(
+                "bus.jetstream.max_bytes",
+                format!(
+                    "{} (must be positive, or -1: unlimited)",
+                    self.jetstream.max_bytes
+                ),
+            ));
+        }
+        if self.jetstream.stream.is_empty()
+            || !self
+                .jetstream
+                .stream
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                "bus.jetstream.stream",
+                "must be non-empty letters, digits, `-` or `_`",
+            ));
+        }
+        if self.jetstream.replicas == 0 || self.jetstream.replicas > 5 {
+            return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
+        }
+        Ok(())
+    }
+
     /// This configuration with every secret masked (`***`): the password or token in `url`,
     /// `auth.password` and `auth.token`. What `aware config` prints.
     pub fn redacted(&self) -> BusConfig {
@@ -846,86 +924,6 @@ impl AppConfig {
         validate_targets(&self.targets)?;
         self.lifecycle.validate()?;
         self.collector.validate()?;
-        Ok(())
-    }
-}
-
-impl BusConfig {
-    /// The `[bus]` section's values; errors name the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let url = &self.url;
-        if url != crate::bus::EMBEDDED
-            && !["nats://", "tls://", "ws://", "wss://"]
-                .iter()
-                .any(|p| url.starts_with(p))
-        {
-            return Err(invalid(
-                "bus.url",
-                format!(
-                    "`{}` is neither `embedded` nor a nats://, tls://, ws:// or wss:// URL",
-                    crate::bus::redact_url(url)
-                ),
-            ));
-        }
-        self.auth.validate()?;
-        self.tls.validate()?;
-        if url != crate::bus::EMBEDDED {
-            // Credentials in the URL: parsed (and checked against `bus.auth`) as the bus will.
-            crate::bus::auth::servers_and_url_credentials(url, &self.auth)
-                .map_err(|e| invalid("bus.url", e.to_string()))?;
-        }
-        let inbox = &self.inbox_prefix;
-        if inbox.is_empty()
-            || inbox.starts_with('.')
-            || inbox.ends_with('.')
-            || inbox.contains("..")
-            || !inbox
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
-        {
-            return Err(invalid(
-                "bus.inbox_prefix",
-                format!("`{inbox}` is not a subject prefix (letters, digits, `_`, `-`, `$`, dots between tokens)"),
-            ));
-        }
-        if self.channel_capacity == 0 {
-            return Err(invalid("bus.channel_capacity", "must be at least 1"));
-        }
-        // 0 would mean: give up on the first connection at once, reconnect in a busy loop,
-        // fail every flush.
-        for (key, v) in [
-            ("bus.connect_timeout_ms", self.connect_timeout_ms),
-            ("bus.reconnect_max_delay_ms", self.reconnect_max_delay_ms),
-            ("bus.flush_timeout_ms", self.flush_timeout_ms),
-        ] {
-            if v == 0 {
-                return Err(invalid(key, "must be at least 1"));
-            }
-        }
-        if self.jetstream.max_bytes == 0 || self.jetstream.max_bytes < -1 {
-            return Err(invalid(
-                "bus.jetstream.max_bytes",
-                format!(
-                    "{} (must be positive, or -1: unlimited)",
-                    self.jetstream.max_bytes
-                ),
-            ));
-        }
-        if self.jetstream.stream.is_empty()
-            || !self
-                .jetstream
-                .stream
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(invalid(
-                "bus.jetstream.stream",
-                "must be non-empty letters, digits, `-` or `_`",
-            ));
-        }
-        if self.jetstream.replicas == 0 || self.jetstream.replicas > 5 {
-            return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
-        }
         Ok(())
     }
 }
