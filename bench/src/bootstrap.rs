@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use aware_bus_schemas::{Event, Stage, Target};
 use aware_loadgen::env::SimConfig;
 use aware_loadgen::run::{run_sim, AppSource, PolicySpec, RunSimOptions};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use serde::Serialize;
 
 use super::BenchError;
@@ -253,17 +254,21 @@ fn arm_config(
 ) -> Result<AppConfig, BenchError> {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = opts.steps_per_episode;
-    cfg.collector.simulator.apps = opts.apps;
-    cfg.collector.simulator.seed = opts.seed;
+    cfg.learning.steps_per_episode = opts.steps_per_episode;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    collector.simulator.apps = opts.apps;
+    collector.simulator.seed = opts.seed;
     // One warm-up margin: the window is read from the episodes, the run stops after it.
-    cfg.collector.simulator.max_steps =
+    collector.simulator.max_steps =
         u64::from(opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
-    cfg.collector.simulator.step_timeout_ms = 60_000;
-    if let Ok(apps) = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator) {
+    collector.simulator.step_timeout_ms = 60_000;
+    if let Ok(apps) = aware_metrics_collector::simulator::build_apps(&collector.simulator) {
         cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     }
+    cfg.set_section("collector", &collector)?;
     // The early window: nobody reaches SERVING (it would freeze exploration by timing).
     cfg.lifecycle.t_serving = 1e9;
     match arm {

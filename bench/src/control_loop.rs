@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{subject, EventKind};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use aware_shared::probe::{bucket_quantile, histogram_buckets, http_get, wait_ready};
 use aware_shared::testkit::NatsServer;
 use serde::Serialize;
@@ -165,10 +166,14 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let mut cfg = AppConfig::default();
     cfg.bus.url = server.url();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.simulator.apps = opts.targets;
-    cfg.collector.simulator.max_steps = opts.steps;
-    cfg.collector.simulator.step_timeout_ms = 30_000;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    collector.simulator.apps = opts.targets;
+    collector.simulator.max_steps = opts.steps;
+    collector.simulator.step_timeout_ms = 30_000;
+    cfg.set_section("collector", &collector)?;
     let dir = std::env::temp_dir().join(format!("aware-bench-loop-{}", std::process::id()));
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     cfg.sections.insert(
@@ -198,7 +203,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
         .map_err(|e| BenchError::Failed(e.to_string()))?;
     let (mut n_obs, mut n_act) = (0u64, 0u64);
     let (mut first, mut last) = (None, Instant::now());
-    let spe = u64::from(aware_shared::config::CollectorConfig::default().steps_per_episode);
+    let spe = u64::from(aware_shared::config::LearningConfig::default().steps_per_episode);
     // (target token pair of the subject, global step) identifies a step of a target.
     let key = |subj: &str, payload: &[u8]| -> Option<(Arc<str>, u64)> {
         let ev = aware_bus_schemas::decode_any(payload).ok()?;

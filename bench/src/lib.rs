@@ -19,6 +19,8 @@ pub enum BenchError {
     #[error(transparent)]
     Bus(#[from] aware_shared::bus::BusError),
     #[error(transparent)]
+    Config(#[from] aware_shared::config::ConfigError),
+    #[error(transparent)]
     Harness(#[from] aware_shared::testkit::HarnessError),
     #[error(transparent)]
     Service(#[from] aware_shared::service::ServiceError),

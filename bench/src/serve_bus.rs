@@ -36,8 +36,9 @@ use aware_bus_schemas::{
 };
 use aware_loadgen::app::AppSpec;
 use aware_loadgen::Scenario;
+use aware_metrics_collector::config::{CollectorConfig, SimInjection, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, LifecycleProfile, SimInjection, SourceKind};
+use aware_shared::config::{AppConfig, LifecycleProfile};
 use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
 use aware_shared::registry::to_registered;
 use aware_stores::trajectory::{self as tstore, SqliteStore, TrajectoryStore};
@@ -201,13 +202,16 @@ pub fn arm_config(
     let start = u64::from(opts.train_episodes) * spe;
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = opts.steps_per_episode;
-    cfg.collector.simulator.apps = opts.apps;
-    cfg.collector.simulator.seed = opts.seed;
-    cfg.collector.simulator.step_timeout_ms = 60_000;
-    cfg.collector.simulator.start_step = start;
-    cfg.collector.simulator.max_steps = start + (u64::from(opts.serve_episodes) + 1) * spe + 1;
+    cfg.learning.steps_per_episode = opts.steps_per_episode;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    collector.simulator.apps = opts.apps;
+    collector.simulator.seed = opts.seed;
+    collector.simulator.step_timeout_ms = 60_000;
+    collector.simulator.start_step = start;
+    collector.simulator.max_steps = start + (u64::from(opts.serve_episodes) + 1) * spe + 1;
     let mut injections = Vec::new();
     for h in handoffs {
         for (at, sc) in &h.injections {
@@ -220,8 +224,9 @@ pub fn arm_config(
             });
         }
     }
-    cfg.collector.simulator.injections = injections;
-    let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
+    collector.simulator.injections = injections;
+    let apps = aware_metrics_collector::simulator::build_apps(&collector.simulator)?;
+    cfg.set_section("collector", &collector)?;
     for (a, h) in apps.iter().zip(handoffs) {
         if a.name != h.app.name {
             return Err(fail(format!(

@@ -37,53 +37,25 @@ pub struct AppConfig {
     /// Targets managed from start-up (the Kubernetes controller registers more at run time).
     pub targets: Vec<crate::spec::TargetSpec>,
     pub lifecycle: LifecycleProfile,
-    pub collector: CollectorConfig,
+    pub learning: LearningConfig,
     /// Sections owned by one service (e.g. `[actuator]`), read with [`AppConfig::section`].
     #[serde(flatten)]
     pub sections: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
-/// Where the metrics collector reads metrics from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    /// No source: the collector idles (targets are fed by another collector).
-    #[default]
-    None,
-    /// The simulated cluster of `loadgen`, owned by the collector.
-    Simulator,
-    /// The Prometheus HTTP API (`collector.prometheus`), for every target in `targets`.
-    Prometheus,
-}
-
-/// How simulated time advances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClockMode {
-    /// Advance as soon as every target's `applied` for the step has arrived (or the step timeout).
-    #[default]
-    Lockstep,
-    /// One step per `step_seconds` of wall-clock time.
-    Wallclock,
-}
-
+/// The learning problem's settings every per-target service agrees on (docs/design.md §3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct CollectorConfig {
-    pub source: SourceKind,
-    /// Control steps per episode (docs/design.md §3: 100).
+pub struct LearningConfig {
+    /// Control steps per episode (100 in the paper): the collector numbers steps by it, the
+    /// recorder closes episodes by it.
     pub steps_per_episode: u32,
-    pub simulator: SimulatorSourceConfig,
-    pub prometheus: PrometheusSourceConfig,
 }
 
-impl Default for CollectorConfig {
+impl Default for LearningConfig {
     fn default() -> Self {
-        CollectorConfig {
-            source: SourceKind::None,
+        LearningConfig {
             steps_per_episode: 100,
-            simulator: SimulatorSourceConfig::default(),
-            prometheus: PrometheusSourceConfig::default(),
         }
     }
 }
@@ -97,13 +69,14 @@ pub const CORE_SECTIONS: [&str; 8] = [
     "actors",
     "targets",
     "lifecycle",
-    "collector",
+    "learning",
 ];
 
 /// The sections one service owns, read with [`AppConfig::section`] (each service's type denies
 /// unknown keys in its own section).
-pub const SERVICE_SECTIONS: [&str; 7] = [
+pub const SERVICE_SECTIONS: [&str; 8] = [
     "actuator",
+    "collector",
     "controller",
     "lifecycle_monitor",
     "model_store",
@@ -111,172 +84,6 @@ pub const SERVICE_SECTIONS: [&str; 7] = [
     "recorder",
     "trainer",
 ];
-
-/// Names of the collector's Prometheus queries, the keys of `collector.prometheus.queries`
-/// (the default PromQL of each is documented in the collector's `prometheus` module).
-pub const PROMETHEUS_QUERY_NAMES: [&str; 17] = [
-    "cpu_usage_cores",
-    "memory_working_set_bytes",
-    "cpu_limit_cores",
-    "cpu_limit_total_cores",
-    "memory_limit_bytes",
-    "memory_limit_total_bytes",
-    "replicas",
-    "ready_replicas",
-    "request_rate_rps",
-    "throughput_rps",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "io_util",
-    "network_util",
-    "pod_sample_time",
-    "deployment_sample_time",
-    "request_sample_time",
-];
-
-/// The Prometheus HTTP API as metrics source (source `prometheus`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PrometheusSourceConfig {
-    /// Base URL of the server (`http://host:9090`); queries go to `<url>/api/v1/query`.
-    pub url: String,
-    /// Seconds per control step: every target is evaluated once per interval, and counters are
-    /// differenced over this window.
-    pub interval_s: f64,
-    /// A sample older than this at the evaluation time counts as missing.
-    pub staleness_s: f64,
-    /// Timeout of one query (client side, and sent to Prometheus as the query `timeout`).
-    pub query_timeout_ms: u64,
-    /// Label matchers of a target's containers (`$namespace`, `$name`, `$name_re` expanded).
-    pub pod_selector: String,
-    /// Label matchers of a target's Deployment series.
-    pub deployment_selector: String,
-    /// PromQL overrides by query name (see [`PROMETHEUS_QUERY_NAMES`]); `""` disables an
-    /// optional query (`io_util`, `network_util`).
-    pub queries: std::collections::BTreeMap<String, String>,
-}
-
-impl Default for PrometheusSourceConfig {
-    fn default() -> Self {
-        PrometheusSourceConfig {
-            url: "http://127.0.0.1:9090".into(),
-            interval_s: 10.0,
-            staleness_s: 30.0,
-            query_timeout_ms: 5_000,
-            pod_selector: r#"namespace="$namespace",pod=~"$name_re-([a-z0-9]{5,10}-)?[a-z0-9]{5}",container!="",container!="POD""#.into(),
-            deployment_selector: r#"namespace="$namespace",deployment="$name""#.into(),
-            queries: std::collections::BTreeMap::new(),
-        }
-    }
-}
-
-impl PrometheusSourceConfig {
-    /// Checks the section; errors name the key under `collector.prometheus`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let url = self.url.trim_end_matches('/');
-        let host = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"))
-            .map(|rest| rest.split('/').next().unwrap_or(""));
-        match host {
-            Some(h)
-                if !h.is_empty() && !h.contains(char::is_whitespace) && !h.contains(['?', '#']) => {
-            }
-            _ => {
-                return Err(invalid(
-                    "collector.prometheus.url",
-                    format!(
-                        "`{}` is not an http:// or https:// URL with a host",
-                        self.url
-                    ),
-                ))
-            }
-        }
-        for (key, v) in [
-            ("collector.prometheus.interval_s", self.interval_s),
-            ("collector.prometheus.staleness_s", self.staleness_s),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(key, "must be a positive number"));
-            }
-        }
-        if self.query_timeout_ms == 0 {
-            return Err(invalid(
-                "collector.prometheus.query_timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        for name in self.queries.keys() {
-            if !PROMETHEUS_QUERY_NAMES.contains(&name.as_str()) {
-                return Err(invalid(
-                    &format!("collector.prometheus.queries.{name}"),
-                    format!(
-                        "unknown query; known: {}",
-                        PROMETHEUS_QUERY_NAMES.join(", ")
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The simulated cluster driven by the collector (source `simulator`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SimulatorSourceConfig {
-    /// Apps generated reproducibly from `seed` (in namespace `sim`).
-    pub apps: usize,
-    /// App definitions (YAML or JSON, see loadgen/README.md) added to the generated ones.
-    pub app_files: Vec<PathBuf>,
-    pub seed: u64,
-    pub clock: ClockMode,
-    /// Simulated seconds per control step.
-    pub step_seconds: f64,
-    /// Lock-step: how long to wait for missing `applied` before stepping with the allocation
-    /// unchanged for those targets.
-    pub step_timeout_ms: u64,
-    /// Stop after this many steps (0: run until shutdown).
-    pub max_steps: u64,
-    /// Fast-forward: the first published observation is global step `start_step` (episode
-    /// `start_step / steps_per_episode`); the steps before it run at start with every
-    /// allocation held. For resuming where a previous run's recorded history ends.
-    pub start_step: u64,
-    /// Instability scenarios injected into the simulated apps (paper §2.3), e.g. to exercise
-    /// the retraining trigger: each changes one app's workload from a given step on.
-    pub injections: Vec<SimInjection>,
-}
-
-/// One scheduled instability scenario of the simulated cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimInjection {
-    /// The app's name (its Deployment name, without the namespace).
-    pub target: String,
-    /// The global step (episode × `steps_per_episode` + step) whose observation first shows
-    /// the change.
-    pub step: u64,
-    /// `file_size`, `table_size`, `float_ops`, `image_dimension`, `json_size` or
-    /// `matrix_dimension` (the app's segments of that family get a payload from the larger
-    /// set), `load_high_to_low` (load × 0.3) or `load_low_to_high` (load × 3).
-    pub scenario: String,
-}
-
-impl Default for SimulatorSourceConfig {
-    fn default() -> Self {
-        SimulatorSourceConfig {
-            apps: 5,
-            app_files: Vec::new(),
-            seed: 1,
-            clock: ClockMode::Lockstep,
-            step_seconds: 10.0,
-            step_timeout_ms: 2_000,
-            max_steps: 0,
-            start_step: 0,
-            injections: Vec::new(),
-        }
-    }
-}
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -843,6 +650,14 @@ impl AppConfig {
             .unwrap_or_else(|| crate::spec::TargetSpec::new(target))
     }
 
+    /// Sets section `name` to `value` (as [`AppConfig::section`] reads it back): configuration
+    /// built in code, by `aware demo`, the benchmarks and the tests.
+    pub fn set_section<T: Serialize>(&mut self, name: &str, value: &T) -> Result<(), ConfigError> {
+        let v = serde_json::to_value(value).map_err(|e| invalid(name, e.to_string()))?;
+        self.sections.insert(name.to_string(), v);
+        Ok(())
+    }
+
     /// The section `name` as `T` (its defaults when absent); errors name the section.
     pub fn section<T: serde::de::DeserializeOwned + Default>(
         &self,
@@ -923,7 +738,9 @@ impl AppConfig {
         }
         validate_targets(&self.targets)?;
         self.lifecycle.validate()?;
-        self.collector.validate()?;
+        if self.learning.steps_per_episode == 0 {
+            return Err(invalid("learning.steps_per_episode", "must be at least 1"));
+        }
         Ok(())
     }
 }
@@ -979,39 +796,6 @@ impl LifecycleProfile {
         }
         if l.window == 0 {
             return Err(invalid("lifecycle.window", "must be at least 1"));
-        }
-        Ok(())
-    }
-}
-
-impl CollectorConfig {
-    /// The `[collector]` section's values; errors name the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let c = self;
-        if c.steps_per_episode == 0 {
-            return Err(invalid("collector.steps_per_episode", "must be at least 1"));
-        }
-        if !(c.simulator.step_seconds.is_finite() && c.simulator.step_seconds > 0.0) {
-            return Err(invalid(
-                "collector.simulator.step_seconds",
-                "must be a positive number",
-            ));
-        }
-        if c.simulator.step_timeout_ms == 0 {
-            return Err(invalid(
-                "collector.simulator.step_timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        c.prometheus.validate()?;
-        if c.source == SourceKind::Simulator
-            && c.simulator.apps == 0
-            && c.simulator.app_files.is_empty()
-        {
-            return Err(invalid(
-                "collector.simulator.apps",
-                "the simulator needs at least one app (apps > 0 or app_files)",
-            ));
         }
         Ok(())
     }
@@ -1175,24 +959,12 @@ name = "cart"
             ),
             (&[("AWARE_LIFECYCLE__T_VAR", "-1")], "lifecycle.t_var"),
             (
+                &[("AWARE_LEARNING__STEPS_PER_EPISODE", "0")],
+                "learning.steps_per_episode",
+            ),
+            (
                 &[("AWARE_BUS__JETSTREAM__STORAGE", "tape")],
                 "bus.jetstream.storage",
-            ),
-            (
-                &[("AWARE_COLLECTOR__PROMETHEUS__URL", "prometheus:9090")],
-                "collector.prometheus.url",
-            ),
-            (
-                &[("AWARE_COLLECTOR__PROMETHEUS__URL", "http:///api")],
-                "collector.prometheus.url",
-            ),
-            (
-                &[("AWARE_COLLECTOR__PROMETHEUS__STALENESS_S", "0")],
-                "collector.prometheus.staleness_s",
-            ),
-            (
-                &[("AWARE_COLLECTOR__PROMETHEUS__QUERIES__CPU", "up")],
-                "collector.prometheus.queries.cpu",
             ),
             (
                 &[("AWARE_BUS__RECONNECT_MAX_DELAY_MS", "0")],
@@ -1217,14 +989,6 @@ name = "cart"
             (
                 &[("AWARE_BUS__JETSTREAM__MAX_BYTES", "0")],
                 "bus.jetstream.max_bytes",
-            ),
-            (
-                &[("AWARE_COLLECTOR__SIMULATOR__STEP_TIMEOUT_MS", "0")],
-                "collector.simulator.step_timeout_ms",
-            ),
-            (
-                &[("AWARE_COLLECTOR__SIMULATOR__APPS", "-1")],
-                "collector.simulator.apps",
             ),
         ];
         for (vars, key) in cases {
@@ -1307,32 +1071,6 @@ name = "cart"
     }
 
     #[test]
-    fn prometheus_source_parses() {
-        let cfg = load(&ConfigSources {
-            env: env(&[
-                ("AWARE_COLLECTOR__SOURCE", "prometheus"),
-                ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://prom:9090/"),
-                (
-                    "AWARE_COLLECTOR__PROMETHEUS__QUERIES__IO_UTIL",
-                    "vector(0.5)",
-                ),
-            ]),
-            ..Default::default()
-        })
-        .unwrap();
-        assert_eq!(cfg.collector.source, SourceKind::Prometheus);
-        assert_eq!(cfg.collector.prometheus.url, "http://prom:9090/");
-        assert_eq!(
-            cfg.collector
-                .prometheus
-                .queries
-                .get("io_util")
-                .map(String::as_str),
-            Some("vector(0.5)")
-        );
-    }
-
-    #[test]
     fn spec_for_finds_configured_targets_and_defaults_the_rest() {
         let mut cfg = AppConfig::default();
         let mut spec = crate::spec::TargetSpec::new(&Target::new("shop", "cart"));
@@ -1397,8 +1135,7 @@ name = "cart"
             // A key no core section has: it would silently leave the embedded bus in use.
             ("[bus]\nurll = \"nats://x:4222\"\n", &[][..], "urll"),
             ("[bus.jetstream]\nmax_age = 60\n", &[], "max_age"),
-            ("[collector.prometheus]\ninterval = 5\n", &[], "interval"),
-            ("[collector.simulator]\nstep = 5\n", &[], "step"),
+            ("[learning]\nsteps = 5\n", &[], "steps"),
             ("[lifecycle]\nt_onlin = 1.2\n", &[], "t_onlin"),
             ("", &[("AWARE_ACTORS__RETIRE_AFTER", "5")], "retire_after"),
             // A target's SLO under a wrong name: the target would have none (best-effort).

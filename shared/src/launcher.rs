@@ -19,6 +19,9 @@ pub type ServiceMain = fn(ServiceContext) -> LocalBoxFuture<'static, Result<(), 
 pub struct ServiceEntry {
     pub name: &'static str,
     pub main: ServiceMain,
+    /// What the service says at start about its configuration, before anything runs (e.g. the
+    /// collector with no source: nothing to manage); `None` when it has nothing to say.
+    pub notice: Option<fn(&AppConfig) -> Option<String>>,
 }
 
 /// Handle on services started by [`start`].
@@ -156,32 +159,9 @@ pub fn main(args: &crate::cli::ConfigArgs, entries: &[ServiceEntry]) -> Result<(
     for (key, hint) in cfg.unused_keys() {
         tracing::warn!(%key, "{hint}");
     }
-    if let Some(hint) = nothing_to_manage(&cfg, entries) {
-        tracing::warn!("{hint}");
+    for note in entries.iter().filter_map(|e| e.notice?(&cfg)) {
+        tracing::warn!("{note}");
     }
     run_blocking(cfg, entries)?;
     Ok(())
-}
-
-/// What a process running the metrics collector with no source says at start: its services
-/// have nothing to manage unless another collector publishes on the bus, and how to change that.
-pub fn nothing_to_manage(cfg: &AppConfig, entries: &[ServiceEntry]) -> Option<String> {
-    if cfg.collector.source != crate::config::SourceKind::None
-        || !entries.iter().any(|e| e.name == "metrics-collector")
-    {
-        return None;
-    }
-    let fix = "set collector.source = \"simulator\" (a simulated cluster; AWARE_COLLECTOR__SOURCE=simulator) \
-               or \"prometheus\" with [[targets]] and collector.prometheus.url";
-    Some(if cfg.bus.url == crate::bus::EMBEDDED {
-        format!(
-            "nothing to manage: collector.source = none and the bus is embedded, so no metrics \
-             will ever arrive; {fix}"
-        )
-    } else {
-        format!(
-            "collector.source = none: this process reads no metrics, and its services act only on \
-             what another collector publishes on the bus; to manage targets from here, {fix}"
-        )
-    })
 }

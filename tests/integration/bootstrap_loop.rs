@@ -13,8 +13,9 @@ use std::time::Duration;
 use aware_bus_schemas::{
     subject, DecisionSource, Event, EventKind, Model, ModelKind, Schema, Stage, Target,
 };
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use aware_shared::model_store::{model_key, LocalDirStore, ModelStore};
 use aware_shared_model::{Batch, BcConfig, Ddpg, DdpgConfig, Transition};
 use tokio_util::sync::CancellationToken;
@@ -23,11 +24,15 @@ use tokio_util::sync::CancellationToken;
 pub(crate) fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 20;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 7;
-    cfg.collector.simulator.max_steps = 5_000;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = 20;
+    collector.simulator.apps = apps;
+    collector.simulator.seed = 7;
+    collector.simulator.max_steps = 5_000;
+    cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.bootstrap = true;
     // Never SERVING: not by Algorithm 1, and not by re-baselining, which would serve a target
     // that stays ONLINE 10 episodes without improving (one promoted early, waiting for the other).

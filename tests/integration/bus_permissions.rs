@@ -185,7 +185,8 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
         format!(
             "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
              [lifecycle]\nbootstrap = false\n\
-             [collector]\nsource = \"simulator\"\nsteps_per_episode = 20\n\
+             [learning]\nsteps_per_episode = 20\n\
+             [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = 2\nseed = 5\nmax_steps = 3000\n\
              [recorder]\nsqlite_path = \"{db}\"\nbatch = 16\n\
              [model_store]\nbackend = \"jetstream\"\nbucket = \"{BUCKET}\"\n\

@@ -168,7 +168,8 @@ fn every_service_and_nats_killed_once_lose_no_transition_and_control_continues()
         &config,
         format!(
             "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
-             [collector]\nsource = \"simulator\"\nsteps_per_episode = {SPE}\n\
+             [learning]\nsteps_per_episode = {SPE}\n\
+             [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = 7\nclock = \"wallclock\"\n\
              step_seconds = {STEP_SECONDS:?}\n\
              [recorder]\nsqlite_path = \"{db}\"\n\

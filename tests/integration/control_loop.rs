@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aware_bus_schemas::{subject, Event, Stage, Target};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use tokio_util::sync::CancellationToken;
 
@@ -16,11 +17,15 @@ use tokio_util::sync::CancellationToken;
 fn simulated(apps: usize, spe: u32, steps: u64, recorder: serde_json::Value) -> AppConfig {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = spe;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 11;
-    cfg.collector.simulator.max_steps = steps;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = spe;
+    collector.simulator.apps = apps;
+    collector.simulator.seed = 11;
+    collector.simulator.max_steps = steps;
+    cfg.set_section("collector", &collector).unwrap();
     cfg.sections.insert("recorder".into(), recorder);
     cfg
 }
@@ -420,10 +425,14 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
     let (apps, steps) = (9usize, 30u64);
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 10;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.max_steps = steps;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = 10;
+    collector.simulator.apps = apps;
+    collector.simulator.max_steps = steps;
+    cfg.set_section("collector", &collector).unwrap();
     cfg.sections.insert(
         "recorder".into(),
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
@@ -532,7 +541,7 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
 async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
     let (apps, steps) = (3usize, 10u64);
     let app1 = aware_metrics_collector::simulator::build_apps(
-        &aware_shared::config::SimulatorSourceConfig {
+        &aware_metrics_collector::config::SimulatorSourceConfig {
             apps,
             seed: 13,
             ..Default::default()
@@ -541,10 +550,10 @@ async fn a_scheduled_scenario_reaches_the_observations_on_the_bus() {
     .unwrap()[1]
         .name
         .clone();
-    let spe = AppConfig::default().collector.steps_per_episode;
+    let spe = AppConfig::default().learning.steps_per_episode;
     let run = |injections| held_observations(apps, steps, 0, spe, injections);
     let (base, none) = run(vec![]).await;
-    let (risen, one) = run(vec![aware_shared::config::SimInjection {
+    let (risen, one) = run(vec![aware_metrics_collector::config::SimInjection {
         target: app1.clone(),
         step: 6,
         scenario: "load_low_to_high".into(),
@@ -569,21 +578,25 @@ async fn held_observations(
     steps: u64,
     start_step: u64,
     steps_per_episode: u32,
-    injections: Vec<aware_shared::config::SimInjection>,
+    injections: Vec<aware_metrics_collector::config::SimInjection>,
 ) -> (
     std::collections::BTreeMap<(String, u64), (f64, Vec<f32>)>,
     Option<f64>,
 ) {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = steps_per_episode;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 13;
-    cfg.collector.simulator.step_timeout_ms = 10;
-    cfg.collector.simulator.max_steps = steps;
-    cfg.collector.simulator.start_step = start_step;
-    cfg.collector.simulator.injections = injections;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = steps_per_episode;
+    collector.simulator.apps = apps;
+    collector.simulator.seed = 13;
+    collector.simulator.step_timeout_ms = 10;
+    collector.simulator.max_steps = steps;
+    collector.simulator.start_step = start_step;
+    collector.simulator.injections = injections;
+    cfg.set_section("collector", &collector).unwrap();
     let bus = Bus::in_process(65_536);
     let mut obs = bus.subscribe("aware.v1.obs.>").await.unwrap();
     let shutdown = CancellationToken::new();
@@ -627,7 +640,7 @@ async fn held_observations(
 async fn a_fast_forwarded_cluster_continues_as_if_it_had_run_from_step_0() {
     let (apps, steps, start, spe) = (3usize, 12u64, 7u64, 4u32);
     let app2 = aware_metrics_collector::simulator::build_apps(
-        &aware_shared::config::SimulatorSourceConfig {
+        &aware_metrics_collector::config::SimulatorSourceConfig {
             apps,
             seed: 13,
             ..Default::default()
@@ -636,7 +649,7 @@ async fn a_fast_forwarded_cluster_continues_as_if_it_had_run_from_step_0() {
     .unwrap()[2]
         .name
         .clone();
-    let inj = vec![aware_shared::config::SimInjection {
+    let inj = vec![aware_metrics_collector::config::SimInjection {
         target: app2.clone(),
         step: 3,
         scenario: "load_low_to_high".into(),

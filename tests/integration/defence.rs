@@ -211,7 +211,8 @@ fn a_restarted_collector_resumes_its_numbering_and_actuation_continues() {
         format!(
             "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
              [lifecycle]\nt_online = 1e9\n\
-             [collector]\nsource = \"simulator\"\nsteps_per_episode = {SPE}\n\
+             [learning]\nsteps_per_episode = {SPE}\n\
+             [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = 3\nmax_steps = {STEPS}\n\
              [recorder]\nsqlite_path = \"{db}\"\n",
             url = server.url(),

@@ -207,7 +207,7 @@ fn the_demo_refuses_bad_settings_naming_them() {
     for (args, says) in [
         (
             vec!["--steps-per-episode", "0"],
-            "collector.steps_per_episode".to_string(),
+            "learning.steps_per_episode".to_string(),
         ),
         (
             vec!["--set", "lifecycle_monitor.probation_margn=0.2"],

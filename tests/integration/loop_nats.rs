@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 
@@ -44,11 +45,15 @@ fn outcome(db: &std::path::Path) -> BTreeMap<String, (u64, f64, f64)> {
 fn in_process_run(db: &std::path::Path) {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = SPE;
-    cfg.collector.simulator.apps = APPS;
-    cfg.collector.simulator.seed = SEED;
-    cfg.collector.simulator.max_steps = steps();
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = SPE;
+    collector.simulator.apps = APPS;
+    collector.simulator.seed = SEED;
+    collector.simulator.max_steps = steps();
+    cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.t_online = NEVER;
     cfg.sections.insert(
         "recorder".into(),
@@ -81,7 +86,8 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
         format!(
             "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
              [lifecycle]\nt_online = {NEVER:.1}\n\
-             [collector]\nsource = \"simulator\"\nsteps_per_episode = {SPE}\n\
+             [learning]\nsteps_per_episode = {SPE}\n\
+             [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = {SEED}\nmax_steps = {steps}\n\
              [recorder]\nsqlite_path = \"{db}\"\n",
             url = server.url(),

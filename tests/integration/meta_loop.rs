@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use aware_bus_schemas::{subject, DecisionSource, Event, Stage, Target};
 use aware_cli::train_meta::{self, TrainMetaOptions};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use aware_shared::model_store::{get_verified, LocalDirStore};
 use aware_shared_model::{Ddpg, MetaConfig};
 
@@ -52,11 +53,15 @@ async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embeddin
     let mut cfg = AppConfig::default();
     cfg.bus.url = "embedded".into();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 10;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 5;
-    cfg.collector.simulator.max_steps = 5_000;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = 10;
+    collector.simulator.apps = apps;
+    collector.simulator.seed = 5;
+    collector.simulator.max_steps = 5_000;
+    cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.bootstrap = false;
     cfg.lifecycle.t_serving = 1e9;
     // Nor by re-baselining (a target ONLINE 10 episodes without improving would be served).

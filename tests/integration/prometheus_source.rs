@@ -24,9 +24,9 @@ use aware_loadgen::app::{generate_apps, GeneratorOptions, Slo};
 use aware_loadgen::cluster::{slo_preservation, LATENCY_BUCKETS};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv};
 use aware_loadgen::wallclock::{serve_wall_clock, Clock, SimHandle};
+use aware_metrics_collector::config::PrometheusSourceConfig;
 use aware_metrics_collector::prometheus::{evaluate, Evaluation, PromClient, TargetQueries};
 use aware_metrics_collector::simulator::target_specs;
-use aware_shared::config::PrometheusSourceConfig;
 use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::PrometheusServer;
 

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aware_bus_schemas::{subject, DecisionSource, Event, Model, ModelKind, Stage, Target};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 
 #[actix_rt::test]
 async fn trainer_publishes_models_and_recommenders_act_with_them() {
@@ -37,11 +38,15 @@ fn rl_loop_config(
     let mut cfg = AppConfig::default();
     cfg.bus.url = bus_url.to_string();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = 20;
-    cfg.collector.simulator.apps = apps;
-    cfg.collector.simulator.seed = 5;
-    cfg.collector.simulator.max_steps = 5_000;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    cfg.learning.steps_per_episode = 20;
+    collector.simulator.apps = apps;
+    collector.simulator.seed = 5;
+    collector.simulator.max_steps = 5_000;
+    cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.bootstrap = false;
     cfg.sections.insert(
         "recorder".into(),
@@ -249,8 +254,10 @@ async fn retraining_after_serving_takes_the_retrain_gradient_steps() {
     // The simulator is not paced: on a loaded machine the rounds this test waits for come after
     // more steps than the shared configuration's 5,000, and the rollback needs steps after them
     // (0: no limit; the test ends the services).
-    cfg.collector.simulator.max_steps = 0;
-    let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator).unwrap();
+    let mut collector = CollectorConfig::read(&cfg).unwrap();
+    collector.simulator.max_steps = 0;
+    cfg.set_section("collector", &collector).unwrap();
+    let apps = aware_metrics_collector::simulator::build_apps(&collector.simulator).unwrap();
     let target = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
     let services: Vec<aware_shared::launcher::ServiceEntry> = aware_cli::SERVICES
         .iter()

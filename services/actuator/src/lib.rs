@@ -19,6 +19,7 @@ pub const CONSUMES: &[EventKind] = &[EventKind::Action, EventKind::Obs, EventKin
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: None,
 };
 
 /// Runs the service until shutdown.

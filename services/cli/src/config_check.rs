@@ -66,6 +66,9 @@ pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
             a.kubernetes.validate().map_err(|e| e.to_string())
         },
     )?;
+    // The collector's section is read (and checked) as the collector reads it.
+    let collector = aware_metrics_collector::config::CollectorConfig::read(cfg)?;
+    out.insert("collector".into(), serde_json::to_value(&collector)?);
     add(
         &mut out,
         cfg,
@@ -95,7 +98,7 @@ pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
         cfg,
         "recorder",
         |r: &aware_trajectory_recorder::service::RecorderConfig| {
-            r.validate(cfg.collector.steps_per_episode)
+            r.validate(cfg.learning.steps_per_episode)
         },
     )?;
     add(

@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aware_bus_schemas::{Event, Stage, Target};
+use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
-use aware_shared::config::{AppConfig, SourceKind};
+use aware_shared::config::AppConfig;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -380,9 +381,12 @@ pub fn demo_config(
 ) -> Result<AppConfig, DemoError> {
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.collector.source = SourceKind::Simulator;
-    cfg.collector.steps_per_episode = opts.steps_per_episode;
-    let sim = &mut cfg.collector.simulator;
+    cfg.learning.steps_per_episode = opts.steps_per_episode;
+    let mut collector = CollectorConfig {
+        source: SourceKind::Simulator,
+        ..CollectorConfig::default()
+    };
+    let sim = &mut collector.simulator;
     sim.apps = opts.generated_apps;
     sim.seed = opts.seed;
     sim.app_files = vec![app_file];
@@ -390,6 +394,8 @@ pub fn demo_config(
     sim.max_steps = (opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
     // Paced: a decision may wait for the trainer's round on the same cores.
     sim.step_timeout_ms = 60_000;
+    cfg.set_section("collector", &collector)
+        .map_err(|e| DemoError::Config(e.to_string()))?;
     set_stores(&mut cfg, &opts.out_dir.join("data"));
     let offline_episodes = 4u64;
     let mut trainer = serde_json::json!({
@@ -496,7 +502,8 @@ pub async fn run(
 ) -> Result<DemoReport, DemoError> {
     let app_file = write_demo_files(&opts.out_dir)?;
     let mut cfg = demo_config(opts, app_file, opts.meta.dir(&opts.out_dir).as_deref())?;
-    let apps = aware_metrics_collector::simulator::build_apps(&cfg.collector.simulator)?;
+    let collector = CollectorConfig::read(&cfg).map_err(|e| DemoError::Config(e.to_string()))?;
+    let apps = aware_metrics_collector::simulator::build_apps(&collector.simulator)?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     // What `aware run` and `aware config` refuse, the demo refuses too, naming the key, before
     // it meta-trains (a service started on it would stop, or the demo wait for episodes that

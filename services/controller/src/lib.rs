@@ -14,4 +14,5 @@ pub const NAME: &str = "controller";
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(controller::run(ctx)),
+    notice: None,
 };

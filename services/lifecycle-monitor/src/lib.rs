@@ -45,4 +45,5 @@ pub const CONSUMES: &[EventKind] = &[
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: None,
 };

@@ -50,6 +50,7 @@ pub const CONSUMES: &[EventKind] = &[EventKind::Lifecycle];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: None,
 };
 
 /// What the store holds for a target.

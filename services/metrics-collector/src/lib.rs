@@ -5,15 +5,16 @@
 //! [`prometheus`]); `none` (idle). Built with `--no-default-features` the collector leaves the
 //! simulator (`aware-loadgen`) out and refuses `collector.source: simulator`.
 
+pub mod config;
 pub mod metrics;
 pub mod prometheus;
 #[cfg(feature = "simulator")]
 pub mod simulator;
 
 use aware_bus_schemas::EventKind;
-use aware_shared::config::SourceKind;
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::service::{ServiceContext, ServiceError};
+use config::{CollectorConfig, SourceKind};
 
 pub const NAME: &str = "metrics-collector";
 /// The simulator source consumes `applied` (the actuator's decisions).
@@ -21,6 +22,7 @@ pub const CONSUMES: &[EventKind] = &[EventKind::Applied];
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: Some(config::nothing_to_manage),
 };
 
 /// The names of the measurements of `m` that cannot be used: non-finite or negative values, and
@@ -99,11 +101,12 @@ pub fn resume_points(
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
+    let cfg = CollectorConfig::read(&ctx.config)?;
     let metrics = metrics::CollectorMetrics::new(&ctx.metrics)?;
-    match ctx.config.collector.source {
+    match cfg.source {
         SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
         #[cfg(feature = "simulator")]
-        SourceKind::Simulator => simulator::run(ctx, metrics).await,
+        SourceKind::Simulator => simulator::run(ctx, cfg.simulator, metrics).await,
         #[cfg(not(feature = "simulator"))]
         SourceKind::Simulator => Err(aware_shared::config::ConfigError::Invalid {
             key: "collector.source".to_string(),
@@ -112,7 +115,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 .to_string(),
         }
         .into()),
-        SourceKind::Prometheus => prometheus::run(ctx, metrics).await,
+        SourceKind::Prometheus => prometheus::run(ctx, cfg.prometheus, metrics).await,
     }
 }
 

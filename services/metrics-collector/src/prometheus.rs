@@ -74,9 +74,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
 use aware_bus_schemas::{Obs, RawMetrics, Schema, Target};
 use aware_mdp::{reward, slo_preservation, utilization, State};
-use aware_shared::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
 use aware_shared::registry::{log_change, Change, Registry};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
@@ -666,9 +666,12 @@ impl Targets {
 }
 
 /// Runs the Prometheus source until shutdown.
-pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
-    let cfg = ctx.config.collector.prometheus.clone();
-    let spe = ctx.config.collector.steps_per_episode;
+pub async fn run(
+    ctx: ServiceContext,
+    cfg: PrometheusSourceConfig,
+    metrics: CollectorMetrics,
+) -> Result<(), ServiceError> {
+    let spe = ctx.config.learning.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
         .map_err(|e| ServiceError::resource("collector.prometheus", e))?;
     let captured = crate::captured_obs(&ctx).await;

@@ -17,12 +17,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::config::{ClockMode, SimulatorSourceConfig};
 use aware_bus_schemas::{Applied, Event, EventKind, Obs, Schema, Target};
 use aware_loadgen::app::{generate_apps, AppSet, AppSpec, GeneratorOptions};
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::{Injection, Scenario};
 use aware_mdp::Allocation;
-use aware_shared::config::{ClockMode, SimulatorSourceConfig};
 use aware_shared::service::{ServiceContext, ServiceError};
 
 use crate::metrics::CollectorMetrics;
@@ -270,8 +270,11 @@ fn resume_allocations(captured: &[Obs], sim: &Sim) -> HashMap<usize, Allocation>
 }
 
 /// Runs the simulator source until shutdown (or `max_steps`).
-pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), ServiceError> {
-    let cfg = ctx.config.collector.simulator.clone();
+pub async fn run(
+    ctx: ServiceContext,
+    cfg: SimulatorSourceConfig,
+    metrics: CollectorMetrics,
+) -> Result<(), ServiceError> {
     let apps = build_apps(&cfg)?;
     let targets: Vec<Target> = apps
         .iter()
@@ -302,7 +305,7 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
         targets,
         pending: vec![None; n],
         last,
-        spe: ctx.config.collector.steps_per_episode,
+        spe: ctx.config.learning.steps_per_episode,
         base_ms: aware_bus_schemas::now_ms(),
     };
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -377,7 +380,7 @@ pub async fn run(ctx: ServiceContext, metrics: CollectorMetrics) -> Result<(), S
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use aware_shared::config::SimInjection;
+    use crate::config::SimInjection;
 
     fn source(injections: Vec<SimInjection>) -> SimulatorSourceConfig {
         SimulatorSourceConfig {
@@ -464,7 +467,8 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let sim = &cfg.collector.simulator;
+        let collector = crate::config::CollectorConfig::read(&cfg).unwrap();
+        let sim = &collector.simulator;
         assert_eq!((sim.apps, sim.seed), (4, 1));
         assert!(!cfg.lifecycle.bootstrap);
         let apps = build_apps(sim).unwrap();

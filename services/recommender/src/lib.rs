@@ -48,6 +48,7 @@ pub const CONSUMES: &[EventKind] = &[
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: None,
 };
 
 /// What the recommender knows about one target.

@@ -22,6 +22,7 @@ pub const CONSUMES: &[EventKind] = &[
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
+    notice: None,
 };
 
 /// Runs the service until shutdown.

@@ -105,7 +105,7 @@ impl RecorderConfig {
             return Err(ConfigError::Invalid {
                 key: "recorder.keep_transitions".into(),
                 reason: format!(
-                    "{keep} is less than one episode (collector.steps_per_episode = \
+                    "{keep} is less than one episode (learning.steps_per_episode = \
                      {steps_per_episode}); use 0 to keep everything"
                 ),
             });
@@ -759,7 +759,7 @@ async fn flush(
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: RecorderConfig = ctx.config.section("recorder")?;
-    cfg.validate(ctx.config.collector.steps_per_episode)?;
+    cfg.validate(ctx.config.learning.steps_per_episode)?;
     let store = open_store(&cfg.store, "recorder")
         .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let metrics = RecorderMetrics::new(&ctx)?;
@@ -805,7 +805,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         resume,
         Retention::new(cfg.store.keep()),
     ));
-    let spe = ctx.config.collector.steps_per_episode;
+    let spe = ctx.config.learning.steps_per_episode;
     let writes = tx.clone();
     let silent_after = cfg.release_silent_after();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
