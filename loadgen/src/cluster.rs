@@ -271,6 +271,8 @@ pub struct Counters {
     pub sum: f64,
     /// Failed requests.
     pub failed: f64,
+    /// Requests received (the offered arrivals, served or not).
+    pub received: f64,
 }
 
 /// Standard bucket bounds of the request-latency histogram, seconds.
@@ -672,6 +674,7 @@ impl TargetSim {
         if let Some(h) = self.histogram.as_deref_mut() {
             record_histogram(h, good, p50 / 1000.0, p99 / 1000.0);
             h.failed += failed + pass.dropped;
+            h.received += arrivals;
         }
 
         self.backlog = pass.b1;

@@ -12,8 +12,10 @@
 //! `container_spec_cpu_quota`, `container_spec_cpu_period`, `container_spec_memory_limit_bytes`,
 //! `kube_pod_container_status_restarts_total` (per pod), `kube_deployment_status_replicas`,
 //! `kube_deployment_status_replicas_available`, `kube_deployment_spec_replicas` (per Deployment)
-//! and the request-latency histogram `http_request_duration_seconds` (per Deployment: the name
-//! the Prometheus client libraries give it, which the collector's Prometheus source reads).
+//! and, per Deployment, the application's request metrics under the names the Prometheus client
+//! libraries give them, which the collector's Prometheus source reads: the counter
+//! `http_requests_total` (requests received) and the histogram `http_request_duration_seconds`
+//! (requests served).
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -312,7 +314,7 @@ pub fn render_metrics(env: &SimEnv) -> String {
     }
     let now = |t: &crate::cluster::TargetSim| t.now();
     type DepFn = fn(&crate::cluster::TargetSim, f64) -> f64;
-    let dep_metrics: [(&str, &str, &str, DepFn); 4] = [
+    let dep_metrics: [(&str, &str, &str, DepFn); 3] = [
         (
             "kube_deployment_spec_replicas",
             "gauge",
@@ -331,12 +333,6 @@ pub fn render_metrics(env: &SimEnv) -> String {
             "The number of available replicas per deployment.",
             |t, now| t.replicas().iter().filter(|r| r.ready_at <= now).count() as f64,
         ),
-        (
-            "aware_sim_offered_requests_per_second",
-            "gauge",
-            "Arrival rate offered to the deployment in the last step.",
-            |t, _| t.last_metrics().offered_rps,
-        ),
     ];
     for (name, kind, help, f) in dep_metrics {
         header(&mut s, name, kind, help);
@@ -347,6 +343,24 @@ pub fn render_metrics(env: &SimEnv) -> String {
                 esc(&r.namespace),
                 esc(&r.name),
                 f(t, now(t))
+            );
+        }
+    }
+    let received = "http_requests_total";
+    header(
+        &mut s,
+        received,
+        "counter",
+        "Requests received (served, failed or still queued).",
+    );
+    for (t, r) in env.targets().iter().zip(env.target_refs()) {
+        if let Some(c) = t.counters() {
+            let _ = writeln!(
+                s,
+                "{received}{{namespace=\"{}\",deployment=\"{}\"}} {}",
+                esc(&r.namespace),
+                esc(&r.name),
+                c.received
             );
         }
     }
@@ -452,6 +466,7 @@ mod tests {
             "container_spec_cpu_quota{",
             "container_spec_memory_limit_bytes{",
             "kube_deployment_status_replicas{",
+            "http_requests_total{",
             "http_request_duration_seconds_bucket{",
             "http_request_duration_seconds_count{",
             "le=\"+Inf\"",

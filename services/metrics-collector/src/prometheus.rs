@@ -21,7 +21,7 @@
 //! | `memory_limit_total_bytes` | the same with `sum` |
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
-//! | `request_rate_rps` | `sum(aware_sim_offered_requests_per_second{$deployment})` (override on a real cluster, e.g. with the ingress' request counter) |
+//! | `request_rate_rps` | increase of `http_requests_total{$deployment}` / `$window_s` |
 //! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
 //! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
 //! | `io_util`, `network_util` | none (not exposed by cAdvisor as a utilization; configure a query to use them) |
@@ -29,13 +29,23 @@
 //! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
 //! | `request_sample_time` | `max(timestamp(http_request_duration_seconds_count{$deployment}))` |
 //!
+//! The pod and Deployment metrics are cAdvisor's and kube-state-metrics'. The request metrics are
+//! the application's own, under the Prometheus client libraries' conventional names:
+//! `http_requests_total` (a counter of the requests received, failed ones included: the offered
+//! load) and the histogram `http_request_duration_seconds` of the requests served, both labelled
+//! with the target's `namespace` and `deployment` (a relabelling rule of the scrape config
+//! usually adds `deployment`). An application exporting other names overrides these queries. The
+//! simulator exports the same names and labels (`aware-loadgen`'s `wallclock::render_metrics`).
+//!
 //! **Counters** are differenced over exactly one step window: `sum(c) - (sum((c offset W) and c)
 //! or vector(0))`, divided by the window. This is `rate()` without its extrapolation: `rate()`
 //! over a window a few scrapes long extrapolates the sampled span to the window edges, which
 //! turns a counter that advances once per step (the simulator) into 0 or 2× the usage depending
 //! on scrape phase. The difference form gives the mean of exactly `(T − W, T]` for smooth and
 //! stepped counters alike. Series that start inside the window count from zero (a new pod's
-//! counter starts at 0); series that vanished inside the window are not counted.
+//! counter starts at 0); series that vanished inside the window are not counted. So does a
+//! series Prometheus first scraped inside the window: the first window after scraping begins
+//! counts what the counter held before it (once per series).
 //!
 //! # Missing and stale metrics
 //!
@@ -246,6 +256,7 @@ impl PromClient {
 
 fn default_query(name: &str) -> &'static str {
     const CPU: &str = "(sum(container_cpu_usage_seconds_total{$pod}) - (sum((container_cpu_usage_seconds_total{$pod} offset $window) and container_cpu_usage_seconds_total{$pod}) or vector(0))) / $window_s";
+    const REQUESTS: &str = "(sum(http_requests_total{$deployment}) - (sum((http_requests_total{$deployment} offset $window) and http_requests_total{$deployment}) or vector(0))) / $window_s";
     const THROUGHPUT: &str = "(sum(http_request_duration_seconds_count{$deployment}) - (sum((http_request_duration_seconds_count{$deployment} offset $window) and http_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
     const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
     const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
@@ -262,7 +273,7 @@ fn default_query(name: &str) -> &'static str {
         "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
-        "request_rate_rps" => "sum(aware_sim_offered_requests_per_second{$deployment})",
+        "request_rate_rps" => REQUESTS,
         "throughput_rps" => THROUGHPUT,
         "latency_p50_ms" => P50,
         "latency_p99_ms" => P99,
