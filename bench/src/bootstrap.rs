@@ -277,9 +277,11 @@ fn arm_config(
         Arm::NoBootstrap => cfg.lifecycle.bootstrap = false,
     }
     cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
+        "trajectory_store".into(),
+        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
+    cfg.sections
+        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
     // The retraining settings are the agent's, so both RL arms get them; the fallback arm never
     // leaves OFFLINE, where none of them acts.
     let rl = arm != Arm::Fallback;

@@ -177,7 +177,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let dir = std::env::temp_dir().join(format!("aware-bench-loop-{}", std::process::id()));
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     cfg.sections.insert(
-        "recorder".into(),
+        "trajectory_store".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
     let observer = Bus::connect(&cfg.bus, "aware-bench-observer").await?;

@@ -237,9 +237,11 @@ pub fn arm_config(
     }
     cfg.targets = aware_metrics_collector::simulator::target_specs(&apps);
     cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 64 }),
+        "trajectory_store".into(),
+        serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
+    cfg.sections
+        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
     cfg.sections.insert(
         "model_store".into(),
         serde_json::json!({ "dir": dir.join("models").display().to_string() }),

@@ -74,7 +74,7 @@ pub const CORE_SECTIONS: [&str; 8] = [
 
 /// The sections one service owns, read with [`AppConfig::section`] (each service's type denies
 /// unknown keys in its own section).
-pub const SERVICE_SECTIONS: [&str; 8] = [
+pub const SERVICE_SECTIONS: [&str; 9] = [
     "actuator",
     "collector",
     "controller",
@@ -83,6 +83,7 @@ pub const SERVICE_SECTIONS: [&str; 8] = [
     "recommender",
     "recorder",
     "trainer",
+    "trajectory_store",
 ];
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]

@@ -185,8 +185,8 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     let data = tempfile::tempdir().unwrap();
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": data.path().join("t.db").display().to_string() }),
     );
     let bus = Bus::in_process(1024);

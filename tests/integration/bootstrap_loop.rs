@@ -41,8 +41,8 @@ pub(crate) fn base_config(dir: &std::path::Path, apps: usize) -> AppConfig {
         "lifecycle_monitor".into(),
         serde_json::json!({ "rebaseline_after_episodes": 0 }),
     );
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 16 }),
     );
     cfg.sections.insert(

@@ -188,7 +188,7 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
              [learning]\nsteps_per_episode = 20\n\
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = 2\nseed = 5\nmax_steps = 3000\n\
-             [recorder]\nsqlite_path = \"{db}\"\nbatch = 16\n\
+             [trajectory_store]\nsqlite_path = \"{db}\"\n[recorder]\nbatch = 16\n\
              [model_store]\nbackend = \"jetstream\"\nbucket = \"{BUCKET}\"\n\
              [trainer]\ntrain_every_transitions = 40\ngradient_steps = 20\nbatch_size = 32\n\
              min_transitions = 32\npoll_ms = 50\n",

@@ -172,7 +172,7 @@ fn every_service_and_nats_killed_once_lose_no_transition_and_control_continues()
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = 7\nclock = \"wallclock\"\n\
              step_seconds = {STEP_SECONDS:?}\n\
-             [recorder]\nsqlite_path = \"{db}\"\n\
+             [trajectory_store]\nsqlite_path = \"{db}\"\n\
              [model_store]\ndir = \"{models}\"\n",
             db = db.display(),
             models = dir.path().join("models").display(),

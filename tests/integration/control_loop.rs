@@ -26,7 +26,7 @@ fn simulated(apps: usize, spe: u32, steps: u64, recorder: serde_json::Value) -> 
     collector.simulator.seed = 11;
     collector.simulator.max_steps = steps;
     cfg.set_section("collector", &collector).unwrap();
-    cfg.sections.insert("recorder".into(), recorder);
+    crate::set_recorder(&mut cfg, recorder);
     cfg
 }
 
@@ -433,8 +433,8 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
     collector.simulator.apps = apps;
     collector.simulator.max_steps = steps;
     cfg.set_section("collector", &collector).unwrap();
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
     );
     let bus = Bus::in_process(65_536);

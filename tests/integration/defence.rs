@@ -214,7 +214,7 @@ fn a_restarted_collector_resumes_its_numbering_and_actuation_continues() {
              [learning]\nsteps_per_episode = {SPE}\n\
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = 3\nmax_steps = {STEPS}\n\
-             [recorder]\nsqlite_path = \"{db}\"\n",
+             [trajectory_store]\nsqlite_path = \"{db}\"\n",
             url = server.url(),
             db = db.display(),
         ),

@@ -55,8 +55,8 @@ fn in_process_run(db: &std::path::Path) {
     collector.simulator.max_steps = steps();
     cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.t_online = NEVER;
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": db.display().to_string() }),
     );
     let system = actix_rt::System::new();
@@ -89,7 +89,7 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
              [learning]\nsteps_per_episode = {SPE}\n\
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = {SEED}\nmax_steps = {steps}\n\
-             [recorder]\nsqlite_path = \"{db}\"\n",
+             [trajectory_store]\nsqlite_path = \"{db}\"\n",
             url = server.url(),
             steps = steps(),
             db = db.display(),

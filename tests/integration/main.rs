@@ -26,6 +26,30 @@ mod run_all;
 mod service_http;
 mod wire_schemas;
 
+/// Sets the `[recorder]` and `[trajectory_store]` sections from one map of `settings`: the
+/// store's keys (`sqlite_path`, `keep_transitions`, …) go to the store's section, the others to
+/// the recorder's.
+pub(crate) fn set_recorder(cfg: &mut aware_shared::config::AppConfig, settings: serde_json::Value) {
+    const STORE_KEYS: [&str; 6] = [
+        "backend",
+        "sqlite_path",
+        "questdb_url",
+        "questdb_table_prefix",
+        "keep_transitions",
+        "forget_after_secs",
+    ];
+    let (mut recorder, mut store) = (serde_json::Map::new(), serde_json::Map::new());
+    for (k, v) in settings.as_object().cloned().unwrap_or_default() {
+        if STORE_KEYS.contains(&k.as_str()) {
+            store.insert(k, v);
+        } else {
+            recorder.insert(k, v);
+        }
+    }
+    cfg.sections.insert("recorder".into(), recorder.into());
+    cfg.sections.insert("trajectory_store".into(), store.into());
+}
+
 /// Subscribes to `subject` on `bus`, then starts the six services on it with `cfg`; returns the
 /// subscription, the running services and their shutdown token.
 pub(crate) async fn start_services(

@@ -69,8 +69,8 @@ async fn trainer_publishes_embeddings_and_recommenders_act_on_state_and_embeddin
         "lifecycle_monitor".into(),
         serde_json::json!({ "rebaseline_after_episodes": 0 }),
     );
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string(), "batch": 16 }),
     );
     let models_dir = dir.path().join("models");

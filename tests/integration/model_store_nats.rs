@@ -45,8 +45,8 @@ async fn jetstream_model_store_on_the_embedded_bus_stops_start_up() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
     );
     cfg.sections.insert(

@@ -411,7 +411,7 @@ async fn recorded(
 }
 
 /// A recorder alone on a real nats-server, storing into `db` one transition per batch, with
-/// `actors.retire_after_secs` and the `[recorder]` settings of `extra`.
+/// `actors.retire_after_secs` and the `[recorder]` and `[trajectory_store]` settings of `extra`.
 struct RecorderRig {
     running: aware_shared::launcher::Running,
     shutdown: CancellationToken,
@@ -438,7 +438,7 @@ async fn start_recorder(
     if let (Some(s), Some(e)) = (section.as_object_mut(), extra.as_object()) {
         s.extend(e.clone());
     }
-    cfg.sections.insert("recorder".into(), section);
+    crate::set_recorder(&mut cfg, section);
     let (running, shutdown) = start_ready(&cfg, &[aware_trajectory_recorder::ENTRY]).await;
     let bus = Bus::connect(&cfg.bus, "recorder-test").await.unwrap();
     let path = db.with_extension("db.resume");

@@ -48,8 +48,8 @@ fn rl_loop_config(
     collector.simulator.max_steps = 5_000;
     cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.bootstrap = false;
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string(), "batch": 16 }),
     );
     cfg.sections.insert("model_store".into(), model_store);

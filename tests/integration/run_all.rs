@@ -83,7 +83,7 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     std::fs::write(
         &config,
         format!(
-            "[recorder]\nsqlite_path = \"{}\"\n\
+            "[trajectory_store]\nsqlite_path = \"{}\"\n\
          [lifecycle]\nwindow = 2\nt_online = 1.0\nt_serving = 1.3\nt_var = 0.15\n\
          [[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n\
          [[targets]]\nnamespace = \"shop\"\nname = \"api.v2\"\n",
@@ -277,7 +277,11 @@ fn every_service_binary_runs_on_its_own() {
             } else {
                 args.to_vec()
             };
-            Proc::spawn(n, &args, &[("AWARE_RECORDER__SQLITE_PATH", db.as_str())])
+            Proc::spawn(
+                n,
+                &args,
+                &[("AWARE_TRAJECTORY_STORE__SQLITE_PATH", db.as_str())],
+            )
         })
         .collect();
     for (p, n) in procs.iter().zip(names) {
@@ -321,7 +325,7 @@ fn a_process_whose_nats_server_is_gone_still_stops_on_sigterm() {
         "aware",
         &["run", "all", "--bus", &url, "--http-listen", "127.0.0.1:0"],
         &[
-            ("AWARE_RECORDER__SQLITE_PATH", db.as_str()),
+            ("AWARE_TRAJECTORY_STORE__SQLITE_PATH", db.as_str()),
             ("AWARE_MODEL_STORE__DIR", models.as_str()),
             ("AWARE_BUS__FLUSH_TIMEOUT_MS", "1000"),
             ("RUST_LOG", "info"),
@@ -391,7 +395,7 @@ fn run_all_exits_non_zero_on_a_later_services_start_up_failure() {
         "aware",
         &["run", "all", "--http-listen", "127.0.0.1:0"],
         &[
-            ("AWARE_RECORDER__SQLITE_PATH", db.as_str()),
+            ("AWARE_TRAJECTORY_STORE__SQLITE_PATH", db.as_str()),
             ("AWARE_MODEL_STORE__DIR", models.as_str()),
         ],
     );
@@ -410,7 +414,7 @@ fn run_all_exits_non_zero_on_a_later_services_start_up_failure() {
     let err = p.stderr();
     assert!(!status.success(), "{err}");
     assert!(
-        err.contains("trajectory-recorder") && err.contains("recorder.sqlite_path"),
+        err.contains("trajectory-recorder") && err.contains("trajectory_store.sqlite_path"),
         "{err}"
     );
     assert!(

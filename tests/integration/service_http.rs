@@ -35,8 +35,8 @@ async fn metrics_health_and_malformed_messages() {
         ..LifecycleProfile::default()
     };
     let data = tempfile::tempdir().unwrap();
-    cfg.sections.insert(
-        "recorder".into(),
+    crate::set_recorder(
+        &mut cfg,
         serde_json::json!({ "sqlite_path": data.path().join("t.db").display().to_string() }),
     );
     let bus = Bus::in_process(1024);

@@ -73,16 +73,16 @@ collector recommender actuator recorder trainer lifecycle-monitor controller wat
   value: {{ .Values.retireAfterSeconds | quote }}
 {{- end }}
 
-{{/* The trajectory store (QuestDB), read by the recorder and the trainer (`[recorder]`). */}}
+{{/* The trajectory store (QuestDB), read by the recorder and the trainer (`[trajectory_store]`). */}}
 {{- define "aware.trajectoryStoreEnv" -}}
-- name: AWARE_RECORDER__STORE
+- name: AWARE_TRAJECTORY_STORE__BACKEND
   value: questdb
-- name: AWARE_RECORDER__QUESTDB_URL
+- name: AWARE_TRAJECTORY_STORE__QUESTDB_URL
   value: {{ printf "http://%s-questdb:9000" (include "aware.fullname" .) | quote }}
 {{- /* QuestDB cannot delete rows per target: the recorder's retention and forgetting are off with it. */}}
-- name: AWARE_RECORDER__KEEP_TRANSITIONS
+- name: AWARE_TRAJECTORY_STORE__KEEP_TRANSITIONS
   value: "0"
-- name: AWARE_RECORDER__FORGET_AFTER_SECS
+- name: AWARE_TRAJECTORY_STORE__FORGET_AFTER_SECS
   value: "0"
 {{- end }}
 

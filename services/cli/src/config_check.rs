@@ -93,14 +93,12 @@ pub fn effective(cfg: &AppConfig) -> Result<Value, ConfigCheckError> {
         "recommender",
         aware_recommender::RecommenderConfig::validate,
     )?;
-    add(
-        &mut out,
-        cfg,
-        "recorder",
-        |r: &aware_trajectory_recorder::service::RecorderConfig| {
-            r.validate(cfg.learning.steps_per_episode)
-        },
-    )?;
+    let recorder = aware_trajectory_recorder::service::RecorderConfig::read(cfg)?;
+    out.insert("recorder".into(), serde_json::to_value(&recorder)?);
+    out.insert(
+        "trajectory_store".into(),
+        serde_json::to_value(&recorder.store)?,
+    );
     add(
         &mut out,
         cfg,
@@ -162,7 +160,15 @@ mod tests {
                 "[lifecycle_monitor]\nprobation_margin = -1.0\n",
                 "lifecycle_monitor",
             ),
-            ("[recorder]\nstore = \"questdb\"\n", "recorder"),
+            (
+                "[trajectory_store]\nbackend = \"questdb\"\n",
+                "trajectory_store",
+            ),
+            // A store key where it was before the store had its own section.
+            (
+                "[recorder]\nstore = \"questdb\"\n",
+                "trajectory_store.backend",
+            ),
             (
                 "[model_store]\nbackend = \"jetstream\"\nbucket = \"no spaces\"\n",
                 "model_store",

@@ -420,12 +420,11 @@ pub fn demo_config(
 /// The trajectory store (SQLite) and the model store of a run, under `dir`.
 fn set_stores(cfg: &mut AppConfig, dir: &Path) {
     cfg.sections.insert(
-        "recorder".into(),
-        serde_json::json!({
-            "sqlite_path": dir.join("trajectories.db").display().to_string(),
-            "batch": 64,
-        }),
+        "trajectory_store".into(),
+        serde_json::json!({ "sqlite_path": dir.join("trajectories.db").display().to_string() }),
     );
+    cfg.sections
+        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
     cfg.sections.insert(
         "model_store".into(),
         serde_json::json!({ "dir": dir.join("models").display().to_string() }),

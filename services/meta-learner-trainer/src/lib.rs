@@ -12,7 +12,7 @@
 //! store; then the actor publishes `model` (kind `base_learner`, version increasing per target;
 //! offline rounds carry `policy_estimate` and `behaviour_reward`, which the lifecycle monitor
 //! uses for OFFLINE → ONLINE). SERVING does not train. The store is the one the recorder writes
-//! (the `[recorder]` section), the model store the `[model_store]` section.
+//! (the `[trajectory_store]` section), the model store the `[model_store]` section.
 //!
 //! With `trainer.meta_dir` set, each actor also computes the target's workload embedding, publishes
 //! `embedding` and conditions the base-learner on it ([`embedding`]); the check runs on the same
@@ -528,8 +528,8 @@ impl Handler<Deliver> for TargetTrainer {
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    // The store the recorder writes: its settings are in the `[recorder]` section.
-    let cfg: StoreConfig = ctx.config.section("recorder")?;
+    // The store the recorder writes.
+    let cfg: StoreConfig = ctx.config.section("trajectory_store")?;
     let trainer: TrainerConfig = ctx.config.section("trainer")?;
     trainer.validate().map_err(|e| match e {
         TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
@@ -542,8 +542,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
         .map_err(|e| ServiceError::resource("model_store", e))?;
-    let store =
-        open_store(&cfg, "recorder").map_err(|e| ServiceError::resource("trajectory store", e))?;
+    let store = open_store(&cfg, "trajectory_store")
+        .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let forget_models = models.clone();
     let forget_after = Duration::from_secs(trainer.forget_after_secs);
     let metrics = TrainerMetrics::new(&ctx.metrics)?;

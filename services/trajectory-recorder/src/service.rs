@@ -9,13 +9,13 @@
 //! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
 //! crash or restart loses no transition and never duplicates a row or an `episode` message.
 //!
-//! Retention (`recorder.keep_transitions`, default 10^6 per target: the paper's replay-buffer size,
+//! Retention (`trajectory_store.keep_transitions`, default 10^6 per target: the paper's replay-buffer size,
 //! Table 2): once a target has had that many plus a tenth more rows stored since its last pass
 //! (and on its first batch after a start), the writer prunes its oldest whole episodes
 //! ([`TrajectoryStore::prune`]), so the store holds at most 1.1 × `keep_transitions` rows per
 //! target and the trainer's replay is the newest `keep_transitions` at most.
 //!
-//! Forgetting (`recorder.forget_after_secs`, default 7 days): the recorder follows `target/1`. A
+//! Forgetting (`trajectory_store.forget_after_secs`, default 7 days): the recorder follows `target/1`. A
 //! deregistration (the target's `AwareAutoscaler` deleted) marks the target in the store with the
 //! time the recorder received it and stops its episode from holding the resume point back; a registration
 //! clears the mark. Once a mark is older than the grace period, the target's data is deleted from
@@ -57,16 +57,25 @@ use aware_stores::trajectory::{
     Transition,
 };
 
-/// The `[recorder]` configuration section: the trajectory store's settings ([`StoreConfig`]:
-/// `store`, `sqlite_path`, `questdb_*`, `keep_transitions`, `forget_after_secs`) and the
-/// recorder's own.
+/// The store keys the `[recorder]` section held before the store had its own section.
+const MOVED_TO_STORE: [&str; 6] = [
+    "store",
+    "sqlite_path",
+    "questdb_url",
+    "questdb_table_prefix",
+    "keep_transitions",
+    "forget_after_secs",
+];
+
+/// The `[recorder]` configuration section, and the trajectory store it writes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RecorderConfig {
-    /// The trajectory store the recorder writes (the trainer reads the same keys).
-    #[serde(flatten)]
+    /// The trajectory store the recorder writes: the `[trajectory_store]` section (the trainer
+    /// reads it too), filled in by [`RecorderConfig::read`].
+    #[serde(skip)]
     pub store: StoreConfig,
-    /// Where the JetStream resume point is kept (default: `<sqlite_path>.resume`).
+    /// Where the JetStream resume point is kept (default: `<trajectory_store.sqlite_path>.resume`).
     pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
     pub batch: usize,
@@ -89,6 +98,26 @@ impl Default for RecorderConfig {
 }
 
 impl RecorderConfig {
+    /// The `[recorder]` and `[trajectory_store]` sections of `cfg`, defaults filled in, checked;
+    /// a store key still written under `[recorder]` is refused with the key it moved to.
+    pub fn read(cfg: &aware_shared::config::AppConfig) -> Result<RecorderConfig, ConfigError> {
+        if let Some(section) = cfg.sections.get("recorder") {
+            if let Some(key) = MOVED_TO_STORE.iter().find(|k| section.get(**k).is_some()) {
+                let to = if *key == "store" { "backend" } else { key };
+                return Err(ConfigError::Invalid {
+                    key: format!("recorder.{key}"),
+                    reason: format!(
+                        "the trajectory store has its own section: set trajectory_store.{to}"
+                    ),
+                });
+            }
+        }
+        let mut r: RecorderConfig = cfg.section("recorder")?;
+        r.store = cfg.section("trajectory_store")?;
+        r.validate(cfg.learning.steps_per_episode)?;
+        Ok(r)
+    }
+
     /// Refuses settings the recorder cannot honour, naming the key.
     pub fn validate(&self, steps_per_episode: u32) -> Result<(), ConfigError> {
         if !(1..=1_000_000).contains(&self.batch) {
@@ -98,12 +127,12 @@ impl RecorderConfig {
             });
         }
         self.store
-            .validate("recorder")
+            .validate("trajectory_store")
             .map_err(|InvalidSetting { key, reason }| ConfigError::Invalid { key, reason })?;
         let keep = self.store.keep_transitions;
         if keep > 0 && keep < u64::from(steps_per_episode) {
             return Err(ConfigError::Invalid {
-                key: "recorder.keep_transitions".into(),
+                key: "trajectory_store.keep_transitions".into(),
                 reason: format!(
                     "{keep} is less than one episode (learning.steps_per_episode = \
                      {steps_per_episode}); use 0 to keep everything"
@@ -233,23 +262,23 @@ impl RecorderMetrics {
             episodes: m.counter("recorder_episodes_total", "Episode summaries stored")?,
             pruned_transitions: m.counter(
                 "recorder_transitions_pruned_total",
-                "Transitions deleted by retention (recorder.keep_transitions)",
+                "Transitions deleted by retention (trajectory_store.keep_transitions)",
             )?,
             pruned_episodes: m.counter(
                 "recorder_episodes_pruned_total",
-                "Episode summaries deleted by retention (recorder.keep_transitions)",
+                "Episode summaries deleted by retention (trajectory_store.keep_transitions)",
             )?,
             forgotten_targets: m.counter(
                 "recorder_targets_forgotten_total",
-                "Deregistered targets whose data was deleted (recorder.forget_after_secs)",
+                "Deregistered targets whose data was deleted (trajectory_store.forget_after_secs)",
             )?,
             forgotten_transitions: m.counter(
                 "recorder_transitions_forgotten_total",
-                "Transitions of deregistered targets deleted (recorder.forget_after_secs)",
+                "Transitions of deregistered targets deleted (trajectory_store.forget_after_secs)",
             )?,
             deregistered: m.gauge(
                 "recorder_deregistered_targets",
-                "Deregistered targets whose data waits for recorder.forget_after_secs",
+                "Deregistered targets whose data waits for trajectory_store.forget_after_secs",
             )?,
             resume_held,
             stream_resets: m.counter(
@@ -758,9 +787,8 @@ async fn flush(
 
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
-    let cfg: RecorderConfig = ctx.config.section("recorder")?;
-    cfg.validate(ctx.config.learning.steps_per_episode)?;
-    let store = open_store(&cfg.store, "recorder")
+    let cfg = RecorderConfig::read(&ctx.config)?;
+    let store = open_store(&cfg.store, "trajectory_store")
         .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let metrics = RecorderMetrics::new(&ctx)?;
     let resume_path = cfg.resume_path();
@@ -892,37 +920,52 @@ mod tests {
     use super::*;
     use aware_stores::trajectory::StoreKind;
 
-    /// The store's settings keep their `recorder.*` keys: the section is flat, unknown keys are
-    /// refused, and the trainer reading the store's part alone ignores the recorder's keys.
+    /// The store has its own section; a store key still under `[recorder]` names its new key,
+    /// and unknown keys are refused in both sections.
     #[test]
-    fn the_section_is_flat_and_the_store_reads_its_part_of_it() {
-        let section = serde_json::json!({
-            "store": "questdb",
-            "sqlite_path": "/d/t.db",
-            "questdb_url": "http://q:9000",
-            "keep_transitions": 0,
-            "forget_after_secs": 0,
-            "batch": 7,
-            "release_silent_after_secs": 5,
-        });
-        let cfg: RecorderConfig = serde_json::from_value(section.clone()).unwrap();
-        assert_eq!(cfg.store.store, StoreKind::Questdb);
-        assert_eq!(cfg.store.sqlite_path, PathBuf::from("/d/t.db"));
-        assert_eq!(cfg.store.questdb_url, "http://q:9000");
-        assert_eq!(cfg.store.questdb_table_prefix, "aware_", "a default");
-        assert_eq!((cfg.batch, cfg.release_silent_after_secs), (7, 5));
-        assert_eq!(
-            serde_json::to_value(&cfg).unwrap()["sqlite_path"],
-            "/d/t.db",
-            "written back flat"
+    fn the_store_has_its_own_section_and_old_keys_name_their_new_place() {
+        let mut cfg = aware_shared::config::AppConfig::default();
+        cfg.sections.insert(
+            "trajectory_store".into(),
+            serde_json::json!({
+                "backend": "questdb",
+                "questdb_url": "http://q:9000",
+                "keep_transitions": 0,
+                "forget_after_secs": 0,
+            }),
         );
-        let store: StoreConfig = serde_json::from_value(section.clone()).unwrap();
-        assert_eq!(store, cfg.store);
-        let mut typo = section;
-        typo["sqlite_pth"] = serde_json::json!("/x");
-        let e = serde_json::from_value::<RecorderConfig>(typo)
-            .unwrap_err()
-            .to_string();
+        cfg.sections.insert(
+            "recorder".into(),
+            serde_json::json!({ "batch": 7, "release_silent_after_secs": 5 }),
+        );
+        let r = RecorderConfig::read(&cfg).unwrap();
+        assert_eq!(r.store.backend, StoreKind::Questdb);
+        assert_eq!(r.store.questdb_url, "http://q:9000");
+        assert_eq!(r.store.questdb_table_prefix, "aware_", "a default");
+        assert_eq!((r.batch, r.release_silent_after_secs), (7, 5));
+        assert!(serde_json::to_value(&r).unwrap().get("backend").is_none());
+
+        let mut old = cfg.clone();
+        old.sections
+            .insert("recorder".into(), serde_json::json!({ "store": "questdb" }));
+        let e = RecorderConfig::read(&old).unwrap_err().to_string();
+        assert!(
+            e.contains("recorder.store") && e.contains("trajectory_store.backend"),
+            "{e}"
+        );
+        old.sections.insert(
+            "recorder".into(),
+            serde_json::json!({ "sqlite_path": "/x" }),
+        );
+        let e = RecorderConfig::read(&old).unwrap_err().to_string();
+        assert!(e.contains("trajectory_store.sqlite_path"), "{e}");
+
+        let mut typo = cfg.clone();
+        typo.sections.insert(
+            "trajectory_store".into(),
+            serde_json::json!({ "sqlite_pth": "/x" }),
+        );
+        let e = RecorderConfig::read(&typo).unwrap_err().to_string();
         assert!(e.contains("sqlite_pth"), "{e}");
     }
 
@@ -1130,7 +1173,7 @@ mod tests {
         ok.validate(100).unwrap();
         let keep = |store, keep_transitions| RecorderConfig {
             store: StoreConfig {
-                store,
+                backend: store,
                 keep_transitions,
                 forget_after_secs: 0,
                 ..Default::default()
@@ -1142,7 +1185,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("recorder.keep_transitions") && e.contains("TTL"),
+            e.contains("trajectory_store.keep_transitions") && e.contains("TTL"),
             "{e}"
         );
         keep(StoreKind::Questdb, 0).validate(100).unwrap();
@@ -1164,7 +1207,7 @@ mod tests {
         );
         let cfg = |store, forget_after_secs| RecorderConfig {
             store: StoreConfig {
-                store,
+                backend: store,
                 forget_after_secs,
                 keep_transitions: 0,
                 ..Default::default()
@@ -1175,7 +1218,7 @@ mod tests {
             .validate(100)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("recorder.forget_after_secs"), "{e}");
+        assert!(e.contains("trajectory_store.forget_after_secs"), "{e}");
         cfg(StoreKind::Questdb, 0).validate(100).unwrap();
         assert_eq!(cfg(StoreKind::Sqlite, 0).store.forget_after(), None);
     }

@@ -1,9 +1,9 @@
 //! The trajectory store's settings and [`open_store`].
 //!
-//! The settings are written in the recorder's section (`[recorder]`: `store`, `sqlite_path`,
-//! `questdb_url`, …), which embeds [`StoreConfig`]; the trainer reads the same keys to open the
-//! store the recorder writes. Functions that report a key take the section's name, so errors
-//! name the key as the user wrote it (`recorder.sqlite_path`).
+//! The settings are the `[trajectory_store]` section (`backend`, `sqlite_path`, `questdb_url`,
+//! …), read by the recorder, which writes the store, and by the trainer, which reads it.
+//! Functions that report a key take the section's name, so errors name the key as the user
+//! wrote it (`trajectory_store.sqlite_path`).
 
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
@@ -14,13 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{QuestDbConfig, QuestDbStore, SqliteConfig, SqliteStore, StoreError, TrajectoryStore};
 
-/// The trajectory store's settings. Embedded (flattened) in the section that holds them, whose
-/// type denies unknown keys; read alone, it ignores the section's other keys.
+/// The trajectory store's settings: the `[trajectory_store]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// `sqlite` (embedded, default) or `questdb`.
-    pub store: StoreKind,
+    pub backend: StoreKind,
     /// SQLite database file of the embedded store.
     pub sqlite_path: PathBuf,
     /// QuestDB HTTP base URL (`store = "questdb"`), e.g. `http://questdb:9000`.
@@ -39,7 +38,7 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
-            store: StoreKind::Sqlite,
+            backend: StoreKind::Sqlite,
             sqlite_path: PathBuf::from("aware-data/trajectories.db"),
             questdb_url: "http://127.0.0.1:9000".to_string(),
             questdb_table_prefix: "aware_".to_string(),
@@ -90,7 +89,7 @@ pub enum StoreConfigError {
 impl StoreConfig {
     /// Refuses settings the configured backend cannot honour; `section` prefixes the keys named.
     pub fn validate(&self, section: &str) -> Result<(), InvalidSetting> {
-        if self.forget_after_secs > 0 && self.store == StoreKind::Questdb {
+        if self.forget_after_secs > 0 && self.backend == StoreKind::Questdb {
             return Err(InvalidSetting {
                 key: format!("{section}.forget_after_secs"),
                 reason: "the questdb store cannot delete one target's rows: set it to 0 (the \
@@ -98,7 +97,7 @@ impl StoreConfig {
                     .into(),
             });
         }
-        if self.keep_transitions > 0 && self.store == StoreKind::Questdb {
+        if self.keep_transitions > 0 && self.backend == StoreKind::Questdb {
             return Err(InvalidSetting {
                 key: format!("{section}.keep_transitions"),
                 reason: "the questdb store cannot delete rows per target (QuestDB drops whole \
@@ -134,7 +133,7 @@ pub fn open_store(
         dir,
         source,
     })?;
-    match cfg.store {
+    match cfg.backend {
         StoreKind::Sqlite => {
             let store =
                 SqliteStore::open(&SqliteConfig::new(&cfg.sqlite_path)).map_err(|source| {
@@ -177,7 +176,7 @@ mod tests {
             sqlite_path: dir.path().join("a/b/t.db"),
             ..Default::default()
         };
-        let store = open_store(&cfg, "recorder").unwrap();
+        let store = open_store(&cfg, "trajectory_store").unwrap();
         assert_eq!(store.backend(), "sqlite");
         assert!(dir.path().join("a/b/t.db").exists());
 
@@ -186,23 +185,26 @@ mod tests {
             sqlite_path: dir.path().join("f/t.db"),
             ..Default::default()
         };
-        let Err(e) = open_store(&cfg, "recorder") else {
+        let Err(e) = open_store(&cfg, "trajectory_store") else {
             panic!("a file stands where the directory should be")
         };
         assert!(matches!(e, StoreConfigError::CreateDir { .. }), "{e:?}");
-        assert!(e.to_string().starts_with("recorder.sqlite_path "), "{e}");
+        assert!(
+            e.to_string().starts_with("trajectory_store.sqlite_path "),
+            "{e}"
+        );
 
         let cfg = StoreConfig {
-            store: StoreKind::Questdb,
+            backend: StoreKind::Questdb,
             questdb_url: "https://q:9000".into(),
             sqlite_path: dir.path().join("t.db"),
             ..Default::default()
         };
-        let Err(e) = open_store(&cfg, "recorder") else {
+        let Err(e) = open_store(&cfg, "trajectory_store") else {
             panic!("QuestDB is read without TLS")
         };
         assert!(
-            matches!(&e, StoreConfigError::Open { key, source } if key == "recorder.questdb_url" && matches!(**source, StoreError::QuestDbConfig { .. })),
+            matches!(&e, StoreConfigError::Open { key, source } if key == "trajectory_store.questdb_url" && matches!(**source, StoreError::QuestDbConfig { .. })),
             "{e:?}"
         );
     }
@@ -210,19 +212,19 @@ mod tests {
     #[test]
     fn questdb_refuses_retention_and_forgetting() {
         let ok = StoreConfig::default();
-        ok.validate("recorder").unwrap();
+        ok.validate("trajectory_store").unwrap();
         assert_eq!(ok.keep(), NonZeroU64::new(1_000_000));
         assert_eq!(ok.forget_after(), Some(Duration::from_secs(7 * 24 * 3600)));
         let q = |keep_transitions, forget_after_secs| StoreConfig {
-            store: StoreKind::Questdb,
+            backend: StoreKind::Questdb,
             keep_transitions,
             forget_after_secs,
             ..Default::default()
         };
-        q(0, 0).validate("recorder").unwrap();
+        q(0, 0).validate("trajectory_store").unwrap();
         assert_eq!(
-            q(0, 60).validate("recorder").unwrap_err().key,
-            "recorder.forget_after_secs"
+            q(0, 60).validate("trajectory_store").unwrap_err().key,
+            "trajectory_store.forget_after_secs"
         );
         let e = q(10, 0).validate("s").unwrap_err();
         assert_eq!(e.key, "s.keep_transitions");
