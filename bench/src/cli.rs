@@ -146,15 +146,21 @@ pub struct BusArgs {
 
 /// `ARM:KEY=VALUE` of `bench bootstrap --set-arm`: an arm's name, then as
 /// [`aware_harness::parse_setting`].
-pub fn parse_arm_setting(s: &str) -> Result<(String, String, serde_json::Value), String> {
+pub fn parse_arm_setting(
+    s: &str,
+) -> Result<(String, String, serde_json::Value), aware_harness::SettingError> {
     let (arm, setting) = s
         .split_once(':')
-        .ok_or_else(|| format!("expected ARM:KEY=VALUE, got {s:?}"))?;
+        .ok_or_else(|| aware_harness::SettingError::Shape {
+            expected: "ARM:KEY=VALUE",
+            given: s.to_string(),
+        })?;
     if !crate::bootstrap::ARM_NAMES.contains(&arm) {
-        return Err(format!(
-            "unknown arm {arm:?} in {s:?} (one of {})",
-            crate::bootstrap::ARM_NAMES.join(", ")
-        ));
+        return Err(aware_harness::SettingError::UnknownArm {
+            arm: arm.to_string(),
+            given: s.to_string(),
+            known: crate::bootstrap::ARM_NAMES.join(", "),
+        });
     }
     let (k, v) = aware_harness::parse_setting(setting)?;
     Ok((arm.to_string(), k, v))

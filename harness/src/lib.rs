@@ -52,14 +52,33 @@ pub enum ServicesError {
     Setting { path: String },
 }
 
+/// A `--set`-style flag's value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("expected {expected}, got {given:?}")]
+    Shape {
+        expected: &'static str,
+        given: String,
+    },
+    #[error("empty key in {0:?}")]
+    EmptyKey(String),
+    #[error("unknown arm {arm:?} in {given:?} (one of {known})")]
+    UnknownArm {
+        arm: String,
+        given: String,
+        known: String,
+    },
+}
+
 /// `KEY=VALUE` with a JSON value (a bare word that is not JSON is taken as a string): the value
 /// parser of every `--set`-style flag.
-pub fn parse_setting(s: &str) -> Result<(String, serde_json::Value), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+pub fn parse_setting(s: &str) -> Result<(String, serde_json::Value), SettingError> {
+    let (k, v) = s.split_once('=').ok_or_else(|| SettingError::Shape {
+        expected: "KEY=VALUE",
+        given: s.to_string(),
+    })?;
     if k.is_empty() {
-        return Err(format!("empty key in {s:?}"));
+        return Err(SettingError::EmptyKey(s.to_string()));
     }
     let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
     Ok((k.to_string(), v))
