@@ -248,3 +248,169 @@ fn a_panicking_test_leaves_nothing_running() {
     }
     assert!(!dir.exists(), "{} not removed", dir.display());
 }
+
+/// Runs `cmd`, panicking with its output when it fails; returns its stdout.
+fn run(mut cmd: std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `kubectl get` of every listable resource type (namespaced ones in `namespace`, or cluster-wide
+/// with `None` and in every namespace) with extra `args`: the objects' `kind/name`s, events left
+/// out (the server writes them about deleted objects for a while).
+fn every_object(cluster: &KubeCluster, namespace: Option<&str>, args: &[&str]) -> Vec<String> {
+    let mut types = cluster.command("kubectl");
+    types.args(["api-resources", "--verbs=list", "-o", "name"]);
+    if namespace.is_some() {
+        types.arg("--namespaced=true");
+    }
+    let types: Vec<String> = run(types)
+        .lines()
+        .filter(|t| !t.starts_with("events"))
+        .map(str::to_string)
+        .collect();
+    let mut get = cluster.command("kubectl");
+    get.args(["get", &types.join(","), "-o", "name", "--ignore-not-found"]);
+    match namespace {
+        Some(ns) => get.args(["-n", ns]),
+        None => get.arg("-A"),
+    };
+    get.args(args);
+    run(get).lines().map(str::to_string).collect()
+}
+
+/// The chart installs on the real API server (its CRD with the CEL rules accepted, RBAC,
+/// Services, StatefulSets, NetworkPolicies, PDBs) and `helm uninstall` removes all of it — with
+/// `persistence.deleteOnUninstall` also the StatefulSets' volume claims — but the CRD, which Helm
+/// never deletes (a chart's CRDs outlive it, so that uninstalling cannot delete every
+/// AwareAutoscaler of the cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_and_uninstall_of_the_chart() {
+    let cluster = KubeCluster::start(KubeOptions { nodes: 2 }).await.unwrap();
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aware");
+    let ns = "aware-system";
+    let mut install = cluster.command("helm");
+    install.args(["install", "aware"]).arg(&chart).args([
+        "--namespace",
+        ns,
+        "--create-namespace",
+        "--timeout",
+        "120s",
+        // The StatefulSets' volume claims (JetStream's and QuestDB's data) go too.
+        "--set",
+        "nats.persistence.deleteOnUninstall=true",
+        "--set",
+        "questdb.persistence.deleteOnUninstall=true",
+    ]);
+    run(install);
+    let mut status = cluster.command("helm");
+    status.args(["status", "aware", "-n", ns, "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&run(status)).unwrap();
+    assert_eq!(status["info"]["status"], "deployed", "{status}");
+
+    // The CRD is served: the API server compiled its schema and CEL rules.
+    let mut established = cluster.command("kubectl");
+    established.args([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/awareautoscalers.aware.dev",
+    ]);
+    run(established);
+    let installed = every_object(&cluster, None, &["-l", "app.kubernetes.io/instance=aware"]);
+    for want in [
+        "clusterrole.rbac.authorization.k8s.io/aware-controller",
+        "clusterrole.rbac.authorization.k8s.io/aware-actuator",
+        "deployment.apps/aware-controller",
+        "statefulset.apps/aware-nats",
+        "statefulset.apps/aware-recommender",
+        "networkpolicy.networking.k8s.io/aware-default-deny",
+        "poddisruptionbudget.policy/aware-nats",
+    ] {
+        assert!(
+            installed.iter().any(|o| o == want),
+            "{want} not installed; the release has:\n{}",
+            installed.join("\n")
+        );
+    }
+    // An AwareAutoscaler is accepted, and one that breaks a CEL rule is refused with its message.
+    let client = cluster.admin_client().await.unwrap();
+    let aas = kube::discovery::ApiResource {
+        group: "aware.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "aware.dev/v1alpha1".into(),
+        kind: "AwareAutoscaler".into(),
+        plural: "awareautoscalers".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client, ns, &aas);
+    let object = |name: &str, min: u32, max: u32| -> kube::api::DynamicObject {
+        from_json(serde_json::json!({
+            "apiVersion": "aware.dev/v1alpha1",
+            "kind": "AwareAutoscaler",
+            "metadata": { "name": name },
+            "spec": {
+                "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" },
+                "constraints": { "minReplicas": min, "maxReplicas": max }
+            }
+        }))
+    };
+    api.create(&PostParams::default(), &object("ok", 1, 5))
+        .await
+        .unwrap();
+    let refused = api
+        .create(&PostParams::default(), &object("bad", 6, 5))
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message
+                .contains("constraints.minReplicas must not exceed constraints.maxReplicas"),
+            "{s:?}"
+        ),
+        other => panic!("minReplicas > maxReplicas accepted: {other:?}"),
+    }
+    api.delete("ok", &DeleteParams::default()).await.unwrap();
+
+    let mut uninstall = cluster.command("helm");
+    uninstall.args([
+        "uninstall",
+        "aware",
+        "-n",
+        ns,
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    run(uninstall);
+    // What the release made goes with it, also what its controllers made (pods, the
+    // StatefulSets' volume claims): labelled objects anywhere, and anything in its namespace but
+    // what every namespace has.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let labelled = every_object(&cluster, None, &["-l", "app.kubernetes.io/instance=aware"]);
+        let in_namespace: Vec<String> = every_object(&cluster, Some(ns), &[])
+            .into_iter()
+            .filter(|o| o != "configmap/kube-root-ca.crt" && o != "serviceaccount/default")
+            .collect();
+        if labelled.is_empty() && in_namespace.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind after uninstall: {labelled:?} {in_namespace:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let mut crd = cluster.command("kubectl");
+    crd.args(["get", "crd/awareautoscalers.aware.dev", "-o", "name"]);
+    assert_eq!(
+        run(crd).trim(),
+        "customresourcedefinition.apiextensions.k8s.io/awareautoscalers.aware.dev"
+    );
+}
