@@ -8,7 +8,8 @@
 //! clusters: each has its own temporary directory (certificates, kubeconfigs, etcd's data, the
 //! components' logs), removed when the [`KubeCluster`] is dropped — also while a test panics, when
 //! the tail of every component's log is printed first. Every component runs in its own process
-//! group, killed on drop.
+//! group, killed on drop; a watchdog shell kills them and removes the directory if the test
+//! process dies without dropping the cluster (a SIGKILL, a timeout's kill).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -170,6 +171,9 @@ struct Pki {
 /// A running control plane; everything stops and its directory is removed on drop.
 pub struct KubeCluster {
     components: Vec<Component>,
+    /// Kills the components and removes the directory if the test process dies without
+    /// dropping the cluster (killed by a signal, or `process::exit`).
+    watchdog: Option<Child>,
     server: String,
     admin_kubeconfig: PathBuf,
     ca_cert: PathBuf,
@@ -194,6 +198,7 @@ impl KubeCluster {
         let pki = write_pki(dir.path())?;
         let mut cluster = KubeCluster {
             components: Vec::new(),
+            watchdog: None,
             server: String::new(),
             admin_kubeconfig: dir.path().join("admin.kubeconfig"),
             ca_cert: pki.ca_cert.clone(),
@@ -202,6 +207,8 @@ impl KubeCluster {
             started_in: Duration::ZERO,
             dir,
         };
+
+        cluster.spawn_watchdog()?;
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
@@ -382,7 +389,40 @@ impl KubeCluster {
                 bin: bin.display().to_string(),
                 source,
             })?;
+        // The watchdog's list of process groups to kill.
+        let pgids = self.dir.path().join("pgids");
+        let mut list = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&pgids)
+            .map_err(io(format!("open {}", pgids.display())))?;
+        std::io::Write::write_all(&mut list, format!("{}\n", child.id()).as_bytes())
+            .map_err(io(format!("write {}", pgids.display())))?;
         self.components.push(Component { name, child, log });
+        Ok(())
+    }
+
+    /// A shell that waits for this process to die, then kills every process group listed in
+    /// `<dir>/pgids` and removes the directory. Dropping the cluster kills it first.
+    fn spawn_watchdog(&mut self) -> Result<(), KubeError> {
+        use std::os::unix::process::CommandExt;
+        const SCRIPT: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done
+for g in $(cat "$2/pgids" 2>/dev/null); do kill -s KILL -- "-$g" 2>/dev/null; done
+rm -rf "$2""#;
+        let child = Command::new("sh")
+            .args(["-c", SCRIPT, "aware-kube-watchdog"])
+            .arg(std::process::id().to_string())
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|source| KubeError::Spawn {
+                bin: "sh".into(),
+                source,
+            })?;
+        self.watchdog = Some(child);
         Ok(())
     }
 
@@ -534,6 +574,10 @@ impl Drop for KubeCluster {
                 "kube harness: the test panicked; the components' logs end with:\n{}",
                 self.logs(30)
             );
+        }
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
         }
         // Reverse start order: the clients go before the API server, the API server before etcd.
         while let Some(mut c) = self.components.pop() {
