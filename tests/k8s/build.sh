@@ -31,6 +31,14 @@ fi
 command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "build.sh: the Go toolchain (go 1.26) is not installed" >&2; exit 1; }
 mkdir -p "$cache_root"
+# One build at a time (tests started together may all ask for the binaries); the others then find
+# the directory complete.
+exec 9>"$cache_root/k8s-$key.lock"
+flock 9
+if complete; then
+  echo "$out/bin"
+  exit 0
+fi
 rm -rf "$cache_root/k8s-$key.tmp."*
 tmp=$(mktemp -d "$cache_root/k8s-$key.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -79,8 +87,8 @@ for b in "${bins[@]}"; do
     helm) args=(version --short) ;;
     *) args=(--version) ;;
   esac
-  v=$("$tmp/bin/$b" "${args[@]}" 2>&1 | head -n 1) || { echo "build.sh: $b ${args[*]} failed: $v" >&2; exit 1; }
-  echo "build.sh: $b: $v" >&2
+  v=$("$tmp/bin/$b" "${args[@]}" 2>&1) || { echo "build.sh: $b ${args[*]} failed: $v" >&2; exit 1; }
+  echo "build.sh: $b: ${v%%$'\n'*}" >&2
 done
 
 touch "$tmp/.complete"
