@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
-# with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
-# binary (integration tests run them as separate processes) after checking which crates may depend
-# on the simulator and on dfdx (tests/check-deps.sh), runs every test, then the chaos test
-# on its own and every fuzz target for 60 s (tests/fuzz.sh).
+# with venv for the manifest checks, the Kubernetes control plane that tests/k8s/build.sh builds),
+# validates the Dockerfile, chart and manifests, builds every binary (integration tests run them
+# as separate processes) after checking which crates may depend on the simulator and on dfdx
+# (tests/check-deps.sh), runs every test, then the chaos test on its own and every fuzz target for
+# 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,12 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Debian installs nats-server under /usr/sbin, which is not on every user's PATH.
 export PATH="$PATH:/usr/sbin:/usr/bin"
+
+# The real control plane of the Kubernetes end-to-end tests (kube-apiserver, etcd,
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm): built from the pinned Go module
+# tests/k8s/ once into ~/.cache/aware-rs/k8s-<version>-<hash>/, reused at once afterwards.
+AWARE_K8S_BIN=$(bash tests/k8s/build.sh | tail -n 1)
+export AWARE_K8S_BIN
 
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 bash tests/check-deps.sh  # who may depend on the simulator (aware-loadgen) and on dfdx

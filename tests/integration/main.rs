@@ -16,6 +16,7 @@ mod demo;
 mod docs;
 mod forged_models;
 mod jetstream;
+mod kube_e2e;
 mod loop_nats;
 mod meta_loop;
 mod model_store_nats;

@@ -1,6 +1,8 @@
 //! Helpers for the integration tests: locating the built binaries, running them as child
 //! processes, plain HTTP GETs and Prometheus exposition parsing, schema-agnostic MessagePack.
 
+pub mod kube;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -218,11 +218,11 @@ pub struct ContainerPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct ResourceAmounts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).sign() > 0").message("cpu must be a positive quantity such as 500m or 1"))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && sign(quantity(self)) > 0").message("cpu must be a positive quantity such as 500m or 1"))]
     #[schemars(length(max = 64))]
     pub cpu: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).sign() > 0").message("memory must be a positive quantity such as 512Mi or 1Gi"))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && sign(quantity(self)) > 0").message("memory must be a positive quantity such as 512Mi or 1Gi"))]
     #[schemars(length(max = 64))]
     pub memory: Option<String>,
 }
@@ -613,11 +613,13 @@ mod cel_tests {
     fn context() -> Context<'static> {
         let mut ctx = Context::default();
         ctx.add_function("isQuantity", |s: Arc<String>| quantity_value(&s).is_some());
-        // A quantity is represented by its value in base units; `sign` and `compareTo` are methods.
+        // A quantity is represented by its value in base units. As in Kubernetes' quantity
+        // library, `sign` is a function (`sign(q)`; the API server refuses `q.sign()`) and
+        // `compareTo` a method.
         ctx.add_function("quantity", |s: Arc<String>| {
             quantity_value(&s).unwrap_or(f64::NAN)
         });
-        ctx.add_function("sign", |This(q): This<f64>| -> i64 {
+        ctx.add_function("sign", |q: f64| -> i64 {
             if q > 0.0 {
                 1
             } else if q < 0.0 {
@@ -936,7 +938,7 @@ mod tests {
         let has = |rule: &str| found.iter().any(|(r, _)| r == rule);
         assert!(has("self.minReplicas <= self.maxReplicas"), "{found:?}");
         assert!(
-            has("isQuantity(self) && quantity(self).sign() > 0"),
+            has("isQuantity(self) && sign(quantity(self)) > 0"),
             "{found:?}"
         );
         assert!(has("self == 'Deployment'"), "{found:?}");
