@@ -9,6 +9,11 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use std::net::SocketAddr;
+
+use aware_shared::bus::Bus;
+use aware_shared::config::BusConfig;
+use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
@@ -413,4 +418,580 @@ async fn helm_install_and_uninstall_of_the_chart() {
         run(crd).trim(),
         "customresourcedefinition.apiextensions.k8s.io/awareautoscalers.aware.dev"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The controller and the actuator with the chart's RBAC.
+
+/// The namespace the chart's identities are rendered into (as `helm install -n` would).
+const RELEASE_NS: &str = "aware-system";
+/// The namespace of the workloads.
+const APP_NS: &str = "shop";
+
+fn chart_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aware")
+}
+
+/// Creates namespace `name` as administrator.
+async fn create_namespace(admin: &kube::Client, name: &str) {
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(serde_json::json!({ "metadata": { "name": name } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Installs the chart's CRD (from `crds/`, as `helm install` does) and, rendered by `helm
+/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles and
+/// ClusterRoleBindings of the controller and the actuator — nothing else of the chart.
+async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::serde::Deserialize;
+
+    let mut crd = cluster.command("kubectl");
+    crd.arg("create")
+        .arg("-f")
+        .arg(chart_dir().join("crds/awareautoscalers.aware.dev.yaml"));
+    run(crd);
+    let mut established = cluster.command("kubectl");
+    established.args([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/awareautoscalers.aware.dev",
+    ]);
+    run(established);
+
+    create_namespace(admin, RELEASE_NS).await;
+    let mut template = cluster.command("helm");
+    template
+        .args(["template", "aware"])
+        .arg(chart_dir())
+        .args(["--namespace", RELEASE_NS]);
+    let rendered = run(template);
+    let mut created = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&rendered) {
+        let v = serde_json::Value::deserialize(doc).unwrap();
+        let component = v["metadata"]["labels"]["app.kubernetes.io/component"].as_str();
+        if !matches!(component, Some("controller" | "actuator")) {
+            continue;
+        }
+        let pp = PostParams::default();
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "ServiceAccount" => {
+                Api::<ServiceAccount>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(admin.clone())
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(admin.clone())
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            _ => continue,
+        }
+        created.push(format!(
+            "{kind}/{}",
+            v["metadata"]["name"].as_str().unwrap()
+        ));
+    }
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            "ClusterRole/aware-actuator",
+            "ClusterRole/aware-controller",
+            "ClusterRoleBinding/aware-actuator",
+            "ClusterRoleBinding/aware-controller",
+            "ServiceAccount/aware-actuator",
+            "ServiceAccount/aware-controller",
+        ],
+        "the chart's identities of the controller and the actuator"
+    );
+}
+
+/// A TokenRequest token of the chart's ServiceAccount `aware-<component>`, once the authorizer
+/// has seen its binding (`probe` succeeds with it); the token's kubeconfig and a client.
+async fn chart_identity(
+    cluster: &KubeCluster,
+    component: &str,
+    probe: impl Fn(kube::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>,
+) -> (std::path::PathBuf, kube::Client) {
+    let token = cluster
+        .service_account_token(RELEASE_NS, &format!("aware-{component}"))
+        .await
+        .unwrap();
+    let kubeconfig = cluster
+        .token_kubeconfig(&format!("{component}.kubeconfig"), &token)
+        .unwrap();
+    let client = cluster.token_client(&token).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !probe(client.clone()).await {
+        assert!(
+            Instant::now() < deadline,
+            "the {component}'s binding is not in effect after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (kubeconfig, client)
+}
+
+/// A Deployment `name` in [`APP_NS`] with container `app` (limits 500m / 256Mi, requests half).
+fn deployment(name: &str, replicas: i32) -> Deployment {
+    from_json(serde_json::json!({
+        "metadata": { "name": name, "labels": { "app": name } },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": { "containers": [{
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {
+                        "requests": { "cpu": "250m", "memory": "128Mi" },
+                        "limits": { "cpu": "500m", "memory": "256Mi" }
+                    }
+                }] }
+            }
+        }
+    }))
+}
+
+/// Waits until `n` live pods with label `app=<app>` are Running (on kwok nodes); returns them.
+async fn running_pods(pods: &Api<Pod>, app: &str, n: usize) -> Vec<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .unwrap();
+        let running: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .collect();
+        let total_live = running.len();
+        if total_live == n {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{total_live} of {n} pods of {app} Running after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn aas_resource() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource {
+        group: "aware.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "aware.dev/v1alpha1".into(),
+        kind: "AwareAutoscaler".into(),
+        plural: "awareautoscalers".into(),
+    }
+}
+
+/// An AwareAutoscaler `<target>-aware` for Deployment `target` as a user writes it.
+fn autoscaler(target: &str, update_mode: &str, max_replicas: u32) -> kube::api::DynamicObject {
+    from_json(serde_json::json!({
+        "apiVersion": "aware.dev/v1alpha1",
+        "kind": "AwareAutoscaler",
+        "metadata": { "name": format!("{target}-aware") },
+        "spec": {
+            "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": target },
+            "updatePolicy": { "updateMode": update_mode },
+            "constraints": { "minReplicas": 1, "maxReplicas": max_replicas },
+            "resourcePolicy": { "containerPolicies": [{
+                "containerName": "app",
+                "minAllowed": { "cpu": "100m", "memory": "64Mi" },
+                "maxAllowed": { "cpu": "2", "memory": "2Gi" }
+            }] }
+        }
+    }))
+}
+
+/// Polls `api.get(name)` until `ok` holds for its JSON (100 ms steps, up to `secs`).
+async fn wait_object(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = match api.get_opt(name).await.unwrap() {
+            Some(o) => serde_json::to_value(&o).unwrap(),
+            None => serde_json::Value::Null,
+        };
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {what} not reached within {secs} s; the object is:\n{v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `Registered` condition of an AwareAutoscaler's JSON.
+fn registered_condition(v: &serde_json::Value) -> Option<&serde_json::Value> {
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Registered")
+}
+
+/// The first registration on the bus for which `want` holds, within `secs`; `None` if none.
+async fn registration_where(
+    sub: &mut aware_shared::bus::Subscription,
+    secs: u64,
+    want: impl Fn(&aware_bus_schemas::Registration) -> bool,
+) -> Option<aware_bus_schemas::Registration> {
+    use aware_bus_schemas::{Event, EventKind};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let m = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
+        if let Event::Registration(r) =
+            aware_bus_schemas::decode_event(EventKind::Target, &m.payload).unwrap()
+        {
+            if want(&r) {
+                return Some(r);
+            }
+        }
+    }
+}
+
+/// The controller's config: the bus, a free HTTP port, fast resyncs and status flushes.
+fn controller_config(dir: &std::path::Path, bus_url: &str) -> std::path::PathBuf {
+    let path = dir.join("controller.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[bus]\nurl = \"{bus_url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [controller]\nresync_seconds = 3\nstatus_interval_ms = 200\nerror_requeue_seconds = 1\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Starts `aware-controller` with `kubeconfig` (the chart's controller ServiceAccount token)
+/// and waits until it is ready.
+fn start_controller(config: &std::path::Path, kubeconfig: &std::path::Path) -> (Proc, SocketAddr) {
+    let p = Proc::spawn(
+        "aware-controller",
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// The controller's API calls all succeeded: no failed reconcile, list/watch or status write,
+/// and no refusal in its log.
+fn assert_controller_calls_succeeded(p: &Proc, addr: SocketAddr) {
+    let stderr = p.stderr();
+    for (name, labels) in [
+        (
+            "aware_controller_reconciles_total",
+            &[("result", "error")][..],
+        ),
+        ("aware_controller_watch_errors_total", &[][..]),
+        (
+            "aware_controller_status_writes_total",
+            &[("result", "error")][..],
+        ),
+    ] {
+        assert_eq!(
+            scrape(addr, name, labels),
+            Some(0.0),
+            "{name}{labels:?}; the controller's log:\n{stderr}"
+        );
+    }
+    assert!(
+        scrape(
+            addr,
+            "aware_controller_status_writes_total",
+            &[("result", "ok")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "no status write; the controller's log:\n{stderr}"
+    );
+    for refusal in ["forbidden", "Forbidden", "403", "Unauthorized"] {
+        assert!(
+            !stderr.contains(refusal),
+            "the controller's log mentions `{refusal}`:\n{stderr}"
+        );
+    }
+}
+
+/// The controller as a process with the token of the chart's controller ServiceAccount: an
+/// AwareAutoscaler for a Deployment running on kwok nodes is registered (finalizer, status,
+/// `Registered` condition, the registration on the bus); a lifecycle event on the bus reaches
+/// its status; a controller killed mid-flight loses nothing when restarted (an object created
+/// and one changed while it was down are registered, the status it wrote stays); deleting the
+/// Deployment of a managed object deregisters it (`TargetNotFound`); deleting an object
+/// deregisters its target and releases the finalizer, leaving the workload as it is. Every call
+/// the controller makes succeeds with the chart's ClusterRole; calls outside it are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+
+    let t0 = Instant::now();
+    let cluster = KubeCluster::start(KubeOptions { nodes: 2 }).await.unwrap();
+    let nats = NatsServer::start().unwrap();
+    let bus_cfg = BusConfig {
+        url: nats.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&bus_cfg, "kube-e2e").await.unwrap();
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+
+    let admin = cluster.admin_client().await.unwrap();
+    install_chart_identities(&cluster, &admin).await;
+    create_namespace(&admin, APP_NS).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), APP_NS);
+    for (name, replicas) in [("web", 2), ("api", 1)] {
+        deployments
+            .create(&PostParams::default(), &deployment(name, replicas))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    running_pods(&pods, "web", 2).await;
+    running_pods(&pods, "api", 1).await;
+
+    let (kubeconfig, controller_client) = chart_identity(&cluster, "controller", |c| {
+        Box::pin(async move {
+            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let config = controller_config(cluster.dir(), &nats.url());
+    let (mut controller, addr) = start_controller(&config, &kubeconfig);
+
+    // Created → registered: finalizer, Registered condition of this generation, the
+    // registration (with its spec) on the bus.
+    let aas: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), APP_NS, &aas_resource());
+    aas.create(&PostParams::default(), &autoscaler("web", "Auto", 10))
+        .await
+        .unwrap();
+    let v = wait_object(&aas, "web-aware", 30, "registered", |v| {
+        registered_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(
+        v["metadata"]["finalizers"],
+        serde_json::json!(["aware.dev/deregister"])
+    );
+    assert_eq!(
+        v["status"]["observedGeneration"],
+        v["metadata"]["generation"]
+    );
+    let c = registered_condition(&v).unwrap();
+    assert_eq!(c["reason"], "Registered");
+    assert_eq!(c["observedGeneration"], v["metadata"]["generation"]);
+    assert!(c["message"].as_str().unwrap().contains("shop/web"), "{c}");
+    let r = registration_where(&mut registrations, 30, |r| r.target.key() == "shop/web")
+        .await
+        .expect("the registration of shop/web on the bus");
+    assert_eq!(r.source, "shop/web-aware");
+    let spec = r.spec.expect("a registration, not a deregistration");
+    assert_eq!(spec.max_replicas, 10);
+
+    // A lifecycle event of the services reaches the status (the status writer's patch).
+    let Some(Event::Lifecycle(mut lifecycle)) = aware_bus_schemas::generated::samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    lifecycle.target = aware_bus_schemas::Target::new(APP_NS, "web");
+    lifecycle.stage = Stage::Online;
+    let subj =
+        aware_bus_schemas::subject::subject(EventKind::Lifecycle, &lifecycle.target).unwrap();
+    bus.publish(
+        &subj,
+        aware_bus_schemas::encode_event(&Event::Lifecycle(lifecycle))
+            .unwrap()
+            .into(),
+    )
+    .await
+    .unwrap();
+    bus.flush().await.unwrap();
+    wait_object(&aas, "web-aware", 30, "stage online", |v| {
+        v["status"]["stage"] == "online"
+    })
+    .await;
+    let mut get = cluster.command("kubectl");
+    get.args(["get", "aas", "-n", APP_NS]);
+    let table = run(get);
+    assert!(
+        table.contains("web-aware") && table.contains("online"),
+        "{table}"
+    );
+    assert_controller_calls_succeeded(&controller, addr);
+
+    // Killed mid-flight; while it is down an object is created and another changed.
+    controller.child.kill().unwrap();
+    controller.child.wait().unwrap();
+    aas.create(&PostParams::default(), &autoscaler("api", "Off", 5))
+        .await
+        .unwrap();
+    aas.patch(
+        "web-aware",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({ "spec": { "constraints": { "maxReplicas": 8 } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let (controller, addr) = start_controller(&config, &kubeconfig);
+    let v = wait_object(&aas, "api-aware", 30, "registered after the restart", |v| {
+        registered_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(
+        v["metadata"]["finalizers"],
+        serde_json::json!(["aware.dev/deregister"])
+    );
+    assert!(
+        registered_condition(&v).unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("recommend-only"),
+        "{v:#}"
+    );
+    let v = wait_object(&aas, "web-aware", 30, "generation 2 observed", |v| {
+        v["status"]["observedGeneration"] == 2
+    })
+    .await;
+    assert_eq!(
+        v["status"]["stage"], "online",
+        "the status written before the restart stays"
+    );
+    // Both registrations (the new object's, the changed one's) went out after the restart.
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 2 {
+        let r = registration_where(&mut registrations, 30, |r| {
+            r.spec.is_some() && (r.target.key() == "shop/api" || r.generation == 2)
+        })
+        .await
+        .expect("both registrations sent after the restart");
+        let max = r.spec.as_ref().map(|s| s.max_replicas);
+        seen.insert(r.target.key(), (r.generation, max));
+    }
+    assert_eq!(seen["shop/web"], (2, Some(8)));
+    assert_eq!(seen["shop/api"], (1, Some(5)));
+
+    // Calls outside the controller's ClusterRole are refused by the server.
+    let code = refused_with(
+        Api::<Deployment>::namespaced(controller_client.clone(), APP_NS)
+            .delete("web", &DeleteParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a Deployment");
+    let code = refused_with(
+        Api::<Deployment>::namespaced(controller_client.clone(), APP_NS)
+            .patch(
+                "web",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({ "spec": { "replicas": 3 } })),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "patching a Deployment");
+    let code = refused_with(
+        Api::<Secret>::namespaced(controller_client.clone(), RELEASE_NS)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading Secrets");
+    let code = refused_with(
+        Api::<kube::api::DynamicObject>::namespaced_with(
+            controller_client.clone(),
+            APP_NS,
+            &aas_resource(),
+        )
+        .create(&PostParams::default(), &autoscaler("other", "Off", 3))
+        .await,
+    );
+    assert_eq!(code, 403, "creating an AwareAutoscaler");
+    let code = refused_with(
+        Api::<ClusterRole>::all(controller_client.clone())
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading ClusterRoles");
+
+    // The Deployment of a managed object deleted: deregistered, `TargetNotFound`.
+    deployments
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/api" && r.spec.is_none()
+    })
+    .await
+    .expect("the deregistration of shop/api");
+    let v = wait_object(&aas, "api-aware", 30, "TargetNotFound", |v| {
+        registered_condition(v).is_some_and(|c| c["reason"] == "TargetNotFound")
+    })
+    .await;
+    assert_eq!(registered_condition(&v).unwrap()["status"], "False");
+
+    // Deleted: deregistered on the bus, finalizer released, the workload left as it was.
+    let before = deployments.get("web").await.unwrap();
+    aas.delete("web-aware", &DeleteParams::default())
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/web" && r.spec.is_none()
+    })
+    .await
+    .expect("the deregistration of shop/web");
+    wait_object(&aas, "web-aware", 30, "gone (finalizer released)", |v| {
+        v.is_null()
+    })
+    .await;
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&after.spec).unwrap(),
+        serde_json::to_value(&before.spec).unwrap(),
+        "the workload keeps its resources"
+    );
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "the workload was not touched"
+    );
+    assert_controller_calls_succeeded(&controller, addr);
+    eprintln!("controller end-to-end test: {:.1?}", t0.elapsed());
 }
