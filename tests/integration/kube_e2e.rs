@@ -739,7 +739,13 @@ fn assert_controller_calls_succeeded(p: &Proc, addr: SocketAddr) {
         .is_some_and(|n| n >= 1.0),
         "no status write; the controller's log:\n{stderr}"
     );
-    for refusal in ["forbidden", "Forbidden", "403", "Unauthorized"] {
+    for refusal in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "HTTP 403",
+        "Unauthorized",
+    ] {
         assert!(
             !stderr.contains(refusal),
             "the controller's log mentions `{refusal}`:\n{stderr}"
@@ -994,4 +1000,534 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
     );
     assert_controller_calls_succeeded(&controller, addr);
     eprintln!("controller end-to-end test: {:.1?}", t0.elapsed());
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Step `step` of episode 0 of `shop/<target>`: the recommender's action asking for `desired`
+/// and the collector's `obs` (the actuator decides only for a step the collector reported).
+fn step_events(
+    target: &str,
+    step: u32,
+    desired: aware_bus_schemas::Resources,
+) -> (aware_bus_schemas::Event, aware_bus_schemas::Event) {
+    use aware_bus_schemas::{Event, EventKind};
+    let samples = aware_bus_schemas::generated::samples();
+    let Some(Event::Action(mut a)) = samples
+        .iter()
+        .find(|e| e.kind() == EventKind::Action)
+        .cloned()
+    else {
+        unreachable!()
+    };
+    let Some(Event::Obs(mut o)) = samples.into_iter().find(|e| e.kind() == EventKind::Obs) else {
+        unreachable!()
+    };
+    let t = aware_bus_schemas::Target::new(APP_NS, target);
+    a.target = t.clone();
+    a.episode = 0;
+    a.step = step;
+    a.ts_ms = 1_000 * i64::from(step);
+    a.desired = desired;
+    o.target = t;
+    o.episode = 0;
+    o.step = step;
+    o.ts_ms = a.ts_ms;
+    (Event::Action(a), Event::Obs(o))
+}
+
+async fn publish_event(bus: &Bus, ev: aware_bus_schemas::Event) {
+    let subj = aware_bus_schemas::subject::subject(ev.kind(), ev.target()).unwrap();
+    let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+    bus.publish(&subj, bytes.into()).await.unwrap();
+    bus.flush().await.unwrap();
+}
+
+/// Sends steps of `shop/<target>` asking for `desired` until the actuator's `applied` for one
+/// satisfies `want` (registrations travel on their own subject: the first steps may be decided
+/// before the controller's registration arrived); returns that `applied`.
+async fn act_until(
+    bus: &Bus,
+    applied: &mut aware_shared::bus::Subscription,
+    step: &mut u32,
+    target: &str,
+    desired: aware_bus_schemas::Resources,
+    want: impl Fn(&aware_bus_schemas::Applied) -> bool,
+) -> aware_bus_schemas::Applied {
+    use aware_bus_schemas::{Event, EventKind};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        *step += 1;
+        let (action, obs) = step_events(target, *step, desired);
+        publish_event(bus, action).await;
+        publish_event(bus, obs).await;
+        let wait = tokio::time::Instant::now() + Duration::from_secs(10);
+        while let Ok(Some(m)) = tokio::time::timeout_at(wait, applied.next()).await {
+            if let Event::Applied(a) =
+                aware_bus_schemas::decode_event(EventKind::Applied, &m.payload).unwrap()
+            {
+                if a.target.name == target && a.step == *step {
+                    if want(&a) {
+                        return a;
+                    }
+                    eprintln!("step {step}: {a:?}; sending another step");
+                    break;
+                }
+            }
+        }
+    }
+    panic!("no decision for {target} as expected within 60 s");
+}
+
+/// (CPU limit, memory limit, CPU request, memory request) of container `app` of a pod spec.
+fn app_resources(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> [String; 4] {
+    let c = spec
+        .and_then(|s| s.containers.iter().find(|c| c.name == "app"))
+        .expect("container app");
+    let r = c.resources.as_ref().expect("resources");
+    let q = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >,
+             k: &str| {
+        m.as_ref()
+            .and_then(|m| m.get(k))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    [
+        q(&r.limits, "cpu"),
+        q(&r.limits, "memory"),
+        q(&r.requests, "cpu"),
+        q(&r.requests, "memory"),
+    ]
+}
+
+/// The ReplicaSets of Deployment `app` with their desired replicas, by name.
+async fn replica_sets(admin: &kube::Client, app: &str) -> Vec<(ReplicaSet, i32)> {
+    Api::<ReplicaSet>::namespaced(admin.clone(), APP_NS)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|rs| {
+            let n = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+            (rs, n)
+        })
+        .collect()
+}
+
+/// Plays the kubelet's part for in-place resize, which kwok's pod stages do not: a kubelet
+/// that supports resize reports, for each running container, the resources it runs with
+/// (`status.containerStatuses[].resources`, and what it admitted in `allocatedResources`), and
+/// after a resize of the pod's spec it reports the new ones, drops the `PodResize*` conditions
+/// and records the pod's generation as observed. The API server refuses `pods/resize` for a pod
+/// whose running containers report no resources ("Pod running on node without support for
+/// resize").
+async fn kubelet_reports_resources(admin: &kube::Client, pod: &Pod) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    let spec = pod.spec.as_ref().unwrap();
+    let status = pod.status.clone().unwrap();
+    let statuses: Vec<serde_json::Value> = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .map(|cs| {
+            let r = spec
+                .containers
+                .iter()
+                .find(|c| c.name == cs.name)
+                .and_then(|c| c.resources.clone())
+                .unwrap_or_default();
+            let mut v = serde_json::to_value(&cs).unwrap();
+            v["allocatedResources"] = serde_json::to_value(&r.requests).unwrap();
+            v["resources"] = serde_json::json!({ "limits": r.limits, "requests": r.requests });
+            v
+        })
+        .collect();
+    let conditions: Vec<serde_json::Value> = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !c.type_.starts_with("PodResize"))
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
+    let mut patch = serde_json::json!({
+        "status": { "conditions": conditions, "containerStatuses": statuses }
+    });
+    if let Some(g) = pod.metadata.generation {
+        patch["status"]["observedGeneration"] = g.into();
+    }
+    pods.patch_status(
+        pod.metadata.name.as_deref().unwrap(),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .unwrap();
+}
+
+/// Starts `aware-actuator` (Kubernetes sink) with `kubeconfig` (the chart's actuator
+/// ServiceAccount token) and waits until it is ready.
+fn start_actuator(
+    dir: &std::path::Path,
+    bus_url: &str,
+    kubeconfig: &std::path::Path,
+) -> (Proc, SocketAddr) {
+    let config = dir.join("actuator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[bus]\nurl = \"{bus_url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [actuator]\nsink = \"kubernetes\"\n"
+        ),
+    )
+    .unwrap();
+    let p = Proc::spawn(
+        "aware-actuator",
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// The actuator (as a process, and its Kubernetes sink in-process) with the token of the
+/// chart's actuator ServiceAccount, fed by the controller's registrations: a horizontal change
+/// through the scale subresource that the ReplicaSet and the pods (kwok) follow; a vertical
+/// change through `pods/resize` (no restart, no new ReplicaSet; the test completes the resize
+/// as the kubelet would); `updateMode: Off` changes nothing; a vertical change through a
+/// template patch rolls the pods onto a new ReplicaSet. Every call succeeds with the chart's
+/// ClusterRole; calls outside it are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
+    use aware_actuator::sink::{
+        KubernetesSink, KubernetesSinkConfig, Sink, TargetSinkConfig, VerticalMode,
+    };
+    use aware_bus_schemas::{Outcome, Resources, Target};
+
+    let t0 = Instant::now();
+    let cluster = KubeCluster::start(KubeOptions { nodes: 2 }).await.unwrap();
+    let nats = NatsServer::start().unwrap();
+    let bus_cfg = BusConfig {
+        url: nats.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&bus_cfg, "kube-e2e").await.unwrap();
+    let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+
+    let admin = cluster.admin_client().await.unwrap();
+    install_chart_identities(&cluster, &admin).await;
+    create_namespace(&admin, APP_NS).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), APP_NS);
+    for name in ["web", "api"] {
+        deployments
+            .create(&PostParams::default(), &deployment(name, 2))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    running_pods(&pods, "web", 2).await;
+    let api_pods = running_pods(&pods, "api", 2).await;
+
+    let (controller_kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
+        Box::pin(async move {
+            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let (actuator_kubeconfig, actuator_client) = chart_identity(&cluster, "actuator", |c| {
+        Box::pin(async move {
+            Api::<Deployment>::namespaced(c, APP_NS)
+                .get("web")
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let config = controller_config(cluster.dir(), &nats.url());
+    let (controller, controller_addr) = start_controller(&config, &controller_kubeconfig);
+    let (actuator, actuator_addr) =
+        start_actuator(cluster.dir(), &nats.url(), &actuator_kubeconfig);
+
+    let aas: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), APP_NS, &aas_resource());
+    aas.create(&PostParams::default(), &autoscaler("web", "Auto", 10))
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/web" && r.spec.is_some()
+    })
+    .await
+    .expect("shop/web registered");
+
+    // Horizontal: 2 → 4 through the scale subresource; the ReplicaSet and the pods follow.
+    let before = deployments.get("web").await.unwrap();
+    let mut step = 0;
+    let res = |replicas, cpu_millicores, memory_mib: u64| Resources {
+        replicas,
+        cpu_millicores,
+        memory_bytes: memory_mib * MIB,
+    };
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(4, 500, 256),
+        |a| a.outcome == Outcome::Applied,
+    )
+    .await;
+    assert_eq!(a.applied, res(4, 500, 256), "{a:?}");
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(4));
+    assert_eq!(
+        serde_json::to_value(&d.spec.as_ref().unwrap().template).unwrap(),
+        serde_json::to_value(&before.spec.as_ref().unwrap().template).unwrap(),
+        "a horizontal change leaves the template alone"
+    );
+    let web_pods = running_pods(&pods, "web", 4).await;
+    let rs = replica_sets(&admin, "web").await;
+    assert_eq!(rs.len(), 1, "still one ReplicaSet");
+    assert_eq!(rs[0].1, 4, "the ReplicaSet follows the scale");
+    for p in &web_pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert!(node.is_some_and(|n| cluster.nodes().contains(&n)));
+    }
+
+    // Vertical, in place: 500m / 256Mi → 750m / 384Mi (the guardrails' 50 % step) on every pod
+    // through `pods/resize`; the pods are not replaced and the template is not touched.
+    let uids: std::collections::BTreeSet<String> = web_pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    for p in &web_pods {
+        kubelet_reports_resources(&admin, p).await;
+    }
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(4, 750, 384),
+        |a| a.outcome == Outcome::Applied,
+    )
+    .await;
+    assert_eq!(a.applied, res(4, 750, 384), "{a:?}");
+    assert_eq!(a.reason, None, "no fallback to a template patch: {a:?}");
+    let resized = running_pods(&pods, "web", 4).await;
+    for p in &resized {
+        assert!(
+            uids.contains(p.metadata.uid.as_ref().unwrap()),
+            "pod replaced"
+        );
+        assert_eq!(
+            app_resources(p.spec.as_ref()),
+            ["750m", "384Mi", "375m", "192Mi"].map(String::from),
+            "the request/limit ratio kept"
+        );
+        kubelet_reports_resources(&admin, p).await;
+    }
+    for p in running_pods(&pods, "web", 4).await {
+        let st = p.status.as_ref().unwrap();
+        let cs = &st.container_statuses.as_ref().unwrap()[0];
+        let limits = cs
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .unwrap();
+        assert_eq!(
+            limits["cpu"].0, "750m",
+            "kubelet status of {:?}",
+            p.metadata.name
+        );
+        assert_eq!(cs.restart_count, 0);
+    }
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(
+        app_resources(d.spec.as_ref().unwrap().template.spec.as_ref()),
+        ["500m", "256Mi", "250m", "128Mi"].map(String::from),
+        "an in-place resize leaves the template alone"
+    );
+    assert_eq!(replica_sets(&admin, "web").await.len(), 1, "no rollout");
+
+    // updateMode Off: recorded, nothing applied.
+    aas.patch(
+        "web-aware",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({ "spec": { "updatePolicy": { "updateMode": "Off" } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let before = deployments.get("web").await.unwrap();
+    let pods_before: Vec<String> = running_pods(&pods, "web", 4)
+        .await
+        .iter()
+        .map(|p| p.metadata.resource_version.clone().unwrap())
+        .collect();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(6, 1000, 512),
+        |a| a.outcome == Outcome::RecommendOnly,
+    )
+    .await;
+    assert_eq!(
+        a.applied,
+        res(4, 750, 384),
+        "the allocation in force is reported: {a:?}"
+    );
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the Deployment was not written"
+    );
+    let pods_after: Vec<String> = running_pods(&pods, "web", 4)
+        .await
+        .iter()
+        .map(|p| p.metadata.resource_version.clone().unwrap())
+        .collect();
+    assert_eq!(pods_before, pods_after, "no pod was written");
+
+    // Template patch (the sink in-process, same token): a rollout onto a new ReplicaSet.
+    let sink = KubernetesSink::new(
+        actuator_client.clone(),
+        KubernetesSinkConfig {
+            defaults: TargetSinkConfig {
+                vertical_mode: VerticalMode::TemplatePatch,
+                ..TargetSinkConfig::default()
+            },
+            ..KubernetesSinkConfig::default()
+        },
+    )
+    .unwrap();
+    let api_target = Target::new(APP_NS, "api");
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 500, 256));
+    let report = sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
+    assert_eq!(report.in_force, res(2, 1000, 512));
+    let old_uids: std::collections::BTreeSet<String> = api_pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let rs = replica_sets(&admin, "api").await;
+        let live = running_pods(&pods, "api", 2).await;
+        let rolled = rs.len() == 2
+            && rs.iter().filter(|(_, n)| *n == 0).count() == 1
+            && live.iter().all(|p| {
+                !old_uids.contains(p.metadata.uid.as_ref().unwrap())
+                    && app_resources(p.spec.as_ref())
+                        == ["1", "512Mi", "500m", "256Mi"].map(String::from)
+            });
+        if rolled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rollout onto a new ReplicaSet: {:?}",
+            rs.iter()
+                .map(|(r, n)| (r.metadata.name.clone(), *n))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 1000, 512));
+    // Idempotent: applying what is in force writes nothing.
+    let rv = deployments
+        .get("api")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
+    assert_eq!(
+        deployments
+            .get("api")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        rv
+    );
+
+    // Outside the actuator's ClusterRole: refused.
+    let code = refused_with(
+        Api::<Deployment>::namespaced(actuator_client.clone(), APP_NS)
+            .delete("web", &DeleteParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a Deployment");
+    let code = refused_with(
+        Api::<Secret>::namespaced(actuator_client.clone(), APP_NS)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading Secrets");
+    let code = refused_with(
+        Api::<Pod>::namespaced(actuator_client.clone(), APP_NS)
+            .delete(
+                resized[0].metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a pod");
+    let code = refused_with(
+        Api::<kube::api::DynamicObject>::namespaced_with(
+            actuator_client.clone(),
+            APP_NS,
+            &aas_resource(),
+        )
+        .list(&ListParams::default())
+        .await,
+    );
+    assert_eq!(code, 403, "reading AwareAutoscalers");
+
+    // Every call of the actuator process succeeded.
+    let log = actuator.stderr();
+    assert_eq!(
+        scrape(
+            actuator_addr,
+            "aware_actuator_sink_errors_total",
+            &[("sink", "kubernetes")]
+        ),
+        Some(0.0),
+        "the actuator's log:\n{log}"
+    );
+    assert!(
+        scrape(
+            actuator_addr,
+            "aware_actuator_decisions_total",
+            &[("outcome", "applied")]
+        )
+        .is_some_and(|n| n >= 2.0),
+        "the actuator's log:\n{log}"
+    );
+    for refusal in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "HTTP 403",
+        "Unauthorized",
+    ] {
+        assert!(
+            !log.contains(refusal),
+            "the actuator's log mentions `{refusal}`:\n{log}"
+        );
+    }
+    assert_controller_calls_succeeded(&controller, controller_addr);
+    eprintln!("actuator end-to-end test: {:.1?}", t0.elapsed());
 }
