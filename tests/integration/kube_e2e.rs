@@ -1167,6 +1167,57 @@ async fn kubelet_reports_resources(admin: &kube::Client, pod: &Pod) {
     .unwrap();
 }
 
+type Edit = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A client layer that runs another client's edit (once) right before the first PATCH of
+/// `path` leaves: the edit lands between the caller's read and its write, on the real server.
+#[derive(Clone)]
+struct EditBeforePatch {
+    path: String,
+    edit: std::sync::Arc<std::sync::Mutex<Option<Edit>>>,
+}
+
+impl<S> tower::Layer<S> for EditBeforePatch {
+    type Service = EditBeforePatchService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        EditBeforePatchService {
+            inner,
+            hook: self.clone(),
+        }
+    }
+}
+
+struct EditBeforePatchService<S> {
+    inner: S,
+    hook: EditBeforePatch,
+}
+
+impl<S> tower::Service<http::Request<kube::client::Body>> for EditBeforePatchService<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> S::Future {
+        if req.method() == http::Method::PATCH && req.uri().path() == self.hook.path {
+            let edit = self.hook.edit.lock().unwrap().take();
+            if let Some(edit) = edit {
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(edit));
+            }
+        }
+        self.inner.call(req)
+    }
+}
+
 /// Starts `aware-actuator` (Kubernetes sink) with `kubeconfig` (the chart's actuator
 /// ServiceAccount token) and waits until it is ready.
 fn start_actuator(
@@ -1461,6 +1512,65 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
             .metadata
             .resource_version,
         rv
+    );
+
+    // A concurrent edit: another client changes the container's CPU request (and adds an
+    // environment variable) between the sink's read and its template patch. The server refuses
+    // the patch computed from the stale read (409, its resourceVersion precondition); the sink
+    // reads again and keeps the new request/limit ratio (250m of 1 → 375m of 1500m; from the
+    // stale read it would be 750m), and the other client's edit stays.
+    let admin_edit = admin.clone();
+    let layer = EditBeforePatch {
+        path: format!("/apis/apps/v1/namespaces/{APP_NS}/deployments/api"),
+        edit: std::sync::Arc::new(std::sync::Mutex::new(Some(Box::pin(async move {
+            Api::<Deployment>::namespaced(admin_edit, APP_NS)
+                .patch(
+                    "api",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Strategic(serde_json::json!({
+                        "spec": { "template": { "spec": { "containers": [{
+                            "name": "app",
+                            "env": [{ "name": "EDITED_BY", "value": "someone-else" }],
+                            "resources": { "requests": { "cpu": "250m" } }
+                        }] } } }
+                    })),
+                )
+                .await
+                .unwrap();
+        }) as Edit))),
+    };
+    let kc = kube::config::Kubeconfig::read_from(&actuator_kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let racing_client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    let racing_sink = KubernetesSink::new(racing_client, sink.config().clone()).unwrap();
+    let report = racing_sink
+        .apply(&api_target, res(2, 1500, 768))
+        .await
+        .unwrap();
+    assert_eq!(report.in_force, res(2, 1500, 768));
+    assert!(
+        layer.edit.lock().unwrap().is_none(),
+        "the concurrent edit ran"
+    );
+    let d = deployments.get("api").await.unwrap();
+    let template = d.spec.as_ref().unwrap().template.spec.as_ref();
+    assert_eq!(
+        app_resources(template),
+        ["1500m", "768Mi", "375m", "384Mi"].map(String::from),
+        "the requests follow the ratio of the edited Deployment, not of the stale read"
+    );
+    let env = template.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e.name == "EDITED_BY"),
+        "the other client's edit was overwritten: {env:?}"
     );
 
     // Outside the actuator's ClusterRole: refused.
