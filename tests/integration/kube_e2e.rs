@@ -1606,6 +1606,44 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     );
     assert_eq!(code, 403, "reading AwareAutoscalers");
 
+    // The AwareAutoscaler deleted: the finalizer is released, the actuator rejects what still
+    // arrives and the workload keeps its last applied resources (4 replicas, 750m / 384Mi).
+    aas.delete("web-aware", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_object(&aas, "web-aware", 30, "gone (finalizer released)", |v| {
+        v.is_null()
+    })
+    .await;
+    let before = deployments.get("web").await.unwrap();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(6, 1000, 512),
+        |a| a.outcome == Outcome::Rejected,
+    )
+    .await;
+    assert!(
+        a.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("deregistered")),
+        "{a:?}"
+    );
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the Deployment was not written after the deletion"
+    );
+    assert_eq!(after.spec.as_ref().unwrap().replicas, Some(4));
+    for p in running_pods(&pods, "web", 4).await {
+        assert_eq!(
+            app_resources(p.spec.as_ref()),
+            ["750m", "384Mi", "375m", "192Mi"].map(String::from)
+        );
+    }
+
     // Every call of the actuator process succeeded.
     let log = actuator.stderr();
     assert_eq!(
@@ -1639,5 +1677,40 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         );
     }
     assert_controller_calls_succeeded(&controller, controller_addr);
+
+    // The Deployment of a managed target deleted: the actuator rejects the step (the sink finds
+    // no Deployment, or the controller has deregistered the target) and keeps running.
+    aas.create(&PostParams::default(), &autoscaler("api", "Auto", 10))
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/api" && r.spec.is_some()
+    })
+    .await
+    .expect("shop/api registered");
+    deployments
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "api",
+        res(3, 1500, 768),
+        |a| a.outcome == Outcome::Rejected,
+    )
+    .await;
+    assert!(
+        a.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("not found") || r.contains("deregistered")),
+        "{a:?}"
+    );
+    assert_eq!(
+        aware_tests::http_get(actuator_addr, "/readyz").unwrap().0,
+        200,
+        "the actuator keeps running"
+    );
     eprintln!("actuator end-to-end test: {:.1?}", t0.elapsed());
 }
