@@ -1385,8 +1385,17 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
             ["750m", "384Mi", "375m", "192Mi"].map(String::from),
             "the request/limit ratio kept"
         );
+    }
+    // In force is what the kubelets report running: the old values until they have applied
+    // the resize, then the new ones.
+    let web_target = Target::new(APP_NS, "web");
+    let reader =
+        KubernetesSink::new(actuator_client.clone(), KubernetesSinkConfig::default()).unwrap();
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 500, 256));
+    for p in &resized {
         kubelet_reports_resources(&admin, p).await;
     }
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 750, 384));
     for p in running_pods(&pods, "web", 4).await {
         let st = p.status.as_ref().unwrap();
         let cs = &st.container_statuses.as_ref().unwrap()[0];

@@ -34,9 +34,13 @@
 //!   (Only the template patch has a precondition; a 409 there means "read again", see above.)
 //!   (429 is the API server's "retry later" and is retried too, as in kube-rs's own retry policy.)
 //! - **Allocation in force** ([`Sink::current`]): replicas from the Deployment's `spec.replicas`;
-//!   CPU and memory limits from the template container, or in `InPlace` mode from the live pods'
-//!   container specs (the value most pods have; ties go to the first pod in name order). A missing
-//!   limit reads as 0 ("unknown" to the guardrails).
+//!   CPU and memory limits from the template container, or in `InPlace` mode from the live pods
+//!   (the value most pods have; ties go to the first pod in name order): what each pod's kubelet
+//!   reports its container runs with (`status.containerStatuses[].resources`), else — a kubelet
+//!   without in-place resize reports nothing — the pod's container spec. (After a resize the
+//!   spec holds the new values at once, the status only once the kubelet has applied them, and
+//!   never when it finds them infeasible.) A missing limit reads as 0 ("unknown" to the
+//!   guardrails).
 //!
 //! RBAC: `get` on `deployments`, `patch` on `deployments` and `deployments/scale`, `list` on `pods`
 //! and `patch` on `pods/resize`.
@@ -411,7 +415,9 @@ impl KubernetesSink {
             let (_, pods) = self.live_pods(target, &spec).await?;
             let mut values = Vec::with_capacity(pods.len());
             for pod in &pods {
-                if let Some(c) = pod_container(pod, &container.name) {
+                if let Some(running) = running_limits(target, pod, &container.name)? {
+                    values.push(running);
+                } else if let Some(c) = pod_container(pod, &container.name) {
                     values.push(limits_of(target, c)?);
                 }
             }
@@ -782,7 +788,29 @@ fn most_common(values: &[(u32, u64)]) -> Option<(u32, u64)> {
 
 /// A container's (CPU millicores, memory bytes) limits; 0 when a limit is missing.
 fn limits_of(target: &Target, c: &Container) -> Result<(u32, u64), SinkError> {
-    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    limits_in(target, c.resources.as_ref().and_then(|r| r.limits.as_ref()))
+}
+
+/// The limits a pod's container runs with as its kubelet reports them
+/// (`status.containerStatuses[].resources`): after an in-place resize the spec holds the new
+/// values at once, the status only when the kubelet has applied them (never, when it finds the
+/// resize infeasible). `None` when the kubelet reports nothing (one without in-place resize).
+fn running_limits(target: &Target, pod: &Pod, name: &str) -> Result<Option<(u32, u64)>, SinkError> {
+    let limits = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == name))
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref());
+    limits.map(|l| limits_in(target, Some(l))).transpose()
+}
+
+/// (CPU millicores, memory bytes) of a limits map; 0 when a limit is missing.
+fn limits_in(
+    target: &Target,
+    limits: Option<&BTreeMap<String, Quantity>>,
+) -> Result<(u32, u64), SinkError> {
     let get = |key: &str| limits.and_then(|l| l.get(key));
     let cpu = get("cpu")
         .map(|q| cpu_millicores(target, q))
@@ -1702,6 +1730,34 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(current, res(3, 1000, 1024));
+
+        // What the kubelets report running wins over the specs: two pods resized in their spec
+        // to 1 / 1Gi, of which the kubelet has applied none yet (one reports the old values, the
+        // other nothing: its kubelet has no in-place resize, its spec counts).
+        let mut a = pod("web-a", c("1", "1Gi"), "Running");
+        a["status"]["containerStatuses"] = json!([{
+            "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
+            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+        }]);
+        let mut b = pod("web-b", c("1", "1Gi"), "Running");
+        b["status"]["containerStatuses"] = json!([{
+            "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
+            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+        }]);
+        let script = vec![
+            get(DEPLOY, 200, deployment(3, c("500m", "512Mi"))),
+            get(
+                PODS,
+                200,
+                pod_list(vec![a, b, pod("web-c", c("1", "1Gi"), "Running")]),
+            ),
+        ];
+        let current = run(in_place(), script, |sink| async move {
+            sink.current(&target()).await
+        })
+        .await
+        .unwrap();
+        assert_eq!(current, res(3, 500, 512));
 
         let script = vec![get(DEPLOY, 200, deployment(3, c("1.5", "0.5Gi")))];
         let current = run(template_mode(), script, |sink| async move {
