@@ -9,6 +9,11 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use std::net::SocketAddr;
+
+use aware_shared::bus::Bus;
+use aware_shared::config::BusConfig;
+use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
@@ -413,4 +418,1308 @@ async fn helm_install_and_uninstall_of_the_chart() {
         run(crd).trim(),
         "customresourcedefinition.apiextensions.k8s.io/awareautoscalers.aware.dev"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The controller and the actuator with the chart's RBAC.
+
+/// The namespace the chart's identities are rendered into (as `helm install -n` would).
+const RELEASE_NS: &str = "aware-system";
+/// The namespace of the workloads.
+const APP_NS: &str = "shop";
+
+fn chart_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aware")
+}
+
+/// Creates namespace `name` as administrator.
+async fn create_namespace(admin: &kube::Client, name: &str) {
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(serde_json::json!({ "metadata": { "name": name } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Installs the chart's CRD (from `crds/`, as `helm install` does) and, rendered by `helm
+/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles and
+/// ClusterRoleBindings of the controller and the actuator — nothing else of the chart.
+async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::serde::Deserialize;
+
+    let mut crd = cluster.command("kubectl");
+    crd.arg("create")
+        .arg("-f")
+        .arg(chart_dir().join("crds/awareautoscalers.aware.dev.yaml"));
+    run(crd);
+    let mut established = cluster.command("kubectl");
+    established.args([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/awareautoscalers.aware.dev",
+    ]);
+    run(established);
+
+    create_namespace(admin, RELEASE_NS).await;
+    let mut template = cluster.command("helm");
+    template
+        .args(["template", "aware"])
+        .arg(chart_dir())
+        .args(["--namespace", RELEASE_NS]);
+    let rendered = run(template);
+    let mut created = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&rendered) {
+        let v = serde_json::Value::deserialize(doc).unwrap();
+        let component = v["metadata"]["labels"]["app.kubernetes.io/component"].as_str();
+        if !matches!(component, Some("controller" | "actuator")) {
+            continue;
+        }
+        let pp = PostParams::default();
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "ServiceAccount" => {
+                Api::<ServiceAccount>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(admin.clone())
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(admin.clone())
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            _ => continue,
+        }
+        created.push(format!(
+            "{kind}/{}",
+            v["metadata"]["name"].as_str().unwrap()
+        ));
+    }
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            "ClusterRole/aware-actuator",
+            "ClusterRole/aware-controller",
+            "ClusterRoleBinding/aware-actuator",
+            "ClusterRoleBinding/aware-controller",
+            "ServiceAccount/aware-actuator",
+            "ServiceAccount/aware-controller",
+        ],
+        "the chart's identities of the controller and the actuator"
+    );
+}
+
+/// A TokenRequest token of the chart's ServiceAccount `aware-<component>`, once the authorizer
+/// has seen its binding (`probe` succeeds with it); the token's kubeconfig and a client.
+async fn chart_identity(
+    cluster: &KubeCluster,
+    component: &str,
+    probe: impl Fn(kube::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>,
+) -> (std::path::PathBuf, kube::Client) {
+    let token = cluster
+        .service_account_token(RELEASE_NS, &format!("aware-{component}"))
+        .await
+        .unwrap();
+    let kubeconfig = cluster
+        .token_kubeconfig(&format!("{component}.kubeconfig"), &token)
+        .unwrap();
+    let client = cluster.token_client(&token).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !probe(client.clone()).await {
+        assert!(
+            Instant::now() < deadline,
+            "the {component}'s binding is not in effect after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (kubeconfig, client)
+}
+
+/// A Deployment `name` in [`APP_NS`] with container `app` (limits 500m / 256Mi, requests half).
+fn deployment(name: &str, replicas: i32) -> Deployment {
+    from_json(serde_json::json!({
+        "metadata": { "name": name, "labels": { "app": name } },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": { "containers": [{
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {
+                        "requests": { "cpu": "250m", "memory": "128Mi" },
+                        "limits": { "cpu": "500m", "memory": "256Mi" }
+                    }
+                }] }
+            }
+        }
+    }))
+}
+
+/// Waits until `n` live pods with label `app=<app>` are Running (on kwok nodes); returns them.
+async fn running_pods(pods: &Api<Pod>, app: &str, n: usize) -> Vec<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await
+            .unwrap();
+        let running: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .collect();
+        let total_live = running.len();
+        if total_live == n {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{total_live} of {n} pods of {app} Running after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn aas_resource() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource {
+        group: "aware.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "aware.dev/v1alpha1".into(),
+        kind: "AwareAutoscaler".into(),
+        plural: "awareautoscalers".into(),
+    }
+}
+
+/// An AwareAutoscaler `<target>-aware` for Deployment `target` as a user writes it.
+fn autoscaler(target: &str, update_mode: &str, max_replicas: u32) -> kube::api::DynamicObject {
+    from_json(serde_json::json!({
+        "apiVersion": "aware.dev/v1alpha1",
+        "kind": "AwareAutoscaler",
+        "metadata": { "name": format!("{target}-aware") },
+        "spec": {
+            "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": target },
+            "updatePolicy": { "updateMode": update_mode },
+            "constraints": { "minReplicas": 1, "maxReplicas": max_replicas },
+            "resourcePolicy": { "containerPolicies": [{
+                "containerName": "app",
+                "minAllowed": { "cpu": "100m", "memory": "64Mi" },
+                "maxAllowed": { "cpu": "2", "memory": "2Gi" }
+            }] }
+        }
+    }))
+}
+
+/// Polls `api.get(name)` until `ok` holds for its JSON (100 ms steps, up to `secs`).
+async fn wait_object(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = match api.get_opt(name).await.unwrap() {
+            Some(o) => serde_json::to_value(&o).unwrap(),
+            None => serde_json::Value::Null,
+        };
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {what} not reached within {secs} s; the object is:\n{v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `Registered` condition of an AwareAutoscaler's JSON.
+fn registered_condition(v: &serde_json::Value) -> Option<&serde_json::Value> {
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Registered")
+}
+
+/// The first registration on the bus for which `want` holds, within `secs`; `None` if none.
+async fn registration_where(
+    sub: &mut aware_shared::bus::Subscription,
+    secs: u64,
+    want: impl Fn(&aware_bus_schemas::Registration) -> bool,
+) -> Option<aware_bus_schemas::Registration> {
+    use aware_bus_schemas::{Event, EventKind};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let m = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
+        if let Event::Registration(r) =
+            aware_bus_schemas::decode_event(EventKind::Target, &m.payload).unwrap()
+        {
+            if want(&r) {
+                return Some(r);
+            }
+        }
+    }
+}
+
+/// The controller's config: the bus, a free HTTP port, fast resyncs and status flushes.
+fn controller_config(dir: &std::path::Path, bus_url: &str) -> std::path::PathBuf {
+    let path = dir.join("controller.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[bus]\nurl = \"{bus_url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [controller]\nresync_seconds = 3\nstatus_interval_ms = 200\nerror_requeue_seconds = 1\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Starts `aware-controller` with `kubeconfig` (the chart's controller ServiceAccount token)
+/// and waits until it is ready.
+fn start_controller(config: &std::path::Path, kubeconfig: &std::path::Path) -> (Proc, SocketAddr) {
+    let p = Proc::spawn(
+        "aware-controller",
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// The controller's API calls all succeeded: no failed reconcile, list/watch or status write,
+/// and no refusal in its log.
+fn assert_controller_calls_succeeded(p: &Proc, addr: SocketAddr) {
+    let stderr = p.stderr();
+    for (name, labels) in [
+        (
+            "aware_controller_reconciles_total",
+            &[("result", "error")][..],
+        ),
+        ("aware_controller_watch_errors_total", &[][..]),
+        (
+            "aware_controller_status_writes_total",
+            &[("result", "error")][..],
+        ),
+    ] {
+        assert_eq!(
+            scrape(addr, name, labels),
+            Some(0.0),
+            "{name}{labels:?}; the controller's log:\n{stderr}"
+        );
+    }
+    assert!(
+        scrape(
+            addr,
+            "aware_controller_status_writes_total",
+            &[("result", "ok")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "no status write; the controller's log:\n{stderr}"
+    );
+    for refusal in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "HTTP 403",
+        "Unauthorized",
+    ] {
+        assert!(
+            !stderr.contains(refusal),
+            "the controller's log mentions `{refusal}`:\n{stderr}"
+        );
+    }
+}
+
+/// The controller as a process with the token of the chart's controller ServiceAccount: an
+/// AwareAutoscaler for a Deployment running on kwok nodes is registered (finalizer, status,
+/// `Registered` condition, the registration on the bus); a lifecycle event on the bus reaches
+/// its status; a controller killed mid-flight loses nothing when restarted (an object created
+/// and one changed while it was down are registered, the status it wrote stays); deleting the
+/// Deployment of a managed object deregisters it (`TargetNotFound`); deleting an object
+/// deregisters its target and releases the finalizer, leaving the workload as it is. Every call
+/// the controller makes succeeds with the chart's ClusterRole; calls outside it are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+
+    let t0 = Instant::now();
+    let cluster = KubeCluster::start(KubeOptions { nodes: 2 }).await.unwrap();
+    let nats = NatsServer::start().unwrap();
+    let bus_cfg = BusConfig {
+        url: nats.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&bus_cfg, "kube-e2e").await.unwrap();
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+
+    let admin = cluster.admin_client().await.unwrap();
+    install_chart_identities(&cluster, &admin).await;
+    create_namespace(&admin, APP_NS).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), APP_NS);
+    for (name, replicas) in [("web", 2), ("api", 1)] {
+        deployments
+            .create(&PostParams::default(), &deployment(name, replicas))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    running_pods(&pods, "web", 2).await;
+    running_pods(&pods, "api", 1).await;
+
+    let (kubeconfig, controller_client) = chart_identity(&cluster, "controller", |c| {
+        Box::pin(async move {
+            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let config = controller_config(cluster.dir(), &nats.url());
+    let (mut controller, addr) = start_controller(&config, &kubeconfig);
+
+    // Created → registered: finalizer, Registered condition of this generation, the
+    // registration (with its spec) on the bus.
+    let aas: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), APP_NS, &aas_resource());
+    aas.create(&PostParams::default(), &autoscaler("web", "Auto", 10))
+        .await
+        .unwrap();
+    let v = wait_object(&aas, "web-aware", 30, "registered", |v| {
+        registered_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(
+        v["metadata"]["finalizers"],
+        serde_json::json!(["aware.dev/deregister"])
+    );
+    assert_eq!(
+        v["status"]["observedGeneration"],
+        v["metadata"]["generation"]
+    );
+    let c = registered_condition(&v).unwrap();
+    assert_eq!(c["reason"], "Registered");
+    assert_eq!(c["observedGeneration"], v["metadata"]["generation"]);
+    assert!(c["message"].as_str().unwrap().contains("shop/web"), "{c}");
+    let r = registration_where(&mut registrations, 30, |r| r.target.key() == "shop/web")
+        .await
+        .expect("the registration of shop/web on the bus");
+    assert_eq!(r.source, "shop/web-aware");
+    let spec = r.spec.expect("a registration, not a deregistration");
+    assert_eq!(spec.max_replicas, 10);
+
+    // A lifecycle event of the services reaches the status (the status writer's patch).
+    let Some(Event::Lifecycle(mut lifecycle)) = aware_bus_schemas::generated::samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Lifecycle)
+    else {
+        unreachable!()
+    };
+    lifecycle.target = aware_bus_schemas::Target::new(APP_NS, "web");
+    lifecycle.stage = Stage::Online;
+    let subj =
+        aware_bus_schemas::subject::subject(EventKind::Lifecycle, &lifecycle.target).unwrap();
+    bus.publish(
+        &subj,
+        aware_bus_schemas::encode_event(&Event::Lifecycle(lifecycle))
+            .unwrap()
+            .into(),
+    )
+    .await
+    .unwrap();
+    bus.flush().await.unwrap();
+    wait_object(&aas, "web-aware", 30, "stage online", |v| {
+        v["status"]["stage"] == "online"
+    })
+    .await;
+    let mut get = cluster.command("kubectl");
+    get.args(["get", "aas", "-n", APP_NS]);
+    let table = run(get);
+    assert!(
+        table.contains("web-aware") && table.contains("online"),
+        "{table}"
+    );
+    assert_controller_calls_succeeded(&controller, addr);
+
+    // Killed mid-flight; while it is down an object is created and another changed.
+    controller.child.kill().unwrap();
+    controller.child.wait().unwrap();
+    aas.create(&PostParams::default(), &autoscaler("api", "Off", 5))
+        .await
+        .unwrap();
+    aas.patch(
+        "web-aware",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({ "spec": { "constraints": { "maxReplicas": 8 } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let (controller, addr) = start_controller(&config, &kubeconfig);
+    let v = wait_object(&aas, "api-aware", 30, "registered after the restart", |v| {
+        registered_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(
+        v["metadata"]["finalizers"],
+        serde_json::json!(["aware.dev/deregister"])
+    );
+    assert!(
+        registered_condition(&v).unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("recommend-only"),
+        "{v:#}"
+    );
+    let v = wait_object(&aas, "web-aware", 30, "generation 2 observed", |v| {
+        v["status"]["observedGeneration"] == 2
+    })
+    .await;
+    assert_eq!(
+        v["status"]["stage"], "online",
+        "the status written before the restart stays"
+    );
+    // Both registrations (the new object's, the changed one's) went out after the restart.
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 2 {
+        let r = registration_where(&mut registrations, 30, |r| {
+            r.spec.is_some() && (r.target.key() == "shop/api" || r.generation == 2)
+        })
+        .await
+        .expect("both registrations sent after the restart");
+        let max = r.spec.as_ref().map(|s| s.max_replicas);
+        seen.insert(r.target.key(), (r.generation, max));
+    }
+    assert_eq!(seen["shop/web"], (2, Some(8)));
+    assert_eq!(seen["shop/api"], (1, Some(5)));
+
+    // Calls outside the controller's ClusterRole are refused by the server.
+    let code = refused_with(
+        Api::<Deployment>::namespaced(controller_client.clone(), APP_NS)
+            .delete("web", &DeleteParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a Deployment");
+    let code = refused_with(
+        Api::<Deployment>::namespaced(controller_client.clone(), APP_NS)
+            .patch(
+                "web",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({ "spec": { "replicas": 3 } })),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "patching a Deployment");
+    let code = refused_with(
+        Api::<Secret>::namespaced(controller_client.clone(), RELEASE_NS)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading Secrets");
+    let code = refused_with(
+        Api::<kube::api::DynamicObject>::namespaced_with(
+            controller_client.clone(),
+            APP_NS,
+            &aas_resource(),
+        )
+        .create(&PostParams::default(), &autoscaler("other", "Off", 3))
+        .await,
+    );
+    assert_eq!(code, 403, "creating an AwareAutoscaler");
+    let code = refused_with(
+        Api::<ClusterRole>::all(controller_client.clone())
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading ClusterRoles");
+
+    // The Deployment of a managed object deleted: deregistered, `TargetNotFound`.
+    deployments
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/api" && r.spec.is_none()
+    })
+    .await
+    .expect("the deregistration of shop/api");
+    let v = wait_object(&aas, "api-aware", 30, "TargetNotFound", |v| {
+        registered_condition(v).is_some_and(|c| c["reason"] == "TargetNotFound")
+    })
+    .await;
+    assert_eq!(registered_condition(&v).unwrap()["status"], "False");
+
+    // Deleted: deregistered on the bus, finalizer released, the workload left as it was.
+    let before = deployments.get("web").await.unwrap();
+    aas.delete("web-aware", &DeleteParams::default())
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/web" && r.spec.is_none()
+    })
+    .await
+    .expect("the deregistration of shop/web");
+    wait_object(&aas, "web-aware", 30, "gone (finalizer released)", |v| {
+        v.is_null()
+    })
+    .await;
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&after.spec).unwrap(),
+        serde_json::to_value(&before.spec).unwrap(),
+        "the workload keeps its resources"
+    );
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "the workload was not touched"
+    );
+    assert_controller_calls_succeeded(&controller, addr);
+    eprintln!("controller end-to-end test: {:.1?}", t0.elapsed());
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Step `step` of episode 0 of `shop/<target>`: the recommender's action asking for `desired`
+/// and the collector's `obs` (the actuator decides only for a step the collector reported).
+fn step_events(
+    target: &str,
+    step: u32,
+    desired: aware_bus_schemas::Resources,
+) -> (aware_bus_schemas::Event, aware_bus_schemas::Event) {
+    use aware_bus_schemas::{Event, EventKind};
+    let samples = aware_bus_schemas::generated::samples();
+    let Some(Event::Action(mut a)) = samples
+        .iter()
+        .find(|e| e.kind() == EventKind::Action)
+        .cloned()
+    else {
+        unreachable!()
+    };
+    let Some(Event::Obs(mut o)) = samples.into_iter().find(|e| e.kind() == EventKind::Obs) else {
+        unreachable!()
+    };
+    let t = aware_bus_schemas::Target::new(APP_NS, target);
+    a.target = t.clone();
+    a.episode = 0;
+    a.step = step;
+    a.ts_ms = 1_000 * i64::from(step);
+    a.desired = desired;
+    o.target = t;
+    o.episode = 0;
+    o.step = step;
+    o.ts_ms = a.ts_ms;
+    (Event::Action(a), Event::Obs(o))
+}
+
+async fn publish_event(bus: &Bus, ev: aware_bus_schemas::Event) {
+    let subj = aware_bus_schemas::subject::subject(ev.kind(), ev.target()).unwrap();
+    let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+    bus.publish(&subj, bytes.into()).await.unwrap();
+    bus.flush().await.unwrap();
+}
+
+/// Sends steps of `shop/<target>` asking for `desired` until the actuator's `applied` for one
+/// satisfies `want` (registrations travel on their own subject: the first steps may be decided
+/// before the controller's registration arrived); returns that `applied`.
+async fn act_until(
+    bus: &Bus,
+    applied: &mut aware_shared::bus::Subscription,
+    step: &mut u32,
+    target: &str,
+    desired: aware_bus_schemas::Resources,
+    want: impl Fn(&aware_bus_schemas::Applied) -> bool,
+) -> aware_bus_schemas::Applied {
+    use aware_bus_schemas::{Event, EventKind};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        *step += 1;
+        let (action, obs) = step_events(target, *step, desired);
+        publish_event(bus, action).await;
+        publish_event(bus, obs).await;
+        let wait = tokio::time::Instant::now() + Duration::from_secs(10);
+        while let Ok(Some(m)) = tokio::time::timeout_at(wait, applied.next()).await {
+            if let Event::Applied(a) =
+                aware_bus_schemas::decode_event(EventKind::Applied, &m.payload).unwrap()
+            {
+                if a.target.name == target && a.step == *step {
+                    if want(&a) {
+                        return a;
+                    }
+                    eprintln!("step {step}: {a:?}; sending another step");
+                    break;
+                }
+            }
+        }
+    }
+    panic!("no decision for {target} as expected within 60 s");
+}
+
+/// (CPU limit, memory limit, CPU request, memory request) of container `app` of a pod spec.
+fn app_resources(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> [String; 4] {
+    let c = spec
+        .and_then(|s| s.containers.iter().find(|c| c.name == "app"))
+        .expect("container app");
+    let r = c.resources.as_ref().expect("resources");
+    let q = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >,
+             k: &str| {
+        m.as_ref()
+            .and_then(|m| m.get(k))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    [
+        q(&r.limits, "cpu"),
+        q(&r.limits, "memory"),
+        q(&r.requests, "cpu"),
+        q(&r.requests, "memory"),
+    ]
+}
+
+/// The ReplicaSets of Deployment `app` with their desired replicas, by name.
+async fn replica_sets(admin: &kube::Client, app: &str) -> Vec<(ReplicaSet, i32)> {
+    Api::<ReplicaSet>::namespaced(admin.clone(), APP_NS)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|rs| {
+            let n = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+            (rs, n)
+        })
+        .collect()
+}
+
+/// Plays the kubelet's part for in-place resize, which kwok's pod stages do not: a kubelet
+/// that supports resize reports, for each running container, the resources it runs with
+/// (`status.containerStatuses[].resources`, and what it admitted in `allocatedResources`), and
+/// after a resize of the pod's spec it reports the new ones, drops the `PodResize*` conditions
+/// and records the pod's generation as observed. The API server refuses `pods/resize` for a pod
+/// whose running containers report no resources ("Pod running on node without support for
+/// resize").
+async fn kubelet_reports_resources(admin: &kube::Client, pod: &Pod) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    let spec = pod.spec.as_ref().unwrap();
+    let status = pod.status.clone().unwrap();
+    let statuses: Vec<serde_json::Value> = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .map(|cs| {
+            let r = spec
+                .containers
+                .iter()
+                .find(|c| c.name == cs.name)
+                .and_then(|c| c.resources.clone())
+                .unwrap_or_default();
+            let mut v = serde_json::to_value(&cs).unwrap();
+            v["allocatedResources"] = serde_json::to_value(&r.requests).unwrap();
+            v["resources"] = serde_json::json!({ "limits": r.limits, "requests": r.requests });
+            v
+        })
+        .collect();
+    let conditions: Vec<serde_json::Value> = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !c.type_.starts_with("PodResize"))
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
+    let mut patch = serde_json::json!({
+        "status": { "conditions": conditions, "containerStatuses": statuses }
+    });
+    if let Some(g) = pod.metadata.generation {
+        patch["status"]["observedGeneration"] = g.into();
+    }
+    pods.patch_status(
+        pod.metadata.name.as_deref().unwrap(),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .unwrap();
+}
+
+type Edit = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A client layer that runs another client's edit (once) right before the first PATCH of
+/// `path` leaves: the edit lands between the caller's read and its write, on the real server.
+#[derive(Clone)]
+struct EditBeforePatch {
+    path: String,
+    edit: std::sync::Arc<std::sync::Mutex<Option<Edit>>>,
+}
+
+impl<S> tower::Layer<S> for EditBeforePatch {
+    type Service = EditBeforePatchService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        EditBeforePatchService {
+            inner,
+            hook: self.clone(),
+        }
+    }
+}
+
+struct EditBeforePatchService<S> {
+    inner: S,
+    hook: EditBeforePatch,
+}
+
+impl<S> tower::Service<http::Request<kube::client::Body>> for EditBeforePatchService<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> S::Future {
+        if req.method() == http::Method::PATCH && req.uri().path() == self.hook.path {
+            let edit = self.hook.edit.lock().unwrap().take();
+            if let Some(edit) = edit {
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(edit));
+            }
+        }
+        self.inner.call(req)
+    }
+}
+
+/// Starts `aware-actuator` (Kubernetes sink) with `kubeconfig` (the chart's actuator
+/// ServiceAccount token) and waits until it is ready.
+fn start_actuator(
+    dir: &std::path::Path,
+    bus_url: &str,
+    kubeconfig: &std::path::Path,
+) -> (Proc, SocketAddr) {
+    let config = dir.join("actuator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[bus]\nurl = \"{bus_url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [actuator]\nsink = \"kubernetes\"\n"
+        ),
+    )
+    .unwrap();
+    let p = Proc::spawn(
+        "aware-actuator",
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// The actuator (as a process, and its Kubernetes sink in-process) with the token of the
+/// chart's actuator ServiceAccount, fed by the controller's registrations: a horizontal change
+/// through the scale subresource that the ReplicaSet and the pods (kwok) follow; a vertical
+/// change through `pods/resize` (no restart, no new ReplicaSet; the test completes the resize
+/// as the kubelet would); `updateMode: Off` changes nothing; a vertical change through a
+/// template patch rolls the pods onto a new ReplicaSet. Every call succeeds with the chart's
+/// ClusterRole; calls outside it are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
+    use aware_actuator::sink::{
+        KubernetesSink, KubernetesSinkConfig, Sink, TargetSinkConfig, VerticalMode,
+    };
+    use aware_bus_schemas::{Outcome, Resources, Target};
+
+    let t0 = Instant::now();
+    let cluster = KubeCluster::start(KubeOptions { nodes: 2 }).await.unwrap();
+    let nats = NatsServer::start().unwrap();
+    let bus_cfg = BusConfig {
+        url: nats.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&bus_cfg, "kube-e2e").await.unwrap();
+    let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+
+    let admin = cluster.admin_client().await.unwrap();
+    install_chart_identities(&cluster, &admin).await;
+    create_namespace(&admin, APP_NS).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), APP_NS);
+    for name in ["web", "api"] {
+        deployments
+            .create(&PostParams::default(), &deployment(name, 2))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), APP_NS);
+    running_pods(&pods, "web", 2).await;
+    let api_pods = running_pods(&pods, "api", 2).await;
+
+    let (controller_kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
+        Box::pin(async move {
+            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let (actuator_kubeconfig, actuator_client) = chart_identity(&cluster, "actuator", |c| {
+        Box::pin(async move {
+            Api::<Deployment>::namespaced(c, APP_NS)
+                .get("web")
+                .await
+                .is_ok()
+        })
+    })
+    .await;
+    let config = controller_config(cluster.dir(), &nats.url());
+    let (controller, controller_addr) = start_controller(&config, &controller_kubeconfig);
+    let (actuator, actuator_addr) =
+        start_actuator(cluster.dir(), &nats.url(), &actuator_kubeconfig);
+
+    let aas: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), APP_NS, &aas_resource());
+    aas.create(&PostParams::default(), &autoscaler("web", "Auto", 10))
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/web" && r.spec.is_some()
+    })
+    .await
+    .expect("shop/web registered");
+
+    // Horizontal: 2 → 4 through the scale subresource; the ReplicaSet and the pods follow.
+    let before = deployments.get("web").await.unwrap();
+    let mut step = 0;
+    let res = |replicas, cpu_millicores, memory_mib: u64| Resources {
+        replicas,
+        cpu_millicores,
+        memory_bytes: memory_mib * MIB,
+    };
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(4, 500, 256),
+        |a| a.outcome == Outcome::Applied,
+    )
+    .await;
+    assert_eq!(a.applied, res(4, 500, 256), "{a:?}");
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(4));
+    assert_eq!(
+        serde_json::to_value(&d.spec.as_ref().unwrap().template).unwrap(),
+        serde_json::to_value(&before.spec.as_ref().unwrap().template).unwrap(),
+        "a horizontal change leaves the template alone"
+    );
+    let web_pods = running_pods(&pods, "web", 4).await;
+    let rs = replica_sets(&admin, "web").await;
+    assert_eq!(rs.len(), 1, "still one ReplicaSet");
+    assert_eq!(rs[0].1, 4, "the ReplicaSet follows the scale");
+    for p in &web_pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert!(node.is_some_and(|n| cluster.nodes().contains(&n)));
+    }
+
+    // Vertical, in place: 500m / 256Mi → 750m / 384Mi (the guardrails' 50 % step) on every pod
+    // through `pods/resize`; the pods are not replaced and the template is not touched.
+    let uids: std::collections::BTreeSet<String> = web_pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    for p in &web_pods {
+        kubelet_reports_resources(&admin, p).await;
+    }
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(4, 750, 384),
+        |a| a.outcome == Outcome::Applied,
+    )
+    .await;
+    assert_eq!(a.applied, res(4, 750, 384), "{a:?}");
+    assert_eq!(a.reason, None, "no fallback to a template patch: {a:?}");
+    let resized = running_pods(&pods, "web", 4).await;
+    for p in &resized {
+        assert!(
+            uids.contains(p.metadata.uid.as_ref().unwrap()),
+            "pod replaced"
+        );
+        assert_eq!(
+            app_resources(p.spec.as_ref()),
+            ["750m", "384Mi", "375m", "192Mi"].map(String::from),
+            "the request/limit ratio kept"
+        );
+    }
+    // In force is what the kubelets report running: the old values until they have applied
+    // the resize, then the new ones.
+    let web_target = Target::new(APP_NS, "web");
+    let reader =
+        KubernetesSink::new(actuator_client.clone(), KubernetesSinkConfig::default()).unwrap();
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 500, 256));
+    for p in &resized {
+        kubelet_reports_resources(&admin, p).await;
+    }
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 750, 384));
+    for p in running_pods(&pods, "web", 4).await {
+        let st = p.status.as_ref().unwrap();
+        let cs = &st.container_statuses.as_ref().unwrap()[0];
+        let limits = cs
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .unwrap();
+        assert_eq!(
+            limits["cpu"].0, "750m",
+            "kubelet status of {:?}",
+            p.metadata.name
+        );
+        assert_eq!(cs.restart_count, 0);
+    }
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(
+        app_resources(d.spec.as_ref().unwrap().template.spec.as_ref()),
+        ["500m", "256Mi", "250m", "128Mi"].map(String::from),
+        "an in-place resize leaves the template alone"
+    );
+    assert_eq!(replica_sets(&admin, "web").await.len(), 1, "no rollout");
+
+    // updateMode Off: recorded, nothing applied.
+    aas.patch(
+        "web-aware",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({ "spec": { "updatePolicy": { "updateMode": "Off" } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let before = deployments.get("web").await.unwrap();
+    let pods_before: Vec<String> = running_pods(&pods, "web", 4)
+        .await
+        .iter()
+        .map(|p| p.metadata.resource_version.clone().unwrap())
+        .collect();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(6, 1000, 512),
+        |a| a.outcome == Outcome::RecommendOnly,
+    )
+    .await;
+    assert_eq!(
+        a.applied,
+        res(4, 750, 384),
+        "the allocation in force is reported: {a:?}"
+    );
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the Deployment was not written"
+    );
+    let pods_after: Vec<String> = running_pods(&pods, "web", 4)
+        .await
+        .iter()
+        .map(|p| p.metadata.resource_version.clone().unwrap())
+        .collect();
+    assert_eq!(pods_before, pods_after, "no pod was written");
+
+    // Template patch (the sink in-process, same token): a rollout onto a new ReplicaSet.
+    let sink = KubernetesSink::new(
+        actuator_client.clone(),
+        KubernetesSinkConfig {
+            defaults: TargetSinkConfig {
+                vertical_mode: VerticalMode::TemplatePatch,
+                ..TargetSinkConfig::default()
+            },
+            ..KubernetesSinkConfig::default()
+        },
+    )
+    .unwrap();
+    let api_target = Target::new(APP_NS, "api");
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 500, 256));
+    let report = sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
+    assert_eq!(report.in_force, res(2, 1000, 512));
+    let old_uids: std::collections::BTreeSet<String> = api_pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let rs = replica_sets(&admin, "api").await;
+        let live = running_pods(&pods, "api", 2).await;
+        let rolled = rs.len() == 2
+            && rs.iter().filter(|(_, n)| *n == 0).count() == 1
+            && live.iter().all(|p| {
+                !old_uids.contains(p.metadata.uid.as_ref().unwrap())
+                    && app_resources(p.spec.as_ref())
+                        == ["1", "512Mi", "500m", "256Mi"].map(String::from)
+            });
+        if rolled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rollout onto a new ReplicaSet: {:?}",
+            rs.iter()
+                .map(|(r, n)| (r.metadata.name.clone(), *n))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 1000, 512));
+    // Idempotent: applying what is in force writes nothing.
+    let rv = deployments
+        .get("api")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
+    assert_eq!(
+        deployments
+            .get("api")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        rv
+    );
+
+    // A concurrent edit: another client changes the container's CPU request (and adds an
+    // environment variable) between the sink's read and its template patch. The server refuses
+    // the patch computed from the stale read (409, its resourceVersion precondition); the sink
+    // reads again and keeps the new request/limit ratio (250m of 1 → 375m of 1500m; from the
+    // stale read it would be 750m), and the other client's edit stays.
+    let admin_edit = admin.clone();
+    let layer = EditBeforePatch {
+        path: format!("/apis/apps/v1/namespaces/{APP_NS}/deployments/api"),
+        edit: std::sync::Arc::new(std::sync::Mutex::new(Some(Box::pin(async move {
+            Api::<Deployment>::namespaced(admin_edit, APP_NS)
+                .patch(
+                    "api",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Strategic(serde_json::json!({
+                        "spec": { "template": { "spec": { "containers": [{
+                            "name": "app",
+                            "env": [{ "name": "EDITED_BY", "value": "someone-else" }],
+                            "resources": { "requests": { "cpu": "250m" } }
+                        }] } } }
+                    })),
+                )
+                .await
+                .unwrap();
+        }) as Edit))),
+    };
+    let kc = kube::config::Kubeconfig::read_from(&actuator_kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let racing_client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    let racing_sink = KubernetesSink::new(racing_client, sink.config().clone()).unwrap();
+    let report = racing_sink
+        .apply(&api_target, res(2, 1500, 768))
+        .await
+        .unwrap();
+    assert_eq!(report.in_force, res(2, 1500, 768));
+    assert!(
+        layer.edit.lock().unwrap().is_none(),
+        "the concurrent edit ran"
+    );
+    let d = deployments.get("api").await.unwrap();
+    let template = d.spec.as_ref().unwrap().template.spec.as_ref();
+    assert_eq!(
+        app_resources(template),
+        ["1500m", "768Mi", "375m", "384Mi"].map(String::from),
+        "the requests follow the ratio of the edited Deployment, not of the stale read"
+    );
+    let env = template.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e.name == "EDITED_BY"),
+        "the other client's edit was overwritten: {env:?}"
+    );
+
+    // Outside the actuator's ClusterRole: refused.
+    let code = refused_with(
+        Api::<Deployment>::namespaced(actuator_client.clone(), APP_NS)
+            .delete("web", &DeleteParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a Deployment");
+    let code = refused_with(
+        Api::<Secret>::namespaced(actuator_client.clone(), APP_NS)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403, "reading Secrets");
+    let code = refused_with(
+        Api::<Pod>::namespaced(actuator_client.clone(), APP_NS)
+            .delete(
+                resized[0].metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "deleting a pod");
+    let code = refused_with(
+        Api::<kube::api::DynamicObject>::namespaced_with(
+            actuator_client.clone(),
+            APP_NS,
+            &aas_resource(),
+        )
+        .list(&ListParams::default())
+        .await,
+    );
+    assert_eq!(code, 403, "reading AwareAutoscalers");
+
+    // The AwareAutoscaler deleted: the finalizer is released, the actuator rejects what still
+    // arrives and the workload keeps its last applied resources (4 replicas, 750m / 384Mi).
+    aas.delete("web-aware", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_object(&aas, "web-aware", 30, "gone (finalizer released)", |v| {
+        v.is_null()
+    })
+    .await;
+    let before = deployments.get("web").await.unwrap();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(6, 1000, 512),
+        |a| a.outcome == Outcome::Rejected,
+    )
+    .await;
+    assert!(
+        a.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("deregistered")),
+        "{a:?}"
+    );
+    let after = deployments.get("web").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the Deployment was not written after the deletion"
+    );
+    assert_eq!(after.spec.as_ref().unwrap().replicas, Some(4));
+    for p in running_pods(&pods, "web", 4).await {
+        assert_eq!(
+            app_resources(p.spec.as_ref()),
+            ["750m", "384Mi", "375m", "192Mi"].map(String::from)
+        );
+    }
+
+    // Every call of the actuator process succeeded.
+    let log = actuator.stderr();
+    assert_eq!(
+        scrape(
+            actuator_addr,
+            "aware_actuator_sink_errors_total",
+            &[("sink", "kubernetes")]
+        ),
+        Some(0.0),
+        "the actuator's log:\n{log}"
+    );
+    assert!(
+        scrape(
+            actuator_addr,
+            "aware_actuator_decisions_total",
+            &[("outcome", "applied")]
+        )
+        .is_some_and(|n| n >= 2.0),
+        "the actuator's log:\n{log}"
+    );
+    for refusal in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "HTTP 403",
+        "Unauthorized",
+    ] {
+        assert!(
+            !log.contains(refusal),
+            "the actuator's log mentions `{refusal}`:\n{log}"
+        );
+    }
+    assert_controller_calls_succeeded(&controller, controller_addr);
+
+    // The Deployment of a managed target deleted: the actuator rejects the step (the sink finds
+    // no Deployment, or the controller has deregistered the target) and keeps running.
+    aas.create(&PostParams::default(), &autoscaler("api", "Auto", 10))
+        .await
+        .unwrap();
+    registration_where(&mut registrations, 30, |r| {
+        r.target.key() == "shop/api" && r.spec.is_some()
+    })
+    .await
+    .expect("shop/api registered");
+    deployments
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    let a = act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "api",
+        res(3, 1500, 768),
+        |a| a.outcome == Outcome::Rejected,
+    )
+    .await;
+    assert!(
+        a.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("not found") || r.contains("deregistered")),
+        "{a:?}"
+    );
+    assert_eq!(
+        aware_tests::http_get(actuator_addr, "/readyz").unwrap().0,
+        200,
+        "the actuator keeps running"
+    );
+    eprintln!("actuator end-to-end test: {:.1?}", t0.elapsed());
 }

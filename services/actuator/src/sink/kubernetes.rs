@@ -15,7 +15,11 @@
 //!     class), or when there is no live pod to resize, the sink falls back to a template patch
 //!     (unless `fallback_to_template` is off) and says so in [`ApplyReport::notes`].
 //!   - `TemplatePatch`: strategic merge patch of the Deployment's pod template (`PATCH
-//!     /apis/apps/v1/namespaces/{ns}/deployments/{name}`), which rolls the pods.
+//!     /apis/apps/v1/namespaces/{ns}/deployments/{name}`), which rolls the pods. The patch
+//!     carries the `metadata.resourceVersion` of the read it was computed from (the new requests
+//!     depend on the container as read): when another client changed the Deployment in between,
+//!     the API server refuses it with 409 Conflict and the sink reads the Deployment again and
+//!     recomputes, up to `retry.max_attempts` reads, rather than overwrite that edit.
 //! - **Container**: the configured name, else the first container of the pod template.
 //! - **Requests** keep the container's request/limit ratio per resource (so a Guaranteed pod stays
 //!   Guaranteed and a Burstable one stays Burstable: in-place resize cannot change the QoS class):
@@ -27,11 +31,16 @@
 //!   [`SinkError::InvalidValue`] before any request.
 //! - **Retries**: 409 Conflict, 429 Too Many Requests, 5xx and transport errors are retried with
 //!   exponential backoff up to `retry.max_attempts` attempts ([`RetryConfig`]); other 4xx are not.
+//!   (Only the template patch has a precondition; a 409 there means "read again", see above.)
 //!   (429 is the API server's "retry later" and is retried too, as in kube-rs's own retry policy.)
 //! - **Allocation in force** ([`Sink::current`]): replicas from the Deployment's `spec.replicas`;
-//!   CPU and memory limits from the template container, or in `InPlace` mode from the live pods'
-//!   container specs (the value most pods have; ties go to the first pod in name order). A missing
-//!   limit reads as 0 ("unknown" to the guardrails).
+//!   CPU and memory limits from the template container, or in `InPlace` mode from the live pods
+//!   (the value most pods have; ties go to the first pod in name order): what each pod's kubelet
+//!   reports its container runs with (`status.containerStatuses[].resources`), else — a kubelet
+//!   without in-place resize reports nothing — the pod's container spec. (After a resize the
+//!   spec holds the new values at once, the status only once the kubelet has applied them, and
+//!   never when it finds them infeasible.) A missing limit reads as 0 ("unknown" to the
+//!   guardrails).
 //!
 //! RBAC: `get` on `deployments`, `patch` on `deployments` and `deployments/scale`, `list` on `pods`
 //! and `patch` on `pods/resize`.
@@ -273,6 +282,23 @@ impl KubernetesSink {
         &self,
         target: &Target,
         operation: &str,
+        request: F,
+    ) -> Result<T, CallError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.call_with(target, operation, true, request).await
+    }
+
+    /// Runs one API request with the retry policy; a 409 Conflict is retried only with
+    /// `retry_conflicts` (a request with a `resourceVersion` precondition fails the same way
+    /// every time: its caller reads again instead).
+    async fn call_with<T, F, Fut>(
+        &self,
+        target: &Target,
+        operation: &str,
+        retry_conflicts: bool,
         mut request: F,
     ) -> Result<T, CallError>
     where
@@ -287,7 +313,8 @@ impl KubernetesSink {
                 Err(e) => e,
             };
             let (error, status, retryable) = classify(target, operation, err);
-            if !retryable {
+            let conflict = status.as_ref().is_some_and(|s| s.code == 409);
+            if !retryable || (conflict && !retry_conflicts) {
                 return Err(CallError { error, status });
             }
             if attempt >= retry.max_attempts {
@@ -316,10 +343,11 @@ impl KubernetesSink {
         }
     }
 
+    /// The Deployment's API, spec and `resourceVersion`.
     async fn get_deployment(
         &self,
         target: &Target,
-    ) -> Result<(Api<Deployment>, DeploymentSpec), SinkError> {
+    ) -> Result<(Api<Deployment>, DeploymentSpec, Option<String>), SinkError> {
         let api: Api<Deployment> = Api::namespaced(self.client.clone(), &target.namespace);
         let deployment = self
             .call(target, "get deployment", || api.get(&target.name))
@@ -335,7 +363,7 @@ impl KubernetesSink {
             target: target.key(),
             why: "the deployment has no spec".to_string(),
         })?;
-        Ok((api, spec))
+        Ok((api, spec, deployment.metadata.resource_version))
     }
 
     /// Live pods of the Deployment (not being deleted, not finished), sorted by name.
@@ -373,7 +401,7 @@ impl KubernetesSink {
 
     async fn read_current(&self, target: &Target) -> Result<Resources, SinkError> {
         let cfg = self.config.for_target(target);
-        let (_, spec) = self.get_deployment(target).await?;
+        let (_, spec, _) = self.get_deployment(target).await?;
         let replicas = replicas_of(target, &spec)?;
         let template = template_containers(&spec);
         let container = select_container(
@@ -387,7 +415,9 @@ impl KubernetesSink {
             let (_, pods) = self.live_pods(target, &spec).await?;
             let mut values = Vec::with_capacity(pods.len());
             for pod in &pods {
-                if let Some(c) = pod_container(pod, &container.name) {
+                if let Some(running) = running_limits(target, pod, &container.name)? {
+                    values.push(running);
+                } else if let Some(c) = pod_container(pod, &container.name) {
                     values.push(limits_of(target, c)?);
                 }
             }
@@ -409,7 +439,7 @@ impl KubernetesSink {
     ) -> Result<ApplyReport, SinkError> {
         validate_desired(target, &desired)?;
         let cfg = self.config.for_target(target);
-        let (deployments, spec) = self.get_deployment(target).await?;
+        let (deployments, spec, version) = self.get_deployment(target).await?;
         let template = template_containers(&spec);
         let container = select_container(
             target,
@@ -426,7 +456,7 @@ impl KubernetesSink {
 
         let (cpu, memory) = match cfg.vertical_mode {
             VerticalMode::TemplatePatch => {
-                self.patch_template(target, &deployments, &container, desired)
+                self.patch_template(target, &container, version.clone(), desired)
                     .await?
             }
             VerticalMode::InPlace => {
@@ -441,7 +471,7 @@ impl KubernetesSink {
                         );
                         warn!(target = %target, note = %note, "in-place resize fallback");
                         notes.push(note);
-                        self.patch_template(target, &deployments, &container, desired)
+                        self.patch_template(target, &container, version.clone(), desired)
                             .await?
                     }
                     InPlace::Refused(why) => {
@@ -503,44 +533,89 @@ impl KubernetesSink {
     }
 
     /// Strategic merge patch of the template container's resources; returns the limits in force.
+    ///
+    /// The new requests are computed from the container as read (they keep its request/limit
+    /// ratio), so the patch carries the `resourceVersion` of that read as a precondition: when
+    /// another client changed the Deployment in between, the API server answers 409 Conflict and
+    /// the sink reads the Deployment again and recomputes (up to `retry.max_attempts` reads),
+    /// instead of overwriting that edit with values computed from a stale read.
     async fn patch_template(
         &self,
         target: &Target,
-        deployments: &Api<Deployment>,
         container: &Container,
+        version: Option<String>,
         desired: Resources,
     ) -> Result<(u32, u64), SinkError> {
-        if limits_of(target, container)? == (desired.cpu_millicores, desired.memory_bytes) {
-            return Ok((desired.cpu_millicores, desired.memory_bytes));
+        const OPERATION: &str = "patch deployment template";
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &target.namespace);
+        let retry = &self.config.retry;
+        let (mut container, mut version) = (container.clone(), version);
+        let mut attempt = 1u32;
+        loop {
+            if limits_of(target, &container)? == (desired.cpu_millicores, desired.memory_bytes) {
+                return Ok((desired.cpu_millicores, desired.memory_bytes));
+            }
+            let resources = resources_patch(target, &container, desired)?;
+            let mut body = json!({
+                "spec": { "template": { "spec": { "containers": [
+                    { "name": container.name, "resources": resources }
+                ] } } }
+            });
+            if let Some(v) = &version {
+                body["metadata"] = json!({ "resourceVersion": v });
+            }
+            let patch = Patch::Strategic(body);
+            let pp = self.patch_params();
+            let err = match self
+                .call_with(target, OPERATION, false, || {
+                    deployments.patch(&target.name, &pp, &patch)
+                })
+                .await
+            {
+                Ok(deployment) => {
+                    let spec = deployment.spec.unwrap_or_default();
+                    let after = select_container(
+                        target,
+                        template_containers(&spec),
+                        Some(&container.name),
+                        "the patched pod template",
+                    )?;
+                    let limits = limits_of(target, after)?;
+                    info!(
+                        target = %target,
+                        container = %container.name,
+                        cpu_millicores = limits.0,
+                        memory_bytes = limits.1,
+                        "patched the pod template"
+                    );
+                    return Ok(limits);
+                }
+                Err(e) => e,
+            };
+            if err.error.status_code() != Some(409) {
+                return Err(err.error);
+            }
+            if attempt >= retry.max_attempts {
+                warn!(target = %target, operation = OPERATION, attempts = attempt, "giving up: the deployment kept changing");
+                return Err(SinkError::RetriesExhausted {
+                    target: target.key(),
+                    operation: OPERATION.to_string(),
+                    attempts: attempt,
+                    last: Box::new(err.error),
+                });
+            }
+            warn!(target = %target, operation = OPERATION, attempt, "the deployment changed since it was read: reading it again");
+            attempt += 1;
+            let (_, spec, v) = self.get_deployment(target).await?;
+            container = select_container(
+                target,
+                template_containers(&spec),
+                Some(&container.name),
+                "the pod template",
+            )?
+            .clone();
+            version = v;
         }
-        let resources = resources_patch(target, container, desired)?;
-        let patch = Patch::Strategic(json!({
-            "spec": { "template": { "spec": { "containers": [
-                { "name": container.name, "resources": resources }
-            ] } } }
-        }));
-        let pp = self.patch_params();
-        let deployment = self
-            .call(target, "patch deployment template", || {
-                deployments.patch(&target.name, &pp, &patch)
-            })
-            .await?;
-        let spec = deployment.spec.unwrap_or_default();
-        let after = select_container(
-            target,
-            template_containers(&spec),
-            Some(&container.name),
-            "the patched pod template",
-        )?;
-        let limits = limits_of(target, after)?;
-        info!(
-            target = %target,
-            container = %container.name,
-            cpu_millicores = limits.0,
-            memory_bytes = limits.1,
-            "patched the pod template"
-        );
-        Ok(limits)
     }
 
     /// Resizes every live pod whose container differs from `desired`.
@@ -713,7 +788,29 @@ fn most_common(values: &[(u32, u64)]) -> Option<(u32, u64)> {
 
 /// A container's (CPU millicores, memory bytes) limits; 0 when a limit is missing.
 fn limits_of(target: &Target, c: &Container) -> Result<(u32, u64), SinkError> {
-    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    limits_in(target, c.resources.as_ref().and_then(|r| r.limits.as_ref()))
+}
+
+/// The limits a pod's container runs with as its kubelet reports them
+/// (`status.containerStatuses[].resources`): after an in-place resize the spec holds the new
+/// values at once, the status only when the kubelet has applied them (never, when it finds the
+/// resize infeasible). `None` when the kubelet reports nothing (one without in-place resize).
+fn running_limits(target: &Target, pod: &Pod, name: &str) -> Result<Option<(u32, u64)>, SinkError> {
+    let limits = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == name))
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref());
+    limits.map(|l| limits_in(target, Some(l))).transpose()
+}
+
+/// (CPU millicores, memory bytes) of a limits map; 0 when a limit is missing.
+fn limits_in(
+    target: &Target,
+    limits: Option<&BTreeMap<String, Quantity>>,
+) -> Result<(u32, u64), SinkError> {
     let get = |key: &str| limits.and_then(|l| l.get(key));
     let cpu = get("cpu")
         .map(|q| cpu_millicores(target, q))
@@ -1018,8 +1115,16 @@ mod tests {
         json!({"spec": {"containers": [{"name": container, "resources": resources}]}})
     }
 
+    /// The template patch, conditional on the `resourceVersion` of [`deployment`]'s read.
     fn template_body(container: &str, resources: Value) -> Value {
-        json!({"spec": {"template": {"spec": {"containers": [{"name": container, "resources": resources}]}}}})
+        template_body_at("81234", container, resources)
+    }
+
+    fn template_body_at(version: &str, container: &str, resources: Value) -> Value {
+        json!({
+            "metadata": {"resourceVersion": version},
+            "spec": {"template": {"spec": {"containers": [{"name": container, "resources": resources}]}}}
+        })
     }
 
     fn default_deployment() -> Value {
@@ -1128,6 +1233,75 @@ mod tests {
         .unwrap();
         assert_eq!(report.in_force, res(3, 2000, 1024));
         assert!(report.notes.is_empty());
+    }
+
+    /// Another client changed the Deployment between the sink's read and its template patch
+    /// (here the container's requests): the server refuses the patch (409, its precondition
+    /// failed) and the sink reads again and recomputes the requests from what it reads now,
+    /// instead of overwriting that edit with values computed from the stale read.
+    #[tokio::test]
+    async fn a_template_patch_after_a_concurrent_edit_reads_again_and_recomputes() {
+        let edited = |replicas| {
+            let mut d = deployment(
+                replicas,
+                vec![app_container("500m", "512Mi", "400m", "128Mi")],
+            );
+            d["metadata"]["resourceVersion"] = json!("81240");
+            d
+        };
+        let after = deployment(2, vec![app_container("1", "1Gi", "800m", "256Mi")]);
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body("app", resources_body("1", "1Gi", "500m", "512Mi")),
+                409,
+                conflict(),
+            ),
+            get(DEPLOY, 200, edited(2)),
+            patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body_at("81240", "app", resources_body("1", "1Gi", "800m", "256Mi")),
+                200,
+                after,
+            ),
+        ];
+        let report = run(template_mode(), script, |sink| async move {
+            sink.apply(&target(), res(2, 1000, 1024)).await
+        })
+        .await
+        .unwrap();
+        assert_eq!(report.in_force, res(2, 1000, 1024));
+    }
+
+    /// A Deployment that changes before every patch: the sink gives up after
+    /// `retry.max_attempts` reads.
+    #[tokio::test]
+    async fn a_template_patch_gives_up_when_the_deployment_keeps_changing() {
+        let mut script = vec![get(DEPLOY, 200, default_deployment())];
+        for i in 0..3 {
+            if i > 0 {
+                script.push(get(DEPLOY, 200, default_deployment()));
+            }
+            script.push(patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body("app", resources_body("1", "1Gi", "500m", "512Mi")),
+                409,
+                conflict(),
+            ));
+        }
+        let err = run(template_mode(), script, |sink| async move {
+            sink.apply(&target(), res(2, 1000, 1024)).await
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, SinkError::RetriesExhausted { attempts: 3, last, .. } if last.status_code() == Some(409)),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]
@@ -1556,6 +1730,34 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(current, res(3, 1000, 1024));
+
+        // What the kubelets report running wins over the specs: two pods resized in their spec
+        // to 1 / 1Gi, of which the kubelet has applied none yet (one reports the old values, the
+        // other nothing: its kubelet has no in-place resize, its spec counts).
+        let mut a = pod("web-a", c("1", "1Gi"), "Running");
+        a["status"]["containerStatuses"] = json!([{
+            "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
+            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+        }]);
+        let mut b = pod("web-b", c("1", "1Gi"), "Running");
+        b["status"]["containerStatuses"] = json!([{
+            "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
+            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+        }]);
+        let script = vec![
+            get(DEPLOY, 200, deployment(3, c("500m", "512Mi"))),
+            get(
+                PODS,
+                200,
+                pod_list(vec![a, b, pod("web-c", c("1", "1Gi"), "Running")]),
+            ),
+        ];
+        let current = run(in_place(), script, |sink| async move {
+            sink.current(&target()).await
+        })
+        .await
+        .unwrap();
+        assert_eq!(current, res(3, 500, 512));
 
         let script = vec![get(DEPLOY, 200, deployment(3, c("1.5", "0.5Gi")))];
         let current = run(template_mode(), script, |sink| async move {
