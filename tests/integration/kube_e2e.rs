@@ -1429,6 +1429,18 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     )
     .await
     .unwrap();
+    // The new mode reaches the actuator through the controller and the bus, after the patch: an
+    // action for the allocation in force changes nothing in either mode, so it probes until the
+    // actuator answers recommend-only.
+    act_until(
+        &bus,
+        &mut applied,
+        &mut step,
+        "web",
+        res(4, 750, 384),
+        |a| a.outcome == Outcome::RecommendOnly,
+    )
+    .await;
     let before = deployments.get("web").await.unwrap();
     let pods_before: Vec<String> = running_pods(&pods, "web", 4)
         .await
