@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
-# with venv for the manifest checks), validates the Dockerfile, chart and manifests, builds every
+# with venv for the manifest checks, the QuestDB jar), validates the Dockerfile, chart and manifests, builds every
 # binary (integration tests run them as separate processes) after checking which crates may depend
 # on the simulator and on dfdx (tests/check-deps.sh), runs every test, then the chaos test
 # on its own and every fuzz target for 60 s (tests/fuzz.sh).
@@ -22,6 +22,9 @@ fi
 # Debian installs nats-server under /usr/sbin, which is not on every user's PATH.
 export PATH="$PATH:/usr/sbin:/usr/bin"
 
+# The QuestDB server jar (Maven Central; runs on the machine's Java 17) the trajectory store's
+# conformance tests and `aware bench store` start, cached under ~/.cache/aware-rs/questdb-<version>.
+bash tests/questdb/install.sh >/dev/null
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 bash tests/check-deps.sh  # who may depend on the simulator (aware-loadgen) and on dfdx
 cargo build --workspace --bins --locked
