@@ -73,6 +73,11 @@ pub struct QuestDbServerOptions {
     pub workers: u32,
     /// Levels written to `<root>/log/questdb.log` (QuestDB's `w.file.level`).
     pub log_levels: &'static str,
+    /// Size of the file pages QuestDB allocates ahead when appending to a column (table and
+    /// WAL, and symbol-map index), in KiB; `None` keeps QuestDB's defaults (16 MiB per table
+    /// column and per symbol map, 1 MiB per WAL column), which take gigabytes of disk for the
+    /// many small tables of a test run.
+    pub append_page_kib: Option<u32>,
 }
 
 impl Default for QuestDbServerOptions {
@@ -82,6 +87,7 @@ impl Default for QuestDbServerOptions {
             ram_limit_mb: 2048,
             workers: 2,
             log_levels: "INFO,ERROR,CRITICAL,ADVISORY",
+            append_page_kib: Some(256),
         }
     }
 }
@@ -161,7 +167,7 @@ pub fn java_binary() -> String {
 }
 
 /// `<root>/conf/server.conf`: every listener on loopback, telemetry and the minimal health
-/// server off, bounded memory and threads.
+/// server off, bounded memory and threads, small append pages unless told otherwise.
 fn server_conf(ports: QuestDbPorts, o: &QuestDbServerOptions) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "http.bind.to=127.0.0.1:{}", ports.http);

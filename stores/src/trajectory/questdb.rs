@@ -504,6 +504,29 @@ fn runs(sorted: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
+/// One episode of the sampled scope: its row count and step range.
+#[derive(Debug, Clone, PartialEq)]
+struct EpisodeGroup {
+    target: Target,
+    episode: i64,
+    rows: u64,
+    lo: i64,
+    hi: i64,
+}
+
+impl EpisodeGroup {
+    /// Steps `lo..=hi`, each once.
+    fn contiguous(&self) -> bool {
+        self.hi
+            .checked_sub(self.lo)
+            .and_then(|d| u64::try_from(d).ok())
+            .is_some_and(|d| d + 1 == self.rows)
+    }
+}
+
+/// Longest SQL text of one keyed sample query (it travels in the URL of a GET).
+const MAX_SAMPLE_SQL: usize = 6_000;
+
 impl QuestDbStore {
     /// Connects (the ILP sender negotiates its protocol version with the server) and creates the
     /// tables when absent.
@@ -645,6 +668,83 @@ impl QuestDbStore {
                 source: Box::new(QueryError::Unexpected(ans.dataset.clone())),
             })?;
         Ok(n)
+    }
+
+    /// Per episode of the scope, in `(namespace, name, episode)` order: rows and step range.
+    fn episode_groups(&self, target: Option<&Target>) -> Result<Vec<EpisodeGroup>, StoreError> {
+        let table = &self.transitions_table;
+        let filter = target
+            .map(|t| format!(" WHERE {}", target_filter(t)))
+            .unwrap_or_default();
+        let sql = format!(
+            "SELECT namespace, name, episode, count() rows, min(step) lo, max(step) hi \
+             FROM {table}{filter} ORDER BY namespace, name, episode"
+        );
+        self.select_all(&sql, "sample", table)?
+            .iter()
+            .map(|row| {
+                let c = Cells { row };
+                let g = || -> Result<EpisodeGroup, CellError> {
+                    Ok(EpisodeGroup {
+                        target: Target::new(c.str(0, "namespace")?, c.str(1, "name")?),
+                        episode: c.i64(2, "episode")?,
+                        rows: c.u64(3, "rows")?,
+                        lo: c.i64(4, "lo")?,
+                        hi: c.i64(5, "hi")?,
+                    })
+                };
+                g().map_err(|source| StoreError::CorruptCell {
+                    op: "sample",
+                    table: table.clone(),
+                    key: format!("{row:?}"),
+                    source: Box::new(source),
+                })
+            })
+            .collect()
+    }
+
+    /// Queries reading the given steps of the given episodes, one target per query, each at
+    /// most about [`MAX_SAMPLE_SQL`] long.
+    fn keyed_sample_queries(
+        &self,
+        groups: &[EpisodeGroup],
+        keyed: &[(usize, Vec<i64>)],
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut current: Option<(&Target, String, String)> = None;
+        let close = |(_, head, terms): (&Target, String, String)| format!("{head}{terms})");
+        for (gi, steps) in keyed {
+            let g = &groups[*gi];
+            let list = steps
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let term = format!("(episode = {} AND step IN ({list}))", g.episode);
+            let fits = current.as_ref().is_some_and(|(t, head, terms)| {
+                *t == &g.target && head.len() + terms.len() + term.len() < MAX_SAMPLE_SQL
+            });
+            if fits {
+                if let Some((_, _, terms)) = current.as_mut() {
+                    terms.push_str(" OR ");
+                    terms.push_str(&term);
+                }
+            } else {
+                if let Some(q) = current.take() {
+                    out.push(close(q));
+                }
+                let head = format!(
+                    "SELECT {TRANSITION_COLS} FROM {} WHERE {} AND (",
+                    self.transitions_table,
+                    target_filter(&g.target)
+                );
+                current = Some((&g.target, head, term));
+            }
+        }
+        if let Some(q) = current.take() {
+            out.push(close(q));
+        }
+        out
     }
 
     /// Flushes `buf` into `table` as one transaction, then waits for visibility.
@@ -863,25 +963,68 @@ impl TrajectoryStore for QuestDbStore {
         n: usize,
         seed: u64,
     ) -> Result<Vec<Transition>, StoreError> {
-        let rows = self.count_where(target)?;
+        let groups = self.episode_groups(target)?;
+        let mut starts = Vec::with_capacity(groups.len());
+        let mut rows = 0u64;
+        for g in &groups {
+            starts.push(rows);
+            rows += g.rows;
+        }
         let draws = sample_ordinals(rows, n, seed);
         let mut wanted = draws.clone();
         wanted.sort_unstable();
         wanted.dedup();
-        let filter = target
-            .map(|t| format!(" WHERE {}", target_filter(t)))
-            .unwrap_or_default();
+        // Each drawn ordinal as (episode group, offset in the group's step order).
+        let mut by_group: Vec<(usize, Vec<(u64, u64)>)> = Vec::new();
+        for &o in &wanted {
+            let gi = starts.partition_point(|&s| s <= o).saturating_sub(1);
+            let off = o - starts[gi];
+            match by_group.last_mut() {
+                Some((g, offs)) if *g == gi => offs.push((o, off)),
+                _ => by_group.push((gi, vec![(o, off)])),
+            }
+        }
         let mut by_ordinal: HashMap<u64, Transition> = HashMap::with_capacity(wanted.len());
-        for (start, end) in runs(&wanted) {
-            // `LIMIT lo, hi` selects the 0-based rows lo..hi.
-            let sql = format!(
-                "SELECT {TRANSITION_COLS} FROM {}{filter} \
-                 ORDER BY namespace, name, episode, step LIMIT {start}, {end}",
-                self.transitions_table
-            );
-            let got = self.select_transitions(&sql, "sample")?;
-            for (o, t) in (start..end).zip(got) {
-                by_ordinal.insert(o, t);
+        // Episodes whose steps are lo..=hi without a gap: the row at offset k is step lo + k, read
+        // by key, many episodes per query. Any other episode: by position in its step order.
+        let mut by_key: HashMap<(usize, i64), u64> = HashMap::new();
+        let mut keyed: Vec<(usize, Vec<i64>)> = Vec::new();
+        for (gi, offs) in &by_group {
+            let g = &groups[*gi];
+            if g.contiguous() {
+                let steps: Vec<i64> = offs
+                    .iter()
+                    .map(|&(o, off)| {
+                        let step = g.lo.saturating_add(i64::try_from(off).unwrap_or(i64::MAX));
+                        by_key.insert((*gi, step), o);
+                        step
+                    })
+                    .collect();
+                keyed.push((*gi, steps));
+            } else {
+                let offsets: Vec<u64> = offs.iter().map(|&(_, off)| off).collect();
+                for (a, b) in runs(&offsets) {
+                    let sql = format!(
+                        "SELECT {TRANSITION_COLS} FROM {} WHERE {} AND episode = {} \
+                         ORDER BY step LIMIT {a}, {b}",
+                        self.transitions_table,
+                        target_filter(&g.target),
+                        g.episode
+                    );
+                    let got = self.select_transitions(&sql, "sample")?;
+                    for (off, t) in (a..b).zip(got) {
+                        by_ordinal.insert(starts[*gi] + off, t);
+                    }
+                }
+            }
+        }
+        for sql in self.keyed_sample_queries(&groups, &keyed) {
+            for t in self.select_transitions(&sql, "sample")? {
+                let gi = groups
+                    .partition_point(|g| (&g.target, g.episode) < (&t.target, i64_of(t.episode)));
+                if let Some(&o) = by_key.get(&(gi, i64::from(t.step))) {
+                    by_ordinal.insert(o, t);
+                }
             }
         }
         Ok(draws
@@ -1091,6 +1234,43 @@ mod tests {
         assert_eq!(reader.count(&a).unwrap(), 20_000, "{}", server.log_tail(40));
         let last = reader.transitions(&a, 39..40).unwrap();
         assert!(last == batches[39], "the last batch read back differs");
+    }
+
+    /// The same seed draws the same minibatch from QuestDB as from SQLite on the same rows, with
+    /// episodes whose steps have gaps (read by position) beside gapless ones (read by key), over
+    /// one target and over all of them.
+    #[test]
+    fn sampling_matches_sqlite_with_and_without_step_gaps() {
+        let server = start_server();
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::trajectory::SqliteStore::open_path(dir.path().join("s.db")).unwrap();
+        let questdb = QuestDbStore::open(QuestDbConfig::new(server.url())).unwrap();
+        let (a, b) = (Target::new("s", "a-app"), Target::new("s", "b-app"));
+        let mut rows = Vec::new();
+        for e in 0..30u64 {
+            for s in 0..40u32 {
+                // Episodes 3, 4 and 17 of a skip steps; b has gaps in every fifth episode.
+                if !([3, 4, 17].contains(&e) && s % 3 == 1) {
+                    rows.push(conformance::transition(&a, e, s));
+                }
+                if !(e % 5 == 0 && s % 7 == 2) {
+                    rows.push(conformance::transition(&b, e, s));
+                }
+            }
+        }
+        for chunk in rows.chunks(500) {
+            sqlite.append(chunk).unwrap();
+            questdb.append(chunk).unwrap();
+        }
+        for (scope, n, seed) in [(Some(&a), 300, 1), (Some(&b), 64, 2), (None, 2_000, 3)] {
+            let want = sqlite.sample(scope, n, seed).unwrap();
+            assert_eq!(want.len(), n);
+            let got = questdb.sample(scope, n, seed).unwrap();
+            assert!(
+                got == want,
+                "sample({scope:?}, {n}, {seed}) differs from sqlite's"
+            );
+        }
     }
 
     #[test]
