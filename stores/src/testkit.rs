@@ -438,31 +438,42 @@ mod tests {
     }
 
     /// The server answers SQL on its HTTP port and takes connections on its ILP and PG ports;
-    /// dropping it kills the process and removes its root.
+    /// when the test holding it panics, unwinding kills the process and removes its root.
     #[test]
-    fn a_started_server_answers_and_drop_removes_everything() {
-        let server = QuestDbServer::start().unwrap();
-        let root = server.root().to_path_buf();
-        let ports = server.ports();
-        let body = ureq::get(format!("{}/exec", server.url()))
-            .query("query", "SELECT build()")
-            .call()
-            .unwrap()
-            .into_body()
-            .read_to_string()
-            .unwrap();
-        assert!(
-            body.contains(&format!("QuestDB {QUESTDB_VERSION}")),
-            "{body}"
-        );
-        for port in [ports.ilp, ports.pg] {
-            std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        }
-        drop(server);
+    fn a_started_server_answers_and_a_panic_removes_everything() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let outcome = std::thread::spawn(move || {
+            let server = QuestDbServer::start().unwrap();
+            tx.send((server.root().to_path_buf(), server.ports()))
+                .unwrap();
+            let body = ureq::get(format!("{}/exec", server.url()))
+                .query("query", "SELECT build()")
+                .call()
+                .unwrap()
+                .into_body()
+                .read_to_string()
+                .unwrap();
+            assert!(
+                body.contains(&format!("QuestDB {QUESTDB_VERSION}")),
+                "{body}"
+            );
+            for port in [server.ports().ilp, server.ports().pg] {
+                std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            }
+            panic!("the test fails while it holds the server");
+        })
+        .join();
+        let (root, ports) = rx.recv().unwrap();
+        let msg = outcome
+            .expect_err("the thread panicked")
+            .downcast::<&str>()
+            .map(|m| m.to_string())
+            .unwrap_or_else(|_| "a check failed".to_owned());
+        assert_eq!(msg, "the test fails while it holds the server");
         assert!(!root.exists(), "{} left behind", root.display());
         assert!(
             std::net::TcpStream::connect(("127.0.0.1", ports.http)).is_err(),
-            "the server still listens after drop"
+            "the server still listens after the panic"
         );
     }
 }
