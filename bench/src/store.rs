@@ -65,6 +65,9 @@ pub struct StoreBenchOptions {
     /// `--compare`: rows of the one timed `sample` per run (a minibatch).
     #[arg(long, default_value_t = StoreBenchOptions::default().compare_sample, help = "--compare: rows of the one timed sample per run")]
     pub compare_sample: usize,
+    /// `--compare`: episode summaries whose writes are timed (the rest are written untimed).
+    #[arg(long, default_value_t = StoreBenchOptions::default().timed_summaries, help = "--compare: episode summaries whose writes are timed")]
+    pub timed_summaries: u64,
     /// `--compare`: milliseconds between a target's steps (the collector's interval).
     #[arg(long, default_value_t = StoreBenchOptions::default().step_ms, help = "--compare: milliseconds between a target's steps")]
     pub step_ms: i64,
@@ -86,6 +89,7 @@ impl Default for StoreBenchOptions {
             top_m: 10,
             reads: 20,
             compare_sample: 64,
+            timed_summaries: 2_000,
             step_ms: 10_000,
         }
     }

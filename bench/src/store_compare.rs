@@ -5,8 +5,9 @@
 //! Per backend, size and run, on fresh storage: `size` transitions of `targets` targets
 //! (round-robin, a step every `step_ms` per target, episodes of `steps_per_episode`, 9-d states)
 //! appended in the recorder's batches, timed (transitions/s, each `append` acknowledged and
-//! visible to reads, as the recorder sees it); then every finished episode's summary, timed
-//! (summaries/s); then, `reads` times each, one target's top-M episodes (the trainer's bundle)
+//! visible to reads, as the recorder sees it); then every finished episode's summary, the first
+//! `timed_summaries` of them timed (summaries/s) and the rest written without waiting for
+//! visibility where the backend can (QuestDB), then a new handle opened; then, `reads` times each, one target's top-M episodes (the trainer's bundle)
 //! and one `sample` of a minibatch; last the bytes on disk per transition (allocated blocks of the
 //! SQLite file and its WAL; of QuestDB's two tables with their WAL segments). The storage is
 //! deleted after each run. A size is skipped, with the reason recorded, when the bytes it would
@@ -149,6 +150,8 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 /// Loads, reads and measures one opened store; `bytes` measures its storage afterwards.
 fn measure(
     store: &dyn TrajectoryStore,
+    bulk: &dyn TrajectoryStore,
+    after_bulk: &dyn Fn() -> Result<Box<dyn TrajectoryStore>, BenchError>,
     size: u64,
     o: &StoreBenchOptions,
     bytes: &dyn Fn() -> u64,
@@ -165,19 +168,29 @@ fn measure(
     }
     let transitions_per_s = size as f64 / t.elapsed().as_secs_f64();
 
-    // Every episode the load finished, target by target.
+    // Every episode the load finished, target by target: the first `timed_summaries` timed
+    // through `store`, the rest through `bulk` (the same store, or for QuestDB a handle that
+    // does not wait for each summary to become visible).
     let per_target = size / targets.len() as u64;
     let episodes = per_target / u64::from(o.steps_per_episode.max(1));
-    let t = Instant::now();
+    let mut put = 0u64;
+    let mut timed = std::time::Duration::ZERO;
     for ep in 0..episodes {
         for target in &targets {
-            store
-                .put_episode(&load_episode(target, ep, o))
-                .map_err(fail)?;
+            let summary = load_episode(target, ep, o);
+            if put < o.timed_summaries {
+                let t = Instant::now();
+                store.put_episode(&summary).map_err(fail)?;
+                timed += t.elapsed();
+            } else {
+                bulk.put_episode(&summary).map_err(fail)?;
+            }
+            put += 1;
         }
     }
-    let put = episodes * targets.len() as u64;
-    let episodes_per_s = put as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    let episodes_per_s = put.min(o.timed_summaries) as f64 / timed.as_secs_f64().max(1e-9);
+    let store = after_bulk()?;
+    let store = store.as_ref();
 
     let target = &targets[0];
     let want_top = (o.top_m as u64).min(episodes) as usize;
@@ -256,7 +269,10 @@ fn sqlite_run(size: u64, o: &StoreBenchOptions, run: usize) -> Result<CompareRun
                 .map(|f| allocated_bytes(f))
                 .sum()
         };
-        measure(&store, size, o, &bytes)
+        let reopen = || -> Result<Box<dyn TrajectoryStore>, BenchError> {
+            Ok(Box::new(SqliteStore::open_path(&path).map_err(fail)?))
+        };
+        measure(&store, &store, &reopen, size, o, &bytes)
     })();
     for f in files(&path) {
         let _ = std::fs::remove_file(f);
@@ -295,7 +311,15 @@ fn questdb_run(size: u64, o: &StoreBenchOptions, run: usize) -> Result<CompareRu
             })
             .unwrap_or(0)
     };
-    let r = measure(&store, size, o, &bytes);
+    let mut quiet = cfg.clone();
+    quiet.visibility_timeout = std::time::Duration::ZERO;
+    let bulk = QuestDbStore::open(quiet).map_err(fail)?;
+    // A new handle waits on open until every summary written is visible.
+    let reopen = || -> Result<Box<dyn TrajectoryStore>, BenchError> {
+        Ok(Box::new(QuestDbStore::open(cfg.clone()).map_err(fail)?))
+    };
+    let r = measure(&store, &bulk, &reopen, size, o, &bytes);
+    drop(bulk);
     drop(store);
     drop(server);
     r
@@ -390,6 +414,7 @@ mod tests {
             top_m: 4,
             reads: 2,
             compare_sample: 64,
+            timed_summaries: 20,
             runs: 1,
             batch: 256,
             ..StoreBenchOptions::default()
