@@ -548,6 +548,14 @@ fn store_compare(opts: &StoreBenchOptions) -> Result<(), BenchError> {
             c.median_sample_ms,
             c.median_bytes_per_transition,
         );
+        for (i, x) in c.runs.iter().enumerate() {
+            if x.stopped_by_load_limit {
+                println!(
+                    "  run {i}: the load stopped at --load-limit-s {} after {} transitions",
+                    opts.load_limit_s, x.transitions
+                );
+            }
+        }
     }
     let path = crate::write_json(&opts.out, "store-compare.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");

@@ -62,12 +62,19 @@ pub struct StoreBenchOptions {
     /// `--compare`: timed reads per run (median reported).
     #[arg(long, default_value_t = StoreBenchOptions::default().reads, help = "--compare: timed reads per run")]
     pub reads: usize,
-    /// `--compare`: rows of the one timed `sample` per run (a minibatch).
+    /// `--compare`: rows of the one timed `sample` per run (default: a trainer round's draw).
     #[arg(long, default_value_t = StoreBenchOptions::default().compare_sample, help = "--compare: rows of the one timed sample per run")]
     pub compare_sample: usize,
     /// `--compare`: episode summaries whose writes are timed (the rest are written untimed).
     #[arg(long, default_value_t = StoreBenchOptions::default().timed_summaries, help = "--compare: episode summaries whose writes are timed")]
     pub timed_summaries: u64,
+    /// `--compare`: seconds after which a run stops loading and measures what it stored (0: no
+    /// limit).
+    #[arg(long, default_value_t = StoreBenchOptions::default().load_limit_s, help = "--compare: stop a run's load after this many seconds and measure what it stored (0: no limit)")]
+    pub load_limit_s: u64,
+    /// `--compare`: the backends compared.
+    #[arg(long, value_delimiter = ',', default_values_t = StoreBenchOptions::default().backends, help = "--compare: backends, comma-separated (sqlite, questdb)")]
+    pub backends: Vec<crate::store_compare::Backend>,
     /// `--compare`: milliseconds between a target's steps (the collector's interval).
     #[arg(long, default_value_t = StoreBenchOptions::default().step_ms, help = "--compare: milliseconds between a target's steps")]
     pub step_ms: i64,
@@ -88,8 +95,13 @@ impl Default for StoreBenchOptions {
             targets: 10,
             top_m: 10,
             reads: 20,
-            compare_sample: 64,
+            compare_sample: 200 * 64,
             timed_summaries: 2_000,
+            load_limit_s: 0,
+            backends: vec![
+                crate::store_compare::Backend::Sqlite,
+                crate::store_compare::Backend::Questdb,
+            ],
             step_ms: 10_000,
         }
     }

@@ -12,7 +12,8 @@
 //! SQLite file and its WAL; of QuestDB's two tables with their WAL segments). The storage is
 //! deleted after each run. A size is skipped, with the reason recorded, when the bytes it would
 //! take (from the previous size's bytes per transition, or 600 bytes without one) do not fit in
-//! the free space of `--out`'s file system less a reserve.
+//! the free space of `--out`'s file system less a reserve. With `--load-limit-s`, a run's load
+//! stops after that long and the run measures what it stored (the time bound of a size).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -35,16 +36,29 @@ const DISK_RESERVE_BYTES: u64 = 3 << 30;
 const BASE_TS_MS: i64 = 1_700_000_000_000;
 
 /// The two backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     Sqlite,
     Questdb,
 }
 
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Questdb => "questdb",
+        })
+    }
+}
+
 /// One run's measurements.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareRun {
+    /// Transitions stored: the size, or fewer when `--load-limit-s` stopped the load.
+    pub transitions: u64,
+    /// Whether `--load-limit-s` stopped the load before the size.
+    pub stopped_by_load_limit: bool,
     pub transitions_per_s: f64,
     pub episodes_per_s: f64,
     /// Median over `reads` calls of `top_episodes(target, top_m)`.
@@ -159,13 +173,20 @@ fn measure(
     let targets = targets(o.targets);
     let batch = o.batch.max(1) as u64;
     let t = Instant::now();
+    let limit = (o.load_limit_s > 0).then(|| std::time::Duration::from_secs(o.load_limit_s));
     let mut next = 0;
+    let mut stopped_by_load_limit = false;
     while next < size {
+        if limit.is_some_and(|l| t.elapsed() >= l) {
+            stopped_by_load_limit = true;
+            break;
+        }
         let end = (next + batch).min(size);
         let rows: Vec<Transition> = (next..end).map(|i| load_row(&targets, i, o)).collect();
         store.append(&rows).map_err(fail)?;
         next = end;
     }
+    let size = next;
     let transitions_per_s = size as f64 / t.elapsed().as_secs_f64();
 
     // Every episode the load finished, target by target: the first `timed_summaries` timed
@@ -229,6 +250,8 @@ fn measure(
     }
     let bytes_on_disk = bytes();
     Ok(CompareRun {
+        transitions: size,
+        stopped_by_load_limit,
         transitions_per_s,
         episodes_per_s,
         top_m_ms: median(&top_ms),
@@ -332,6 +355,9 @@ pub fn run(o: &StoreBenchOptions) -> Result<CompareReport, BenchError> {
     let mut bytes_per_row = [FIRST_GUESS_BYTES_PER_ROW; 2];
     for &size in &o.sizes {
         for (bi, backend) in [Backend::Sqlite, Backend::Questdb].into_iter().enumerate() {
+            if !o.backends.contains(&backend) {
+                continue;
+            }
             let mut cell = CompareCell {
                 backend,
                 transitions: size,
