@@ -512,6 +512,9 @@ struct EpisodeGroup {
     rows: u64,
     lo: i64,
     hi: i64,
+    /// Earliest and latest `ts_ms` of the episode's rows.
+    first_ms: i64,
+    last_ms: i64,
 }
 
 impl EpisodeGroup {
@@ -677,7 +680,8 @@ impl QuestDbStore {
             .map(|t| format!(" WHERE {}", target_filter(t)))
             .unwrap_or_default();
         let sql = format!(
-            "SELECT namespace, name, episode, count() rows, min(step) lo, max(step) hi \
+            "SELECT namespace, name, episode, count() rows, min(step) lo, max(step) hi, \
+             min(ts_ms) first_ms, max(ts_ms) last_ms \
              FROM {table}{filter} ORDER BY namespace, name, episode"
         );
         self.select_all(&sql, "sample", table)?
@@ -691,6 +695,8 @@ impl QuestDbStore {
                         rows: c.u64(3, "rows")?,
                         lo: c.i64(4, "lo")?,
                         hi: c.i64(5, "hi")?,
+                        first_ms: c.i64(6, "first_ms")?,
+                        last_ms: c.i64(7, "last_ms")?,
                     })
                 };
                 g().map_err(|source| StoreError::CorruptCell {
@@ -704,15 +710,32 @@ impl QuestDbStore {
     }
 
     /// Queries reading the given steps of the given episodes, one target per query, each at
-    /// most about [`MAX_SAMPLE_SQL`] long.
+    /// most about [`MAX_SAMPLE_SQL`] long. Each query also bounds the designated timestamp to its
+    /// episodes' time span, so QuestDB scans only those partitions and rows, not the whole
+    /// history.
     fn keyed_sample_queries(
         &self,
         groups: &[EpisodeGroup],
         keyed: &[(usize, Vec<i64>)],
     ) -> Vec<String> {
+        struct Query<'a> {
+            target: &'a Target,
+            head: String,
+            terms: String,
+            first_ms: i64,
+            last_ms: i64,
+        }
+        let close = |q: Query<'_>| {
+            format!(
+                "{}{}) AND ts >= {} AND ts <= {}",
+                q.head,
+                q.terms,
+                micros(q.first_ms).as_i64(),
+                micros(q.last_ms).as_i64()
+            )
+        };
         let mut out = Vec::new();
-        let mut current: Option<(&Target, String, String)> = None;
-        let close = |(_, head, terms): (&Target, String, String)| format!("{head}{terms})");
+        let mut current: Option<Query<'_>> = None;
         for (gi, steps) in keyed {
             let g = &groups[*gi];
             let list = steps
@@ -721,13 +744,15 @@ impl QuestDbStore {
                 .collect::<Vec<_>>()
                 .join(",");
             let term = format!("(episode = {} AND step IN ({list}))", g.episode);
-            let fits = current.as_ref().is_some_and(|(t, head, terms)| {
-                *t == &g.target && head.len() + terms.len() + term.len() < MAX_SAMPLE_SQL
+            let fits = current.as_ref().is_some_and(|q| {
+                q.target == &g.target && q.head.len() + q.terms.len() + term.len() < MAX_SAMPLE_SQL
             });
             if fits {
-                if let Some((_, _, terms)) = current.as_mut() {
-                    terms.push_str(" OR ");
-                    terms.push_str(&term);
+                if let Some(q) = current.as_mut() {
+                    q.terms.push_str(" OR ");
+                    q.terms.push_str(&term);
+                    q.first_ms = q.first_ms.min(g.first_ms);
+                    q.last_ms = q.last_ms.max(g.last_ms);
                 }
             } else {
                 if let Some(q) = current.take() {
@@ -738,7 +763,13 @@ impl QuestDbStore {
                     self.transitions_table,
                     target_filter(&g.target)
                 );
-                current = Some((&g.target, head, term));
+                current = Some(Query {
+                    target: &g.target,
+                    head,
+                    terms: term,
+                    first_ms: g.first_ms,
+                    last_ms: g.last_ms,
+                });
             }
         }
         if let Some(q) = current.take() {
