@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
-# with venv for the manifest checks, the Kubernetes control plane that tests/k8s/build.sh builds),
-# validates the Dockerfile, chart and manifests, builds every binary (integration tests run them
-# as separate processes) after checking which crates may depend on the simulator and on dfdx
-# (tests/check-deps.sh), runs every test, then the chaos test on its own and every fuzz target for
-# 60 s (tests/fuzz.sh).
+# with venv for the manifest checks; the Kubernetes control plane that tests/k8s/build.sh builds;
+# the QuestDB jar), validates the Dockerfile, chart and manifests, builds every binary (integration
+# tests run them as separate processes) after checking which crates may depend on the simulator
+# and on dfdx (tests/check-deps.sh), runs every test, then the chaos test on its own and every
+# fuzz target for 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,9 @@ export PATH="$PATH:/usr/sbin:/usr/bin"
 AWARE_K8S_BIN=$(bash tests/k8s/build.sh | tail -n 1)
 export AWARE_K8S_BIN
 
+# The QuestDB server jar (Maven Central; runs on the machine's Java 17) the trajectory store's
+# conformance tests and `aware bench store` start, cached under ~/.cache/aware-rs/questdb-<version>.
+bash tests/questdb/install.sh >/dev/null
 bash tests/validate-manifests.sh  # Dockerfile, Helm chart, deploy/ manifests (installs its Python tools once)
 bash tests/check-deps.sh  # who may depend on the simulator (aware-loadgen) and on dfdx
 cargo build --workspace --bins --locked

@@ -43,6 +43,8 @@ pub enum BenchCommand {
     Adapt(AdaptArgs),
     /// The trajectory store at the retention bound (`recorder.keep_transitions`): append rate,
     /// the trainer's reads before and after a retention pass, the passes; writes store.json.
+    /// With --compare: SQLite against a real QuestDB (write rate, top-M read, bytes per
+    /// transition) at --sizes; writes store-compare.json.
     Store(StoreBenchOptions),
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus(BusArgs),
@@ -483,6 +485,9 @@ fn adapt(opts: &AdaptBenchOptions) -> Result<(), BenchError> {
 }
 
 fn store(opts: &StoreBenchOptions) -> Result<(), BenchError> {
+    if opts.compare {
+        return store_compare(opts);
+    }
     let out = &opts.out;
     let r = crate::store::run(opts)?;
     for (i, x) in r.runs.iter().enumerate() {
@@ -522,6 +527,43 @@ fn store(opts: &StoreBenchOptions) -> Result<(), BenchError> {
         r.median_forget_ms,
     );
     let path = crate::write_json(out, "store.json", &serde_json::to_value(&r)?)?;
+    println!("wrote {path}");
+    Ok(())
+}
+
+fn store_compare(opts: &StoreBenchOptions) -> Result<(), BenchError> {
+    let r = crate::store_compare::run(opts)?;
+    for c in &r.cells {
+        if let Some(why) = &c.skipped {
+            println!(
+                "{:?} at {} transitions: skipped: {why}",
+                c.backend, c.transitions
+            );
+            continue;
+        }
+        println!(
+            "{:?} at {} transitions ({} runs, medians): write {:.0} transitions/s, summaries {:.0}/s; top-{} read {:.2} ms; sample of {} {:.1} ms; {:.0} bytes per transition",
+            c.backend,
+            c.transitions,
+            c.runs.len(),
+            c.median_transitions_per_s,
+            c.median_episodes_per_s,
+            opts.top_m,
+            c.median_top_m_ms,
+            opts.compare_sample,
+            c.median_sample_ms,
+            c.median_bytes_per_transition,
+        );
+        for (i, x) in c.runs.iter().enumerate() {
+            if x.stopped_by_load_limit {
+                println!(
+                    "  run {i}: the load stopped at --load-limit-s {} after {} transitions",
+                    opts.load_limit_s, x.transitions
+                );
+            }
+        }
+    }
+    let path = crate::write_json(&opts.out, "store-compare.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");
     Ok(())
 }

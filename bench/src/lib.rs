@@ -11,6 +11,7 @@ pub mod embed;
 pub mod serve;
 pub mod serve_bus;
 pub mod store;
+pub mod store_compare;
 
 use std::path::Path;
 

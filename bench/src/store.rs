@@ -44,6 +44,40 @@ pub struct StoreBenchOptions {
     pub sample: usize,
     #[arg(long, default_value_t = StoreBenchOptions::default().runs, help = "Runs (medians reported)")]
     pub runs: usize,
+    /// Compare the SQLite and QuestDB stores (`store_compare`) instead of the retention passes.
+    #[arg(
+        long,
+        help = "Compare SQLite and a real QuestDB (write rate, top-M read, bytes per transition) instead of the retention passes; writes store-compare.json"
+    )]
+    pub compare: bool,
+    /// `--compare`: transitions stored per run, one measurement per size.
+    #[arg(long, value_delimiter = ',', default_values_t = StoreBenchOptions::default().sizes, help = "--compare: transitions per run, comma-separated")]
+    pub sizes: Vec<u64>,
+    /// `--compare`: targets the transitions are spread over.
+    #[arg(long, default_value_t = StoreBenchOptions::default().targets, help = "--compare: targets the transitions are spread over")]
+    pub targets: usize,
+    /// `--compare`: M of the timed `top_episodes(target, M)`.
+    #[arg(long, default_value_t = StoreBenchOptions::default().top_m, help = "--compare: M of the timed top-M episodes read")]
+    pub top_m: usize,
+    /// `--compare`: timed reads per run (median reported).
+    #[arg(long, default_value_t = StoreBenchOptions::default().reads, help = "--compare: timed reads per run")]
+    pub reads: usize,
+    /// `--compare`: rows of the one timed `sample` per run (default: a trainer round's draw).
+    #[arg(long, default_value_t = StoreBenchOptions::default().compare_sample, help = "--compare: rows of the one timed sample per run")]
+    pub compare_sample: usize,
+    /// `--compare`: episode summaries whose writes are timed (the rest are written untimed).
+    #[arg(long, default_value_t = StoreBenchOptions::default().timed_summaries, help = "--compare: episode summaries whose writes are timed")]
+    pub timed_summaries: u64,
+    /// `--compare`: seconds after which a run stops loading and measures what it stored (0: no
+    /// limit).
+    #[arg(long, default_value_t = StoreBenchOptions::default().load_limit_s, help = "--compare: stop a run's load after this many seconds and measure what it stored (0: no limit)")]
+    pub load_limit_s: u64,
+    /// `--compare`: the backends compared.
+    #[arg(long, value_delimiter = ',', default_values_t = StoreBenchOptions::default().backends, help = "--compare: backends, comma-separated (sqlite, questdb)")]
+    pub backends: Vec<crate::store_compare::Backend>,
+    /// `--compare`: milliseconds between a target's steps (the collector's interval).
+    #[arg(long, default_value_t = StoreBenchOptions::default().step_ms, help = "--compare: milliseconds between a target's steps")]
+    pub step_ms: i64,
 }
 
 impl Default for StoreBenchOptions {
@@ -56,6 +90,19 @@ impl Default for StoreBenchOptions {
             batch: 512,
             sample: 200 * 64,
             runs: 3,
+            compare: false,
+            sizes: vec![1_000_000, 10_000_000],
+            targets: 10,
+            top_m: 10,
+            reads: 20,
+            compare_sample: 200 * 64,
+            timed_summaries: 2_000,
+            load_limit_s: 0,
+            backends: vec![
+                crate::store_compare::Backend::Sqlite,
+                crate::store_compare::Backend::Questdb,
+            ],
+            step_ms: 10_000,
         }
     }
 }
@@ -317,6 +364,7 @@ mod tests {
             batch: 64,
             sample: 500,
             runs: 2,
+            ..StoreBenchOptions::default()
         };
         let r = run(&o).unwrap();
         assert_eq!(r.runs.len(), 2);

@@ -2,6 +2,9 @@
 //! recorder writes and the trainer reads.
 //!
 //! Feature `testing`: the backends' conformance suite and its data builders
-//! ([`trajectory::conformance`]), for tests and benchmarks.
+//! ([`trajectory::conformance`]) and a real QuestDB server to run it against ([`testkit`]), for
+//! tests and benchmarks.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testkit;
 pub mod trajectory;

@@ -36,8 +36,9 @@
 //! buffer's minibatch) from the rows in scope, ordered by `(namespace, name, episode, step)`: the
 //! ordinals come from [`sample_ordinals`] (ChaCha8 seeded with `seed`), so the same seed on the
 //! same data gives the same minibatch, on either backend. SQLite maps each ordinal to an episode
-//! through its per-episode row counts and reads one row per draw; QuestDB scans the scope's keys
-//! once per call.
+//! through its per-episode row counts and reads one row per draw; QuestDB reads the scope's
+//! per-episode row counts and step ranges (one aggregate query), then the drawn rows by
+//! `(episode, step)`, many episodes per query.
 //!
 //! # Retention
 //!
