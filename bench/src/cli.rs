@@ -41,7 +41,7 @@ pub enum BenchCommand {
     /// adapt.json and adapt-curve.svg.
     #[command(after_help = ADAPT_KNOBS)]
     Adapt(AdaptArgs),
-    /// The trajectory store at the retention bound (`recorder.keep_transitions`): append rate,
+    /// The trajectory store at the retention bound (`trajectory_store.keep_transitions`): append rate,
     /// the trainer's reads before and after a retention pass, the passes; writes store.json.
     /// With --compare: SQLite against a real QuestDB (write rate, top-M read, bytes per
     /// transition) at --sizes; writes store-compare.json.

@@ -1,5 +1,5 @@
 //! `aware bench store`: what the trajectory store costs at the retention bound
-//! (`recorder.keep_transitions`), on the embedded SQLite store with the recorder's durability
+//! (`trajectory_store.keep_transitions`), on the embedded SQLite store with the recorder's durability
 //! (`synchronous=FULL`) and batch size.
 //!
 //! Per run, in a fresh file under `--out`: one target's `rows` transitions (9-d states, episodes
@@ -31,7 +31,7 @@ pub struct StoreBenchOptions {
     /// Rows stored before the first pass.
     #[arg(long, default_value_t = StoreBenchOptions::default().rows, help = "Rows of one target stored before the first pass")]
     pub rows: u64,
-    /// `recorder.keep_transitions`.
+    /// `trajectory_store.keep_transitions`.
     #[arg(long, default_value_t = StoreBenchOptions::default().keep)]
     pub keep: u64,
     #[arg(long, default_value_t = StoreBenchOptions::default().steps_per_episode)]

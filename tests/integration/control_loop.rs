@@ -115,7 +115,7 @@ async fn fallback_loop_records_every_step() {
     }
 }
 
-/// Retention (`recorder.keep_transitions`): with 50 kept per target and 20-step episodes the
+/// Retention (`trajectory_store.keep_transitions`): with 50 kept per target and 20-step episodes the
 /// recorder prunes whole episodes as it goes, so after 8 episodes each target keeps exactly its
 /// last two (at least 50 − 19 rows after a pass, at most 50 + 4 before the next), with their
 /// summaries, and the metrics count everything deleted.
@@ -235,7 +235,7 @@ fn model_keys(models: &dyn aware_shared::model_store::ModelStore, target: &Targe
         .unwrap()
 }
 
-/// `recorder.forget_after_secs` and `trainer.forget_after_secs`: a deleted target's trajectories
+/// `trajectory_store.forget_after_secs` and `trainer.forget_after_secs`: a deleted target's trajectories
 /// and checkpoints go once its deregistration was received longer ago than the grace period, and
 /// only then, and the trainer stops its actor; a target created again keeps everything; the
 /// marks survive a restart (the second run has no bus history at all). The grace period counts on

@@ -55,7 +55,7 @@
 //!
 //! When a target's `AwareAutoscaler` is deleted, the recorder marks it
 //! ([`TrajectoryStore::mark_deregistered`], with the deregistration's time); a registration clears
-//! the mark. Once the mark is older than `recorder.forget_after_secs` the recorder deletes
+//! the mark. Once the mark is older than `trajectory_store.forget_after_secs` the recorder deletes
 //! everything the store holds of the target ([`TrajectoryStore::forget`]): rows, summaries, the
 //! retention cut and the mark. The mark lives in the store, so a restart (or a bus that no longer
 //! retains the deregistration) does not reset the grace period. QuestDB answers

@@ -25,7 +25,7 @@
 //!   way, so a handle opened after a server restart reads every row acknowledged before it.
 //! * **Retention.** QuestDB has no row `DELETE`; it drops whole time partitions (by TTL or
 //!   `ALTER TABLE … DROP PARTITION`), for every target at once. So [`TrajectoryStore::prune`]
-//!   answers [`StoreError::Unsupported`] and the recorder refuses `recorder.keep_transitions`
+//!   answers [`StoreError::Unsupported`] and the recorder refuses `trajectory_store.keep_transitions`
 //!   with this store: bound its tables with `ALTER TABLE <prefix>transitions SET TTL …` instead.
 
 use std::collections::{BTreeSet, HashMap};
@@ -1126,7 +1126,7 @@ impl TrajectoryStore for QuestDbStore {
             backend: "questdb",
             op: "prune",
             hint: "QuestDB deletes whole time partitions only: bound the tables with \
-                   `ALTER TABLE … SET TTL` and set recorder.keep_transitions = 0",
+                   `ALTER TABLE … SET TTL` and set trajectory_store.keep_transitions = 0",
         })
     }
 
@@ -1152,7 +1152,7 @@ fn forget_unsupported(op: &'static str) -> StoreError {
     StoreError::Unsupported {
         backend: "questdb",
         op,
-        hint: "QuestDB deletes whole time partitions only: set recorder.forget_after_secs = 0 \
+        hint: "QuestDB deletes whole time partitions only: set trajectory_store.forget_after_secs = 0 \
                (the tables' TTL bounds a deleted target's rows)",
     }
 }
