@@ -333,6 +333,8 @@ async fn helm_install_and_uninstall_of_the_chart() {
     for want in [
         "clusterrole.rbac.authorization.k8s.io/aware-controller",
         "clusterrole.rbac.authorization.k8s.io/aware-actuator",
+        "role.rbac.authorization.k8s.io/aware-controller-leader-election",
+        "rolebinding.rbac.authorization.k8s.io/aware-controller-leader-election",
         "deployment.apps/aware-controller",
         "statefulset.apps/aware-nats",
         "statefulset.apps/aware-recommender",
@@ -444,8 +446,9 @@ async fn create_namespace(admin: &kube::Client, name: &str) {
 }
 
 /// Installs the chart's CRD (from `crds/`, as `helm install` does) and, rendered by `helm
-/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles and
-/// ClusterRoleBindings of the controller and the actuator — nothing else of the chart.
+/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles,
+/// ClusterRoleBindings, Roles and RoleBindings (the controller's Lease) of the controller and the
+/// actuator — nothing else of the chart.
 async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use k8s_openapi::serde::Deserialize;
@@ -499,6 +502,18 @@ async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
                     .await
                     .unwrap();
             }
+            "Role" => {
+                Api::<Role>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "RoleBinding" => {
+                Api::<RoleBinding>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
             _ => continue,
         }
         created.push(format!(
@@ -514,6 +529,8 @@ async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
             "ClusterRole/aware-controller",
             "ClusterRoleBinding/aware-actuator",
             "ClusterRoleBinding/aware-controller",
+            "Role/aware-controller-leader-election",
+            "RoleBinding/aware-controller-leader-election",
             "ServiceAccount/aware-actuator",
             "ServiceAccount/aware-controller",
         ],
