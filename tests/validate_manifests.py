@@ -347,11 +347,12 @@ def check_monitoring(label: str, docs: list[tuple[str, dict]], enabled: bool) ->
         # promtool runs the rendered rules: one recommender shard of several down fires for the
         # recommender only, after 5 minutes.
         service, shards = want["recommender"]
-        others = [(c, s) for c, (s, _) in want.items() if c != "recommender"]
+        others = [(s, n) for c, (s, n) in want.items() if c != "recommender"]
         series = [{"series": f'up{{namespace="{NAMESPACE}",job="{service}",instance="pod-{i}"}}',
                    "values": "1x20" if i else "1 1 0x18"} for i in range(shards)]
-        series += [{"series": f'up{{namespace="{NAMESPACE}",job="{s}",instance="pod-0"}}', "values": "1x20"}
-                   for _, s in others]
+        # Every pod of the other services up (the controller runs several replicas).
+        series += [{"series": f'up{{namespace="{NAMESPACE}",job="{s}",instance="pod-{i}"}}', "values": "1x20"}
+                   for s, n in others for i in range(n)]
         rule = next(r for g in rules[0]["spec"]["groups"] if g["name"] == "aware-release"
                     for r in g["rules"] if r["labels"]["component"] == "recommender")
         fires = {"exp_labels": {"severity": "critical", "component": "recommender"},
@@ -513,8 +514,26 @@ def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
             if not {"/data", "/tmp"} <= mounts:
                 fail(f"{name}: /data and /tmp must be volumes (read-only root filesystem)")
     roles = {r["metadata"]["name"]: r for r in kinds.get("ClusterRole", [])}
+    # The one namespaced Role: the controller's leader-election Lease, nothing else.
+    lease_rule = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     for r in kinds.get("Role", []):
-        fail(f"{label}: unexpected Role {r['metadata']['name']}")
+        if r["metadata"]["name"] != f"{RELEASE}-controller-leader-election" or r["rules"] != lease_rule:
+            fail(f"{label}: unexpected Role {r['metadata']['name']} (only the controller's Lease role, {lease_rule})")
+    controllers = [d for d in kinds.get("Deployment", [])
+                   if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"]
+    for d in controllers:
+        env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        election = env.get("AWARE_CONTROLLER__LEADER_ELECTION__MODE", {}).get("value")
+        if d["spec"]["replicas"] > 1 and election != "on":
+            fail(f"{label}: {d['metadata']['name']} runs {d['spec']['replicas']} replicas without leader election")
+        if election == "on":
+            if not kinds.get("Role") or not any(b["roleRef"]["name"] == f"{RELEASE}-controller-leader-election"
+                                                for b in kinds.get("RoleBinding", [])):
+                fail(f"{label}: leader election on but no Role/RoleBinding for the Lease")
+            for var, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+                got = env.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                if got != field:
+                    fail(f"{label}: {d['metadata']['name']}: {var} must come from the downward API ({field})")
     if set(roles) != {f"{RELEASE}-controller", f"{RELEASE}-actuator"}:
         fail(f"{label}: ClusterRoles are {sorted(roles)}, want only the controller's and the actuator's")
     for r in roles.values():

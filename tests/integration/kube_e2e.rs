@@ -333,6 +333,8 @@ async fn helm_install_and_uninstall_of_the_chart() {
     for want in [
         "clusterrole.rbac.authorization.k8s.io/aware-controller",
         "clusterrole.rbac.authorization.k8s.io/aware-actuator",
+        "role.rbac.authorization.k8s.io/aware-controller-leader-election",
+        "rolebinding.rbac.authorization.k8s.io/aware-controller-leader-election",
         "deployment.apps/aware-controller",
         "statefulset.apps/aware-nats",
         "statefulset.apps/aware-recommender",
@@ -444,8 +446,9 @@ async fn create_namespace(admin: &kube::Client, name: &str) {
 }
 
 /// Installs the chart's CRD (from `crds/`, as `helm install` does) and, rendered by `helm
-/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles and
-/// ClusterRoleBindings of the controller and the actuator — nothing else of the chart.
+/// template` into [`RELEASE_NS`], exactly the chart's ServiceAccounts, ClusterRoles,
+/// ClusterRoleBindings, Roles and RoleBindings (the controller's Lease) of the controller and the
+/// actuator — nothing else of the chart.
 async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use k8s_openapi::serde::Deserialize;
@@ -499,6 +502,18 @@ async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
                     .await
                     .unwrap();
             }
+            "Role" => {
+                Api::<Role>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
+            "RoleBinding" => {
+                Api::<RoleBinding>::namespaced(admin.clone(), RELEASE_NS)
+                    .create(&pp, &from_json(v.clone()))
+                    .await
+                    .unwrap();
+            }
             _ => continue,
         }
         created.push(format!(
@@ -514,6 +529,8 @@ async fn install_chart_identities(cluster: &KubeCluster, admin: &kube::Client) {
             "ClusterRole/aware-controller",
             "ClusterRoleBinding/aware-actuator",
             "ClusterRoleBinding/aware-controller",
+            "Role/aware-controller-leader-election",
+            "RoleBinding/aware-controller-leader-election",
             "ServiceAccount/aware-actuator",
             "ServiceAccount/aware-controller",
         ],
@@ -1000,6 +1017,249 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
     );
     assert_controller_calls_succeeded(&controller, addr);
     eprintln!("controller end-to-end test: {:.1?}", t0.elapsed());
+}
+
+/// Starts `aware-controller` replica `name` (its `POD_NAME`, the Lease in [`RELEASE_NS`] from
+/// `POD_NAMESPACE`, as the chart sets them) with leader election on; waits until it is ready
+/// (a standby is ready too).
+fn start_replica(
+    config: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    name: &str,
+) -> (Proc, SocketAddr) {
+    let p = Proc::spawn(
+        "aware-controller",
+        &["--config", config.to_str().unwrap()],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("RUST_LOG", "info"),
+            ("POD_NAME", name),
+            ("POD_NAMESPACE", RELEASE_NS),
+        ],
+    );
+    let addr = p.http_addr();
+    wait_ready(addr);
+    (p, addr)
+}
+
+/// The holder of the controller's Lease (`aware-controller` in [`RELEASE_NS`]), if any.
+async fn lease_holder(admin: &kube::Client) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    Api::<Lease>::namespaced(admin.clone(), RELEASE_NS)
+        .get_opt("aware-controller")
+        .await
+        .unwrap()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// Waits (up to `secs`) until exactly `leader` of `replicas` leads: the Lease names it, its
+/// `aware_controller_leader` is 1 and every other's 0.
+async fn wait_sole_leader(
+    admin: &kube::Client,
+    replicas: &[(&str, SocketAddr)],
+    leader: Option<&str>,
+    secs: u64,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let holder = lease_holder(admin).await;
+        let gauges: Vec<(&str, Option<f64>)> = replicas
+            .iter()
+            .map(|(n, a)| (*n, scrape(*a, "aware_controller_leader", &[])))
+            .collect();
+        if let Some(h) = &holder {
+            let only_it = gauges
+                .iter()
+                .all(|(n, g)| *g == Some(if n == h { 1.0 } else { 0.0 }));
+            if only_it && replicas.iter().any(|(n, _)| n == h) && leader.is_none_or(|l| l == h) {
+                return h.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no sole leader within {secs} s: Lease holder {holder:?}, leader gauges {gauges:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Creates `<target>-aware` and returns how long after `since` it was registered (condition
+/// `Registered` true and its registration on the bus).
+async fn registered_after(
+    aas: &Api<kube::api::DynamicObject>,
+    registrations: &mut aware_shared::bus::Subscription,
+    target: &str,
+    since: Instant,
+) -> Duration {
+    aas.create(&PostParams::default(), &autoscaler(target, "Auto", 4))
+        .await
+        .unwrap();
+    wait_object(aas, &format!("{target}-aware"), 40, "registered", |v| {
+        registered_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let key = format!("{APP_NS}/{target}");
+    registration_where(registrations, 10, |r| {
+        r.target.key() == key && r.spec.is_some()
+    })
+    .await
+    .unwrap_or_else(|| panic!("the registration of {key} on the bus"));
+    since.elapsed()
+}
+
+/// Two `aware-controller` replicas with the chart's controller identity (its ClusterRole and the
+/// Role on `leases`) elect one leader on the Lease: only it reconciles (the standby registers
+/// nothing). The leader SIGKILLed, the standby takes the Lease once the record has stayed
+/// unchanged for the lease duration and registers a new AwareAutoscaler within 15 s of the kill.
+/// A leader stopped with SIGTERM releases the Lease and a new standby takes over at its next
+/// attempt. A leader whose Lease is taken from it stops and exits with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controllers_elect_one_leader_and_fail_over() {
+    let cluster = KubeCluster::start(KubeOptions { nodes: 1 }).await.unwrap();
+    let nats = NatsServer::start().unwrap();
+    let bus_cfg = BusConfig {
+        url: nats.url(),
+        ..BusConfig::default()
+    };
+    let bus = Bus::connect(&bus_cfg, "kube-e2e").await.unwrap();
+    let mut registrations = bus.subscribe("aware.v1.target.>").await.unwrap();
+    let admin = cluster.admin_client().await.unwrap();
+    install_chart_identities(&cluster, &admin).await;
+    create_namespace(&admin, APP_NS).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), APP_NS);
+    for name in ["web", "api", "db"] {
+        deployments
+            .create(&PostParams::default(), &deployment(name, 1))
+            .await
+            .unwrap();
+    }
+    let (kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
+        Box::pin(async move {
+            use k8s_openapi::api::coordination::v1::Lease;
+            // Both bindings in effect: AwareAutoscalers listed, the Lease readable (404, not 403).
+            Api::<kube::api::DynamicObject>::all_with(c.clone(), &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+                && Api::<Lease>::namespaced(c, RELEASE_NS)
+                    .get_opt("aware-controller")
+                    .await
+                    .is_ok()
+        })
+    })
+    .await;
+    let config = controller_config(cluster.dir(), &nats.url());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[controller.leader_election]\nmode = \"on\"\n");
+    std::fs::write(&config, text).unwrap();
+
+    let a = start_replica(&config, &kubeconfig, "controller-a");
+    let b = start_replica(&config, &kubeconfig, "controller-b");
+    let leader = wait_sole_leader(
+        &admin,
+        &[("controller-a", a.1), ("controller-b", b.1)],
+        None,
+        30,
+    )
+    .await;
+    let (mut leader_proc, standby, standby_name) = if leader == "controller-a" {
+        (a, b, "controller-b")
+    } else {
+        (b, a, "controller-a")
+    };
+
+    // Registered by the leader only.
+    let aas: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(admin.clone(), APP_NS, &aas_resource());
+    registered_after(&aas, &mut registrations, "web", Instant::now()).await;
+    let reconciled = |addr| {
+        scrape(
+            addr,
+            "aware_controller_reconciles_total",
+            &[("result", "registered")],
+        )
+    };
+    assert!(reconciled(leader_proc.1).is_some_and(|n| n >= 1.0));
+    assert_eq!(reconciled(standby.1), Some(0.0), "the standby reconciled");
+    assert_eq!(
+        scrape(standby.1, "aware_controller_managed_targets", &[]),
+        Some(0.0)
+    );
+    assert_controller_calls_succeeded(&leader_proc.0, leader_proc.1);
+
+    // SIGKILL: no release; the standby waits for the record to expire.
+    leader_proc.0.child.kill().unwrap();
+    let killed = Instant::now();
+    leader_proc.0.child.wait().unwrap();
+    let failover = registered_after(&aas, &mut registrations, "api", killed).await;
+    eprintln!("leader SIGKILLed: the standby registered a new AwareAutoscaler {failover:.1?} after the kill");
+    assert!(
+        failover < Duration::from_secs(15),
+        "failover took {failover:?}"
+    );
+    wait_sole_leader(&admin, &[(standby_name, standby.1)], Some(standby_name), 5).await;
+    assert_controller_calls_succeeded(&standby.0, standby.1);
+
+    // A new standby; the leader stopped gracefully releases the Lease.
+    let c = start_replica(&config, &kubeconfig, "controller-c");
+    wait_sole_leader(
+        &admin,
+        &[(standby_name, standby.1), ("controller-c", c.1)],
+        Some(standby_name),
+        10,
+    )
+    .await;
+    let mut old = standby;
+    let stopped = Instant::now();
+    let status = old
+        .0
+        .terminate(Duration::from_secs(15))
+        .expect("the leader stops on SIGTERM");
+    assert!(status.success(), "{status:?}; log:\n{}", old.0.stderr());
+    assert!(
+        old.0.stderr().contains("released the lease"),
+        "{}",
+        old.0.stderr()
+    );
+    let handover = registered_after(&aas, &mut registrations, "db", stopped).await;
+    eprintln!("leader SIGTERMed: the standby registered a new AwareAutoscaler {handover:.1?} after the signal");
+    // Without the release the standby would wait the full lease duration (10 s).
+    assert!(
+        handover < Duration::from_secs(8),
+        "handover took {handover:?}"
+    );
+    wait_sole_leader(&admin, &[("controller-c", c.1)], Some("controller-c"), 5).await;
+
+    // The Lease taken from the leader (another holder written): it stops reconciling and exits
+    // with an error, for Kubernetes to restart it as a standby.
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), RELEASE_NS);
+    let mut lease = leases.get("aware-controller").await.unwrap();
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("intruder".into());
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace("aware-controller", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let mut c = c;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = c.0.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller kept running without the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !status.success(),
+        "a lost lease must fail the process: {status:?}"
+    );
+    assert!(c.0.stderr().contains("lost the lease"), "{}", c.0.stderr());
 }
 
 const MIB: u64 = 1024 * 1024;

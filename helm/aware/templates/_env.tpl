@@ -9,6 +9,19 @@
 - name: AWARE_CONTROLLER__RESYNC_SECONDS
   value: {{ .Values.controller.resyncSeconds | quote }}
 {{- end }}
+- name: AWARE_CONTROLLER__LEADER_ELECTION__MODE
+  value: {{ ternary "on" "off" .Values.controller.leaderElection | quote }}
+- name: AWARE_CONTROLLER__LEADER_ELECTION__LEASE_NAME
+  value: {{ printf "%s-controller" (include "aware.fullname" .) | quote }}
+# The Lease's namespace and this replica's identity in it.
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- end }}
 
 {{- define "aware.env.collector" -}}

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::crd::{AwareAutoscaler, AwareAutoscalerStatus, CrdError, Recommendation};
+use crate::leader::{Elector, LeaderElectionConfig};
 
 /// The finalizer the controller keeps on every object it manages.
 pub const FINALIZER: &str = "aware.dev/deregister";
@@ -53,6 +54,8 @@ pub struct ControllerConfig {
     pub status_interval_ms: u64,
     /// Retry delay after a failed reconciliation.
     pub error_requeue_seconds: u64,
+    /// Leader election among replicas (`[controller.leader_election]`).
+    pub leader_election: LeaderElectionConfig,
 }
 
 impl Default for ControllerConfig {
@@ -62,6 +65,7 @@ impl Default for ControllerConfig {
             resync_seconds: 30,
             status_interval_ms: 2000,
             error_requeue_seconds: 10,
+            leader_election: LeaderElectionConfig::default(),
         }
     }
 }
@@ -83,6 +87,9 @@ impl ControllerConfig {
         }
         if self.error_requeue_seconds == 0 {
             return bad("error_requeue_seconds", "must be at least 1");
+        }
+        if let Some((key, why)) = self.leader_election.problem() {
+            return bad(&format!("leader_election.{key}"), why);
         }
         Ok(())
     }
@@ -124,6 +131,8 @@ pub struct ControllerMetrics {
     pub managed: prometheus::IntGauge,
     /// Failures of the list/watch of AwareAutoscalers (each retried with backoff).
     pub watch_errors: prometheus::IntCounter,
+    /// 1 while this replica holds the lease (or runs without leader election).
+    pub leader: prometheus::IntGauge,
 }
 
 impl ControllerMetrics {
@@ -155,6 +164,10 @@ impl ControllerMetrics {
             watch_errors: m.counter(
                 "controller_watch_errors_total",
                 "Failed lists or watches of AwareAutoscalers (API server unreachable, RBAC), each retried with backoff",
+            )?,
+            leader: m.gauge(
+                "controller_leader",
+                "1 while this replica leads (holds the lease, or runs without leader election) and reconciles",
             )?,
         })
     }
@@ -643,11 +656,70 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
 /// How long after shutdown is requested in-flight reconciles may still run.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs the controller loop (kube runtime) and the status writer until shutdown.
+/// Runs the controller until shutdown: with leader election, only while this replica holds the
+/// lease. A lost lease stops reconciling at once and fails the run (the process exits and
+/// Kubernetes restarts it as a standby, as client-go's controllers do); a graceful shutdown
+/// releases the lease so a standby takes over without waiting for it to expire.
 pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), ServiceError> {
     let config: ControllerConfig = ctx.config.section("controller")?;
     config.validate()?;
     let shared = Shared::new(client.clone(), ctx.clone(), config.clone())?;
+    let election = &config.leader_election;
+    if !election.enabled() {
+        shared.metrics.leader.set(1);
+        return run_leading(shared, client).await;
+    }
+    let namespace = election.namespace().ok_or_else(|| {
+        ServiceError::Config(ConfigError::Invalid {
+            key: "controller.leader_election.lease_namespace".into(),
+            reason: "unset and POD_NAMESPACE is not set: the Lease needs a namespace".into(),
+        })
+    })?;
+    let mut elector = Elector::new(
+        client.clone(),
+        namespace.clone(),
+        election.identity(),
+        election.clone(),
+    );
+    // A standby is healthy: it is ready while it waits for the lease.
+    ctx.ready.set(true);
+    tracing::info!(lease = %election.lease_name, namespace = %namespace, identity = %elector.identity(), "waiting for the lease");
+    if !elector.acquire(&ctx.shutdown).await {
+        ctx.ready.set(false);
+        return Ok(());
+    }
+    shared.metrics.leader.set(1);
+    tracing::info!(identity = %elector.identity(), "leading: reconciling AwareAutoscalers");
+    let outcome = {
+        let leading = run_leading(shared.clone(), client);
+        tokio::pin!(leading);
+        tokio::select! {
+            r = &mut leading => Ok(r),
+            lost = elector.hold() => Err(lost),
+        }
+    };
+    shared.metrics.leader.set(0);
+    match outcome {
+        Ok(r) => {
+            if let Err(e) = elector.release().await {
+                tracing::warn!(error = %e, "releasing the lease failed; the standby takes over when it expires");
+            }
+            r
+        }
+        Err(lost) => {
+            // The reconciler was dropped with the select: nothing reconciles any more.
+            tracing::error!(error = %lost, "lost the lease: stopping");
+            ctx.ready.set(false);
+            ctx.shutdown.cancel();
+            Err(ServiceError::resource("controller.leader_election", lost))
+        }
+    }
+}
+
+/// Runs the controller loop (kube runtime) and the status writer until shutdown.
+async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceError> {
+    let ctx = shared.ctx.clone();
+    let config = shared.config.clone();
     let api: Api<AwareAutoscaler> = if config.namespace.is_empty() {
         Api::all(client)
     } else {

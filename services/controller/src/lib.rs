@@ -4,6 +4,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod leader;
 pub use aware_shared::quantity;
 
 pub use crd::{AwareAutoscaler, AwareAutoscalerSpec, AwareAutoscalerStatus, CrdError};
