@@ -347,42 +347,80 @@ async fn helm_install_and_uninstall_of_the_chart() {
             installed.join("\n")
         );
     }
-    // An AwareAutoscaler is accepted, and one that breaks a CEL rule is refused with its message.
+    // The CEL rules' table (the one the controller's CEL emulation is tested with): its good
+    // object is accepted, and each bad one is refused by the real server with its rule's message.
     let client = cluster.admin_client().await.unwrap();
-    let aas = kube::discovery::ApiResource {
-        group: "aware.dev".into(),
-        version: "v1alpha1".into(),
-        api_version: "aware.dev/v1alpha1".into(),
-        kind: "AwareAutoscaler".into(),
-        plural: "awareautoscalers".into(),
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client, ns, &aas_resource());
+    let table: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../services/controller/testdata/cel-cases.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let named = |mut v: serde_json::Value, name: &str| {
+        v["metadata"] = serde_json::json!({ "name": name, "namespace": ns });
+        v
     };
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client, ns, &aas);
-    let object = |name: &str, min: u32, max: u32| -> kube::api::DynamicObject {
-        from_json(serde_json::json!({
-            "apiVersion": "aware.dev/v1alpha1",
-            "kind": "AwareAutoscaler",
-            "metadata": { "name": name },
-            "spec": {
-                "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" },
-                "constraints": { "minReplicas": min, "maxReplicas": max }
-            }
-        }))
-    };
-    api.create(&PostParams::default(), &object("ok", 1, 5))
+    let good = named(table["good"].clone(), "ok");
+    api.create(&PostParams::default(), &from_json(good.clone()))
         .await
         .unwrap();
-    let refused = api
-        .create(&PostParams::default(), &object("bad", 6, 5))
-        .await;
-    match refused {
-        Err(kube::Error::Api(s)) => assert!(
-            s.message
-                .contains("constraints.minReplicas must not exceed constraints.maxReplicas"),
-            "{s:?}"
-        ),
-        other => panic!("minReplicas > maxReplicas accepted: {other:?}"),
+    let bad = table["bad"].as_array().unwrap();
+    assert!(bad.len() >= 10, "the table covers every rule");
+    for (i, case) in bad.iter().enumerate() {
+        let (pointer, message) = (
+            case["pointer"].as_str().unwrap(),
+            case["message"].as_str().unwrap(),
+        );
+        let mut obj = named(good.clone(), &format!("bad-{i}"));
+        *obj.pointer_mut(pointer).unwrap() = case["value"].clone();
+        match api.create(&PostParams::default(), &from_json(obj)).await {
+            Err(kube::Error::Api(s)) => assert!(
+                s.code == 422 && s.message.contains(message),
+                "{pointer} = {}: refused, but not with `{message}`: {s:?}",
+                case["value"]
+            ),
+            other => panic!("{pointer} = {} accepted: {other:?}", case["value"]),
+        }
     }
     api.delete("ok", &DeleteParams::default()).await.unwrap();
+
+    // `helm upgrade` with a changed value rolls it out.
+    let mut upgrade = cluster.command("helm");
+    upgrade.args(["upgrade", "aware"]).arg(&chart).args([
+        "--namespace",
+        ns,
+        "--reuse-values",
+        "--timeout",
+        "120s",
+        "--set",
+        "controller.resyncSeconds=45",
+    ]);
+    run(upgrade);
+    let mut status = cluster.command("helm");
+    status.args(["status", "aware", "-n", ns, "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&run(status)).unwrap();
+    assert_eq!(
+        (&status["info"]["status"], &status["version"]),
+        (&serde_json::json!("deployed"), &serde_json::json!(2)),
+        "{status}"
+    );
+    let mut env = cluster.command("kubectl");
+    env.args([
+        "get",
+        "deployment/aware-controller",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"AWARE_CONTROLLER__RESYNC_SECONDS\")].value}",
+    ]);
+    assert_eq!(
+        run(env).trim(),
+        "45",
+        "the upgraded value reaches the controller"
+    );
 
     let mut uninstall = cluster.command("helm");
     uninstall.args([
