@@ -764,6 +764,22 @@ fn start_controller(config: &std::path::Path, kubeconfig: &std::path::Path) -> (
     (p, addr)
 }
 
+/// A service's log mentions no refused API call (403, Unauthorized).
+fn assert_no_refusal_logged(who: &str, log: &str) {
+    for refusal in [
+        "forbidden",
+        "Forbidden",
+        "code: 403",
+        "HTTP 403",
+        "Unauthorized",
+    ] {
+        assert!(
+            !log.contains(refusal),
+            "the {who}'s log mentions `{refusal}`:\n{log}"
+        );
+    }
+}
+
 /// The controller's API calls all succeeded: no failed reconcile, list/watch or status write,
 /// and no refusal in its log.
 fn assert_controller_calls_succeeded(p: &Proc, addr: SocketAddr) {
@@ -794,18 +810,7 @@ fn assert_controller_calls_succeeded(p: &Proc, addr: SocketAddr) {
         .is_some_and(|n| n >= 1.0),
         "no status write; the controller's log:\n{stderr}"
     );
-    for refusal in [
-        "forbidden",
-        "Forbidden",
-        "code: 403",
-        "HTTP 403",
-        "Unauthorized",
-    ] {
-        assert!(
-            !stderr.contains(refusal),
-            "the controller's log mentions `{refusal}`:\n{stderr}"
-        );
-    }
+    assert_no_refusal_logged("controller", &stderr);
 }
 
 /// The controller as a process with the token of the chart's controller ServiceAccount: an
@@ -1983,18 +1988,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         .is_some_and(|n| n >= 2.0),
         "the actuator's log:\n{log}"
     );
-    for refusal in [
-        "forbidden",
-        "Forbidden",
-        "code: 403",
-        "HTTP 403",
-        "Unauthorized",
-    ] {
-        assert!(
-            !log.contains(refusal),
-            "the actuator's log mentions `{refusal}`:\n{log}"
-        );
-    }
+    assert_no_refusal_logged("actuator", &log);
     assert_controller_calls_succeeded(&controller, controller_addr);
 
     // The Deployment of a managed target deleted: the actuator rejects the step (the sink finds
