@@ -199,6 +199,7 @@ pub fn samples() -> Vec<Event> {
                     t_var: 0.15,
                     window: 10,
                 }),
+                container: Some("app".to_string()),
             }),
         }),
     ]

@@ -93,6 +93,75 @@ mod tests {
         }
     }
 
+    /// `spec.container` joined `target/1` without a version bump. Both directions hold: a
+    /// registration encoded before it existed (the committed fixture of that time) decodes with
+    /// no container, and one carrying it decodes with a reader that does not know the field
+    /// (the `RegisteredSpec` of that time, mirrored here) — and a registration without a
+    /// container still encodes byte for byte as it did then.
+    #[test]
+    fn the_container_field_is_compatible_both_ways() {
+        let old =
+            std::fs::read(crate_dir().join("fixtures/compat/target-before-container.msgpack"))
+                .unwrap();
+        let Event::Registration(read) = decode_any(&old).unwrap() else {
+            panic!("not a registration")
+        };
+        let spec = read.spec.clone().unwrap();
+        assert_eq!(spec.container, None);
+        assert_eq!(
+            encode(&read).unwrap(),
+            old,
+            "an absent container must encode as before"
+        );
+
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldSpec {
+            min_replicas: u32,
+            max_replicas: u32,
+            min_cpu_millicores: u32,
+            max_cpu_millicores: u32,
+            min_memory_bytes: u64,
+            max_memory_bytes: u64,
+            slo_latency_p99_ms: Option<f64>,
+            slo_throughput_rps: Option<f64>,
+            alpha: f64,
+            recommend_only: bool,
+            lifecycle: Option<RegisteredLifecycle>,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldRegistration {
+            schema: String,
+            target: Target,
+            episode: u64,
+            step: u32,
+            ts_ms: i64,
+            generation: u64,
+            source: String,
+            spec: Option<OldSpec>,
+        }
+        let new = Registration {
+            spec: Some(RegisteredSpec {
+                container: Some("sidecar".to_string()),
+                ..spec
+            }),
+            ..read
+        };
+        let bytes = encode(&new).unwrap();
+        assert_ne!(bytes, old);
+        let by_old: OldRegistration = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.schema, "target/1");
+        assert_eq!(
+            by_old.spec.unwrap().max_replicas,
+            new.spec.as_ref().unwrap().max_replicas
+        );
+        let Event::Registration(back) = decode_any(&bytes).unwrap() else {
+            panic!("not a registration")
+        };
+        assert_eq!(back.spec.unwrap().container.as_deref(), Some("sidecar"));
+    }
+
     #[test]
     fn wire_format_is_a_named_map_readable_without_our_types() {
         for ev in samples() {

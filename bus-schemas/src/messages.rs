@@ -443,6 +443,14 @@ pub struct RegisteredSpec {
     pub recommend_only: bool,
     /// The lifecycle profile; absent = the services' configured default.
     pub lifecycle: Option<RegisteredLifecycle>,
+    /// The container of the Deployment's pods whose CPU and memory the actuator sizes: the one
+    /// the AwareAutoscaler's `resourcePolicy.containerPolicies` names. Absent (no policy, or a
+    /// `*` policy) = the actuator's own choice: its `container` setting, else the pod
+    /// template's first container. Added to `target/1` without a version bump: a message
+    /// without it reads as absent, a reader that does not know it ignores it, and it is left
+    /// out of the encoding when absent (such a registration encodes as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// `target/1`: the controller registers a target with the services (spec present) or

@@ -271,6 +271,7 @@ mod tests {
             alpha: 0.5,
             recommend_only: false,
             lifecycle: None,
+            container: None,
         };
         crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }

@@ -35,6 +35,7 @@ pub fn to_registered(spec: &TargetSpec, lifecycle: Option<&LifecycleProfile>) ->
             t_var: l.t_var,
             window: u32::try_from(l.window).unwrap_or(u32::MAX),
         }),
+        container: spec.container.clone(),
     }
 }
 
@@ -87,6 +88,14 @@ pub fn from_registered(
             }
         }
     }
+    if let Some(c) = &r.container {
+        // The controller sends no name for "every container" (`*`), so a `*` here is not ours.
+        if c.is_empty() || c == "*" {
+            return Err(refuse(format!(
+                "container `{c}` is not a container name (absent = the actuator's own choice)"
+            )));
+        }
+    }
     let lifecycle = match &r.lifecycle {
         None => None,
         Some(l) => {
@@ -122,6 +131,7 @@ pub fn from_registered(
             } else {
                 UpdateMode::Auto
             },
+            container: r.container.clone(),
         },
         lifecycle,
     ))
@@ -281,6 +291,7 @@ mod tests {
         s.slo.latency_p99_ms = Some(150.0);
         s.alpha = 0.75;
         s.update_mode = UpdateMode::Off;
+        s.container = Some("sidecar".into());
         s
     }
 
@@ -315,6 +326,14 @@ mod tests {
             },
             RegisteredSpec {
                 slo_latency_p99_ms: Some(-1.0),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                container: Some(String::new()),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                container: Some("*".into()),
                 ..to_registered(&spec(), None)
             },
             RegisteredSpec {

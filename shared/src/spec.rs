@@ -47,6 +47,11 @@ pub struct TargetSpec {
     pub alpha: f64,
     #[serde(default)]
     pub update_mode: UpdateMode,
+    /// The container of the Deployment's pods whose CPU and memory the actuator sizes (a
+    /// registration carries the one the AwareAutoscaler's `containerPolicies` names); unset =
+    /// the actuator's `kubernetes` `container` setting, else the pod template's first container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 fn default_alpha() -> f64 {
@@ -62,6 +67,7 @@ impl TargetSpec {
             slo: Slo::default(),
             alpha: default_alpha(),
             update_mode: UpdateMode::Auto,
+            container: None,
         }
     }
 

@@ -50,6 +50,22 @@ fn validate(files: &[PathBuf]) -> (bool, String) {
     )
 }
 
+/// Registrations encoded before a compatible field was added (`bus-schemas/fixtures/compat/`)
+/// still match the published schemas.
+#[test]
+fn the_compatibility_fixtures_read_in_python_match_the_schemas() {
+    let dir = repo().join("bus-schemas/fixtures/compat");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixture in {}", dir.display());
+    let (ok, report) = validate(&files);
+    assert!(ok, "{report}");
+    assert!(report.contains("failed: 0"), "{report}");
+}
+
 #[test]
 fn the_golden_fixtures_read_in_python_match_the_schemas_and_a_broken_message_does_not() {
     let fixtures: Vec<PathBuf> = EventKind::ALL

@@ -388,7 +388,10 @@ impl TargetActuator {
                 let (desired, ts_ms) = (a.desired, a.ts_ms);
                 // One call at a time per target (`wait`): decisions apply in order.
                 let fut = async move {
-                    let current = match k.current(&target).await {
+                    // The container is the registration's (or the configuration's), never the
+                    // action's: the actuator trusts only its own registration state.
+                    let container = spec.container.as_deref();
+                    let current = match k.current_with(&target, container).await {
                         Ok(c) => c,
                         Err(e) => return KubeOutcome::Failed(None, e),
                     };
@@ -396,7 +399,7 @@ impl TargetActuator {
                     if !d.changes(&current) {
                         return KubeOutcome::Decided(current, d);
                     }
-                    match k.apply(&target, d.applied).await {
+                    match k.apply_with(&target, d.applied, container).await {
                         Ok(report) => KubeOutcome::Decided(current, with_report(d, report)),
                         Err(e) => KubeOutcome::Failed(Some(current), e),
                     }

@@ -278,6 +278,24 @@ pub fn current_allocation(
     (replicas, cpu, mem)
 }
 
+/// Why the container the AwareAutoscaler's `containerPolicies` names cannot be sized: it is not
+/// in the Deployment's pod template (names the field and the containers there are).
+pub fn missing_container(obj: &AwareAutoscaler, d: &Deployment) -> Option<String> {
+    let (field, name) = obj.sized_container().ok().flatten()?;
+    let names: Vec<&str> = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers.iter().map(|c| c.name.as_str()).collect())
+        .unwrap_or_default();
+    (!names.contains(&name)).then(|| {
+        format!(
+            "{field}: the Deployment's pod template has no container `{name}` (its containers: {})",
+            names.join(", ")
+        )
+    })
+}
+
 fn key_of(obj: &AwareAutoscaler) -> Result<ObjectKey, ControllerError> {
     Ok(ObjectKey {
         namespace: obj.namespace().ok_or(ControllerError::Unnamed)?,
@@ -424,14 +442,13 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
                     ),
                     Action::requeue(Duration::from_secs(shared.config.error_requeue_seconds)),
                 )),
-                Some(d) => {
-                    let container = obj
-                        .spec
-                        .resource_policy
-                        .as_ref()
-                        .and_then(|p| p.container_policies.first())
-                        .map(|p| p.container_name.as_str());
-                    match current_allocation(&d, container) {
+                Some(d) => match missing_container(&obj, &d) {
+                    Some(why) => Err((
+                        "ContainerNotFound",
+                        why,
+                        Action::requeue(Duration::from_secs(shared.config.error_requeue_seconds)),
+                    )),
+                    None => match current_allocation(&d, spec.container.as_deref()) {
                         (replicas, Some(cpu), Some(mem)) => obj
                             .validate_against(aware_bus_schemas::Resources {
                                 replicas,
@@ -447,8 +464,8 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
                                 )
                             }),
                         _ => Ok(spec),
-                    }
-                }
+                    },
+                },
             }
         }
     };

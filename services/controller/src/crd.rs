@@ -372,6 +372,20 @@ impl AwareAutoscaler {
         }
     }
 
+    /// The container the actuator sizes, with the field that names it: the container policy's
+    /// `containerName`, or `None` when there is no policy or it is the `*` one (the actuator
+    /// then keeps its own choice: its `container` setting, else the first container).
+    pub fn sized_container(&self) -> Result<Option<(String, &str)>, CrdError> {
+        Ok(self.container_policy()?.and_then(|(i, p)| {
+            (p.container_name != ALL_CONTAINERS).then(|| {
+                (
+                    format!("spec.resourcePolicy.containerPolicies[{i}].containerName"),
+                    p.container_name.as_str(),
+                )
+            })
+        }))
+    }
+
     /// The allocation bounds: `constraints` and the container policy, the defaults of
     /// [`Bounds`] where the spec says nothing.
     pub fn bounds(&self) -> Result<Bounds, CrdError> {
@@ -457,6 +471,7 @@ impl AwareAutoscaler {
                 UpdateMode::Auto => SpecUpdateMode::Auto,
                 UpdateMode::Off => SpecUpdateMode::Off,
             },
+            container: self.sized_container()?.map(|(_, name)| name.to_string()),
         })
     }
 
@@ -951,6 +966,7 @@ mod tests {
                 },
                 alpha: 0.6,
                 update_mode: SpecUpdateMode::Off,
+                container: Some("web".into()),
             }
         );
         assert_eq!(a.lifecycle_profile().unwrap(), LifecycleProfile::default());
@@ -977,6 +993,17 @@ mod tests {
         ]}}));
         let b = one_sided.bounds().unwrap();
         assert_eq!(b.max_memory_bytes, 1_000_000_000);
+        assert_eq!(
+            one_sided.target_spec().unwrap().container.as_deref(),
+            Some("app")
+        );
+        assert_eq!(
+            one_sided.sized_container().unwrap(),
+            Some((
+                "spec.resourcePolicy.containerPolicies[0].containerName".to_string(),
+                "app"
+            ))
+        );
         assert_eq!(b.min_memory_bytes, Bounds::default().min_memory_bytes);
         assert_eq!(b.min_cpu_millicores, Bounds::default().min_cpu_millicores);
 
@@ -986,6 +1013,12 @@ mod tests {
         ]}}));
         let b = star.bounds().unwrap();
         assert_eq!((b.min_cpu_millicores, b.min_memory_bytes), (500, 512 * MI));
+        // The `*` policy gives the bounds and names no container: the actuator's own choice.
+        assert_eq!(star.target_spec().unwrap().container, None);
+        let only_star = with(json!({"resourcePolicy": {"containerPolicies": [
+            {"containerName": "*", "maxAllowed": {"cpu": "1"}},
+        ]}}));
+        assert_eq!(only_star.target_spec().unwrap().container, None);
         assert_eq!(b.max_cpu_millicores, Bounds::default().max_cpu_millicores);
 
         let ambiguous = with(json!({"resourcePolicy": {"containerPolicies": [

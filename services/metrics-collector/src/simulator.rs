@@ -102,6 +102,7 @@ pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
             slo: a.slo,
             alpha: a.alpha,
             update_mode: aware_shared::spec::UpdateMode::Auto,
+            container: None,
         })
         .collect()
 }

@@ -20,7 +20,12 @@
 //!     depend on the container as read): when another client changed the Deployment in between,
 //!     the API server refuses it with 409 Conflict and the sink reads the Deployment again and
 //!     recomputes, up to `retry.max_attempts` reads, rather than overwrite that edit.
-//! - **Container**: the configured name, else the first container of the pod template.
+//! - **Container**: the one the target's registration names (the AwareAutoscaler's
+//!   `resourcePolicy.containerPolicies`, carried as `TargetSpec::container`); with none (no
+//!   policy, or a `*` policy) the configured `container`, else the first container of the pod
+//!   template. Only that container is patched (template and pods alike); the others are left as
+//!   they are. A named container missing from the template (or from a live pod) is refused with
+//!   [`SinkError::Unmanageable`] naming where the name came from, and nothing is patched.
 //! - **Requests** keep the container's request/limit ratio per resource (so a Guaranteed pod stays
 //!   Guaranteed and a Burstable one stays Burstable: in-place resize cannot change the QoS class):
 //!   new request = round(new limit × old request / old limit), at most the new limit. A request
@@ -212,16 +217,21 @@ impl Sink for KubernetesSink {
         "kubernetes"
     }
 
-    fn current<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Resources, SinkError>> {
-        Box::pin(self.read_current(target))
+    fn current_with<'a>(
+        &'a self,
+        target: &'a Target,
+        container: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Resources, SinkError>> {
+        Box::pin(self.read_current(target, container))
     }
 
-    fn apply<'a>(
+    fn apply_with<'a>(
         &'a self,
         target: &'a Target,
         desired: Resources,
+        container: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
-        Box::pin(self.apply_desired(target, desired))
+        Box::pin(self.apply_desired(target, desired, container))
     }
 }
 
@@ -237,21 +247,71 @@ impl From<CallError> for SinkError {
     }
 }
 
-/// The managed container of a pod spec: its index and the container.
+/// Which container of the pod template is sized, and who chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice<'a> {
+    /// Named by the target's registration (the AwareAutoscaler's `containerPolicies`).
+    Registered(&'a str),
+    /// The sink's `container` setting for the target.
+    Configured(&'a str),
+    /// The first container of the pod template.
+    First,
+    /// The container sized at the first read (a read again looks for the same one).
+    Sized(&'a str),
+}
+
+impl<'a> Choice<'a> {
+    fn new(registered: Option<&'a str>, cfg: &'a TargetSinkConfig) -> Self {
+        match (registered, cfg.container.as_deref()) {
+            (Some(n), _) => Choice::Registered(n),
+            (None, Some(n)) => Choice::Configured(n),
+            (None, None) => Choice::First,
+        }
+    }
+
+    fn name(self) -> Option<&'a str> {
+        match self {
+            Choice::Registered(n) | Choice::Configured(n) | Choice::Sized(n) => Some(n),
+            Choice::First => None,
+        }
+    }
+
+    /// Where a name came from, for an error that names it.
+    fn origin(self) -> &'static str {
+        match self {
+            Choice::Registered(_) => {
+                "named by the AwareAutoscaler's spec.resourcePolicy.containerPolicies[].containerName"
+            }
+            Choice::Configured(_) => "named by the actuator's kubernetes `container` setting",
+            Choice::First => "the pod template's first container",
+            Choice::Sized(_) => "the container sized when the Deployment was first read",
+        }
+    }
+}
+
+/// The managed container of a pod spec.
 fn select_container<'c>(
     target: &Target,
     containers: &'c [Container],
-    name: Option<&str>,
+    choice: Choice<'_>,
     whose: &str,
 ) -> Result<&'c Container, SinkError> {
-    let found = match name {
+    let found = match choice.name() {
         Some(n) => containers.iter().find(|c| c.name == n),
         None => containers.first(),
     };
     found.ok_or_else(|| SinkError::Unmanageable {
         target: target.key(),
-        why: match name {
-            Some(n) => format!("{whose} has no container named `{n}`"),
+        why: match choice.name() {
+            Some(n) => format!(
+                "{whose} has no container `{n}` ({}; its containers: {})",
+                choice.origin(),
+                containers
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             None => format!("{whose} has no containers"),
         },
     })
@@ -399,17 +459,17 @@ impl KubernetesSink {
         Ok((api, pods))
     }
 
-    async fn read_current(&self, target: &Target) -> Result<Resources, SinkError> {
+    async fn read_current(
+        &self,
+        target: &Target,
+        registered: Option<&str>,
+    ) -> Result<Resources, SinkError> {
         let cfg = self.config.for_target(target);
+        let choice = Choice::new(registered, cfg);
         let (_, spec, _) = self.get_deployment(target).await?;
         let replicas = replicas_of(target, &spec)?;
         let template = template_containers(&spec);
-        let container = select_container(
-            target,
-            template,
-            cfg.container.as_deref(),
-            "the pod template",
-        )?;
+        let container = select_container(target, template, choice, "the pod template")?;
         let (mut cpu, mut memory) = limits_of(target, container)?;
         if cfg.vertical_mode == VerticalMode::InPlace {
             let (_, pods) = self.live_pods(target, &spec).await?;
@@ -436,18 +496,15 @@ impl KubernetesSink {
         &self,
         target: &Target,
         desired: Resources,
+        registered: Option<&str>,
     ) -> Result<ApplyReport, SinkError> {
         validate_desired(target, &desired)?;
         let cfg = self.config.for_target(target);
+        let choice = Choice::new(registered, cfg);
         let (deployments, spec, version) = self.get_deployment(target).await?;
         let template = template_containers(&spec);
-        let container = select_container(
-            target,
-            template,
-            cfg.container.as_deref(),
-            "the pod template",
-        )?
-        .clone();
+        // Checked before anything is patched: a missing container refuses the whole decision.
+        let container = select_container(target, template, choice, "the pod template")?.clone();
 
         let mut notes = Vec::new();
         let replicas = self
@@ -577,7 +634,7 @@ impl KubernetesSink {
                     let after = select_container(
                         target,
                         template_containers(&spec),
-                        Some(&container.name),
+                        Choice::Sized(&container.name),
                         "the patched pod template",
                     )?;
                     let limits = limits_of(target, after)?;
@@ -610,7 +667,7 @@ impl KubernetesSink {
             container = select_container(
                 target,
                 template_containers(&spec),
-                Some(&container.name),
+                Choice::Sized(&container.name),
                 "the pod template",
             )?
             .clone();
@@ -1705,7 +1762,8 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "shop/web cannot be managed: the pod template has no container named `api`"
+            "shop/web cannot be managed: the pod template has no container `api` \
+             (named by the actuator's kubernetes `container` setting; its containers: app)"
         );
     }
 
@@ -1795,6 +1853,106 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(report.in_force, res(2, 750, 768));
+    }
+
+    /// The registration names the sidecar (the AwareAutoscaler's `containerPolicies`): the
+    /// template patch carries that container only, although the sink's own setting names `app`.
+    #[tokio::test]
+    async fn the_registered_container_is_sized_over_the_configured_one() {
+        let config = KubernetesSinkConfig {
+            defaults: TargetSinkConfig {
+                vertical_mode: VerticalMode::TemplatePatch,
+                container: Some("app".to_string()),
+                ..TargetSinkConfig::default()
+            },
+            ..in_place()
+        };
+        let app = || app_container("500m", "512Mi", "250m", "256Mi");
+        let mut resized = sidecar();
+        resized["resources"] = resources_body("200m", "128Mi", "100m", "64Mi");
+        let script = vec![
+            get(DEPLOY, 200, deployment(2, vec![app(), sidecar()])),
+            patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body(
+                    "log-shipper",
+                    resources_body("200m", "128Mi", "100m", "64Mi"),
+                ),
+                200,
+                deployment(2, vec![app(), resized]),
+            ),
+        ];
+        let report = run(config, script, |sink| async move {
+            sink.apply_with(&target(), res(2, 200, 128), Some("log-shipper"))
+                .await
+        })
+        .await
+        .unwrap();
+        assert_eq!(report.in_force, res(2, 200, 128));
+    }
+
+    /// In place: each live pod's named container is resized, the pod's other container is not
+    /// in the patch; the allocation in force is read from the named container too.
+    #[tokio::test]
+    async fn in_place_resize_of_the_registered_container() {
+        let old = || vec![app_container("500m", "512Mi", "250m", "256Mi"), sidecar()];
+        let mut resized = sidecar();
+        resized["resources"] = resources_body("200m", "128Mi", "100m", "64Mi");
+        let new = vec![app_container("500m", "512Mi", "250m", "256Mi"), resized];
+        let script = vec![
+            get(DEPLOY, 200, deployment(1, old())),
+            get(PODS, 200, pod_list(vec![pod("web-a", old(), "Running")])),
+            get(DEPLOY, 200, deployment(1, old())),
+            get(PODS, 200, pod_list(vec![pod("web-a", old(), "Running")])),
+            patch(
+                &resize_uri("web-a"),
+                STRATEGIC,
+                resize_body(
+                    "log-shipper",
+                    resources_body("200m", "128Mi", "100m", "64Mi"),
+                ),
+                200,
+                pod("web-a", new, "Running"),
+            ),
+        ];
+        let (current, report) = run(in_place(), script, |sink| async move {
+            let current = sink.current_with(&target(), Some("log-shipper")).await;
+            let report = sink
+                .apply_with(&target(), res(1, 200, 128), Some("log-shipper"))
+                .await;
+            (current, report)
+        })
+        .await;
+        assert_eq!(current.unwrap(), res(1, 100, 64));
+        assert_eq!(report.unwrap().in_force, res(1, 200, 128));
+    }
+
+    /// A registered container the Deployment does not have: refused before anything is
+    /// patched (not even the replicas), with an error naming the field the name came from.
+    #[tokio::test]
+    async fn a_registered_container_missing_from_the_deployment_is_refused() {
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            get(DEPLOY, 200, default_deployment()),
+        ];
+        let (current, applied) = run(in_place(), script, |sink| async move {
+            let current = sink.current_with(&target(), Some("sidecar")).await;
+            let applied = sink
+                .apply_with(&target(), res(5, 750, 768), Some("sidecar"))
+                .await;
+            (current, applied)
+        })
+        .await;
+        for err in [current.unwrap_err(), applied.unwrap_err()] {
+            assert!(matches!(err, SinkError::Unmanageable { .. }), "{err:?}");
+            assert_eq!(
+                err.to_string(),
+                "shop/web cannot be managed: the pod template has no container `sidecar` \
+                 (named by the AwareAutoscaler's spec.resourcePolicy.containerPolicies[].containerName; \
+                 its containers: app)"
+            );
+        }
     }
 
     #[test]

@@ -7,10 +7,11 @@
 //! ```ignore
 //! impl Sink for SimulatorSink {
 //!     fn name(&self) -> &'static str { "simulator" }
-//!     fn current<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Resources, SinkError>> {
+//!     fn current_with<'a>(&'a self, target: &'a Target, container: Option<&'a str>)
+//!         -> BoxFuture<'a, Result<Resources, SinkError>> {
 //!         Box::pin(async move { /* read the allocation in force */ })
 //!     }
-//!     fn apply<'a>(&'a self, target: &'a Target, desired: Resources)
+//!     fn apply_with<'a>(&'a self, target: &'a Target, desired: Resources, container: Option<&'a str>)
 //!         -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
 //!         Box::pin(async move {
 //!             validate_desired(target, &desired)?;
@@ -36,17 +37,39 @@ pub trait Sink: Send + Sync {
     /// `simulator` or `kubernetes`: the `sink` field of `applied`.
     fn name(&self) -> &'static str;
 
-    /// The allocation in force for `target`.
-    fn current<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Resources, SinkError>>;
+    /// The allocation in force for `target`. `container` is the container the target's
+    /// registration names (`TargetSpec::container`, from the AwareAutoscaler's
+    /// `resourcePolicy.containerPolicies`); `None` leaves the choice to the sink's
+    /// configuration.
+    fn current_with<'a>(
+        &'a self,
+        target: &'a Target,
+        container: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Resources, SinkError>>;
 
-    /// Applies `desired` (already within the target's bounds and guardrails) to `target`; returns
-    /// the allocation in force afterwards and notes on how it was applied. Idempotent: applying the
-    /// allocation in force changes nothing.
+    /// Applies `desired` (already within the target's bounds and guardrails) to `target` (its
+    /// `container` as in [`Sink::current_with`]); returns the allocation in force afterwards and
+    /// notes on how it was applied. Idempotent: applying the allocation in force changes nothing.
+    fn apply_with<'a>(
+        &'a self,
+        target: &'a Target,
+        desired: Resources,
+        container: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>>;
+
+    /// [`Sink::current_with`] with no registered container (the sink's configured choice).
+    fn current<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Resources, SinkError>> {
+        self.current_with(target, None)
+    }
+
+    /// [`Sink::apply_with`] with no registered container (the sink's configured choice).
     fn apply<'a>(
         &'a self,
         target: &'a Target,
         desired: Resources,
-    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>>;
+    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
+        self.apply_with(target, desired, None)
+    }
 }
 
 /// The result of [`Sink::apply`].
