@@ -28,6 +28,10 @@ export PATH="$PATH:/usr/sbin:/usr/bin"
 # tests/k8s/ once into ~/.cache/aware-rs/k8s-<version>-<hash>/, reused at once afterwards.
 AWARE_K8S_BIN=$(bash tests/k8s/build.sh | tail -n 1)
 export AWARE_K8S_BIN
+# The prometheus-operator CRDs the chart's monitoring objects need (the chart test installs them),
+# from the Go module proxy, pinned, cached under ~/.cache/aware-rs/prometheus-operator-crds-<version>/.
+AWARE_PROMETHEUS_OPERATOR_CRDS=$(bash tests/k8s/prometheus-operator-crds.sh | tail -n 1)
+export AWARE_PROMETHEUS_OPERATOR_CRDS
 
 # The QuestDB server jar (Maven Central; runs on the machine's Java 17) the trajectory store's
 # conformance tests and `aware bench store` start, cached under ~/.cache/aware-rs/questdb-<version>.

@@ -16,6 +16,7 @@ use aware_shared::config::BusConfig;
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+mod chart_monitoring;
 mod container_policies;
 
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
