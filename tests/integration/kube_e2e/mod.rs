@@ -16,6 +16,8 @@ use aware_shared::config::BusConfig;
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+mod whole_loop;
+
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).unwrap()
 }
