@@ -656,14 +656,14 @@ async fn whole_loop_on_the_real_control_plane_bootstraps_to_online_and_applies_t
         }
         eprintln!(
             "{key}: {} decisions applied ({} RL), {} Deployment versions, {changes} allocation \
-             changes, lifecycle {stages:?}; the first decisions: {:?}",
+             changes, lifecycle {stages:?}; the first decisions (source, replicas, CPU): {:?}",
             applied.len(),
             p.rl_applied(t),
             held.len(),
             applied
                 .iter()
-                .take(24)
-                .map(|a| (a.source, a.applied))
+                .take(10)
+                .map(|a| (a.source, a.applied.replicas, a.applied.cpu_millicores))
                 .collect::<Vec<_>>()
         );
     }
