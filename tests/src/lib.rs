@@ -2,6 +2,7 @@
 //! processes, plain HTTP GETs and Prometheus exposition parsing, schema-agnostic MessagePack.
 
 pub mod kube;
+pub mod kube_sim;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

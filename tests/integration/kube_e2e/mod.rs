@@ -18,6 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 mod chart_monitoring;
 mod container_policies;
+mod whole_loop;
 
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).unwrap()
