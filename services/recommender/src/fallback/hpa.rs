@@ -77,6 +77,15 @@ pub fn pods_from_metrics(m: &RawMetrics) -> [PodGroup; 2] {
     ]
 }
 
+/// Whole millicores as upstream reads a pod's usage: the resource metrics API reports nanocores
+/// and `Quantity.MilliValue()` rounds up. Rounding to nanocores first keeps an exact number of
+/// millicores exact (2.007 cores × 1000 is 2007.0000000000002 in floating point, which a plain
+/// ceil would read as 2008 m). Capped at [`MAX_POD_MILLI`].
+fn milli_value(cores: f64) -> f64 {
+    let nanocores = (cores * 1e9).round();
+    (nanocores / 1e6).ceil().min(MAX_POD_MILLI)
+}
+
 pub(crate) fn valid_nonneg(v: f64) -> Option<f64> {
     (v.is_finite() && v >= 0.0).then_some(v)
 }
@@ -281,8 +290,7 @@ pub fn calculate_replicas(
         }
         match g.pod.cpu_usage_cores.and_then(valid_nonneg) {
             Some(cores) => {
-                // Quantity.MilliValue() rounds up.
-                let milli = (cores * 1000.0).ceil().min(MAX_POD_MILLI) as i128;
+                let milli = milli_value(cores) as i128;
                 ready_with_metrics += n;
                 metrics_total += n * milli;
             }

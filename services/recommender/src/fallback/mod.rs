@@ -401,7 +401,6 @@ impl Fallback {
                 self.vpa.add_cpu_samples(
                     now_s,
                     metrics.cpu_usage_cores / f64::from(cpu_pods),
-                    limit_cores,
                     cpu_pods,
                 );
             }
