@@ -15,7 +15,11 @@
 //! **AWARE mapping.** AWARE scales CPU *limits* and does not set requests separately, so the
 //! per-replica CPU limit plays the role of the pod's CPU request: utilization is CPU usage over
 //! the CPU limit. Pod readiness, start time and the CPU initialization period are not observable
-//! from aggregate metrics: a pod is either ready (its usage counts) or not (upstream `unreadyPods`).
+//! from aggregate metrics: a pod is either ready (its usage counts) or not (upstream `unreadyPods`:
+//! pending, not Ready, or Ready within the CPU initialization period but measured before a full
+//! metric window). One upstream route is out of reach: a running pod that has *no* metric is
+//! `missingPods` whatever its readiness, so an unready pod the metrics server has not measured yet
+//! counts at 100 % of its request on a scale-down upstream, and is ignored here.
 
 use serde::{Deserialize, Serialize};
 
