@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need when missing (nats-server, prometheus, python3
 # with venv for the manifest checks; the Kubernetes control plane that tests/k8s/build.sh builds;
-# the QuestDB jar), validates the Dockerfile, chart and manifests, builds every binary (integration
-# tests run them as separate processes) after checking which crates may depend on the simulator
-# and on dfdx (tests/check-deps.sh), runs every test, then the chaos test on its own and every
+# the upstream HPA/VPA driver that tests/upstream/build.sh builds; the QuestDB jar), validates the
+# Dockerfile, chart and manifests, builds every binary (integration tests run them as separate
+# processes) after checking which crates may depend on the simulator and on dfdx
+# (tests/check-deps.sh), runs every test, then the chaos test on its own and every
 # fuzz target for 60 s (tests/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,11 @@ export AWARE_K8S_BIN
 # from the Go module proxy, pinned, cached under ~/.cache/aware-rs/prometheus-operator-crds-<version>/.
 AWARE_PROMETHEUS_OPERATOR_CRDS=$(bash tests/k8s/prometheus-operator-crds.sh | tail -n 1)
 export AWARE_PROMETHEUS_OPERATOR_CRDS
+# The driver of the recommender's differential test against upstream's HPA replica calculator and
+# VPA recommender (services/recommender/tests/upstream_diff.rs), built from the pinned Go module
+# tests/upstream/ once into ~/.cache/aware-rs/upstream-<versions>-<hash>/, reused at once afterwards.
+AWARE_UPSTREAM_BIN=$(bash tests/upstream/build.sh | tail -n 1)
+export AWARE_UPSTREAM_BIN
 
 # The QuestDB server jar (Maven Central; runs on the machine's Java 17) the trajectory store's
 # conformance tests and `aware bench store` start, cached under ~/.cache/aware-rs/questdb-<version>.

@@ -119,18 +119,24 @@ impl Histogram {
         }
     }
 
-    /// Removes up to `weight` from the bucket of `value` (a bucket never goes negative).
+    /// Removes `weight` from the bucket of `value` and from the total; either drops to 0 when
+    /// less than epsilon would remain (upstream's `safeSubtract`, so neither goes negative).
     pub fn subtract_sample(&mut self, value: f64, weight: f64) {
         if !weight.is_finite() || weight < 0.0 {
             return;
         }
         let bucket = self.options.find_bucket(value);
-        let mut weight = weight;
-        if weight > self.bucket_weight[bucket] - self.options.epsilon() {
-            weight = self.bucket_weight[bucket];
-        }
-        self.total_weight -= weight;
-        self.bucket_weight[bucket] -= weight;
+        let eps = self.options.epsilon();
+        let safe_subtract = |from: f64| {
+            let left = from - weight;
+            if left < eps {
+                0.0
+            } else {
+                left
+            }
+        };
+        self.total_weight = safe_subtract(self.total_weight);
+        self.bucket_weight[bucket] = safe_subtract(self.bucket_weight[bucket]);
         self.update_min_and_max_bucket();
     }
 
@@ -311,9 +317,14 @@ mod tests {
         let mut h = Histogram::new(cpu_buckets());
         h.add_sample(0.5, 1.0);
         h.add_sample(2.0, 1.0);
+        h.subtract_sample(2.0, 0.5);
+        assert!((h.bucket_weight_at(2.0) - 0.5).abs() < 1e-12);
+        assert!((h.total_weight() - 1.5).abs() < 1e-12);
+        // Like upstream's safeSubtract, subtracting more than a bucket holds empties the bucket
+        // and takes the whole weight off the total (floored at 0), not only what the bucket had.
         h.subtract_sample(2.0, 5.0);
         assert_eq!(h.bucket_weight_at(2.0), 0.0);
-        assert!((h.total_weight() - 1.0).abs() < 1e-12);
+        assert_eq!(h.total_weight(), 0.0);
         assert!((h.percentile(0.99) - 0.511_134).abs() < 1e-5);
         h.subtract_sample(0.5, 1.0);
         assert!(h.is_empty());

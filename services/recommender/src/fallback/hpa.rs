@@ -15,7 +15,11 @@
 //! **AWARE mapping.** AWARE scales CPU *limits* and does not set requests separately, so the
 //! per-replica CPU limit plays the role of the pod's CPU request: utilization is CPU usage over
 //! the CPU limit. Pod readiness, start time and the CPU initialization period are not observable
-//! from aggregate metrics: a pod is either ready (its usage counts) or not (upstream `unreadyPods`).
+//! from aggregate metrics: a pod is either ready (its usage counts) or not (upstream `unreadyPods`:
+//! pending, not Ready, or Ready within the CPU initialization period but measured before a full
+//! metric window). One upstream route is out of reach: a running pod that has *no* metric is
+//! `missingPods` whatever its readiness, so an unready pod the metrics server has not measured yet
+//! counts at 100 % of its request on a scale-down upstream, and is ignored here.
 
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +79,15 @@ pub fn pods_from_metrics(m: &RawMetrics) -> [PodGroup; 2] {
             },
         },
     ]
+}
+
+/// Whole millicores as upstream reads a pod's usage: the resource metrics API reports nanocores
+/// and `Quantity.MilliValue()` rounds up. Rounding to nanocores first keeps an exact number of
+/// millicores exact (2.007 cores × 1000 is 2007.0000000000002 in floating point, which a plain
+/// ceil would read as 2008 m). Capped at [`MAX_POD_MILLI`].
+fn milli_value(cores: f64) -> f64 {
+    let nanocores = (cores * 1e9).round();
+    (nanocores / 1e6).ceil().min(MAX_POD_MILLI)
 }
 
 pub(crate) fn valid_nonneg(v: f64) -> Option<f64> {
@@ -281,8 +294,7 @@ pub fn calculate_replicas(
         }
         match g.pod.cpu_usage_cores.and_then(valid_nonneg) {
             Some(cores) => {
-                // Quantity.MilliValue() rounds up.
-                let milli = (cores * 1000.0).ceil().min(MAX_POD_MILLI) as i128;
+                let milli = milli_value(cores) as i128;
                 ready_with_metrics += n;
                 metrics_total += n * milli;
             }

@@ -1,14 +1,18 @@
 //! The Vertical Pod Autoscaler recommender (and the updater's eviction rule) for the per-replica
 //! CPU and memory.
 //!
-//! Ported from kubernetes/autoscaler `vertical-pod-autoscaler/pkg/recommender`:
+//! Ported from kubernetes/autoscaler `vertical-pod-autoscaler/pkg/recommender` (checked against
+//! VPA 1.8.1 by the differential test `tests/upstream_diff.rs`, see below):
 //! - `model/aggregations_config.go`: exponential histograms (buckets growing 5 %, first bucket
 //!   0.01 core for CPU and 10 MB = 1e7 bytes for memory, up to 1000 cores / 1 TB), 24 h decay
 //!   half life for both, memory aggregation interval 24 h × 8, OOM bump-up 1.2× / +100 MiB;
-//! - `model/aggregate_container_state.go`: CPU samples weighted by the container's CPU request
-//!   (at least 0.1 core), first/last sample times and the sample count;
+//! - `model/aggregate_container_state.go`: every CPU sample weighs the same (`minSampleWeight`,
+//!   0.1; VPA 1.8 no longer weighs samples by the container's CPU request), first/last sample
+//!   times and the sample count;
 //! - `model/container.go`: one memory *peak* per aggregation interval per container (a higher
-//!   sample in the same interval replaces the peak), OOM events as bumped-up memory samples;
+//!   sample in the same interval replaces the peak), OOM events as bumped-up memory samples,
+//!   discarded when older than the latest memory sample minus one interval
+//!   (kubernetes/autoscaler#8548);
 //! - `logic/recommender.go` and `logic/estimator.go`: target = P90, lower bound = P50, upper
 //!   bound = P95, each × (1 + 15 % safety margin); the upper bound × (1 + 1/confidence), the
 //!   lower bound × (1 + 0.001/confidence)^−2, where the confidence is
@@ -18,13 +22,13 @@
 //!   when a request is outside [lower bound, upper bound].
 //!
 //! **AWARE mapping.** AWARE allocates CPU and memory *limits* per replica, so the limits stand in
-//! for the container requests everywhere (sample weights, OOM bump base, the updater's
-//! comparison) and the recommendation is applied to the limits. A replica is one container.
+//! for the container requests everywhere (OOM bump base, the updater's comparison) and the
+//! recommendation is applied to the limits. A replica is one container; the target keeps one
+//! memory-peak state (replicas are identical), CPU samples count once per pod.
 //!
 //! Choices where upstream has alternatives: the first CPU bucket is 0.01 core (VPA ≤ 1.x;
-//! kubernetes/autoscaler#7554 proposes 0.001, configurable here); CPU samples are weighted by the
-//! request as upstream does (not by usage); the updater's secondary rule (evict long-lived pods
-//! whose target differs by > 10 %) needs pod ages and is not modelled.
+//! kubernetes/autoscaler#7554 proposes 0.001, configurable here); the updater's secondary rule
+//! (evict long-lived pods whose target differs by > 10 %) needs pod ages and is not modelled.
 
 use serde::{Deserialize, Serialize};
 
@@ -306,26 +310,15 @@ impl Vpa {
         }
     }
 
-    /// `pods` CPU samples of `usage_cores` each (`addCPUSample`), weighted by the CPU request
-    /// (limit) in cores, at least 0.1. Invalid values are discarded (`isValid`).
-    pub fn add_cpu_samples(
-        &mut self,
-        time_s: f64,
-        usage_cores: f64,
-        request_cores: f64,
-        pods: u32,
-    ) {
+    /// `pods` CPU samples of `usage_cores` each (`addCPUSample`), each weighing
+    /// `minSampleWeight`. Invalid values are discarded (`isValid`).
+    pub fn add_cpu_samples(&mut self, time_s: f64, usage_cores: f64, pods: u32) {
         if pods == 0 || !time_s.is_finite() || !(usage_cores.is_finite() && usage_cores >= 0.0) {
             return;
         }
-        let request = if request_cores.is_finite() {
-            request_cores
-        } else {
-            0.0
-        };
         // CoresFromCPUAmount(CPUAmountFromCores(x)): whole millicores.
         let usage = scale_resource(usage_cores, 1000.0) / 1000.0;
-        let weight = request.max(MIN_SAMPLE_WEIGHT) * f64::from(pods);
+        let weight = MIN_SAMPLE_WEIGHT * f64::from(pods);
         self.cpu.add_sample(usage, weight, time_s);
         if self.last_sample_s.is_none_or(|l| time_s > l) {
             self.last_sample_s = Some(time_s);
@@ -382,13 +375,15 @@ impl Vpa {
 
     /// `ContainerState.RecordOOM`: an OOM kill with `requested_bytes` (the memory limit) adds a
     /// memory sample of max(used + 100 MiB, used × 1.2) with used = max(request, recent peak).
-    /// Returns the sample, or `None` if the event is older than the current interval.
+    /// Returns the sample, or `None` if the event is more than one aggregation interval older
+    /// than the latest memory sample (measured from that sample, not from the end of its
+    /// interval, which can lie up to a whole interval ahead: kubernetes/autoscaler#8548).
     pub fn record_oom(&mut self, time_s: f64, requested_bytes: f64) -> Option<f64> {
         if !time_s.is_finite() {
             return None;
         }
-        if let Some(end) = self.window_end_s {
-            if time_s < end - self.config.memory_aggregation_interval_s {
+        if let Some(last) = self.last_memory_sample_s {
+            if time_s < last - self.config.memory_aggregation_interval_s {
                 return None;
             }
         }
@@ -513,7 +508,7 @@ mod tests {
     fn steady(v: &mut Vpa, from_s: f64, days: f64, cores: f64, mem: f64) {
         let mut t = from_s;
         while t < from_s + days * DAY_S {
-            v.add_cpu_samples(t, cores, 1.0, 4);
+            v.add_cpu_samples(t, cores, 4);
             v.add_memory_sample(t, mem, false);
             t += 15.0;
         }
@@ -590,8 +585,8 @@ mod tests {
     fn few_samples_cap_confidence() {
         // Two samples a day apart: span 1 day but only 2/1440 "days" of samples.
         let mut v = Vpa::new(VpaConfig::default()).unwrap();
-        v.add_cpu_samples(0.0, 0.5, 1.0, 1);
-        v.add_cpu_samples(DAY_S, 0.5, 1.0, 1);
+        v.add_cpu_samples(0.0, 0.5, 1);
+        v.add_cpu_samples(DAY_S, 0.5, 1);
         let e = v.estimate().unwrap();
         assert!((e.confidence - 2.0 / 1440.0).abs() < 1e-12);
     }
@@ -664,7 +659,7 @@ mod tests {
     #[test]
     fn history_expires_after_eight_days_without_samples() {
         let mut v = Vpa::new(VpaConfig::default()).unwrap();
-        v.add_cpu_samples(0.0, 0.5, 1.0, 1);
+        v.add_cpu_samples(0.0, 0.5, 1);
         assert!(!v.expire(7.0 * DAY_S));
         assert!(v.estimate().is_some());
         assert!(v.expire(8.0 * DAY_S));
@@ -673,20 +668,18 @@ mod tests {
     }
 
     #[test]
-    fn cpu_samples_weigh_by_request() {
+    fn cpu_samples_weigh_the_same_per_pod() {
         let mut v = Vpa::new(VpaConfig::default()).unwrap();
-        // Same time: 0.2 core with a 3-core limit outweighs 1 core with a 1-core limit.
-        v.add_cpu_samples(0.0, 0.2, 3.0, 1);
-        v.add_cpu_samples(0.0, 1.0, 1.0, 1);
+        // VPA 1.8 weighs every sample 0.1 whatever the request (limit): 3 pods at 0.2 core
+        // weigh three times 1 pod at 1 core.
+        v.add_cpu_samples(0.0, 0.2, 3);
+        v.add_cpu_samples(0.0, 1.0, 1);
         let h = v.cpu_histogram().histogram();
         assert!((h.bucket_weight_at(0.2) / h.bucket_weight_at(1.0) - 3.0).abs() < 1e-9);
-        // A tiny limit still weighs 0.1.
-        v.add_cpu_samples(0.0, 2.0, 0.0, 1);
-        let h = v.cpu_histogram().histogram();
-        assert!((h.bucket_weight_at(2.0) - 0.1).abs() < 1e-12);
+        assert!((h.bucket_weight_at(1.0) - 0.1).abs() < 1e-12);
         // Invalid samples are dropped.
-        v.add_cpu_samples(0.0, f64::NAN, 1.0, 1);
-        v.add_cpu_samples(0.0, -1.0, 1.0, 1);
-        assert_eq!(v.total_samples(), 3);
+        v.add_cpu_samples(0.0, f64::NAN, 1);
+        v.add_cpu_samples(0.0, -1.0, 1);
+        assert_eq!(v.total_samples(), 4);
     }
 }
