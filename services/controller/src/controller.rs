@@ -121,6 +121,8 @@ struct Tracked {
     status: HashMap<ObjectKey, AwareAutoscalerStatus>,
     /// Objects whose status changed since the last write.
     dirty: Vec<ObjectKey>,
+    /// The generation each managed object was last registered with, and when.
+    registered_at: HashMap<ObjectKey, (Option<i64>, tokio::time::Instant)>,
 }
 
 /// The controller's metrics (in the service's registry).
@@ -133,6 +135,9 @@ pub struct ControllerMetrics {
     pub watch_errors: prometheus::IntCounter,
     /// 1 while this replica holds the lease (or runs without leader election).
     pub leader: prometheus::IntGauge,
+    /// Duration of one reconciliation (finalizer protocol, Deployment read, registration,
+    /// status write), whatever its result.
+    pub reconcile_duration: prometheus::Histogram,
 }
 
 impl ControllerMetrics {
@@ -168,6 +173,14 @@ impl ControllerMetrics {
             leader: m.gauge(
                 "controller_leader",
                 "1 while this replica leads (holds the lease, or runs without leader election) and reconciles",
+            )?,
+            reconcile_duration: m.histogram(
+                "controller_reconcile_duration_seconds",
+                "Duration of one reconciliation of an AwareAutoscaler, whatever its result",
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ],
             )?,
         })
     }
@@ -383,6 +396,7 @@ async fn not_managing(
     // Whatever was registered before (an older, valid generation) stops being managed.
     let was_managed = {
         let mut t = shared.tracked();
+        t.registered_at.remove(&key);
         let was = t.owners.get(&target) == Some(&key);
         if was {
             t.owners.remove(&target);
@@ -409,7 +423,20 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
     let key = key_of(&obj)?;
     let target = target_of(&obj)?;
     let gen = obj.meta().generation;
-    let resync = Action::requeue(Duration::from_secs(shared.config.resync_seconds));
+    let resync_every = Duration::from_secs(shared.config.resync_seconds);
+    // Registered with this generation less than a resync ago: the event is a change of
+    // something else — in practice the controller's own status write, which every watcher sees.
+    // Nothing the registration depends on changed (the spec is the generation; the Deployment is
+    // read at the resync), so this waits for the resync instead of reading the Deployment again.
+    // The returned delay keeps the resync where it was (the event replaced it in the queue).
+    let recent = shared.tracked().registered_at.get(&key).copied();
+    if let Some((registered_gen, at)) = recent {
+        let since = at.elapsed();
+        if registered_gen == gen && since + RESYNC_MARGIN < resync_every {
+            return Ok(Action::requeue(resync_every - since));
+        }
+    }
+    let resync = Action::requeue(resync_every);
     let checked = match obj.target_spec() {
         Err(e) => Err(("InvalidSpec", e.to_string(), Action::await_change())),
         Ok(spec) => {
@@ -497,8 +524,16 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
     if changed {
         write_status(&shared, &key).await?;
     }
+    shared
+        .tracked()
+        .registered_at
+        .insert(key, (gen, tokio::time::Instant::now()));
     Ok(resync)
 }
+
+/// A reconcile this close to an object's resync does the resync's work (a timer may fire a
+/// little early or late; the resync must not be skipped).
+const RESYNC_MARGIN: Duration = Duration::from_secs(1);
 
 fn managed_count(shared: &Shared) -> i64 {
     i64::try_from(shared.tracked().owners.len()).unwrap_or(i64::MAX)
@@ -519,6 +554,7 @@ async fn cleanup(
             t.owners.remove(&target);
         }
         t.status.remove(&key);
+        t.registered_at.remove(&key);
         t.dirty.retain(|k| k != &key);
     }
     shared.metrics.managed.set(managed_count(&shared));
@@ -541,13 +577,16 @@ pub async fn reconcile(
         .ok_or(kube::runtime::finalizer::Error::UnnamedObject)?;
     let api: Api<AwareAutoscaler> = Api::namespaced(shared.client.clone(), &ns);
     let s = shared.clone();
-    finalizer(&api, FINALIZER, obj, |event| async move {
+    let timer = shared.metrics.reconcile_duration.start_timer();
+    let res = finalizer(&api, FINALIZER, obj, |event| async move {
         match event {
             FinalizerEvent::Apply(o) => apply(o, s).await,
             FinalizerEvent::Cleanup(o) => cleanup(o, s).await,
         }
     })
-    .await
+    .await;
+    timer.observe_duration();
+    res
 }
 
 fn error_policy(
@@ -1055,8 +1094,60 @@ mod tests {
             .await
             .unwrap();
         assert!(f.registration().await.is_some());
+        resync_due(&f.shared).await;
         reconcile(parse(obj), f.shared.clone()).await.unwrap();
         assert!(f.registration().await.is_some(), "re-sent on resync");
+        f.finish().await;
+    }
+
+    /// Moves the clock past the resync interval, as the queue's requeue would.
+    async fn resync_due(shared: &Shared) {
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(shared.config.resync_seconds)).await;
+        tokio::time::resume();
+    }
+
+    /// A watch event of the same generation soon after the registration (the controller's own
+    /// status write) makes no API call and sends nothing, and keeps the resync due (a shorter
+    /// requeue); a new generation is registered at once.
+    #[tokio::test]
+    async fn an_event_of_the_same_generation_before_the_resync_calls_nothing() {
+        let obj = object(&[FINALIZER], spec());
+        let registered = |gen: i64| {
+            let mut body = status_body(
+                json!([{
+                    "type": "Registered", "status": "True", "reason": "Registered",
+                    "message": "Deployment shop/web registered with the services (recommend-only)",
+                    "observedGeneration": gen, "lastTransitionTime": "<time>",
+                }]),
+                json!({}),
+            );
+            body["status"]["observedGeneration"] = json!(gen);
+            body
+        };
+        let mut changed = obj.clone();
+        changed["metadata"]["generation"] = json!(4);
+        let mut f = Fixture::new(vec![
+            get(DEPLOY, 200, deployment(2, "500m", "512Mi")),
+            patch(STATUS, MERGE, registered(3), obj.clone()),
+            // Only for generation 4.
+            get(DEPLOY, 200, deployment(2, "500m", "512Mi")),
+            patch(STATUS, MERGE, registered(4), changed.clone()),
+        ])
+        .await;
+        let resync = Action::requeue(Duration::from_secs(f.shared.config.resync_seconds));
+        let first = reconcile(parse(obj.clone()), f.shared.clone())
+            .await
+            .unwrap();
+        assert_eq!(first, resync);
+        assert!(f.registration().await.is_some());
+        let again = reconcile(parse(obj), f.shared.clone()).await.unwrap();
+        assert!(f.registration().await.is_none(), "nothing re-sent");
+        assert_ne!(again, resync, "the resync stays where it was");
+        assert_ne!(again, Action::await_change());
+        let new_gen = reconcile(parse(changed), f.shared.clone()).await.unwrap();
+        assert_eq!(new_gen, resync);
+        assert!(f.registration().await.is_some(), "generation 4 registered");
         f.finish().await;
     }
 
@@ -1160,6 +1251,7 @@ mod tests {
             .await
             .unwrap();
         assert!(f.registration().await.unwrap().spec.is_some());
+        resync_due(&f.shared).await;
         reconcile(parse(obj), f.shared.clone()).await.unwrap();
         let r = f.registration().await.expect("a deregistration");
         assert!(r.spec.is_none());
