@@ -105,8 +105,9 @@ impl Default for KubeBenchOptions {
 pub struct ApiCalls {
     /// Requests of the ServiceAccounts' flow (the controller and the actuator) dispatched.
     pub controller_and_actuator_requests: f64,
-    /// By `VERB resource[/subresource] code` for AwareAutoscalers, Deployments and Leases (all
-    /// clients; the bench's own creates are listed too).
+    /// By `VERB resource[/subresource] code` for AwareAutoscalers, Deployments, Pods and Leases
+    /// (all clients: the bench's own creates and the controller manager's Deployment status
+    /// updates are listed too).
     pub by_call: BTreeMap<String, f64>,
     /// Requests rejected by priority and fairness (all flows), and 429 answers (all clients).
     pub apf_rejected: f64,
@@ -161,9 +162,10 @@ pub struct Acting {
     pub decision_to_api_max_ms: f64,
     /// Deployments with the replicas of the last round at the end.
     pub deployments_as_decided: usize,
-    /// The actuator's PATCHes (scale subresource) per target per control interval.
+    /// The actuator's PATCHes (Deployments and their scale, pods' resize) per target per control
+    /// interval, attempts (429s included).
     pub actuator_writes_per_target_per_interval: f64,
-    /// The controller's status PATCHes per target per control interval.
+    /// The controller's status PATCHes per target per control interval, attempts.
     pub status_writes_per_target_per_interval: f64,
     /// The end of the last round → the controller's status writes stop (its flushes caught up).
     pub status_settled_after_s: f64,
@@ -408,7 +410,10 @@ async fn scrape_api(admin: &kube::Client) -> Result<ApiScrape, BenchError> {
         .filter(|x| x.metric == "apiserver_request_total")
     {
         let resource = x.labels.get("resource").unwrap_or_default();
-        if !matches!(resource, "awareautoscalers" | "deployments" | "leases") {
+        if !matches!(
+            resource,
+            "awareautoscalers" | "deployments" | "leases" | "pods"
+        ) {
             continue;
         }
         let sub = x.labels.get("subresource").unwrap_or_default();
@@ -1082,7 +1087,8 @@ pub async fn run(opts: &KubeBenchOptions) -> Result<KubeBenchReport, BenchError>
                 .count();
             let rounds = f64::from(opts.act_rounds);
             let per = |x: f64| x / n as f64 / rounds;
-            let actuator_writes = api.count("PATCH", "deployments", false);
+            let actuator_writes =
+                api.count("PATCH", "deployments", false) + api.count("PATCH", "pods", false);
             let status_writes = api.count("PATCH", "awareautoscalers/status", true);
             tracing::info!(acted_for_s, "acting phase done");
             Some(Acting {

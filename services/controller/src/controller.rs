@@ -9,7 +9,7 @@
 //! per `status_interval_ms` per object (every step of every target would otherwise be an API
 //! call); lifecycle changes go out at the next flush too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -119,8 +119,9 @@ struct Tracked {
     owners: HashMap<Target, ObjectKey>,
     /// The status the controller wants each object to have.
     status: HashMap<ObjectKey, AwareAutoscalerStatus>,
-    /// Objects whose status changed since the last write.
-    dirty: Vec<ObjectKey>,
+    /// Objects whose status changed since the last write (a set: with many targets every event
+    /// would otherwise scan the list).
+    dirty: HashSet<ObjectKey>,
     /// The generation each managed object was last registered with, and when.
     registered_at: HashMap<ObjectKey, (Option<i64>, tokio::time::Instant)>,
 }
@@ -555,7 +556,7 @@ async fn cleanup(
         }
         t.status.remove(&key);
         t.registered_at.remove(&key);
-        t.dirty.retain(|k| k != &key);
+        t.dirty.remove(&key);
     }
     shared.metrics.managed.set(managed_count(&shared));
     shared
@@ -645,28 +646,29 @@ pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
     });
     if changed {
         let mut t = shared.tracked();
-        if !t.dirty.contains(&key) {
-            t.dirty.push(key.clone());
-        }
+        t.dirty.insert(key.clone());
         Some(key)
     } else {
         None
     }
 }
 
+/// Status writes of one flush in flight at once: one at a time, a flush of thousands of objects
+/// would take longer than the interval between flushes.
+const STATUS_WRITE_CONCURRENCY: usize = 8;
+
 /// Writes every object whose status changed since the last flush.
 pub async fn flush_status(shared: &Shared) {
     let dirty = std::mem::take(&mut shared.tracked().dirty);
-    for key in dirty {
-        if let Err(e) = write_status(shared, &key).await {
-            tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), error = %e, "status write failed");
-            // Retried at the next flush.
-            let mut t = shared.tracked();
-            if !t.dirty.contains(&key) {
-                t.dirty.push(key);
+    futures::stream::iter(dirty)
+        .for_each_concurrent(STATUS_WRITE_CONCURRENCY, |key| async move {
+            if let Err(e) = write_status(shared, &key).await {
+                tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), error = %e, "status write failed");
+                // Retried at the next flush.
+                shared.tracked().dirty.insert(key);
             }
-        }
-    }
+        })
+        .await;
 }
 
 /// The status writer: folds `lifecycle`, `action` and `applied` events into the held status and
@@ -678,6 +680,10 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
         .await?;
     let mut tick = tokio::time::interval(Duration::from_millis(shared.config.status_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A flush runs beside the folding, so events keep being read while it writes (a long flush
+    // would otherwise fill the subscription's buffer and the bus would drop events); a tick
+    // while one runs waits for the next.
+    let mut flushing: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
             _ = shared.ctx.shutdown.cancelled() => break,
@@ -685,8 +691,16 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
                 Some(ev) => { fold_event(&shared, &ev); }
                 None => break,
             },
-            _ = tick.tick() => flush_status(&shared).await,
+            _ = tick.tick() => {
+                if flushing.as_ref().is_none_or(|f| f.is_finished()) {
+                    let s = shared.clone();
+                    flushing = Some(tokio::spawn(async move { flush_status(&s).await }));
+                }
+            }
         }
+    }
+    if let Some(f) = flushing {
+        let _ = f.await;
     }
     flush_status(&shared).await;
     Ok(())
