@@ -54,6 +54,11 @@ pub struct ControllerConfig {
     pub status_interval_ms: u64,
     /// Retry delay after a failed reconciliation.
     pub error_requeue_seconds: u64,
+    /// Reconciliations running at once. Unbounded, a thousand objects created together become a
+    /// thousand concurrent requests of one client, more than the API server's priority and
+    /// fairness queues for one flow hold: it answers 429 and the reconciles fail and wait for
+    /// their retry.
+    pub max_concurrent_reconciles: u16,
     /// Leader election among replicas (`[controller.leader_election]`).
     pub leader_election: LeaderElectionConfig,
 }
@@ -65,6 +70,7 @@ impl Default for ControllerConfig {
             resync_seconds: 30,
             status_interval_ms: 2000,
             error_requeue_seconds: 10,
+            max_concurrent_reconciles: 16,
             leader_election: LeaderElectionConfig::default(),
         }
     }
@@ -87,6 +93,9 @@ impl ControllerConfig {
         }
         if self.error_requeue_seconds == 0 {
             return bad("error_requeue_seconds", "must be at least 1");
+        }
+        if self.max_concurrent_reconciles == 0 {
+            return bad("max_concurrent_reconciles", "must be at least 1");
         }
         if let Some((key, why)) = self.leader_election.problem() {
             return bad(&format!("leader_election.{key}"), why);
@@ -784,6 +793,10 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
     let shutdown = ctx.shutdown.clone();
     let watch_errors = shared.metrics.watch_errors.clone();
     let run = Controller::new(api, watcher::Config::default())
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(config.max_concurrent_reconciles),
+        )
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, shared.clone())
         .for_each(|res| {
