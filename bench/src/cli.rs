@@ -12,6 +12,7 @@ use crate::bootstrap::BootstrapBenchOptions;
 use crate::bus::BusBenchOptions;
 use crate::control_loop::LoopBenchOptions;
 use crate::embed::EmbedBenchOptions;
+use crate::kube::KubeBenchOptions;
 use crate::serve::ServeBenchOptions;
 use crate::store::StoreBenchOptions;
 use crate::BenchError;
@@ -48,6 +49,11 @@ pub enum BenchCommand {
     Store(StoreBenchOptions),
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus(BusArgs),
+    /// The controller and the actuator at scale on a real API server (etcd, kube-apiserver with
+    /// its default priority and fairness, kwok): time until --targets AwareAutoscalers are
+    /// registered, reconcile latency, API requests per target in steady state, controller
+    /// memory, decision → API latency; writes kube.json.
+    Kube(KubeBenchOptions),
 }
 
 const BOOTSTRAP_KNOBS: &str = "Research knobs (accepted, not listed above): --pace-ms, \
@@ -197,6 +203,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Bus(args) => {
             text_logs()?;
             bus(&args)
+        }
+        BenchCommand::Kube(opts) => {
+            text_logs()?;
+            kube(&opts)
         }
     }
 }
@@ -596,6 +606,21 @@ fn bus(args: &BusArgs) -> Result<(), BenchError> {
         );
     }
     let path = crate::write_json(out, "bus.json", &serde_json::to_value(&results)?)?;
+    println!("wrote {path}");
+    Ok(())
+}
+
+fn kube(opts: &KubeBenchOptions) -> Result<(), BenchError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)?;
+    let r = rt.block_on(crate::kube::run(opts))?;
+    for line in crate::kube::summary(&r) {
+        println!("{line}");
+    }
+    let path = crate::write_json(&opts.out, "kube.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");
     Ok(())
 }

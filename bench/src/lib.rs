@@ -8,6 +8,7 @@ pub mod bus;
 pub mod cli;
 pub mod control_loop;
 pub mod embed;
+pub mod kube;
 pub mod serve;
 pub mod serve_bus;
 pub mod store;
@@ -21,6 +22,10 @@ pub enum BenchError {
     Bus(#[from] aware_shared::bus::BusError),
     #[error(transparent)]
     Config(#[from] aware_shared::config::ConfigError),
+    #[error(transparent)]
+    Kube(#[from] aware_kube_testkit::KubeError),
+    #[error("Kubernetes API: {0}")]
+    KubeApi(#[from] ::kube::Error),
     #[error(transparent)]
     Harness(#[from] aware_shared::testkit::HarnessError),
     #[error(transparent)]

@@ -1,7 +1,8 @@
 //! Helpers for the integration tests: locating the built binaries, running them as child
 //! processes, plain HTTP GETs and Prometheus exposition parsing, schema-agnostic MessagePack.
 
-pub mod kube;
+/// The real Kubernetes control plane (its own crate, which `aware bench kube` uses too).
+pub use aware_kube_testkit as kube;
 pub mod kube_sim;
 
 use std::io::{BufRead, BufReader};

@@ -9,7 +9,7 @@
 //! per `status_interval_ms` per object (every step of every target would otherwise be an API
 //! call); lifecycle changes go out at the next flush too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -54,6 +54,11 @@ pub struct ControllerConfig {
     pub status_interval_ms: u64,
     /// Retry delay after a failed reconciliation.
     pub error_requeue_seconds: u64,
+    /// Reconciliations running at once. Unbounded, a thousand objects created together become a
+    /// thousand concurrent requests of one client, more than the API server's priority and
+    /// fairness queues for one flow hold: it answers 429 and the reconciles fail and wait for
+    /// their retry.
+    pub max_concurrent_reconciles: u16,
     /// Leader election among replicas (`[controller.leader_election]`).
     pub leader_election: LeaderElectionConfig,
 }
@@ -65,6 +70,7 @@ impl Default for ControllerConfig {
             resync_seconds: 30,
             status_interval_ms: 2000,
             error_requeue_seconds: 10,
+            max_concurrent_reconciles: 16,
             leader_election: LeaderElectionConfig::default(),
         }
     }
@@ -87,6 +93,9 @@ impl ControllerConfig {
         }
         if self.error_requeue_seconds == 0 {
             return bad("error_requeue_seconds", "must be at least 1");
+        }
+        if self.max_concurrent_reconciles == 0 {
+            return bad("max_concurrent_reconciles", "must be at least 1");
         }
         if let Some((key, why)) = self.leader_election.problem() {
             return bad(&format!("leader_election.{key}"), why);
@@ -119,8 +128,11 @@ struct Tracked {
     owners: HashMap<Target, ObjectKey>,
     /// The status the controller wants each object to have.
     status: HashMap<ObjectKey, AwareAutoscalerStatus>,
-    /// Objects whose status changed since the last write.
-    dirty: Vec<ObjectKey>,
+    /// Objects whose status changed since the last write (a set: with many targets every event
+    /// would otherwise scan the list).
+    dirty: HashSet<ObjectKey>,
+    /// The generation each managed object was last registered with, and when.
+    registered_at: HashMap<ObjectKey, (Option<i64>, tokio::time::Instant)>,
 }
 
 /// The controller's metrics (in the service's registry).
@@ -133,6 +145,9 @@ pub struct ControllerMetrics {
     pub watch_errors: prometheus::IntCounter,
     /// 1 while this replica holds the lease (or runs without leader election).
     pub leader: prometheus::IntGauge,
+    /// Duration of one reconciliation (finalizer protocol, Deployment read, registration,
+    /// status write), whatever its result.
+    pub reconcile_duration: prometheus::Histogram,
 }
 
 impl ControllerMetrics {
@@ -168,6 +183,14 @@ impl ControllerMetrics {
             leader: m.gauge(
                 "controller_leader",
                 "1 while this replica leads (holds the lease, or runs without leader election) and reconciles",
+            )?,
+            reconcile_duration: m.histogram(
+                "controller_reconcile_duration_seconds",
+                "Duration of one reconciliation of an AwareAutoscaler, whatever its result",
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ],
             )?,
         })
     }
@@ -401,6 +424,7 @@ async fn not_managing(
     // Whatever was registered before (an older, valid generation) stops being managed.
     let was_managed = {
         let mut t = shared.tracked();
+        t.registered_at.remove(&key);
         let was = t.owners.get(&target) == Some(&key);
         if was {
             t.owners.remove(&target);
@@ -427,7 +451,20 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
     let key = key_of(&obj)?;
     let target = target_of(&obj)?;
     let gen = obj.meta().generation;
-    let resync = Action::requeue(Duration::from_secs(shared.config.resync_seconds));
+    let resync_every = Duration::from_secs(shared.config.resync_seconds);
+    // Registered with this generation less than a resync ago: the event is a change of
+    // something else — in practice the controller's own status write, which every watcher sees.
+    // Nothing the registration depends on changed (the spec is the generation; the Deployment is
+    // read at the resync), so this waits for the resync instead of reading the Deployment again.
+    // The returned delay keeps the resync where it was (the event replaced it in the queue).
+    let recent = shared.tracked().registered_at.get(&key).copied();
+    if let Some((registered_gen, at)) = recent {
+        let since = at.elapsed();
+        if registered_gen == gen && since + RESYNC_MARGIN < resync_every {
+            return Ok(Action::requeue(resync_every - since));
+        }
+    }
+    let resync = Action::requeue(resync_every);
     let checked = match obj.target_spec() {
         Err(e) => Err(("InvalidSpec", e.to_string(), Action::await_change())),
         Ok(spec) => {
@@ -514,8 +551,16 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
     if changed {
         write_status(&shared, &key).await?;
     }
+    shared
+        .tracked()
+        .registered_at
+        .insert(key, (gen, tokio::time::Instant::now()));
     Ok(resync)
 }
+
+/// A reconcile this close to an object's resync does the resync's work (a timer may fire a
+/// little early or late; the resync must not be skipped).
+const RESYNC_MARGIN: Duration = Duration::from_secs(1);
 
 fn managed_count(shared: &Shared) -> i64 {
     i64::try_from(shared.tracked().owners.len()).unwrap_or(i64::MAX)
@@ -536,7 +581,8 @@ async fn cleanup(
             t.owners.remove(&target);
         }
         t.status.remove(&key);
-        t.dirty.retain(|k| k != &key);
+        t.registered_at.remove(&key);
+        t.dirty.remove(&key);
     }
     shared.metrics.managed.set(managed_count(&shared));
     shared
@@ -558,13 +604,16 @@ pub async fn reconcile(
         .ok_or(kube::runtime::finalizer::Error::UnnamedObject)?;
     let api: Api<AwareAutoscaler> = Api::namespaced(shared.client.clone(), &ns);
     let s = shared.clone();
-    finalizer(&api, FINALIZER, obj, |event| async move {
+    let timer = shared.metrics.reconcile_duration.start_timer();
+    let res = finalizer(&api, FINALIZER, obj, |event| async move {
         match event {
             FinalizerEvent::Apply(o) => apply(o, s).await,
             FinalizerEvent::Cleanup(o) => cleanup(o, s).await,
         }
     })
-    .await
+    .await;
+    timer.observe_duration();
+    res
 }
 
 fn error_policy(
@@ -623,28 +672,29 @@ pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
     });
     if changed {
         let mut t = shared.tracked();
-        if !t.dirty.contains(&key) {
-            t.dirty.push(key.clone());
-        }
+        t.dirty.insert(key.clone());
         Some(key)
     } else {
         None
     }
 }
 
+/// Status writes of one flush in flight at once: one at a time, a flush of thousands of objects
+/// would take longer than the interval between flushes.
+const STATUS_WRITE_CONCURRENCY: usize = 8;
+
 /// Writes every object whose status changed since the last flush.
 pub async fn flush_status(shared: &Shared) {
     let dirty = std::mem::take(&mut shared.tracked().dirty);
-    for key in dirty {
-        if let Err(e) = write_status(shared, &key).await {
-            tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), error = %e, "status write failed");
-            // Retried at the next flush.
-            let mut t = shared.tracked();
-            if !t.dirty.contains(&key) {
-                t.dirty.push(key);
+    futures::stream::iter(dirty)
+        .for_each_concurrent(STATUS_WRITE_CONCURRENCY, |key| async move {
+            if let Err(e) = write_status(shared, &key).await {
+                tracing::warn!(object = %format!("{}/{}", key.namespace, key.name), error = %e, "status write failed");
+                // Retried at the next flush.
+                shared.tracked().dirty.insert(key);
             }
-        }
-    }
+        })
+        .await;
 }
 
 /// The status writer: folds `lifecycle`, `action` and `applied` events into the held status and
@@ -656,6 +706,10 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
         .await?;
     let mut tick = tokio::time::interval(Duration::from_millis(shared.config.status_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A flush runs beside the folding, so events keep being read while it writes (a long flush
+    // would otherwise fill the subscription's buffer and the bus would drop events); a tick
+    // while one runs waits for the next.
+    let mut flushing: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
             _ = shared.ctx.shutdown.cancelled() => break,
@@ -663,8 +717,16 @@ pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> 
                 Some(ev) => { fold_event(&shared, &ev); }
                 None => break,
             },
-            _ = tick.tick() => flush_status(&shared).await,
+            _ = tick.tick() => {
+                if flushing.as_ref().is_none_or(|f| f.is_finished()) {
+                    let s = shared.clone();
+                    flushing = Some(tokio::spawn(async move { flush_status(&s).await }));
+                }
+            }
         }
+    }
+    if let Some(f) = flushing {
+        let _ = f.await;
     }
     flush_status(&shared).await;
     Ok(())
@@ -748,6 +810,10 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
     let shutdown = ctx.shutdown.clone();
     let watch_errors = shared.metrics.watch_errors.clone();
     let run = Controller::new(api, watcher::Config::default())
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(config.max_concurrent_reconciles),
+        )
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, shared.clone())
         .for_each(|res| {
@@ -1072,8 +1138,60 @@ mod tests {
             .await
             .unwrap();
         assert!(f.registration().await.is_some());
+        resync_due(&f.shared).await;
         reconcile(parse(obj), f.shared.clone()).await.unwrap();
         assert!(f.registration().await.is_some(), "re-sent on resync");
+        f.finish().await;
+    }
+
+    /// Moves the clock past the resync interval, as the queue's requeue would.
+    async fn resync_due(shared: &Shared) {
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(shared.config.resync_seconds)).await;
+        tokio::time::resume();
+    }
+
+    /// A watch event of the same generation soon after the registration (the controller's own
+    /// status write) makes no API call and sends nothing, and keeps the resync due (a shorter
+    /// requeue); a new generation is registered at once.
+    #[tokio::test]
+    async fn an_event_of_the_same_generation_before_the_resync_calls_nothing() {
+        let obj = object(&[FINALIZER], spec());
+        let registered = |gen: i64| {
+            let mut body = status_body(
+                json!([{
+                    "type": "Registered", "status": "True", "reason": "Registered",
+                    "message": "Deployment shop/web registered with the services (recommend-only)",
+                    "observedGeneration": gen, "lastTransitionTime": "<time>",
+                }]),
+                json!({}),
+            );
+            body["status"]["observedGeneration"] = json!(gen);
+            body
+        };
+        let mut changed = obj.clone();
+        changed["metadata"]["generation"] = json!(4);
+        let mut f = Fixture::new(vec![
+            get(DEPLOY, 200, deployment(2, "500m", "512Mi")),
+            patch(STATUS, MERGE, registered(3), obj.clone()),
+            // Only for generation 4.
+            get(DEPLOY, 200, deployment(2, "500m", "512Mi")),
+            patch(STATUS, MERGE, registered(4), changed.clone()),
+        ])
+        .await;
+        let resync = Action::requeue(Duration::from_secs(f.shared.config.resync_seconds));
+        let first = reconcile(parse(obj.clone()), f.shared.clone())
+            .await
+            .unwrap();
+        assert_eq!(first, resync);
+        assert!(f.registration().await.is_some());
+        let again = reconcile(parse(obj), f.shared.clone()).await.unwrap();
+        assert!(f.registration().await.is_none(), "nothing re-sent");
+        assert_ne!(again, resync, "the resync stays where it was");
+        assert_ne!(again, Action::await_change());
+        let new_gen = reconcile(parse(changed), f.shared.clone()).await.unwrap();
+        assert_eq!(new_gen, resync);
+        assert!(f.registration().await.is_some(), "generation 4 registered");
         f.finish().await;
     }
 
@@ -1177,6 +1295,7 @@ mod tests {
             .await
             .unwrap();
         assert!(f.registration().await.unwrap().spec.is_some());
+        resync_due(&f.shared).await;
         reconcile(parse(obj), f.shared.clone()).await.unwrap();
         let r = f.registration().await.expect("a deregistration");
         assert!(r.spec.is_none());

@@ -2,6 +2,8 @@
 //! kube-controller-manager, kube-scheduler, kwok's fake nodes: `aware_tests::kube`), built from
 //! the pinned Go module by `tests/k8s/build.sh`.
 
+mod bench;
+
 use std::time::{Duration, Instant};
 
 use aware_tests::kube::{KubeCluster, KubeOptions};

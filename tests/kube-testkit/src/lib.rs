@@ -1,6 +1,7 @@
-//! A real Kubernetes control plane for the end-to-end tests: etcd, kube-apiserver (RBAC, a
-//! service-account issuer and signing key, certificates generated here), kube-controller-manager,
-//! kube-scheduler and kwok faking a few nodes, each a child process on free loopback ports.
+//! A real Kubernetes control plane for the end-to-end tests and `aware bench kube`: etcd,
+//! kube-apiserver (RBAC, a service-account issuer and signing key, certificates generated here),
+//! kube-controller-manager, kube-scheduler and kwok faking a few nodes, each a child process on
+//! free loopback ports.
 //!
 //! The binaries are the ones `tests/k8s/build.sh` builds from the pinned Go module (the README's
 //! test command runs it and exports `AWARE_K8S_BIN`; without that variable the harness runs the
@@ -91,7 +92,7 @@ pub fn bin_dir() -> Result<PathBuf, KubeError> {
     if let Some(dir) = std::env::var_os("AWARE_K8S_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/build.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
     let out = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
