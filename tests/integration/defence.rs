@@ -43,6 +43,7 @@ fn obs(episode: u64, step: u32, in_force: Resources) -> Obs {
     o.ts_ms = 1_000 * i64::from(step);
     o.complete = true;
     o.metrics.replicas = in_force.replicas;
+    o.metrics.spec_replicas = Some(in_force.replicas);
     o.metrics.cpu_limit_cores = f64::from(in_force.cpu_millicores) / 1000.0;
     o.metrics.memory_limit_bytes = in_force.memory_bytes as f64;
     o

@@ -70,6 +70,7 @@ fn obs(step: u32) -> Obs {
     o.ts_ms = 1_000 * i64::from(step);
     // The allocation in force the actuator reads (the actions' `current`).
     o.metrics.replicas = 2;
+    o.metrics.spec_replicas = Some(2);
     o.metrics.cpu_limit_cores = 0.5;
     o.metrics.memory_limit_bytes = (512 * MIB) as f64;
     o
