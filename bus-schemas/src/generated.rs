@@ -71,6 +71,7 @@ pub fn samples() -> Vec<Event> {
                 latency_p50_ms: Some(12.5),
                 latency_p99_ms: Some(80.0),
                 oom_kills: 0,
+                spec_replicas: Some(4),
             },
             reward: Some(1.625),
             slo_violation: false,

@@ -162,6 +162,74 @@ mod tests {
         assert_eq!(back.spec.unwrap().container.as_deref(), Some("sidecar"));
     }
 
+    /// `metrics.spec_replicas` joined `obs/1` without a version bump: an observation encoded
+    /// before it existed decodes with none and encodes byte for byte as then, and one carrying
+    /// it decodes with a reader that does not know the field (the `RawMetrics` of that time).
+    #[test]
+    fn the_spec_replicas_field_is_compatible_both_ways() {
+        let old =
+            std::fs::read(crate_dir().join("fixtures/compat/obs-before-spec-replicas.msgpack"))
+                .unwrap();
+        let Event::Obs(read) = decode_any(&old).unwrap() else {
+            panic!("not an obs")
+        };
+        assert_eq!(read.metrics.spec_replicas, None);
+        assert_eq!(read.metrics.replicas_in_force(), read.metrics.replicas);
+        assert_eq!(
+            encode(&read).unwrap(),
+            old,
+            "an absent spec_replicas must encode as before"
+        );
+
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldMetrics {
+            replicas: u32,
+            ready_replicas: u32,
+            cpu_limit_cores: f64,
+            memory_limit_bytes: f64,
+            cpu_usage_cores: f64,
+            memory_working_set_bytes: f64,
+            cpu_util: f64,
+            memory_util: f64,
+            io_util: f64,
+            network_util: f64,
+            request_rate_rps: f64,
+            throughput_rps: f64,
+            latency_p50_ms: Option<f64>,
+            latency_p99_ms: Option<f64>,
+            oom_kills: u32,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldObs {
+            schema: String,
+            target: Target,
+            episode: u64,
+            step: u32,
+            ts_ms: i64,
+            state: Vec<f32>,
+            metrics: OldMetrics,
+            reward: Option<f64>,
+            slo_violation: bool,
+            complete: bool,
+            missing: Vec<String>,
+        }
+        let mut new = read.clone();
+        new.metrics.spec_replicas = Some(read.metrics.replicas + 2);
+        let bytes = encode(&new).unwrap();
+        assert_ne!(bytes, old);
+        let by_old: OldObs = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.schema, "obs/1");
+        assert_eq!(by_old.metrics.replicas, read.metrics.replicas);
+        assert_eq!(by_old.metrics.oom_kills, read.metrics.oom_kills);
+        let Event::Obs(back) = decode_any(&bytes).unwrap() else {
+            panic!("not an obs")
+        };
+        assert_eq!(back.metrics.spec_replicas, Some(read.metrics.replicas + 2));
+        assert_eq!(back.metrics.replicas_in_force(), read.metrics.replicas + 2);
+    }
+
     #[test]
     fn wire_format_is_a_named_map_readable_without_our_types() {
         for ev in samples() {

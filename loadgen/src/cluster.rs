@@ -254,6 +254,9 @@ impl SimMetrics {
             latency_p50_ms: finite(self.p50_ms),
             latency_p99_ms: finite(self.p99_ms),
             oom_kills: self.oom_kills,
+            // The count in force is the allocation's, which the caller knows
+            // (`env::Observation::allocation`); these metrics are the pods'.
+            spec_replicas: None,
         }
     }
 }

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RawMetrics {
+    /// Pods running (created and not yet deleted): what utilization is shared over. After a
+    /// scale this lags the Deployment's `spec.replicas` until the pods are created or removed.
     pub replicas: u32,
     pub ready_replicas: u32,
     /// CPU limit per replica, cores.
@@ -32,6 +34,20 @@ pub struct RawMetrics {
     pub latency_p99_ms: Option<f64>,
     /// Containers killed for exceeding their memory limit during the step.
     pub oom_kills: u32,
+    /// The replica count in force: the Deployment's `spec.replicas` (what the last scale
+    /// set), which `replicas` reaches only once the pods exist. Absent = not read (`replicas`
+    /// stands in). Added to `obs/1` without a version bump: a message without it reads as
+    /// absent, a reader that does not know it ignores it, and it is left out of the encoding
+    /// when absent (such an observation encodes as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_replicas: Option<u32>,
+}
+
+impl RawMetrics {
+    /// The replica count in force: `spec_replicas`, else (not read) the pods running.
+    pub fn replicas_in_force(&self) -> u32 {
+        self.spec_replicas.unwrap_or(self.replicas)
+    }
 }
 
 /// Service-level objective used for SLO preservation and violations. Both may be set; none

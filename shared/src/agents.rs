@@ -48,6 +48,17 @@ pub async fn join_publisher(
 /// Starts the publisher task of a service. It publishes the outbox in order and ends when every
 /// [`Outbox`] clone is dropped or at shutdown (after draining what is queued), flushing the bus.
 pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<()>) {
+    let stop = ctx.shutdown.clone();
+    spawn_publisher_until(ctx, stop)
+}
+
+/// [`spawn_publisher`] ending when `stop` is cancelled instead of at the service's shutdown: for
+/// a service whose actors still queue messages after the shutdown began (the actuator's sink
+/// calls in flight), which cancels `stop` once they are done.
+pub fn spawn_publisher_until(
+    ctx: ServiceContext,
+    stop: tokio_util::sync::CancellationToken,
+) -> (Outbox, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let handle = tokio::spawn(async move {
         loop {
@@ -58,7 +69,7 @@ pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<
                     Some(ev) => { let _ = ctx.publish_event(&ev).await; }
                     None => break,
                 },
-                _ = ctx.shutdown.cancelled() => {
+                _ = stop.cancelled() => {
                     while let Ok(ev) = rx.try_recv() {
                         let _ = ctx.publish_event(&ev).await;
                     }

@@ -23,6 +23,24 @@ pub struct Exchange {
     pub body: Option<Value>,
     pub status: u16,
     pub response: Value,
+    /// How long the server takes to answer (after `arrived` is notified).
+    pub delay: std::time::Duration,
+    /// Notified when the request has arrived and been checked.
+    pub arrived: Option<std::sync::Arc<tokio::sync::Notify>>,
+}
+
+impl Exchange {
+    /// The same exchange answered `delay` after the request arrived, notifying `arrived` on
+    /// arrival: a slow API server, for what happens while a call is in flight.
+    pub fn slow(
+        mut self,
+        delay: std::time::Duration,
+        arrived: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Self {
+        self.delay = delay;
+        self.arrived = Some(arrived);
+        self
+    }
 }
 
 /// A GET of `uri` answered with `status` and `response`.
@@ -34,6 +52,8 @@ pub fn get(uri: &str, status: u16, response: Value) -> Exchange {
         body: None,
         status,
         response,
+        delay: std::time::Duration::ZERO,
+        arrived: None,
     }
 }
 
@@ -52,6 +72,8 @@ pub fn patch(
         body: Some(body),
         status,
         response,
+        delay: std::time::Duration::ZERO,
+        arrived: None,
     }
 }
 
@@ -94,6 +116,10 @@ pub fn serve_normalized(
                 }
                 None => assert!(bytes.is_empty(), "request #{i} has a body"),
             }
+            if let Some(arrived) = &ex.arrived {
+                arrived.notify_one();
+            }
+            tokio::time::sleep(ex.delay).await;
             send.send_response(json_response(ex.status, &ex.response));
         }
         if let Some((request, _)) = handle.next_request().await {

@@ -4,7 +4,8 @@
 use aware_bus_schemas::{Resources, Target};
 use serde::{Deserialize, Serialize};
 
-/// The allocation in force that an `obs` reports (limits rounded to millicores and bytes), or
+/// The allocation in force that an `obs` reports (the spec's replica count, limits rounded to
+/// millicores and bytes), or
 /// `None` when its CPU or memory limit is not a positive finite number: a NaN or a missing limit
 /// must never read as a zero allocation.
 pub fn allocation_in_force(m: &aware_bus_schemas::RawMetrics) -> Option<Resources> {
@@ -13,7 +14,7 @@ pub fn allocation_in_force(m: &aware_bus_schemas::RawMetrics) -> Option<Resource
         return None;
     }
     Some(Resources {
-        replicas: m.replicas,
+        replicas: m.replicas_in_force(),
         // `as` saturates: an absurdly large limit stays absurdly large, never wraps to 0.
         cpu_millicores: ((m.cpu_limit_cores * 1000.0).round() as u32).max(1),
         memory_bytes: (m.memory_limit_bytes.round() as u64).max(1),

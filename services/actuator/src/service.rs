@@ -9,18 +9,27 @@
 //!
 //! Nothing an `action` claims is trusted but its request: the allocation in force comes from the
 //! sink and the step must be the one the collector reported last (see [`TargetActuator`]).
+//!
+//! **Shutdown** (SIGTERM, SIGINT): the actors take no new action (an action not yet decided gets
+//! no `applied` and no sink call), the sink calls in flight finish — for at most
+//! `actuator.shutdown_timeout_ms` — and queue their `applied`, then the publisher publishes what
+//! is queued and flushes the bus. A change written to the Deployment thus has its `applied`,
+//! unless the call outlasts the timeout (logged).
 
 use std::sync::Arc;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
 use aware_bus_schemas::{Action, Applied, Event, EventKind, Outcome, Resources, Schema, Target};
-use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
+use aware_shared::agents::{
+    run_actors, spawn_publisher_until, Deliver, Outbox, Retire, TargetActors,
+};
 use aware_shared::registry::{log_change, Change, Registered};
 use aware_shared::service::{ServiceContext, ServiceError};
 use aware_shared::spec::TargetSpec;
 use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use crate::guardrails::{Decision, GuardState, GuardrailConfig, Guardrails, StepId};
 use crate::sink::{ApplyReport, KubernetesSink, KubernetesSinkConfig, Sink, SinkError};
@@ -35,12 +44,64 @@ pub enum SinkKind {
 }
 
 /// The `[actuator]` configuration section.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActuatorConfig {
     pub sink: SinkKind,
     pub guardrails: GuardrailConfig,
     pub kubernetes: KubernetesSinkConfig,
+    /// At shutdown, how long the sink calls in flight may take to finish (and have their
+    /// `applied` published) before the service exits without them.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for ActuatorConfig {
+    fn default() -> Self {
+        ActuatorConfig {
+            sink: SinkKind::default(),
+            guardrails: GuardrailConfig::default(),
+            kubernetes: KubernetesSinkConfig::default(),
+            shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The sink calls in flight across a service's actors, so that shutdown can wait for them.
+#[derive(Debug, Clone)]
+pub struct InFlight(Arc<tokio::sync::watch::Sender<usize>>);
+
+/// One sink call in flight; dropping it ends the call (after its `applied` is queued).
+#[derive(Debug)]
+pub struct InFlightCall(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight(Arc::new(tokio::sync::watch::channel(0).0))
+    }
+}
+
+impl InFlight {
+    pub fn start(&self) -> InFlightCall {
+        self.0.send_modify(|n| *n += 1);
+        InFlightCall(self.0.clone())
+    }
+
+    pub fn count(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Waits until no call is in flight.
+    pub async fn idle(&self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+impl Drop for InFlightCall {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// The actuator's own metrics.
@@ -208,6 +269,9 @@ pub struct TargetActuator {
     sink: Arc<SinkImpl>,
     outbox: Outbox,
     metrics: ActuatorMetrics,
+    /// The service's shutdown: once cancelled, no new action is taken.
+    shutdown: CancellationToken,
+    in_flight: InFlight,
 }
 
 impl Actor for TargetActuator {
@@ -225,12 +289,15 @@ impl Handler<Retire> for TargetActuator {
 
 impl TargetActuator {
     /// The actor of a target with `spec` (from the configuration until a registration arrives).
+    /// It takes no action once `shutdown` is cancelled, and counts its sink calls in `in_flight`.
     pub fn new(
         spec: TargetSpec,
         guards: Arc<Guardrails>,
         sink: Arc<SinkImpl>,
         outbox: Outbox,
         metrics: ActuatorMetrics,
+        shutdown: CancellationToken,
+        in_flight: InFlight,
     ) -> Self {
         TargetActuator {
             spec,
@@ -243,6 +310,8 @@ impl TargetActuator {
             sink,
             outbox,
             metrics,
+            shutdown,
+            in_flight,
         }
     }
 
@@ -365,6 +434,13 @@ impl TargetActuator {
             episode: a.episode,
             step: a.step,
         };
+        // Counted before the check: shutdown either sees this call in flight or it sees the
+        // cancellation and never starts.
+        let call = self.in_flight.start();
+        if self.shutdown.is_cancelled() {
+            tracing::info!(target = %a.target, %step, "shutting down: action not taken");
+            return;
+        }
         match &*self.sink {
             SinkImpl::Simulator => {
                 let Some(current) = self.reported.and_then(|r| r.allocation) else {
@@ -404,19 +480,23 @@ impl TargetActuator {
                         Err(e) => KubeOutcome::Failed(Some(current), e),
                     }
                 };
-                ctx.wait(fut.into_actor(self).map(move |res, act, _| match res {
-                    KubeOutcome::Decided(current, d) => act.publish(&a, &d, current),
-                    KubeOutcome::Failed(current, e) => {
-                        act.metrics
-                            .sink_errors
-                            .with_label_values(&["kubernetes"])
-                            .inc();
-                        tracing::warn!(target = %a.target, error = %e, "kubernetes sink failed");
-                        if current.is_some() {
-                            act.last_known = current;
+                ctx.wait(fut.into_actor(self).map(move |res, act, _| {
+                    match res {
+                        KubeOutcome::Decided(current, d) => act.publish(&a, &d, current),
+                        KubeOutcome::Failed(current, e) => {
+                            act.metrics
+                                .sink_errors
+                                .with_label_values(&["kubernetes"])
+                                .inc();
+                            tracing::warn!(target = %a.target, error = %e, "kubernetes sink failed");
+                            if current.is_some() {
+                                act.last_known = current;
+                            }
+                            act.reject(&a, format!("sink error: {e}"));
                         }
-                        act.reject(&a, format!("sink error: {e}"));
                     }
+                    // The `applied` is queued: the call is over.
+                    drop(call);
                 }));
             }
         }
@@ -477,10 +557,6 @@ impl Handler<Deliver> for TargetActuator {
 /// Runs the service until shutdown.
 pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let cfg: ActuatorConfig = ctx.config.section("actuator")?;
-    let guards = Arc::new(
-        Guardrails::new(cfg.guardrails)
-            .map_err(|e| ServiceError::resource("actuator.guardrails", e))?,
-    );
     let sink = Arc::new(match cfg.sink {
         SinkKind::Simulator => SinkImpl::Simulator,
         SinkKind::Kubernetes => {
@@ -488,14 +564,34 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 .await
                 .map_err(|e| ServiceError::resource("kubernetes client", e))?;
             SinkImpl::Kubernetes(Arc::new(
-                KubernetesSink::new(client, cfg.kubernetes)
+                KubernetesSink::new(client, cfg.kubernetes.clone())
                     .map_err(|e| ServiceError::resource("actuator.kubernetes", e))?,
             ))
         }
     });
+    run_with_sink(ctx, cfg, sink).await
+}
+
+/// [`run`] with the sink given (`cfg.sink` and `cfg.kubernetes` are not read).
+pub async fn run_with_sink(
+    ctx: ServiceContext,
+    cfg: ActuatorConfig,
+    sink: Arc<SinkImpl>,
+) -> Result<(), ServiceError> {
+    let guards = Arc::new(
+        Guardrails::new(cfg.guardrails)
+            .map_err(|e| ServiceError::resource("actuator.guardrails", e))?,
+    );
     let metrics = ActuatorMetrics::new(&ctx.metrics)?;
-    let (outbox, publisher) = spawn_publisher(ctx.clone());
+    // The publisher outlives the shutdown until the sink calls in flight have queued their
+    // `applied` (see the module's documentation).
+    let publishing = CancellationToken::new();
+    let (outbox, publisher) = spawn_publisher_until(ctx.clone(), publishing.clone());
+    let in_flight = InFlight::default();
     let config = ctx.config.clone();
+    // Cancelled with the service's shutdown, or when the intake fails.
+    let stopping = ctx.shutdown.child_token();
+    let (shutdown, calls) = (stopping.clone(), in_flight.clone());
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         TargetActuator::new(
             config.spec_for(t),
@@ -503,6 +599,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             sink.clone(),
             outbox.clone(),
             metrics.clone(),
+            shutdown.clone(),
+            calls.clone(),
         )
     });
     // The newest captured `obs` of every target first: after a restart, the action of the step
@@ -510,9 +608,25 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     for ev in ctx.current_state(EventKind::Obs).await {
         actors.route(ev);
     }
-    run_actors(&ctx, crate::CONSUMES, false, &mut actors).await?;
+    let ran = run_actors(&ctx, crate::CONSUMES, false, &mut actors).await;
+    // No new action from here on (the actors see the cancellation); the calls in flight finish.
+    stopping.cancel();
+    let timeout = std::time::Duration::from_millis(cfg.shutdown_timeout_ms);
+    if tokio::time::timeout(timeout, in_flight.idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = in_flight.count(),
+            timeout_ms = cfg.shutdown_timeout_ms,
+            "sink calls still in flight at the shutdown timeout: exiting without their applied"
+        );
+    }
     drop(actors);
-    aware_shared::agents::join_publisher(publisher).await
+    publishing.cancel();
+    let published = aware_shared::agents::join_publisher(publisher).await;
+    ran?;
+    published
 }
 
 #[cfg(test)]
@@ -612,7 +726,7 @@ mod tests {
         )
         .unwrap();
         let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
-        let (outbox, _publisher) = spawn_publisher(ctx.clone());
+        let (outbox, _publisher) = aware_shared::agents::spawn_publisher(ctx.clone());
         let t = Target::new("shop", "web");
         let actor = TargetActuator::new(
             TargetSpec::new(&t),
@@ -620,6 +734,8 @@ mod tests {
             sink,
             outbox,
             ActuatorMetrics::new(&ctx.metrics).unwrap(),
+            CancellationToken::new(),
+            InFlight::default(),
         )
         .start();
         let samples = aware_bus_schemas::generated::samples();
@@ -658,6 +774,119 @@ mod tests {
         assert_eq!(d.applied.cpu_millicores, 750, "{d:?}");
         // The actor (and with it the client) gone, the server checks its whole script was served.
         drop(actor);
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// SIGTERM while a sink call is in flight: the call finishes, its `applied` is published
+    /// before the service exits (the Deployment was written: the recorder must see it), and an
+    /// action queued behind it is not taken (the API server's script has no further request).
+    #[actix::test]
+    async fn shutdown_lets_the_sink_call_in_flight_publish_its_applied() {
+        use aware_shared::kube_mock::{get, patch, serve};
+        const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        let script = vec![
+            get(DEPLOY, 200, deployment("500m")),
+            get(DEPLOY, 200, deployment("500m")),
+            patch(
+                &format!("{DEPLOY}?&fieldManager=aware-actuator"),
+                "application/strategic-merge-patch+json",
+                serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "app",
+                    "resources": {"limits": {"cpu": "750m", "memory": "512Mi"},
+                                  "requests": {"cpu": "375m", "memory": "256Mi"}}}]}}}}),
+                200,
+                deployment("750m"),
+            )
+            .slow(std::time::Duration::from_millis(1500), arrived.clone()),
+        ];
+        let (client, server) = serve(script);
+        let cfg = ActuatorConfig {
+            kubernetes: KubernetesSinkConfig {
+                defaults: crate::sink::TargetSinkConfig {
+                    vertical_mode: crate::sink::VerticalMode::TemplatePatch,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let sink = Arc::new(SinkImpl::Kubernetes(Arc::new(
+            KubernetesSink::new(client, cfg.kubernetes.clone()).unwrap(),
+        )));
+        let bus = aware_shared::bus::Bus::in_process(64);
+        let ctx = ServiceContext::new(
+            crate::NAME,
+            bus.clone(),
+            Arc::new(aware_shared::config::AppConfig::default()),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let mut applied = bus.subscribe("aware.v1.applied.>").await.unwrap();
+        let service = actix::spawn(run_with_sink(ctx.clone(), cfg, sink));
+        for _ in 0..500 {
+            if ctx.ready.get() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(ctx.ready.get(), "the actuator never became ready");
+
+        let samples = aware_bus_schemas::generated::samples();
+        let Some(Event::Obs(mut o)) = samples.iter().find(|e| e.kind() == EventKind::Obs).cloned()
+        else {
+            unreachable!()
+        };
+        let Some(Event::Action(mut a)) =
+            samples.into_iter().find(|e| e.kind() == EventKind::Action)
+        else {
+            unreachable!()
+        };
+        let t = Target::new("shop", "web");
+        (o.target, o.episode, o.step) = (t.clone(), 0, 1);
+        (a.target, a.episode, a.step) = (t, 0, 1);
+        a.desired = Resources {
+            replicas: 2,
+            cpu_millicores: 4000,
+            memory_bytes: 512 << 20,
+        };
+        ctx.publish_event(&Event::Obs(o.clone())).await.unwrap();
+        ctx.publish_event(&Event::Action(a.clone())).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), arrived.notified())
+            .await
+            .expect("the template patch never reached the API server");
+        // The next step's action, queued behind the call in flight.
+        (o.step, a.step) = (2, 2);
+        ctx.publish_event(&Event::Obs(o)).await.unwrap();
+        ctx.publish_event(&Event::Action(a)).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // SIGTERM.
+        ctx.shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(10), service)
+            .await
+            .expect("the actuator did not stop")
+            .unwrap()
+            .unwrap();
+        let m = tokio::time::timeout(std::time::Duration::from_secs(2), applied.next())
+            .await
+            .expect("the applied of the call in flight was never published")
+            .unwrap();
+        let Ok(Event::Applied(d)) = aware_bus_schemas::decode_event(EventKind::Applied, &m.payload)
+        else {
+            unreachable!()
+        };
+        assert_eq!((d.episode, d.step), (0, 1), "{d:?}");
+        assert_eq!(d.outcome, Outcome::Applied, "{d:?}");
+        assert_eq!(d.applied.cpu_millicores, 750, "{d:?}");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(300), applied.next())
+                .await
+                .is_err(),
+            "the action queued at shutdown was taken"
+        );
+        // The server saw its whole script and nothing more once the service let go of the client.
         tokio::time::timeout(std::time::Duration::from_secs(5), server)
             .await
             .unwrap()

@@ -655,7 +655,7 @@ async fn watch(
             Event::Obs(o) => {
                 let g = o.episode * w.spe + u64::from(o.step);
                 a.step = g;
-                a.replicas = o.metrics.replicas;
+                a.replicas = o.metrics.replicas_in_force();
                 a.cpu_millicores = (o.metrics.cpu_limit_cores * 1000.0).round() as u32;
                 a.memory_mib = (o.metrics.memory_limit_bytes / 1_048_576.0).round() as u64;
                 a.p99_ms = o.metrics.latency_p99_ms;

@@ -58,7 +58,7 @@ impl Default for CollectorConfig {
 
 /// Names of the collector's Prometheus queries, the keys of `collector.prometheus.queries`
 /// (the default PromQL of each is documented in the collector's `prometheus` module).
-pub const PROMETHEUS_QUERY_NAMES: [&str; 17] = [
+pub const PROMETHEUS_QUERY_NAMES: [&str; 18] = [
     "cpu_usage_cores",
     "memory_working_set_bytes",
     "cpu_limit_cores",
@@ -67,6 +67,7 @@ pub const PROMETHEUS_QUERY_NAMES: [&str; 17] = [
     "memory_limit_total_bytes",
     "replicas",
     "ready_replicas",
+    "spec_replicas",
     "request_rate_rps",
     "throughput_rps",
     "latency_p50_ms",

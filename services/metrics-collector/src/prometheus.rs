@@ -21,6 +21,7 @@
 //! | `memory_limit_total_bytes` | the same with `sum` |
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
+//! | `spec_replicas` | `sum(kube_deployment_spec_replicas{$deployment})` (the count in force: `replicas` lags it after a scale; `""` disables it, and `replicas` stands in) |
 //! | `request_rate_rps` | increase of `http_requests_total{$deployment}` / `$window_s` |
 //! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
 //! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
@@ -273,6 +274,7 @@ fn default_query(name: &str) -> &'static str {
         "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
+        "spec_replicas" => "sum(kube_deployment_spec_replicas{$deployment})",
         "request_rate_rps" => REQUESTS,
         "throughput_rps" => THROUGHPUT,
         "latency_p50_ms" => P50,
@@ -298,7 +300,10 @@ const GROUPS: [(&str, &[&str]); 3] = [
             "memory_limit_total_bytes",
         ],
     ),
-    ("deployment_sample_time", &["replicas", "ready_replicas"]),
+    (
+        "deployment_sample_time",
+        &["replicas", "ready_replicas", "spec_replicas"],
+    ),
     (
         "request_sample_time",
         &[
@@ -440,7 +445,13 @@ pub fn build_evaluation(
         };
         if stale {
             missing.push(probe.to_string());
-            missing.extend(members.iter().map(|m| m.to_string()));
+            // A disabled member (no query) is not missing: it was never read.
+            missing.extend(
+                members
+                    .iter()
+                    .filter(|m| outcomes.contains_key(*m))
+                    .map(|m| m.to_string()),
+            );
         }
     }
     // A value is usable when finite and not negative (a limit: positive); a latency may be NaN
@@ -472,6 +483,12 @@ pub fn build_evaluation(
     let mem_total = get("memory_limit_total_bytes", false);
     let replicas = get("replicas", false);
     let ready = get("ready_replicas", false);
+    // Disabled (no query): the field is absent and `replicas` stands in downstream.
+    let spec_replicas = if outcomes.contains_key("spec_replicas") {
+        get("spec_replicas", false)
+    } else {
+        None
+    };
     let offered = get("request_rate_rps", false);
     let throughput = get("throughput_rps", false);
     let p50 = get("latency_p50_ms", true);
@@ -510,6 +527,7 @@ pub fn build_evaluation(
         latency_p50_ms: finite(p50),
         latency_p99_ms: finite(p99),
         oom_kills: 0,
+        spec_replicas: spec_replicas.map(|v| count(Some(v))),
     };
     let complete = missing.is_empty();
     let (state, reward_value) = if complete {
@@ -779,6 +797,8 @@ mod tests {
             ("memory_limit_total_bytes", Value(2048.0 * 1048576.0)),
             ("replicas", Value(2.0)),
             ("ready_replicas", Value(2.0)),
+            // a scale 2 → 3 the pods have not caught up with yet
+            ("spec_replicas", Value(3.0)),
             ("request_rate_rps", Value(100.0)),
             ("throughput_rps", Value(100.0)),
             ("latency_p50_ms", Value(20.0)),
@@ -880,6 +900,8 @@ mod tests {
         assert_eq!(e.reward, Some(0.5 * 0.5 * 2.0 + 0.5 * (0.5 + 0.25)));
         assert!(e.slo_violation);
         assert_eq!(e.metrics.replicas, 2);
+        assert_eq!(e.metrics.spec_replicas, Some(3));
+        assert_eq!(e.metrics.replicas_in_force(), 3);
         let o = to_obs(&e, &spec().target(), 0, 100);
         assert!(
             o.complete && o.reward.is_none(),
@@ -889,6 +911,26 @@ mod tests {
         let o = to_obs(&e, &spec().target(), 103, 100);
         assert_eq!((o.episode, o.step), (1, 3));
         assert_eq!(o.reward, e.reward);
+    }
+
+    /// `spec_replicas` disabled (an empty override, so no outcome): the step is complete, the
+    /// field absent and the running pods stand in for the count in force, also when the
+    /// Deployment series are stale (only what was read is named missing).
+    #[test]
+    fn a_disabled_spec_replicas_query_leaves_the_field_absent() {
+        let t = 1000.0;
+        let mut o = complete_outcomes(t);
+        o.remove("spec_replicas");
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert!(e.missing.is_empty(), "{:?}", e.missing);
+        assert_eq!(e.metrics.spec_replicas, None);
+        assert_eq!(e.metrics.replicas_in_force(), 2);
+        o.insert("deployment_sample_time", QueryOutcome::Value(t - 6.0));
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(
+            e.missing,
+            vec!["deployment_sample_time", "ready_replicas", "replicas"]
+        );
     }
 
     #[test]
@@ -913,9 +955,19 @@ mod tests {
         let e = build_evaluation(&o, t, &spec(), None, 5.0);
         assert_eq!(
             e.missing,
-            vec!["deployment_sample_time", "ready_replicas", "replicas"]
+            vec![
+                "deployment_sample_time",
+                "ready_replicas",
+                "replicas",
+                "spec_replicas"
+            ]
         );
         assert_eq!(e.state, None);
+
+        let mut o = complete_outcomes(t);
+        o.insert("spec_replicas", QueryOutcome::Empty);
+        let e = build_evaluation(&o, t, &spec(), None, 5.0);
+        assert_eq!(e.missing, vec!["spec_replicas"]);
 
         let mut o = complete_outcomes(t);
         o.insert("io_util", QueryOutcome::Empty);
@@ -939,6 +991,7 @@ mod tests {
             "memory_limit_total_bytes",
             "replicas",
             "ready_replicas",
+            "spec_replicas",
             "request_rate_rps",
             "throughput_rps",
         ] {

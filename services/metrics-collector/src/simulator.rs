@@ -124,7 +124,12 @@ pub fn to_obs(
         step: u32::try_from(g % spe).unwrap_or(0),
         ts_ms: base_ms.saturating_add((m.time_s * 1000.0) as i64),
         state: o.state.to_vec(),
-        metrics: m.raw(),
+        // The replica count in force is the allocation's (the Deployment's spec), as the
+        // Prometheus source reads it from kube-state-metrics.
+        metrics: aware_bus_schemas::RawMetrics {
+            spec_replicas: Some(o.allocation.replicas),
+            ..m.raw()
+        },
         reward: (g > 0).then_some(o.reward),
         slo_violation: m.slo_violation,
         complete: true,

@@ -188,7 +188,7 @@ pub fn current_allocation(o: &Obs) -> Resources {
     let m = &o.metrics;
     let finite = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
     Resources {
-        replicas: m.replicas,
+        replicas: m.replicas_in_force(),
         cpu_millicores: (finite(m.cpu_limit_cores) * 1000.0).round() as u32,
         memory_bytes: finite(m.memory_limit_bytes).round() as u64,
     }
@@ -767,6 +767,37 @@ mod tests {
             (b.min_replicas..=b.max_replicas).contains(&d.replicas)
                 && (b.min_cpu_millicores..=b.max_cpu_millicores).contains(&d.cpu_millicores)
                 && (b.min_memory_bytes..=b.max_memory_bytes).contains(&d.memory_bytes)
+        }
+
+        /// Between HPA syncs the fallback holds the replica count in force — the Deployment's
+        /// spec, as upstream's HPA reads `scale.spec.replicas` — not the pods running, which lag
+        /// a scale: it must not undo its own scale-up while the new pods are created.
+        #[test]
+        fn the_fallback_holds_its_scale_up_while_the_pods_catch_up() {
+            let mut f = fixture();
+            f.decider.state.stage = Stage::Offline;
+            let mut o = obs(vec![0.5; 9]);
+            o.metrics.replicas = 4;
+            o.metrics.ready_replicas = 4;
+            o.metrics.spec_replicas = Some(4);
+            o.metrics.cpu_limit_cores = 0.5;
+            // 100 % of the limit on every pod: above the 70 % target
+            o.metrics.cpu_usage_cores = 2.0;
+            let first = f.decider.decide(&o);
+            assert_eq!(first.current.replicas, 4);
+            let up = first.desired.replicas;
+            assert!(up > 4, "{first:?}");
+            // The actuator scaled the spec; the pods have not caught up (4 running) and the next
+            // HPA sync is 15 s away.
+            for k in 1..=5u32 {
+                let mut next = o.clone();
+                next.step += k;
+                next.ts_ms += 2_000 * i64::from(k);
+                next.metrics.spec_replicas = Some(up);
+                let a = f.decider.decide(&next);
+                assert_eq!(a.current.replicas, up, "step {k}: {a:?}");
+                assert_eq!(a.desired.replicas, up, "step {k}: {a:?}");
+            }
         }
 
         /// A complete obs whose limits are NaN, infinite, negative or zero gets no action (and
