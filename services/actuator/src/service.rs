@@ -5,7 +5,10 @@
 //! Sinks: `simulator` — the decision itself is the application: the simulated cluster (owned by
 //! the metrics collector) applies every `applied` it receives; `kubernetes` — the Kubernetes API
 //! (scale subresource, in-place resize or template patch). Calls to the API are made one at a
-//! time per target (the actor waits for them), so a target's decisions apply in order.
+//! time per target (the actor waits for them), so a target's decisions apply in order; each
+//! decision reads the target once and applies from that read; at most
+//! `actuator.kubernetes.max_concurrent_calls` decisions talk to the API at once across targets
+//! (the others wait in the actuator).
 //!
 //! Nothing an `action` claims is trusted but its request: the allocation in force comes from the
 //! sink and the step must be the one the collector reported last (see [`TargetActuator`]).
@@ -467,15 +470,21 @@ impl TargetActuator {
                     // The container is the registration's (or the configuration's), never the
                     // action's: the actuator trusts only its own registration state.
                     let container = spec.container.as_deref();
-                    let current = match k.current_with(&target, container).await {
-                        Ok(c) => c,
+                    // At most `max_concurrent_calls` decisions talk to the API at once; the
+                    // others wait here, in order of arrival.
+                    let _slot = k.slot().await;
+                    // One read: decided from it, applied from it (its `resourceVersion` is the
+                    // template patch's precondition).
+                    let read = match k.read(&target, container).await {
+                        Ok(r) => r,
                         Err(e) => return KubeOutcome::Failed(None, e),
                     };
+                    let current = read.in_force;
                     let d = guards.decide(&spec, &state, current, step, desired, ts_ms);
                     if !d.changes(&current) {
                         return KubeOutcome::Decided(current, d);
                     }
-                    match k.apply_with(&target, d.applied, container).await {
+                    match k.apply_read(&target, &read, d.applied).await {
                         Ok(report) => KubeOutcome::Decided(current, with_report(d, report)),
                         Err(e) => KubeOutcome::Failed(Some(current), e),
                     }
@@ -693,8 +702,8 @@ mod tests {
     async fn the_kubernetes_sink_decides_from_the_deployment_not_the_action() {
         use aware_shared::kube_mock::{get, patch, serve};
         const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+        // One read of the Deployment: the decision is made from it and applied from it.
         let script = vec![
-            get(DEPLOY, 200, deployment("500m")),
             get(DEPLOY, 200, deployment("500m")),
             patch(
                 &format!("{DEPLOY}?&fieldManager=aware-actuator"),
@@ -788,8 +797,8 @@ mod tests {
         use aware_shared::kube_mock::{get, patch, serve};
         const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
         let arrived = Arc::new(tokio::sync::Notify::new());
+        // One read of the Deployment: the decision is made from it and applied from it.
         let script = vec![
-            get(DEPLOY, 200, deployment("500m")),
             get(DEPLOY, 200, deployment("500m")),
             patch(
                 &format!("{DEPLOY}?&fieldManager=aware-actuator"),
