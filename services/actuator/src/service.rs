@@ -5,13 +5,16 @@
 //! Sinks: `simulator` — the decision itself is the application: the simulated cluster (owned by
 //! the metrics collector) applies every `applied` it receives; `kubernetes` — the Kubernetes API
 //! (scale subresource, in-place resize or template patch). Calls to the API are made one at a
-//! time per target (the actor waits for them), so a target's decisions apply in order.
+//! time per target (the actor waits for them), so a target's decisions apply in order; each
+//! decision reads the target once and applies from that read; at most
+//! `actuator.kubernetes.max_concurrent_calls` decisions talk to the API at once across targets
+//! (the others wait in the actuator).
 //!
 //! Nothing an `action` claims is trusted but its request: the allocation in force comes from the
 //! sink and the step must be the one the collector reported last (see [`TargetActuator`]).
 //!
-//! **Shutdown** (SIGTERM, SIGINT): the actors take no new action (an action not yet decided gets
-//! no `applied` and no sink call), the sink calls in flight finish — for at most
+//! **Shutdown** (SIGTERM, SIGINT): the actors take no new action (an action not yet decided —
+//! also one still waiting for a sink slot — gets no `applied` and no sink call), the sink calls in flight finish — for at most
 //! `actuator.shutdown_timeout_ms` — and queue their `applied`, then the publisher publishes what
 //! is queued and flushes the bus. A change written to the Deployment thus has its `applied`,
 //! unless the call outlasts the timeout (logged).
@@ -462,20 +465,31 @@ impl TargetActuator {
                 let state = self.state;
                 let target = a.target.clone();
                 let (desired, ts_ms) = (a.desired, a.ts_ms);
+                let shutdown = self.shutdown.clone();
                 // One call at a time per target (`wait`): decisions apply in order.
                 let fut = async move {
                     // The container is the registration's (or the configuration's), never the
                     // action's: the actuator trusts only its own registration state.
                     let container = spec.container.as_deref();
-                    let current = match k.current_with(&target, container).await {
-                        Ok(c) => c,
+                    // At most `max_concurrent_calls` decisions talk to the API at once; the
+                    // others wait here, in order of arrival. One still waiting at shutdown has
+                    // not been decided: it is dropped like an action arriving after it.
+                    let _slot = tokio::select! {
+                        slot = k.slot() => slot,
+                        () = shutdown.cancelled() => return KubeOutcome::NotTaken,
+                    };
+                    // One read: decided from it, applied from it (its `resourceVersion` is the
+                    // template patch's precondition).
+                    let read = match k.read(&target, container).await {
+                        Ok(r) => r,
                         Err(e) => return KubeOutcome::Failed(None, e),
                     };
+                    let current = read.in_force;
                     let d = guards.decide(&spec, &state, current, step, desired, ts_ms);
                     if !d.changes(&current) {
                         return KubeOutcome::Decided(current, d);
                     }
-                    match k.apply_with(&target, d.applied, container).await {
+                    match k.apply_read(&target, &read, d.applied).await {
                         Ok(report) => KubeOutcome::Decided(current, with_report(d, report)),
                         Err(e) => KubeOutcome::Failed(Some(current), e),
                     }
@@ -483,6 +497,9 @@ impl TargetActuator {
                 ctx.wait(fut.into_actor(self).map(move |res, act, _| {
                     match res {
                         KubeOutcome::Decided(current, d) => act.publish(&a, &d, current),
+                        KubeOutcome::NotTaken => {
+                            tracing::info!(target = %a.target, %step, "shutting down: action not taken");
+                        }
                         KubeOutcome::Failed(current, e) => {
                             act.metrics
                                 .sink_errors
@@ -509,6 +526,9 @@ enum KubeOutcome {
     Decided(Resources, Decision),
     /// Reading (no allocation known) or applying failed.
     Failed(Option<Resources>, SinkError),
+    /// The service shut down while the decision waited for a sink slot: nothing was read or
+    /// written, nothing is published.
+    NotTaken,
 }
 
 /// The decision `d` after the sink applied it: the allocation in force it reports and its
@@ -693,8 +713,8 @@ mod tests {
     async fn the_kubernetes_sink_decides_from_the_deployment_not_the_action() {
         use aware_shared::kube_mock::{get, patch, serve};
         const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
+        // One read of the Deployment: the decision is made from it and applied from it.
         let script = vec![
-            get(DEPLOY, 200, deployment("500m")),
             get(DEPLOY, 200, deployment("500m")),
             patch(
                 &format!("{DEPLOY}?&fieldManager=aware-actuator"),
@@ -781,15 +801,16 @@ mod tests {
     }
 
     /// SIGTERM while a sink call is in flight: the call finishes, its `applied` is published
-    /// before the service exits (the Deployment was written: the recorder must see it), and an
-    /// action queued behind it is not taken (the API server's script has no further request).
+    /// before the service exits (the Deployment was written: the recorder must see it), and
+    /// neither an action queued behind it nor another target's action waiting for the only sink
+    /// slot is taken (the API server's script has no further request).
     #[actix::test]
     async fn shutdown_lets_the_sink_call_in_flight_publish_its_applied() {
         use aware_shared::kube_mock::{get, patch, serve};
         const DEPLOY: &str = "/apis/apps/v1/namespaces/shop/deployments/web";
         let arrived = Arc::new(tokio::sync::Notify::new());
+        // One read of the Deployment: the decision is made from it and applied from it.
         let script = vec![
-            get(DEPLOY, 200, deployment("500m")),
             get(DEPLOY, 200, deployment("500m")),
             patch(
                 &format!("{DEPLOY}?&fieldManager=aware-actuator"),
@@ -809,6 +830,7 @@ mod tests {
                     vertical_mode: crate::sink::VerticalMode::TemplatePatch,
                     ..Default::default()
                 },
+                max_concurrent_calls: 1,
                 ..Default::default()
             },
             ..Default::default()
@@ -857,6 +879,11 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), arrived.notified())
             .await
             .expect("the template patch never reached the API server");
+        // Another target's action, waiting for the only sink slot (`max_concurrent_calls` 1).
+        let (mut other_obs, mut other) = (o.clone(), a.clone());
+        (other_obs.target, other.target) = (Target::new("shop", "api"), Target::new("shop", "api"));
+        ctx.publish_event(&Event::Obs(other_obs)).await.unwrap();
+        ctx.publish_event(&Event::Action(other)).await.unwrap();
         // The next step's action, queued behind the call in flight.
         (o.step, a.step) = (2, 2);
         ctx.publish_event(&Event::Obs(o)).await.unwrap();
@@ -884,7 +911,7 @@ mod tests {
             tokio::time::timeout(std::time::Duration::from_millis(300), applied.next())
                 .await
                 .is_err(),
-            "the action queued at shutdown was taken"
+            "an action queued at shutdown (behind the call in flight, or waiting for a sink slot) was taken"
         );
         // The server saw its whole script and nothing more once the service let go of the client.
         tokio::time::timeout(std::time::Duration::from_secs(5), server)

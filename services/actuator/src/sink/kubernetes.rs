@@ -47,11 +47,23 @@
 //!   never when it finds them infeasible.) A missing limit reads as 0 ("unknown" to the
 //!   guardrails).
 //!
+//! - **One read per decision**: [`KubernetesSink::read`] reads the Deployment (and, in `InPlace`
+//!   mode, lists its live pods: the limits in force are theirs) and gives the allocation in force
+//!   the decision is made from; [`KubernetesSink::apply_read`] applies from that same read (the
+//!   template patch's `resourceVersion` precondition is that read's; only a 409 reads again). A
+//!   decision is thus 1 read (+1 pod list in `InPlace` mode) and its writes. [`Sink::apply`]
+//!   alone is a read and an `apply_read`.
+//! - **Concurrency**: at most `max_concurrent_calls` holders of a [`KubernetesSink::slot`] (a
+//!   decision, or one [`Sink::current`] / [`Sink::apply`]) make requests at once, each one request
+//!   at a time; the others wait for a slot in order of arrival, so a burst of decisions queues in
+//!   the actuator instead of drawing 429s from the API server's priority and fairness.
+//!
 //! RBAC: `get` on `deployments`, `patch` on `deployments` and `deployments/scale`, `list` on `pods`
 //! and `patch` on `pods/resize`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aware_bus_schemas::{Resources, Target};
@@ -65,6 +77,7 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use thiserror::Error;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::{validate_desired, ApplyReport, Sink, SinkError};
@@ -150,6 +163,10 @@ pub struct KubernetesSinkConfig {
     /// Per-target settings, keyed by `namespace/name` (replace `defaults` for that target).
     pub targets: BTreeMap<String, TargetSinkConfig>,
     pub retry: RetryConfig,
+    /// Decisions whose API requests may be in flight at once (each makes its requests one after
+    /// the other, so this bounds the requests in flight too); more wait in the actuator instead
+    /// of overflowing the API server's priority-and-fairness queues (429s).
+    pub max_concurrent_calls: u16,
 }
 
 impl Default for KubernetesSinkConfig {
@@ -159,6 +176,7 @@ impl Default for KubernetesSinkConfig {
             defaults: TargetSinkConfig::default(),
             targets: BTreeMap::new(),
             retry: RetryConfig::default(),
+            max_concurrent_calls: 32,
         }
     }
 }
@@ -172,6 +190,8 @@ pub enum KubernetesSinkConfigError {
     EmptyFieldManager,
     #[error("sink.targets key `{0}` is not `namespace/name`")]
     BadTargetKey(String),
+    #[error("sink.max_concurrent_calls must be at least 1")]
+    NoConcurrentCalls,
 }
 
 impl KubernetesSinkConfig {
@@ -181,6 +201,9 @@ impl KubernetesSinkConfig {
         }
         if self.field_manager.is_empty() {
             return Err(KubernetesSinkConfigError::EmptyFieldManager);
+        }
+        if self.max_concurrent_calls == 0 {
+            return Err(KubernetesSinkConfigError::NoConcurrentCalls);
         }
         for key in self.targets.keys() {
             match key.split_once('/') {
@@ -202,6 +225,22 @@ impl KubernetesSinkConfig {
 pub struct KubernetesSink {
     client: Client,
     config: KubernetesSinkConfig,
+    /// `max_concurrent_calls` slots, shared by every target (see [`KubernetesSink::slot`]).
+    slots: Arc<Semaphore>,
+}
+
+/// One read of a target ([`KubernetesSink::read`]): the allocation in force, and what applying
+/// a decision made from it needs (the Deployment's spec and `resourceVersion`, the managed
+/// container, the live pods in `InPlace` mode).
+#[derive(Debug, Clone)]
+pub struct TargetState {
+    /// The allocation in force (see the module documentation).
+    pub in_force: Resources,
+    spec: DeploymentSpec,
+    version: Option<String>,
+    container: Container,
+    /// The live pods, sorted by name; listed only in `InPlace` mode.
+    pods: Option<Vec<Pod>>,
 }
 
 impl std::fmt::Debug for KubernetesSink {
@@ -222,7 +261,10 @@ impl Sink for KubernetesSink {
         target: &'a Target,
         container: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Resources, SinkError>> {
-        Box::pin(self.read_current(target, container))
+        Box::pin(async move {
+            let _slot = self.slot().await;
+            Ok(self.read(target, container).await?.in_force)
+        })
     }
 
     fn apply_with<'a>(
@@ -231,7 +273,12 @@ impl Sink for KubernetesSink {
         desired: Resources,
         container: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
-        Box::pin(self.apply_desired(target, desired, container))
+        Box::pin(async move {
+            validate_desired(target, &desired)?;
+            let _slot = self.slot().await;
+            let state = self.read(target, container).await?;
+            self.apply_read(target, &state, desired).await
+        })
     }
 }
 
@@ -323,7 +370,12 @@ impl KubernetesSink {
         config: KubernetesSinkConfig,
     ) -> Result<Self, KubernetesSinkConfigError> {
         config.validate()?;
-        Ok(KubernetesSink { client, config })
+        let slots = Arc::new(Semaphore::new(usize::from(config.max_concurrent_calls)));
+        Ok(KubernetesSink {
+            client,
+            config,
+            slots,
+        })
     }
 
     pub fn config(&self) -> &KubernetesSinkConfig {
@@ -431,7 +483,7 @@ impl KubernetesSink {
         &self,
         target: &Target,
         spec: &DeploymentSpec,
-    ) -> Result<(Api<Pod>, Vec<Pod>), SinkError> {
+    ) -> Result<Vec<Pod>, SinkError> {
         let selector =
             Selector::try_from(spec.selector.clone()).map_err(|e| SinkError::Unmanageable {
                 target: target.key(),
@@ -456,23 +508,38 @@ impl KubernetesSink {
             })
             .collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        Ok((api, pods))
+        Ok(pods)
     }
 
-    async fn read_current(
+    /// Waits for one of the `max_concurrent_calls` slots: while it is held, the holder's API
+    /// requests (made one after the other) are the only ones it has in flight.
+    pub async fn slot(&self) -> OwnedSemaphorePermit {
+        // The semaphore is never closed, so acquiring cannot fail; were it closed, the call would
+        // go ahead unbounded rather than never.
+        loop {
+            if let Ok(p) = self.slots.clone().acquire_owned().await {
+                return p;
+            }
+        }
+    }
+
+    /// The state of `target` a decision is made from and applied to: one read of the Deployment
+    /// and, in `InPlace` mode (the allocation in force is what the pods' kubelets report), one
+    /// list of its live pods.
+    pub async fn read(
         &self,
         target: &Target,
         registered: Option<&str>,
-    ) -> Result<Resources, SinkError> {
+    ) -> Result<TargetState, SinkError> {
         let cfg = self.config.for_target(target);
         let choice = Choice::new(registered, cfg);
-        let (_, spec, _) = self.get_deployment(target).await?;
+        let (_, spec, version) = self.get_deployment(target).await?;
         let replicas = replicas_of(target, &spec)?;
         let template = template_containers(&spec);
-        let container = select_container(target, template, choice, "the pod template")?;
-        let (mut cpu, mut memory) = limits_of(target, container)?;
-        if cfg.vertical_mode == VerticalMode::InPlace {
-            let (_, pods) = self.live_pods(target, &spec).await?;
+        let container = select_container(target, template, choice, "the pod template")?.clone();
+        let (mut cpu, mut memory) = limits_of(target, &container)?;
+        let pods = if cfg.vertical_mode == VerticalMode::InPlace {
+            let pods = self.live_pods(target, &spec).await?;
             let mut values = Vec::with_capacity(pods.len());
             for pod in &pods {
                 if let Some(running) = running_limits(target, pod, &container.name)? {
@@ -484,41 +551,58 @@ impl KubernetesSink {
             if let Some(v) = most_common(&values) {
                 (cpu, memory) = v;
             }
-        }
-        Ok(Resources {
-            replicas,
-            cpu_millicores: cpu,
-            memory_bytes: memory,
+            Some(pods)
+        } else {
+            None
+        };
+        Ok(TargetState {
+            in_force: Resources {
+                replicas,
+                cpu_millicores: cpu,
+                memory_bytes: memory,
+            },
+            spec,
+            version,
+            container,
+            pods,
         })
     }
 
-    async fn apply_desired(
+    /// Applies `desired` to `target` from `state`, the [`KubernetesSink::read`] the decision was
+    /// made from: no read again, except the template patch's after a 409 Conflict (its
+    /// precondition is the `resourceVersion` of `state`).
+    pub async fn apply_read(
         &self,
         target: &Target,
+        state: &TargetState,
         desired: Resources,
-        registered: Option<&str>,
     ) -> Result<ApplyReport, SinkError> {
         validate_desired(target, &desired)?;
         let cfg = self.config.for_target(target);
-        let choice = Choice::new(registered, cfg);
-        let (deployments, spec, version) = self.get_deployment(target).await?;
-        let template = template_containers(&spec);
-        // Checked before anything is patched: a missing container refuses the whole decision.
-        let container = select_container(target, template, choice, "the pod template")?.clone();
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &target.namespace);
+        let container = &state.container;
 
         let mut notes = Vec::new();
         let replicas = self
-            .apply_replicas(target, &deployments, &spec, desired.replicas)
+            .apply_replicas(target, &deployments, &state.spec, desired.replicas)
             .await?;
 
         let (cpu, memory) = match cfg.vertical_mode {
             VerticalMode::TemplatePatch => {
-                self.patch_template(target, &container, version.clone(), desired)
+                self.patch_template(target, container, state.version.clone(), desired)
                     .await?
             }
             VerticalMode::InPlace => {
+                let listed;
+                let pods = match &state.pods {
+                    Some(p) => p.as_slice(),
+                    None => {
+                        listed = self.live_pods(target, &state.spec).await?;
+                        listed.as_slice()
+                    }
+                };
                 match self
-                    .resize_in_place(target, &spec, &container, desired)
+                    .resize_in_place(target, pods, container, desired)
                     .await?
                 {
                     InPlace::Done(v) => v,
@@ -528,7 +612,7 @@ impl KubernetesSink {
                         );
                         warn!(target = %target, note = %note, "in-place resize fallback");
                         notes.push(note);
-                        self.patch_template(target, &container, version.clone(), desired)
+                        self.patch_template(target, container, state.version.clone(), desired)
                             .await?
                     }
                     InPlace::Refused(why) => {
@@ -675,20 +759,21 @@ impl KubernetesSink {
         }
     }
 
-    /// Resizes every live pod whose container differs from `desired`.
+    /// Resizes every pod of `pods` (the live pods as read) whose container differs from
+    /// `desired`.
     async fn resize_in_place(
         &self,
         target: &Target,
-        spec: &DeploymentSpec,
+        pods: &[Pod],
         template_container: &Container,
         desired: Resources,
     ) -> Result<InPlace, SinkError> {
-        let (pods_api, pods) = self.live_pods(target, spec).await?;
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
         let name = &template_container.name;
         let want = (desired.cpu_millicores, desired.memory_bytes);
         let pp = self.patch_params();
         let mut values = Vec::with_capacity(pods.len());
-        for pod in &pods {
+        for pod in pods {
             let Some(pod_name) = pod.metadata.name.as_deref() else {
                 continue;
             };
@@ -1197,8 +1282,11 @@ mod tests {
                 "Running",
             )
         };
+        // One read (the Deployment, and its pods: in-place mode reads the limits in force from
+        // them), then the scale; the pods already run the desired limits: no resize.
         let script = vec![
             get(DEPLOY, 200, default_deployment()),
+            get(PODS, 200, pod_list(vec![at_desired()])),
             patch(
                 SCALE,
                 MERGE,
@@ -1206,8 +1294,6 @@ mod tests {
                 200,
                 scale(5, 2),
             ),
-            // In-place mode reconciles the pods; they already run the desired limits: no resize.
-            get(PODS, 200, pod_list(vec![at_desired()])),
         ];
         let report = run(in_place(), script, |sink| async move {
             sink.apply(&target(), res(5, 500, 512)).await
@@ -1664,6 +1750,7 @@ mod tests {
     async fn forbidden_is_not_retried() {
         let script = vec![
             get(DEPLOY, 200, default_deployment()),
+            get(PODS, 200, pod_list(vec![])),
             patch(
                 SCALE,
                 MERGE,
@@ -2052,6 +2139,12 @@ mod tests {
         let mut bad = cfg.clone();
         bad.retry.max_attempts = 0;
         assert_eq!(bad.validate(), Err(KubernetesSinkConfigError::NoAttempts));
+        let mut bad = cfg.clone();
+        bad.max_concurrent_calls = 0;
+        assert_eq!(
+            bad.validate(),
+            Err(KubernetesSinkConfigError::NoConcurrentCalls)
+        );
         let mut bad = cfg;
         bad.targets
             .insert("web".to_string(), TargetSinkConfig::default());
@@ -2059,6 +2152,111 @@ mod tests {
             bad.validate(),
             Err(KubernetesSinkConfigError::BadTargetKey("web".to_string()))
         );
+    }
+
+    /// A decision reads once: in-place mode reads the Deployment and lists its pods (the limits
+    /// in force are what the pods run), and a replicas change applied from that read is one
+    /// scale call, with no second read or list.
+    #[tokio::test]
+    async fn a_replicas_change_is_applied_from_the_decisions_read() {
+        let running = || {
+            pod(
+                "web-a",
+                vec![app_container("500m", "512Mi", "250m", "256Mi")],
+                "Running",
+            )
+        };
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            get(PODS, 200, pod_list(vec![running()])),
+            patch(
+                SCALE,
+                MERGE,
+                json!({"spec": {"replicas": 3}}),
+                200,
+                scale(3, 2),
+            ),
+        ];
+        let report = run(in_place(), script, |sink| async move {
+            let _slot = sink.slot().await;
+            let state = sink.read(&target(), None).await.unwrap();
+            assert_eq!(state.in_force, res(2, 500, 512));
+            sink.apply_read(&target(), &state, res(3, 500, 512)).await
+        })
+        .await
+        .unwrap();
+        assert_eq!(report.in_force, res(3, 500, 512));
+    }
+
+    /// In template-patch mode no pod is listed, and the template patch applied from the
+    /// decision's read carries that read's `resourceVersion` (81234) without reading again.
+    #[tokio::test]
+    async fn a_template_patch_is_applied_from_the_decisions_read() {
+        let after = deployment(2, vec![app_container("1", "1Gi", "500m", "512Mi")]);
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body("app", resources_body("1", "1Gi", "500m", "512Mi")),
+                200,
+                after,
+            ),
+        ];
+        let report = run(template_mode(), script, |sink| async move {
+            let state = sink.read(&target(), None).await.unwrap();
+            assert_eq!(state.in_force, res(2, 500, 512));
+            sink.apply_read(&target(), &state, res(2, 1000, 1024)).await
+        })
+        .await
+        .unwrap();
+        assert_eq!(report.in_force, res(2, 1000, 1024));
+    }
+
+    /// A burst of 12 calls with `max_concurrent_calls` 3 against an API server that takes 50 ms
+    /// per request: at most 3 requests are ever in flight, and every call completes.
+    #[tokio::test]
+    async fn a_burst_has_at_most_max_concurrent_calls_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let (flight, top) = (in_flight.clone(), peak.clone());
+        let server = tokio::spawn(async move {
+            let mut handle = pin!(handle);
+            let mut answering = Vec::new();
+            while let Some((_request, send)) = handle.next_request().await {
+                let now = flight.fetch_add(1, Ordering::SeqCst) + 1;
+                top.fetch_max(now, Ordering::SeqCst);
+                let flight = flight.clone();
+                answering.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    flight.fetch_sub(1, Ordering::SeqCst);
+                    send.send_response(json_response(200, &default_deployment()));
+                }));
+            }
+            for a in answering {
+                a.await.unwrap();
+            }
+        });
+        let config = KubernetesSinkConfig {
+            max_concurrent_calls: 3,
+            ..template_mode()
+        };
+        let sink = KubernetesSink::new(Client::new(service, "default"), config).unwrap();
+        let t = target();
+        let calls = (0..12).map(|_| sink.current(&t));
+        let read = futures::future::join_all(calls).await;
+        assert_eq!(read.len(), 12);
+        for r in read {
+            assert_eq!(r.unwrap(), res(2, 500, 512));
+        }
+        drop(sink);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(peak.load(Ordering::SeqCst), 3);
     }
 
     /// Requests seen by [`serve_accepting`]: method, URI and JSON body.
