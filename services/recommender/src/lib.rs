@@ -483,6 +483,8 @@ impl Decider {
         };
         match decided {
             Ok(d) => {
+                // The policy set the allocation: the HPA's earlier decision no longer stands.
+                self.fallback.release();
                 action.source = DecisionSource::Rl;
                 action.raw = d.raw.to_vec();
                 action.desired = d.desired;

@@ -16,13 +16,13 @@ use aware_tests::kube::{KubeCluster, KubeOptions};
 use aware_tests::{scrape, NatsServer};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use super::{
-    aas_resource, act_until, assert_controller_calls_succeeded, assert_no_refusal_logged,
-    chart_identity, controller_config, create_namespace, from_json, install_chart_identities,
-    kubelet_reports_resources, registered_condition, registration_where, replica_sets,
-    running_pods, start_actuator, start_controller, wait_object, APP_NS, MIB,
+    aas_resource, act_until, actuator_identity, assert_controller_calls_succeeded,
+    assert_no_refusal_logged, controller_config, controller_identity, create_namespace, from_json,
+    install_chart_identities, kubelet_reports_resources, registered_condition, registration_where,
+    replica_sets, running_pods, start_actuator, start_controller, wait_object, APP_NS, MIB,
 };
 
 /// Deployment `cart` with two containers: `app` first (500m / 256Mi, requests half) and
@@ -132,24 +132,8 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         kubelet_reports_resources(&admin, p).await;
     }
 
-    let (controller_kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
-        Box::pin(async move {
-            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
-                .list(&ListParams::default())
-                .await
-                .is_ok()
-        })
-    })
-    .await;
-    let (actuator_kubeconfig, actuator_client) = chart_identity(&cluster, "actuator", |c| {
-        Box::pin(async move {
-            Api::<Deployment>::namespaced(c, APP_NS)
-                .get("cart")
-                .await
-                .is_ok()
-        })
-    })
-    .await;
+    let (controller_kubeconfig, _) = controller_identity(&cluster).await;
+    let (actuator_kubeconfig, actuator_client) = actuator_identity(&cluster, "cart").await;
     let config = controller_config(cluster.dir(), &nats.url());
     let (controller, controller_addr) = start_controller(&config, &controller_kubeconfig);
     // No `container` setting: left to itself the actuator would size `app`, the first one.

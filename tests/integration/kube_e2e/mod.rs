@@ -608,6 +608,35 @@ async fn chart_identity(
     (kubeconfig, client)
 }
 
+/// The chart's controller identity, once it may list AwareAutoscalers.
+async fn controller_identity(cluster: &KubeCluster) -> (std::path::PathBuf, kube::Client) {
+    chart_identity(cluster, "controller", |c| {
+        Box::pin(async move {
+            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        })
+    })
+    .await
+}
+
+/// The chart's actuator identity, once it may read the Deployment `deployment` in [`APP_NS`].
+async fn actuator_identity(
+    cluster: &KubeCluster,
+    deployment: &'static str,
+) -> (std::path::PathBuf, kube::Client) {
+    chart_identity(cluster, "actuator", move |c| {
+        Box::pin(async move {
+            Api::<Deployment>::namespaced(c, APP_NS)
+                .get(deployment)
+                .await
+                .is_ok()
+        })
+    })
+    .await
+}
+
 /// A Deployment `name` in [`APP_NS`] with container `app` (limits 500m / 256Mi, requests half).
 /// What a client other than the Deployment controller can change on a Deployment: its spec (with
 /// the generation, which every spec write bumps), labels and annotations. Not the
@@ -877,15 +906,7 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
     running_pods(&pods, "web", 2).await;
     running_pods(&pods, "api", 1).await;
 
-    let (kubeconfig, controller_client) = chart_identity(&cluster, "controller", |c| {
-        Box::pin(async move {
-            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
-                .list(&ListParams::default())
-                .await
-                .is_ok()
-        })
-    })
-    .await;
+    let (kubeconfig, controller_client) = controller_identity(&cluster).await;
     let config = controller_config(cluster.dir(), &nats.url());
     let (mut controller, addr) = start_controller(&config, &kubeconfig);
 
@@ -1616,24 +1637,8 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     running_pods(&pods, "web", 2).await;
     let api_pods = running_pods(&pods, "api", 2).await;
 
-    let (controller_kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
-        Box::pin(async move {
-            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
-                .list(&ListParams::default())
-                .await
-                .is_ok()
-        })
-    })
-    .await;
-    let (actuator_kubeconfig, actuator_client) = chart_identity(&cluster, "actuator", |c| {
-        Box::pin(async move {
-            Api::<Deployment>::namespaced(c, APP_NS)
-                .get("web")
-                .await
-                .is_ok()
-        })
-    })
-    .await;
+    let (controller_kubeconfig, _) = controller_identity(&cluster).await;
+    let (actuator_kubeconfig, actuator_client) = actuator_identity(&cluster, "web").await;
     let config = controller_config(cluster.dir(), &nats.url());
     let (controller, controller_addr) = start_controller(&config, &controller_kubeconfig);
     let (actuator, actuator_addr) =

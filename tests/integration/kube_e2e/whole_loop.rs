@@ -41,12 +41,12 @@ use aware_tests::kube_sim::{allocation_of, DeploymentBridge, Reading};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 
 use super::{
-    aas_resource, assert_controller_calls_succeeded, assert_no_refusal_logged, autoscaler,
-    chart_identity, controller_config, create_namespace, from_json, install_chart_identities,
-    running_pods, start_controller, APP_NS,
+    aas_resource, actuator_identity, assert_controller_calls_succeeded, assert_no_refusal_logged,
+    autoscaler, controller_config, controller_identity, create_namespace, from_json,
+    install_chart_identities, running_pods, start_controller, APP_NS,
 };
 
 /// The workloads.
@@ -408,24 +408,8 @@ async fn whole_loop_on_the_real_control_plane_bootstraps_to_online_and_applies_t
     let bridge = DeploymentBridge::start(admin.clone(), sim.clone(), "app").unwrap();
 
     // The services.
-    let (controller_kubeconfig, _) = chart_identity(&cluster, "controller", |c| {
-        Box::pin(async move {
-            Api::<kube::api::DynamicObject>::all_with(c, &aas_resource())
-                .list(&ListParams::default())
-                .await
-                .is_ok()
-        })
-    })
-    .await;
-    let (actuator_kubeconfig, _) = chart_identity(&cluster, "actuator", |c| {
-        Box::pin(async move {
-            Api::<Deployment>::namespaced(c, APP_NS)
-                .get("web")
-                .await
-                .is_ok()
-        })
-    })
-    .await;
+    let (controller_kubeconfig, _) = controller_identity(&cluster).await;
+    let (actuator_kubeconfig, _) = actuator_identity(&cluster, "web").await;
     let config = services_config(cluster.dir(), data.path(), &nats.url(), &prom.url());
     let cfg = config.to_str().unwrap();
     let start = |bin: &str, env: &[(&str, &str)]| {
@@ -594,6 +578,18 @@ async fn whole_loop_on_the_real_control_plane_bootstraps_to_online_and_applies_t
                 >= 10,
             "{key}: the fallback drove before the promotion: {:?}",
             &applied[..first_rl]
+        );
+        // The fallback never undoes its own scale-up: its scale-downs wait out the HPA's 300 s
+        // stabilization window, longer than the loop runs, and between syncs its last decision
+        // stands, whatever a step that lags the scale reports.
+        let fallback: Vec<u32> = applied[..first_rl]
+            .iter()
+            .filter(|a| a.source == DecisionSource::Fallback && a.outcome == Outcome::Applied)
+            .map(|a| a.applied.replicas)
+            .collect();
+        assert!(
+            fallback.windows(2).all(|w| w[1] >= w[0]),
+            "{key}: the fallback scaled down while OFFLINE: {fallback:?}"
         );
         // Once the actuator has the registration, every decision is applied (the guardrails may
         // have clamped it: `reason` says how), through the Kubernetes sink.

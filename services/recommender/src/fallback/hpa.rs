@@ -407,6 +407,11 @@ pub struct Hpa {
     scale_up_events: Vec<(f64, u32)>,
     scale_down_events: Vec<(f64, u32)>,
     last_sync_s: Option<f64>,
+    /// The replica count the last sync asked for, while it is still the instruction in force.
+    /// Between syncs upstream's controller writes nothing, so its last decision stands; the
+    /// allocation a step reports may still lag that decision (the scrape after a scale), and
+    /// answering with it would scale back and forth. `None` once another policy has acted.
+    held: Option<u32>,
 }
 
 /// Slack on the sync period so a caller ticking exactly every period is never skipped by
@@ -421,6 +426,7 @@ impl Hpa {
             scale_up_events: Vec::new(),
             scale_down_events: Vec::new(),
             last_sync_s: None,
+            held: None,
         }
     }
 
@@ -428,8 +434,15 @@ impl Hpa {
         &self.config
     }
 
+    /// Another policy set the replicas: until its next sync the HPA keeps what is in force
+    /// instead of its own earlier decision.
+    pub fn release(&mut self) {
+        self.held = None;
+    }
+
     /// One reconcile (`reconcileAutoscaler`) at `now_s`: `current` replicas (the scale's spec),
-    /// the pods, the per-pod CPU request (limit) in millicores and the min/max replicas.
+    /// the pods, the per-pod CPU request (limit) in millicores and the min/max replicas. Between
+    /// syncs the answer is the last sync's decision (unless [`Hpa::release`]d), within min/max.
     pub fn reconcile(
         &mut self,
         now_s: f64,
@@ -442,8 +455,10 @@ impl Hpa {
         if let Some(last) = self.last_sync_s {
             let next = last + self.config.sync_period_s;
             if now_s >= last && now_s < next - SYNC_SLACK_S {
+                let lo = min_replicas.min(max_replicas);
+                let hi = min_replicas.max(max_replicas);
                 return HpaDecision {
-                    replicas: current,
+                    replicas: self.held.map_or(current, |h| h.clamp(lo, hi)),
                     rules: vec![Rule::HpaNotDue {
                         next_sync_in_s: next - now_s,
                     }],
@@ -487,6 +502,7 @@ impl Hpa {
                     rules.push(Rule::HpaNoRecommendation {
                         reason: e.to_string(),
                     });
+                    self.held = None;
                     return HpaDecision {
                         replicas: current,
                         rules,
@@ -497,6 +513,7 @@ impl Hpa {
         if desired != current {
             self.store_scale_event(now_s, current, desired);
         }
+        self.held = Some(desired);
         HpaDecision {
             replicas: desired,
             rules,
@@ -951,6 +968,23 @@ mod tests {
         assert!(!d.rules.iter().any(|r| matches!(r, Rule::HpaNotDue { .. })));
         assert!(d.rules.contains(&Rule::HpaScaleUpLimit { limit: 6 }));
         assert_eq!(h.reconcile(30.0, 6, &at(6, 1.0), 1000, 1, 100).replicas, 12);
+    }
+
+    #[test]
+    fn between_syncs_the_last_decision_stands_until_released() {
+        let mut h = hpa();
+        h.config.target_cpu_utilization = 0.5;
+        assert_eq!(h.reconcile(0.0, 4, &at(4, 0.75), 1000, 1, 100).replicas, 6);
+        // The next step still reports the 4 replicas of before the scale: the HPA keeps asking
+        // for 6 instead of scaling back to what the step reports.
+        let d = h.reconcile(10.0, 4, &at(4, 0.75), 1000, 1, 100);
+        assert!(matches!(d.rules[..], [Rule::HpaNotDue { .. }]));
+        assert_eq!(d.replicas, 6);
+        // Bounds that changed since still clamp the held decision.
+        assert_eq!(h.reconcile(11.0, 4, &at(4, 0.75), 1000, 1, 5).replicas, 5);
+        // Once another policy acted, what is in force stands until the next sync.
+        h.release();
+        assert_eq!(h.reconcile(12.0, 9, &at(9, 0.5), 1000, 1, 100).replicas, 9);
     }
 
     #[test]

@@ -182,7 +182,7 @@ impl fmt::Display for Rule {
                 write!(f, "invalid {field}={value}: treated as missing; {kept}")
             }
             Rule::HpaNotDue { next_sync_in_s } => {
-                write!(f, "hpa: next sync in {next_sync_in_s:.1}s, replicas kept")
+                write!(f, "hpa: next sync in {next_sync_in_s:.1}s, its last decision stands")
             }
             Rule::HpaCurrentOutsideRange { current, to } => {
                 write!(f, "hpa: {current} replicas outside [min, max] → {to}")
@@ -351,6 +351,11 @@ impl Fallback {
 
     pub fn vpa(&self) -> &vpa::Vpa {
         &self.vpa
+    }
+
+    /// Another policy decided this step: the HPA's earlier decision no longer stands.
+    pub fn release(&mut self) {
+        self.hpa.release();
     }
 
     /// One step at `now_s` (seconds, monotone): folds the metrics into the VPA history, runs the
