@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{DecisionSource, Event, RawMetrics, Stage, Target};
 use aware_loadgen::app::{Allocation, AppSpec, Slo, VerticalMode, MIB};
+use aware_loadgen::cluster::AppModel;
 use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::load::LoadPattern;
 use aware_loadgen::oracle::{
@@ -302,9 +303,16 @@ pub struct Figures {
     pub best_effort_served: Option<f64>,
     pub best_effort_steps: u64,
     pub best_effort_served_steps: u64,
-    /// Requested core-hours and GiB-hours: replicas × per-replica allocation × step length.
+    /// Requested core-hours and GiB-hours: replicas × per-replica allocation × step length,
+    /// plus `surge_*`.
     pub core_hours: f64,
     pub gib_hours: f64,
+    /// Of those, the old pods a rolling restart keeps running beside their replacements until
+    /// these are ready (the app's cold start after each vertical change of an app whose vertical
+    /// changes restart pods; a change during a restart keeps the original pods longer, as in the
+    /// simulator).
+    pub surge_core_hours: f64,
+    pub surge_gib_hours: f64,
     /// Their price (`prices` of the report).
     pub cost: f64,
     /// `replica_changes + pod_restarts + oom_kills`.
@@ -322,12 +330,17 @@ pub struct Figures {
 
 impl Figures {
     /// The figures of one app's steps, in order.
-    fn of_app(app: &AppSpec, rows: &[StepRow], step_hours: f64, prices: &Prices) -> Figures {
+    fn of_app(app: &AppSpec, rows: &[StepRow], step_seconds: f64, prices: &Prices) -> Figures {
         let mut f = Figures::default();
         let slo = has_slo(&app.slo);
+        let step_hours = step_seconds / 3600.0;
+        let cold = AppModel::from_app(app).cold_start_seconds;
         let mut met = 0u64;
         let mut prev: Option<&StepRow> = None;
-        for r in rows {
+        // The pods a rolling restart keeps (count and per-pod limits), until when.
+        let mut surge: Option<(Allocation, f64)> = None;
+        for (g, r) in rows.iter().enumerate() {
+            let t0 = g as f64 * step_seconds;
             f.steps += 1;
             met += u64::from(r.met);
             f.slo_violations += u64::from(slo && r.violation);
@@ -342,10 +355,24 @@ impl Figures {
                 f.vertical_changes += u64::from(vertical);
                 if vertical && app.vertical == VerticalMode::Restart {
                     f.pod_restarts += u64::from(a.replicas.min(b.replicas));
+                    let old = match surge {
+                        // still restarting: the original pods go on running
+                        Some((old, until)) if until > t0 => old,
+                        _ => a,
+                    };
+                    surge = Some((old, t0 + cold));
                 }
+            }
+            if let Some((old, until)) = surge.as_mut() {
+                old.replicas = old.replicas.min(r.allocation.replicas);
+                let share = ((*until).min(t0 + step_seconds) - t0).max(0.0) / step_seconds;
+                f.surge_core_hours += Prices::cores(old) * step_hours * share;
+                f.surge_gib_hours += Prices::gib(old) * step_hours * share;
             }
             prev = Some(r);
         }
+        f.core_hours += f.surge_core_hours;
+        f.gib_hours += f.surge_gib_hours;
         if slo {
             (f.slo_steps, f.slo_met_steps) = (f.steps, met);
         } else {
@@ -381,6 +408,8 @@ impl Figures {
             s.best_effort_served_steps += f.best_effort_served_steps;
             s.core_hours += f.core_hours;
             s.gib_hours += f.gib_hours;
+            s.surge_core_hours += f.surge_core_hours;
+            s.surge_gib_hours += f.surge_gib_hours;
             s.replica_changes += f.replica_changes;
             s.vertical_changes += f.vertical_changes;
             s.pod_restarts += f.pod_restarts;
@@ -580,12 +609,11 @@ fn run_baseline(
     policy: &mut Baseline,
     prices: &Prices,
 ) -> Result<Vec<Figures>, BenchError> {
-    let hours = sim.step_seconds / 3600.0;
     let rows = simulate(apps, sim, steps, policy)?;
     Ok(apps
         .iter()
         .zip(&rows)
-        .map(|(a, r)| Figures::of_app(a, r, hours, prices))
+        .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, prices))
         .collect())
 }
 
@@ -922,7 +950,6 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
     let steps = opts.steps();
     let prices = opts.prices();
     let n = apps.len();
-    let hours = sim.step_seconds / 3600.0;
     let mut per_app: Vec<BTreeMap<String, Figures>> = vec![BTreeMap::new(); n];
     let mut policies: BTreeMap<String, PolicyReport> = BTreeMap::new();
     let mut tuned: Vec<Option<SweepPoint>> = vec![None; n];
@@ -1007,7 +1034,7 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
                 let figs = apps
                     .iter()
                     .zip(&rows)
-                    .map(|(a, r)| Figures::of_app(a, r, hours, &prices))
+                    .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, &prices))
                     .collect();
                 record(p, figs, started, None, Some(learning), &mut per_app);
             }
@@ -1518,15 +1545,21 @@ mod tests {
             core_hour: 1.0,
             gib_hour: 0.1,
         };
-        let f = Figures::of_app(&app, &rows, 0.5, &prices);
+        // half-hour steps; the restart at step 2 keeps 3 of the 4 old 1-core, 1-GiB pods for
+        // the cold start
+        let f = Figures::of_app(&app, &rows, 1800.0, &prices);
+        let surge = 3.0 * 0.5 * AppModel::from_app(&app).cold_start_seconds / 1800.0;
+        assert!(surge > 0.0);
+        assert!((f.surge_core_hours - surge).abs() < 1e-12);
+        assert!((f.surge_gib_hours - surge).abs() < 1e-12);
         assert_eq!(f.steps, 4);
         assert_eq!(f.slo_attainment, Some(0.75));
         assert_eq!(f.slo_violations, 1);
         assert_eq!(f.best_effort_served, None);
         // (2 + 4 + 1.5 + 1.5) cores × ½ h; (2 + 4 + 3 + 3) GiB × ½ h
-        assert_eq!(f.core_hours, 4.5);
-        assert_eq!(f.gib_hours, 6.0);
-        assert!((f.cost - (4.5 + 0.6)).abs() < 1e-12);
+        assert!((f.core_hours - (4.5 + surge)).abs() < 1e-12);
+        assert!((f.gib_hours - (6.0 + surge)).abs() < 1e-12);
+        assert!((f.cost - (4.5 + surge + 0.1 * (6.0 + surge))).abs() < 1e-12);
         assert_eq!(
             (
                 f.replica_changes,
@@ -1539,10 +1572,11 @@ mod tests {
         assert_eq!(f.disruptions, 6);
         // in place: the resize restarts nothing
         app.vertical = VerticalMode::InPlace;
-        assert_eq!(Figures::of_app(&app, &rows, 0.5, &prices).pod_restarts, 0);
+        let inplace = Figures::of_app(&app, &rows, 1800.0, &prices);
+        assert_eq!((inplace.pod_restarts, inplace.surge_core_hours), (0, 0.0));
         // a best-effort app: no SLO attainment, the served share instead
         app.slo = Slo::default();
-        let g = Figures::of_app(&app, &rows, 0.5, &prices);
+        let g = Figures::of_app(&app, &rows, 1800.0, &prices);
         assert_eq!(g.slo_attainment, None);
         assert_eq!(g.best_effort_served, Some(0.75));
         assert_eq!(g.slo_violations, 0);
@@ -1551,7 +1585,7 @@ mod tests {
         assert_eq!(s.steps, 12);
         assert_eq!(s.slo_attainment, Some(0.75));
         assert_eq!(s.best_effort_served, Some(0.75));
-        assert_eq!(s.core_hours, 13.5);
+        assert!((s.core_hours - (13.5 + 2.0 * surge)).abs() < 1e-9);
         assert_eq!(s.met_steps(), 9);
         assert_eq!((s.slo_met_steps, s.best_effort_served_steps), (6, 3));
         assert_eq!(s.disruptions, 6 + 3 + 6);

@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::app::{Allocation, Bounds, Slo, MIB};
+use crate::app::{Allocation, Bounds, Slo, VerticalMode, MIB};
 use crate::cluster::{SimMetrics, TargetSim};
 use crate::env::reward;
 
@@ -262,51 +262,88 @@ pub struct CheapestChoice {
     pub evaluated: usize,
 }
 
+/// Requested resources a rolling restart keeps beside the new pods, per hour: when `to` changes
+/// the per-replica limits of an app whose vertical changes restart pods, every pod kept (up to
+/// `to.replicas`) goes on running with the limits it runs with now (`running`, per pod) until its
+/// replacement is ready, `cold_start_s` later; `fraction` is the share of the step that lasts.
+/// Nothing for an in-place resize or a replica change alone.
+pub fn restart_surge(
+    vertical: VerticalMode,
+    running: &[(u32, u64)],
+    from: &Allocation,
+    to: &Allocation,
+    fraction: f64,
+    prices: &Prices,
+) -> f64 {
+    let changed = from.cpu_millicores != to.cpu_millicores || from.memory_bytes != to.memory_bytes;
+    if vertical != VerticalMode::Restart || !changed {
+        return 0.0;
+    }
+    running
+        .iter()
+        .take(to.replicas as usize)
+        .map(|&(cpu_millicores, memory_bytes)| {
+            prices.per_hour(&Allocation {
+                replicas: 1,
+                cpu_millicores,
+                memory_bytes,
+            })
+        })
+        .sum::<f64>()
+        * fraction.clamp(0.0, 1.0)
+}
+
+/// What the next step of `target` under `candidate` costs per hour: the candidate's requested
+/// resources, plus the pods a rolling restart keeps beside their replacements during the step
+/// ([`restart_surge`]).
+pub fn step_price(target: &TargetSim, candidate: &Allocation, prices: &Prices) -> f64 {
+    let running: Vec<(u32, u64)> = target
+        .replicas()
+        .iter()
+        .map(|r| ((r.cpu * 1000.0).round() as u32, r.mem.round() as u64))
+        .collect();
+    let fraction = target.model().cold_start_seconds / target.dt().max(1e-9);
+    prices.per_hour(candidate)
+        + restart_surge(
+            target.app().vertical,
+            &running,
+            &target.allocation(),
+            candidate,
+            fraction,
+            prices,
+        )
+}
+
 /// Per step, the cheapest allocation that meets the SLO given the step's true load: the
-/// candidates are the allocation in force, `extra` (clamped to the bounds) and `sorted` (from
-/// [`candidates_by_cost`]), tried cheapest first (at equal price the allocation in force, then
-/// the extras, then the grid), each evaluated as [`evaluate`] does; the first that meets the SLO
-/// is the answer. When none does: the highest SLO preservation, the cheapest of those.
+/// candidates are the allocation in force, `extra` (clamped to the bounds) and `grid` (from
+/// [`candidates_by_cost`]), tried cheapest first by [`step_price`] (at equal price the
+/// allocation in force, then the extras, then the grid in its order), each evaluated as
+/// [`evaluate`] does; the first that meets the SLO is the answer. When none does: the highest
+/// SLO preservation, the cheapest of those.
 pub fn cheapest_step(
     target: &TargetSim,
-    sorted: &[Allocation],
+    grid: &[Allocation],
     prices: &Prices,
     extra: &[Allocation],
 ) -> CheapestChoice {
     let bounds = target.app().bounds;
     let slo = target.app().slo;
-    let mut first: Vec<Allocation> = std::iter::once(target.allocation())
+    let mut order: Vec<(f64, usize, Allocation)> = std::iter::once(target.allocation())
         .chain(extra.iter().map(|&a| bounds.clamp(a).0))
+        .chain(grid.iter().copied())
+        .enumerate()
+        .map(|(k, a)| (step_price(target, &a, prices), k, a))
         .collect();
-    // stable: the allocation in force stays first among equal prices
-    first.sort_by(|a, b| prices.per_hour(a).total_cmp(&prices.per_hour(b)));
+    order.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
     let mut closest: Option<CheapestChoice> = None;
-    let mut evaluated = 0usize;
-    let (mut i, mut j) = (0usize, 0usize);
-    loop {
-        let a = match (first.get(i), sorted.get(j)) {
-            (Some(x), Some(y)) if prices.per_hour(x) <= prices.per_hour(y) => {
-                i += 1;
-                *x
-            }
-            (_, Some(y)) => {
-                j += 1;
-                *y
-            }
-            (Some(x), None) => {
-                i += 1;
-                *x
-            }
-            (None, None) => break,
-        };
+    for (evaluated, &(price, _, a)) in order.iter().enumerate() {
         let (_, m) = evaluate(target, a);
-        evaluated += 1;
         let choice = CheapestChoice {
             allocation: a,
             metrics: m,
             meets_slo: meets_slo(&slo, &m),
-            cost_per_hour: prices.per_hour(&a),
-            evaluated,
+            cost_per_hour: price,
+            evaluated: evaluated + 1,
         };
         if choice.meets_slo {
             return choice;
@@ -315,16 +352,18 @@ pub fn cheapest_step(
             closest = Some(choice);
         }
     }
+    let evaluated = order.len();
     match closest {
         Some(c) => CheapestChoice { evaluated, ..c },
-        // unreachable: the allocation in force is always a candidate
+        // `order` holds at least the allocation in force
         None => {
-            let (_, m) = evaluate(target, target.allocation());
+            let a = target.allocation();
+            let (_, m) = evaluate(target, a);
             CheapestChoice {
-                allocation: target.allocation(),
+                allocation: a,
                 metrics: m,
                 meets_slo: meets_slo(&slo, &m),
-                cost_per_hour: prices.per_hour(&target.allocation()),
+                cost_per_hour: step_price(target, &a, prices),
                 evaluated: evaluated + 1,
             }
         }
@@ -453,7 +492,7 @@ mod tests {
                 )
                 .unwrap();
                 for _ in 0..6 {
-                    let choices: Vec<CheapestChoice> = (0..env.len())
+                    let choices: Vec<(CheapestChoice, f64)> = (0..env.len())
                         .map(|i| {
                             let t = env.target_at_next_step(i).unwrap();
                             let sorted = candidates_by_cost(&t.app().bounds, &coarse(), &prices);
@@ -461,7 +500,7 @@ mod tests {
                             // brute force: nothing cheaper on the grid meets the SLO
                             for a in sorted
                                 .iter()
-                                .filter(|a| prices.per_hour(a) < c.cost_per_hour)
+                                .filter(|a| step_price(&t, a, &prices) < c.cost_per_hour)
                             {
                                 let (_, m) = evaluate(&t, *a);
                                 assert!(
@@ -470,29 +509,29 @@ mod tests {
                                     c.allocation
                                 );
                             }
-                            c
+                            let own = step_price(&t, &t.app().bounds.clamp(fixed).0, &prices);
+                            (c, own)
                         })
                         .collect();
                     // the oracle's prediction is what the simulator does with its choice
                     let mut follow = env.clone();
                     let acts: Vec<_> = choices
                         .iter()
-                        .map(|c| TargetAction::Desired(c.allocation))
+                        .map(|(c, _)| TargetAction::Desired(c.allocation))
                         .collect();
-                    for (o, c) in follow.step(&acts).unwrap().iter().zip(&choices) {
+                    for (o, (c, _)) in follow.step(&acts).unwrap().iter().zip(&choices) {
                         assert_eq!(o.metrics, c.metrics);
                         assert_eq!(o.allocation, c.allocation);
                     }
                     let obs = env
                         .step(&vec![TargetAction::Desired(fixed); env.len()])
                         .unwrap();
-                    for ((o, c), app) in obs.iter().zip(&choices).zip(&apps) {
+                    for ((o, (c, own)), app) in obs.iter().zip(&choices).zip(&apps) {
                         if meets_slo(&app.slo, &o.metrics) {
                             met_by_policy += 1;
                             assert!(c.meets_slo, "{c:?}");
-                            assert!(c.cost_per_hour <= prices.per_hour(&o.allocation) + 1e-12);
-                            cheaper_than_policy +=
-                                usize::from(c.cost_per_hour < prices.per_hour(&o.allocation));
+                            assert!(c.cost_per_hour <= own + 1e-12);
+                            cheaper_than_policy += usize::from(c.cost_per_hour < *own);
                         }
                     }
                 }
@@ -521,7 +560,7 @@ mod tests {
             let (_, m) = evaluate(&t, *a);
             assert!(m.slo_preservation <= c.metrics.slo_preservation, "{a:?}");
             if m.slo_preservation == c.metrics.slo_preservation {
-                assert!(prices.per_hour(a) >= c.cost_per_hour);
+                assert!(step_price(&t, a, &prices) >= c.cost_per_hour);
             }
         }
     }
@@ -575,6 +614,52 @@ mod tests {
                 cpu_millicores: 2048,
                 memory_bytes: 3072 * MIB
             })
+        );
+    }
+
+    #[test]
+    fn a_rolling_restart_keeps_the_old_pods_beside_the_new_ones() {
+        let p = Prices {
+            core_hour: 1.0,
+            gib_hour: 0.0,
+        };
+        let a = |replicas, cpu_millicores| Allocation {
+            replicas,
+            cpu_millicores,
+            memory_bytes: 1024 * MIB,
+        };
+        let running = [(1000, 1024 * MIB), (1000, 1024 * MIB), (2000, 1024 * MIB)];
+        let restart = VerticalMode::Restart;
+        // the three pods run beside their replacements for half the step
+        assert_eq!(
+            restart_surge(restart, &running, &a(3, 1000), &a(3, 500), 0.5, &p),
+            2.0
+        );
+        // scaling in to two keeps two of them
+        assert_eq!(
+            restart_surge(restart, &running, &a(3, 1000), &a(2, 500), 1.0, &p),
+            2.0
+        );
+        // a longer cold start than the step: the whole step
+        assert_eq!(
+            restart_surge(restart, &running, &a(3, 1000), &a(3, 500), 3.0, &p),
+            4.0
+        );
+        // no vertical change, or an in-place resize: nothing
+        assert_eq!(
+            restart_surge(restart, &running, &a(3, 1000), &a(5, 1000), 1.0, &p),
+            0.0
+        );
+        assert_eq!(
+            restart_surge(
+                VerticalMode::InPlace,
+                &running,
+                &a(3, 1000),
+                &a(3, 500),
+                1.0,
+                &p
+            ),
+            0.0
         );
     }
 
