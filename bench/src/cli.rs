@@ -11,6 +11,7 @@ use crate::adapt::AdaptBenchOptions;
 use crate::bootstrap::BootstrapBenchOptions;
 use crate::bus::BusBenchOptions;
 use crate::control_loop::LoopBenchOptions;
+use crate::cost::CostBenchOptions;
 use crate::embed::EmbedBenchOptions;
 use crate::kube::KubeBenchOptions;
 use crate::serve::ServeBenchOptions;
@@ -28,6 +29,11 @@ pub enum BenchCommand {
     /// early window on held-out generated apps; writes bootstrap.json.
     #[command(after_help = BOOTSTRAP_KNOBS)]
     Bootstrap(BootstrapArgs),
+    /// What the SLO costs (requested core-hours and GiB-hours, SLO attainment, disruptions) under
+    /// AWARE, HPA/VPA at a target tuned per app on a separate window, HPA/VPA at 70%, the VPA
+    /// alone and the cheapest-allocation oracle, on the same apps and traces; writes cost.json
+    /// and a Pareto plot per app class (cost-pareto-<class>.svg).
+    Cost(CostBenchOptions),
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
     /// undisturbed workload and the oracle; writes serve.json and serve-curve.svg.
@@ -187,6 +193,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
             text_logs()?;
             bootstrap(&args)
         }
+        BenchCommand::Cost(opts) => {
+            text_logs()?;
+            cost(&opts)
+        }
         BenchCommand::Serve(opts) => {
             text_logs()?;
             serve(&opts)
@@ -291,6 +301,23 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), BenchError> {
         })?;
         println!("wrote {}", p.display());
     }
+    Ok(())
+}
+
+fn cost(opts: &CostBenchOptions) -> Result<(), BenchError> {
+    let r = crate::cost::run(opts)?;
+    for line in crate::cost::summary(&r) {
+        println!("{line}");
+    }
+    println!(
+        "wrote {} and {}",
+        opts.out.join("cost.json").display(),
+        r.plots
+            .iter()
+            .map(|p| opts.out.join(p).display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod bus;
 pub mod cli;
 pub mod control_loop;
+pub mod cost;
 pub mod embed;
 pub mod kube;
 pub mod serve;

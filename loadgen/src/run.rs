@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::app::{generate_apps, Allocation, AppSet, AppSpec, GeneratorOptions};
 use crate::env::{Observation, SimConfig, SimEnv, TargetAction};
 use crate::error::SimError;
-use crate::oracle::{oracle_step, OracleGrid};
+use crate::oracle::{candidates_by_cost, cheapest_step, oracle_step, OracleGrid, Prices};
 
 /// Where the apps come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +73,13 @@ pub enum PolicySpec {
     },
     /// The greedy oracle (true load of each step known in advance).
     Oracle,
+    /// The SLO-constrained oracle: per step, the cheapest allocation under `prices` that meets
+    /// the SLO given the step's true load, or the closest the bounds allow
+    /// ([`crate::oracle::cheapest_step`]).
+    OracleCheapest {
+        /// Prices of a core-hour and a GiB-hour.
+        prices: Prices,
+    },
 }
 
 /// Options of `aware sim`.
@@ -186,6 +193,11 @@ fn policy_actions(
                 PolicySpec::Oracle => {
                     let t = env.target_at_next_step(i)?;
                     TargetAction::Desired(oracle_step(&t, grid, &[]).allocation)
+                }
+                PolicySpec::OracleCheapest { prices } => {
+                    let t = env.target_at_next_step(i)?;
+                    let sorted = candidates_by_cost(&t.app().bounds, grid, prices);
+                    TargetAction::Desired(cheapest_step(&t, &sorted, prices, &[]).allocation)
                 }
             })
         })
