@@ -1,10 +1,11 @@
 //! What the `aware` demo and the benchmarks (`aware-bench`) share: the registry of the
 //! services, meta-training on the simulator ([`train_meta`], also the product command
-//! `aware train-meta`), the six services on an embedded bus paced to the lock-step simulator
+//! `aware train-meta`) and the default meta-learner shipped in the binaries ([`default_meta`]), the six services on an embedded bus paced to the lock-step simulator
 //! ([`PacedServices`]), `--set SECTION.KEY=VALUE` overlays of the services' settings and the SVG
 //! line charts of learning curves ([`chart`]).
 
 pub mod chart;
+pub mod default_meta;
 pub mod train_meta;
 
 use aware_shared::launcher::ServiceEntry;

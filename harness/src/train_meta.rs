@@ -234,6 +234,19 @@ pub struct TrainMetaArgs {
     /// Episodes per bundle (top-M).
     #[arg(long, default_value_t = MetaConfig::default().bundle_size)]
     pub bundle: usize,
+    /// Regenerate the default meta-learner the binaries ship (what `aware demo` bootstraps
+    /// from): train at the defaults, from scratch, into --out, then copy the kept agent and its
+    /// manifest (the options and the fingerprint of the training) into DIR. Run it from the
+    /// repository's root and commit DIR; other training options are refused.
+    #[arg(
+        long,
+        value_name = "DIR",
+        num_args = 0..=1,
+        default_missing_value = crate::default_meta::DIR_IN_REPO,
+        conflicts_with = "resume",
+        help = "Regenerate the shipped default meta-learner into DIR (default models/meta-default; run from the repository's root): trains at the defaults into --out, then writes the checkpoints and manifest.json"
+    )]
+    pub write_default: Option<PathBuf>,
 }
 
 impl TrainMetaArgs {

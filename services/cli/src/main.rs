@@ -69,6 +69,7 @@ enum Command {
     },
     /// Meta-train the shared base-learner and the meta-learner on a pool of generated apps
     /// (8:2 train/held-out split); writes meta.ckpt, base.ckpt, split.json, train-log.json.
+    /// With --write-default: regenerate the default the binaries ship (models/meta-default).
     TrainMeta(TrainMetaArgs),
     /// Print the JSON Schemas of the bus messages, or write them and the golden fixtures.
     Schemas {
@@ -256,7 +257,35 @@ fn schemas(write: Option<PathBuf>) -> anyhow::Result<()> {
 
 fn train_meta(args: TrainMetaArgs) -> anyhow::Result<()> {
     aware_shared::telemetry::init_tracing(LogFormat::Text)?;
+    let write_default = args.write_default.clone();
     let opts = args.into_options();
+    if let Some(dir) = write_default {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                bail!(
+                    "--write-default {}: no {} here (run it from the repository's root, or name the directory)",
+                    dir.display(),
+                    parent.display()
+                );
+            }
+        }
+        let m = aware_harness::default_meta::write_default(&opts, &dir)?;
+        println!(
+            "default meta-learner: trained in {:.1} s (kept restart {}, iteration {}); held-out apps: fallback {:.3}/step, meta-trained agent {:.3}/step; fingerprint {}",
+            m.train_seconds,
+            m.kept_restart,
+            m.best_iteration,
+            m.held_out_fallback_mean,
+            m.held_out_agent_mean,
+            m.fingerprint
+        );
+        println!(
+            "wrote {} (and the full training in {}); rebuild to embed it",
+            dir.display(),
+            opts.out.display()
+        );
+        return Ok(());
+    }
     let log = aware_harness::train_meta::run(&opts)?;
     println!(
         "meta-training: {} iterations in {:.1} s ({} meta-learner parameters); held-out apps: fallback {:.3}/step, meta-trained agent (no fine-tuning) {:.3}/step",
@@ -563,6 +592,28 @@ mod tests {
         assert_eq!(
             (o.meta.hidden, o.meta.fc_hidden, o.meta.bundle_size),
             (32, 32, 5)
+        );
+
+        let Command::TrainMeta(t) = parse(&["train-meta", "--write-default"]) else {
+            unreachable!()
+        };
+        assert_eq!(t.write_default, Some(PathBuf::from("models/meta-default")));
+        // What `aware train-meta` trains without flags is the default `--write-default` accepts.
+        let comparable = aware_harness::default_meta::comparable;
+        assert_eq!(
+            comparable(&t.into_options()),
+            comparable(&aware_harness::default_meta::default_options())
+        );
+        let Command::TrainMeta(t) = parse(&["train-meta", "--write-default", "elsewhere"]) else {
+            unreachable!()
+        };
+        assert_eq!(t.write_default, Some(PathBuf::from("elsewhere")));
+        let Command::TrainMeta(t) = parse(&["train-meta"]) else {
+            unreachable!()
+        };
+        assert_eq!(t.write_default, None);
+        assert!(
+            Cli::try_parse_from(["aware", "train-meta", "--write-default", "--resume"]).is_err()
         );
 
         let Command::Demo(a) = parse(&["demo"]) else {
