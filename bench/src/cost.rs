@@ -762,36 +762,14 @@ fn aware_config(
     apps: &[AppSpec],
     dir: &Path,
 ) -> Result<AppConfig, BenchError> {
-    let mut cfg = AppConfig::default();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.learning.steps_per_episode = opts.steps_per_episode;
-    cfg.set_section("collector", &collector_config(opts))?;
+    let mut cfg = aware_harness::paced_sim_config(
+        &collector_config(opts),
+        opts.steps_per_episode,
+        dir,
+        opts.meta.as_deref(),
+        &opts.settings,
+    )?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(apps);
-    cfg.sections.insert(
-        "trajectory_store".into(),
-        serde_json::json!({ "sqlite_path": dir.join("trajectories.db").display().to_string() }),
-    );
-    cfg.sections
-        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
-    );
-    let offline_episodes = 4u64;
-    let mut trainer = serde_json::json!({
-        "poll_ms": 50,
-        "train_every_transitions": 100,
-        "offline_min_transitions": offline_episodes * u64::from(opts.steps_per_episode),
-        "eval_episodes": offline_episodes,
-    });
-    if let (Some(meta), Some(t)) = (&opts.meta, trainer.as_object_mut()) {
-        t.insert("meta_dir".into(), meta.display().to_string().into());
-        t.insert("bc_alpha".into(), 100.0.into());
-    }
-    cfg.sections.insert("trainer".into(), trainer);
-    for (path, value) in &opts.settings {
-        aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
-    }
     cfg.validate()?;
     cfg.section::<aware_recommender::RecommenderConfig>("recommender")
         .map_err(fail)?

@@ -51,6 +51,8 @@ pub enum ServicesError {
     Service(#[from] aware_shared::service::ServiceError),
     #[error("setting {path:?}: expected section.key[.key…]")]
     Setting { path: String },
+    #[error(transparent)]
+    Config(#[from] aware_shared::config::ConfigError),
 }
 
 /// A `--set`-style flag's value that does not parse.
@@ -83,6 +85,56 @@ pub fn parse_setting(s: &str) -> Result<(String, serde_json::Value), SettingErro
     }
     let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
     Ok((k.to_string(), v))
+}
+
+/// The trajectory store (SQLite) and the model store of a run, under `dir`.
+pub fn set_stores(cfg: &mut aware_shared::config::AppConfig, dir: &std::path::Path) {
+    cfg.sections.insert(
+        "trajectory_store".into(),
+        serde_json::json!({ "sqlite_path": dir.join("trajectories.db").display().to_string() }),
+    );
+    cfg.sections
+        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
+    );
+}
+
+/// The services' configuration of a paced run on the simulated cluster, as `aware demo` runs
+/// them: `collector`'s simulator, the trajectory store (SQLite) and the model store under
+/// `data_dir`, a trainer that polls often enough for a paced run (bootstrapping from the
+/// meta-learner in `meta` with a light imitation term), every other setting the services'
+/// default, then `settings` (`--set`).
+pub fn paced_sim_config(
+    collector: &aware_metrics_collector::config::CollectorConfig,
+    steps_per_episode: u32,
+    data_dir: &std::path::Path,
+    meta: Option<&std::path::Path>,
+    settings: &[(String, serde_json::Value)],
+) -> Result<aware_shared::config::AppConfig, ServicesError> {
+    let mut cfg = aware_shared::config::AppConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.learning.steps_per_episode = steps_per_episode;
+    cfg.set_section("collector", collector)?;
+    set_stores(&mut cfg, data_dir);
+    let offline_episodes = 4u64;
+    let mut trainer = serde_json::json!({
+        "poll_ms": 50,
+        "train_every_transitions": 100,
+        "offline_min_transitions": offline_episodes * u64::from(steps_per_episode),
+        "eval_episodes": offline_episodes,
+    });
+    if let (Some(meta), Some(t)) = (meta, trainer.as_object_mut()) {
+        t.insert("meta_dir".into(), meta.display().to_string().into());
+        // A light imitation term keeps more of the meta-trained policy (docs/adr/0004-td3-bc-bootstrapping.md).
+        t.insert("bc_alpha".into(), 100.0.into());
+    }
+    cfg.sections.insert("trainer".into(), trainer);
+    for (path, value) in settings {
+        set_path(&mut cfg.sections, path, value.clone())?;
+    }
+    Ok(cfg)
 }
 
 /// Sets `value` at the dotted `path` (`section.key[.key…]`) of the config's sections, creating

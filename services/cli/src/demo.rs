@@ -765,9 +765,6 @@ pub fn demo_config(
     app_file: PathBuf,
     meta: Option<&Path>,
 ) -> Result<AppConfig, DemoError> {
-    let mut cfg = AppConfig::default();
-    cfg.http.listen = "127.0.0.1:0".into();
-    cfg.learning.steps_per_episode = opts.steps_per_episode;
     let mut collector = CollectorConfig {
         source: SourceKind::Simulator,
         ..CollectorConfig::default()
@@ -780,41 +777,13 @@ pub fn demo_config(
     sim.max_steps = (opts.episodes + 1) * u64::from(opts.steps_per_episode) + 1;
     // Paced: a decision may wait for the trainer's round on the same cores.
     sim.step_timeout_ms = 60_000;
-    cfg.set_section("collector", &collector)
-        .map_err(|e| DemoError::Config(e.to_string()))?;
-    set_stores(&mut cfg, &opts.out_dir.join("data"));
-    let offline_episodes = 4u64;
-    let mut trainer = serde_json::json!({
-        "poll_ms": 50,
-        "train_every_transitions": 100,
-        "offline_min_transitions": offline_episodes * u64::from(opts.steps_per_episode),
-        "eval_episodes": offline_episodes,
-    });
-    if let (Some(meta), Some(t)) = (meta, trainer.as_object_mut()) {
-        t.insert("meta_dir".into(), meta.display().to_string().into());
-        // A light imitation term keeps more of the meta-trained policy (docs/adr/0004-td3-bc-bootstrapping.md).
-        t.insert("bc_alpha".into(), 100.0.into());
-    }
-    cfg.sections.insert("trainer".into(), trainer);
-    for (path, value) in &opts.settings {
-        aware_harness::set_path(&mut cfg.sections, path, value.clone())
-            .map_err(|e| DemoError::Config(e.to_string()))?;
-    }
-    Ok(cfg)
-}
-
-/// The trajectory store (SQLite) and the model store of a run, under `dir`.
-fn set_stores(cfg: &mut AppConfig, dir: &Path) {
-    cfg.sections.insert(
-        "trajectory_store".into(),
-        serde_json::json!({ "sqlite_path": dir.join("trajectories.db").display().to_string() }),
-    );
-    cfg.sections
-        .insert("recorder".into(), serde_json::json!({ "batch": 64 }));
-    cfg.sections.insert(
-        "model_store".into(),
-        serde_json::json!({ "dir": dir.join("models").display().to_string() }),
-    );
+    Ok(aware_harness::paced_sim_config(
+        &collector,
+        opts.steps_per_episode,
+        &opts.out_dir.join("data"),
+        meta,
+        &opts.settings,
+    )?)
 }
 
 /// The live table: SLO attainment so far and the resources requested now lead; the reward (the
@@ -982,7 +951,7 @@ pub async fn run(
         );
         let mut base_cfg = cfg;
         base_cfg.lifecycle.t_online = NEVER;
-        set_stores(&mut base_cfg, &opts.out_dir.join("data").join("hpa-vpa"));
+        aware_harness::set_stores(&mut base_cfg, &opts.out_dir.join("data").join("hpa-vpa"));
         let quiet = Watch {
             pace: Duration::ZERO,
             print_every: None,
