@@ -664,7 +664,53 @@ fn worst(apps: &mut [(&str, f64)], n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use clap::Subcommand;
+    use clap::{Parser, Subcommand};
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(subcommand)]
+        bench: super::BenchCommand,
+    }
+
+    /// `bench cost`: its flags, and without them the options' defaults.
+    #[test]
+    fn cost_parses_its_flags() {
+        use crate::cost::{CostBenchOptions, CostPolicy};
+        let parse = |args: &[&str]| match Bench::try_parse_from(
+            ["bench", "cost"].iter().chain(args).copied(),
+        )
+        .unwrap()
+        .bench
+        {
+            super::BenchCommand::Cost(o) => o,
+            _ => unreachable!("bench cost"),
+        };
+        assert_eq!(
+            format!("{:?}", parse(&[])),
+            format!("{:?}", CostBenchOptions::default())
+        );
+        let o = parse(&[
+            "--app-file",
+            "apps.yaml",
+            "--policies",
+            "oracle,vpa",
+            "--hpa-targets",
+            "30,45",
+            "--gib-price",
+            "0.01",
+            "--meta",
+            "meta-out",
+            "--set",
+            "trainer.bc_alpha=25",
+        ]);
+        assert_eq!(o.generated_apps(), 0);
+        assert_eq!(o.selected(), [CostPolicy::Vpa, CostPolicy::Oracle]);
+        assert_eq!(o.hpa_targets, [30, 45]);
+        assert_eq!(o.prices().gib_hour, 0.01);
+        assert_eq!(o.meta, Some("meta-out".into()));
+        assert_eq!(o.settings.len(), 1);
+        assert!(Bench::try_parse_from(["bench", "cost", "--policies", "hpa"]).is_err());
+    }
 
     /// Every flag hidden from a bench's `--help` is named in its after-help line, and only
     /// the research knobs of bootstrap, serve and adapt are hidden.
