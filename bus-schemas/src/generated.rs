@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use crate::{
-    codec, Action, Applied, DecisionSource, Embedding, Episode, Event, EventKind, Lifecycle, Model,
-    ModelKind, Obs, Outcome, RawMetrics, RegisteredLifecycle, RegisteredSpec, Registration,
-    Resources, Schema, Stage, Target,
+    codec, Action, Applied, ControlledValues, CpuLimit, DecisionSource, Embedding, Episode, Event,
+    EventKind, Lifecycle, LimitsPolicy, Model, ModelKind, Obs, Outcome, RawMetrics,
+    RegisteredLifecycle, RegisteredSpec, Registration, Resources, Schema, Stage, Target,
 };
 
 /// The JSON Schema (draft-07, pretty-printed, trailing newline) of a message kind.
@@ -201,6 +201,10 @@ pub fn samples() -> Vec<Event> {
                     window: 10,
                 }),
                 container: Some("app".to_string()),
+                limits: Some(LimitsPolicy {
+                    controlled_values: ControlledValues::RequestsOnly,
+                    cpu_limit: CpuLimit::UnsetIfLatencySensitive,
+                }),
             }),
         }),
     ]

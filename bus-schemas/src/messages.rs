@@ -220,7 +220,7 @@ pub enum DecisionSource {
 /// A concrete allocation for a target ([`aware_mdp::Allocation`]) and the raw measurements behind
 /// a state vector: defined once with the learning problem, their wire form and JSON Schema
 /// unchanged.
-pub use aware_mdp::{RawMetrics, Resources};
+pub use aware_mdp::{ControlledValues, CpuLimit, LimitsPolicy, RawMetrics, Resources};
 
 /// `obs/1`: the state at step t and the reward of the action taken at t−1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -451,6 +451,14 @@ pub struct RegisteredSpec {
     /// out of the encoding when absent (such a registration encodes as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// How the limits follow the requested allocation: `controlled_values` (`RequestsAndLimits`:
+    /// limits keep the workload's limit:request ratio; `RequestsOnly`: limits stay as the workload
+    /// has them) and `cpu_limit` (`Controlled`, `UnsetIfLatencySensitive`, `Unset`). Absent = the
+    /// default policy (`RequestsAndLimits`, `Controlled`). Added to `target/1` without a version
+    /// bump, like `container`: a registration without it reads as absent, a reader that does not
+    /// know it ignores it, and it is left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsPolicy>,
 }
 
 /// `target/1`: the controller registers a target with the services (spec present) or

@@ -1,10 +1,19 @@
-//! The per-app cluster model: replicas with CPU and memory limits serving a chain of segments.
+//! The per-app cluster model: replicas with CPU and memory requests and limits serving a chain of
+//! segments.
+//!
+//! The allocation is the requests (what the scheduler packs and the user pays for); the limits
+//! follow from them by the target's [`LimitsPolicy`] (`aware_mdp`), from the app's initial
+//! allocation as the pod template's requests and limits (a Guaranteed container: ratio 1:1). A
+//! replica may use, in CPU, its CPU limit when it has one (the CFS quota throttles it there),
+//! else its request plus the node's burst headroom ([`NodeShare::burst_headroom`], a share of
+//! the request; docs/adr/0013-requests-limits-and-burst.md); in memory, its memory limit (else
+//! the same headroom) before it is OOM-killed. With the default policy limits equal requests.
 //!
 //! One control step of Δt seconds is computed in closed form (no per-request events):
 //!
 //! 1. **Capacity.** Replica i contributes `f_i · c_i` cores, where `f_i` is the fraction of the
 //!    step it is ready (new and restarting replicas become ready after the app's cold start) and
-//!    `c_i` its CPU limit (time-averaged over a pending rolling restart). With per-request CPU
+//!    `c_i` the CPU it may use (time-averaged over a pending rolling restart). With per-request CPU
 //!    demand `D` core-seconds (segment sum × a per-step log-normal noise factor), the service
 //!    rate is `μ = Σ f_i c_i / D` requests/s.
 //! 2. **Fluid queue.** Arrivals `A` (from the load) join the backlog `B₀` carried over from the
@@ -22,8 +31,9 @@
 //!    working set exceeds its limit is OOM-killed: its in-flight requests fail and it restarts,
 //!    ready again after the cold start (plus Kubernetes' CrashLoopBackOff of 10 s, 20 s, … 300 s
 //!    from the second consecutive crash). A replica whose base alone exceeds its limit crash-loops.
-//! 5. **Utilization.** CPU = usage / Σ limits of all replicas (ready or not); memory = working set
-//!    / Σ limits; I/O and network = bytes moved / per-replica bandwidth. All in [0, 1].
+//! 5. **Utilization.** CPU = usage / Σ requests of all replicas (ready or not), as the HPA reads
+//!    it; memory = working set / Σ requests; I/O and network = bytes moved / per-replica
+//!    bandwidth. All in [0, 1] (usage above the requests, which a burst allows, counts as 1).
 //!
 //! Noise comes from a ChaCha8 stream per target that is re-positioned at every step, so the
 //! noise of step t depends only on (seed, target, t), not on the actions taken: two allocations
@@ -36,8 +46,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
-use aware_mdp::RawMetrics;
 pub use aware_mdp::{slo_preservation, utilization};
+use aware_mdp::{ContainerResources, LimitsPolicy, RawMetrics};
 
 use crate::app::{Allocation, AppSpec, VerticalMode};
 use crate::error::SimError;
@@ -54,13 +64,22 @@ const CONTAINER_START_S: f64 = 1.0;
 /// which is harmless but never happens with the current model).
 const WORDS_PER_STEP: u128 = 256;
 
-/// Per-replica bandwidths used for I/O and network utilization.
+/// What a replica gets of its node beyond its own allocation: per-replica bandwidths (I/O and
+/// network utilization) and the burst headroom of a replica without a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct NodeShare {
     /// Disk bandwidth per replica, bytes/s.
     pub io_bytes_per_s: f64,
     /// Network bandwidth per replica, bytes/s.
     pub net_bytes_per_s: f64,
+    /// What a replica without a CPU (memory) limit may use above its request, as a share of the
+    /// request: it can use `request × (1 + burst_headroom)` cores (bytes before an OOM kill).
+    /// The default 0 credits nothing beyond the request: a node packed by requests — what an
+    /// autoscaler that cuts requests produces — has no idle CPU to lend, and the simulator has
+    /// no neighbours to measure it from; set it to the idle share your nodes keep
+    /// (docs/adr/0013-requests-limits-and-burst.md). Finite, at least 0.
+    #[serde(default)]
+    pub burst_headroom: f64,
 }
 
 impl Default for NodeShare {
@@ -68,8 +87,24 @@ impl Default for NodeShare {
         NodeShare {
             io_bytes_per_s: 100.0e6,
             net_bytes_per_s: 125.0e6,
+            burst_headroom: 0.0,
         }
     }
+}
+
+/// What one replica runs with: its requests, and what it may use (its limits, or without one
+/// its request plus the node's burst headroom).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sizing {
+    /// CPU request, cores.
+    pub cpu_request: f64,
+    /// CPU it may use, cores: its CPU limit, else `cpu_request × (1 + burst_headroom)`.
+    pub cpu: f64,
+    /// Memory request, bytes.
+    pub mem_request: f64,
+    /// Working set at which it is OOM-killed, bytes: its memory limit, else
+    /// `mem_request × (1 + burst_headroom)`.
+    pub mem: f64,
 }
 
 /// Aggregated per-request costs of an app's segment chain.
@@ -166,12 +201,17 @@ pub struct Replica {
     pub id: u64,
     /// Time at which it is (or was) ready.
     pub ready_at: f64,
-    /// CPU limit, cores.
+    /// CPU it may use, cores (its CPU limit, or its request plus the burst headroom).
     pub cpu: f64,
-    /// Memory limit, bytes.
+    /// Working set at which it is OOM-killed, bytes (its memory limit, or its request plus the
+    /// burst headroom).
     pub mem: f64,
-    /// Pending rolling restart: (new cpu, new mem, time the new pod is ready).
-    pub pending: Option<(f64, f64, f64)>,
+    /// CPU request, cores.
+    pub cpu_request: f64,
+    /// Memory request, bytes.
+    pub mem_request: f64,
+    /// Pending rolling restart: (the new pod's sizing, time it is ready).
+    pub pending: Option<(Sizing, f64)>,
     /// Cumulative CPU seconds used (for `container_cpu_usage_seconds_total`).
     pub cpu_seconds_total: f64,
     /// Last working set, bytes.
@@ -192,17 +232,18 @@ pub struct SimMetrics {
     pub step: u64,
     /// Simulated time at the end of the step, seconds.
     pub time_s: f64,
-    /// CPU limit per replica, cores (the current allocation).
+    /// CPU per replica of the current allocation (the request), cores. (Named after the
+    /// `obs` field it fills, where the allocation in force was the limit before requests were.)
     pub cpu_limit_cores: f64,
-    /// Memory limit per replica, bytes.
+    /// Memory per replica of the current allocation (the request), bytes.
     pub memory_limit_bytes: f64,
     /// CPU used, cores (all replicas).
     pub cpu_usage_cores: f64,
     /// Working set, bytes (all replicas).
     pub memory_working_set_bytes: f64,
-    /// CPU usage / Σ CPU limits.
+    /// CPU usage / Σ CPU requests.
     pub cpu_util: f64,
-    /// Working set / Σ memory limits.
+    /// Working set / Σ memory requests.
     pub memory_util: f64,
     /// Disk bandwidth used / available.
     pub io_util: f64,
@@ -298,6 +339,10 @@ pub struct TargetSim {
     now: f64,
     step: u64,
     alloc: Allocation,
+    /// How the limits follow the allocation, and the pod template's requests and limits they
+    /// follow from (the initial allocation, requests equal to limits).
+    limits: LimitsPolicy,
+    template: ContainerResources,
     replicas: Vec<Replica>,
     backlog: f64,
     next_id: u64,
@@ -344,6 +389,8 @@ impl TargetSim {
             now: 0.0,
             step: 0,
             alloc,
+            limits: LimitsPolicy::default(),
+            template: ContainerResources::guaranteed(&alloc),
             replicas: Vec::with_capacity(alloc.replicas as usize),
             backlog: 0.0,
             next_id: 0,
@@ -353,21 +400,75 @@ impl TargetSim {
             scratch: Vec::with_capacity(alloc.replicas as usize),
             app,
         };
+        if !(share.burst_headroom.is_finite() && share.burst_headroom >= 0.0) {
+            return Err(SimError::Config(format!(
+                "burst_headroom must be finite and at least 0, got {}",
+                share.burst_headroom
+            )));
+        }
+        let (alloc, sizing) = t.sized(alloc);
+        t.alloc = alloc;
         for _ in 0..alloc.replicas {
-            let r = t.new_replica(f64::NEG_INFINITY, alloc);
+            let r = t.new_replica(f64::NEG_INFINITY, sizing);
             t.replicas.push(r);
         }
         t.last = t.idle_metrics();
         Ok(t)
     }
 
-    fn new_replica(&mut self, ready_at: f64, a: Allocation) -> Replica {
+    /// The limits policy of the target (before its first step: the default until then, limits
+    /// equal to requests). Resizes the replicas in place to the current allocation under it.
+    pub fn set_limits_policy(&mut self, policy: LimitsPolicy) {
+        self.limits = policy;
+        let (alloc, sizing) = self.sized(self.alloc);
+        self.alloc = alloc;
+        for r in &mut self.replicas {
+            r.resize(sizing);
+        }
+        if self.step == 0 {
+            self.last = self.idle_metrics();
+        }
+    }
+
+    /// The limits policy of the target.
+    pub fn limits_policy(&self) -> LimitsPolicy {
+        self.limits
+    }
+
+    /// The requests `a` resolves to under the limits policy (each request at most the limit the
+    /// policy keeps), and the sizing of a replica running them.
+    pub fn sized(&self, a: Allocation) -> (Allocation, Sizing) {
+        let r = self
+            .limits
+            .resolve(a, &self.template, self.app.slo.latency_sensitive());
+        let req = r.requests;
+        let burst = 1.0 + self.share.burst_headroom;
+        let cpu_request = req.cpu_millicores as f64 / 1000.0;
+        let mem_request = req.memory_bytes as f64;
+        let sizing = Sizing {
+            cpu_request,
+            cpu: match r.limits.cpu_millicores {
+                Some(l) => l as f64 / 1000.0,
+                None => cpu_request * burst,
+            },
+            mem_request,
+            mem: match r.limits.memory_bytes {
+                Some(l) => l as f64,
+                None => mem_request * burst,
+            },
+        };
+        (req, sizing)
+    }
+
+    fn new_replica(&mut self, ready_at: f64, s: Sizing) -> Replica {
         self.next_id += 1;
         Replica {
             id: self.next_id,
             ready_at,
-            cpu: a.cpu_millicores as f64 / 1000.0,
-            mem: a.memory_bytes as f64,
+            cpu: s.cpu,
+            mem: s.mem,
+            cpu_request: s.cpu_request,
+            mem_request: s.mem_request,
             pending: None,
             cpu_seconds_total: 0.0,
             working_set: 0.0,
@@ -463,10 +564,13 @@ impl TargetSim {
                 .replica_capacity_rps(b.max_cpu_millicores as f64 / 1000.0)
     }
 
-    /// Apply a desired allocation at the start of the next step (already within bounds).
+    /// Apply a desired allocation (the requests, already within bounds) at the start of the next
+    /// step, with the limits the policy derives from it; a request above a limit the policy keeps
+    /// is lowered to it, as the actuator does.
     pub fn apply(&mut self, desired: Allocation) {
         let t0 = self.now;
         let cold = self.model.cold_start_seconds;
+        let (desired, sizing) = self.sized(desired);
         let vertical_changed = desired.cpu_millicores != self.alloc.cpu_millicores
             || desired.memory_bytes != self.alloc.memory_bytes;
         // horizontal
@@ -478,15 +582,10 @@ impl TargetSim {
             self.replicas.truncate(want);
         }
         if vertical_changed {
-            let (c, m) = (
-                desired.cpu_millicores as f64 / 1000.0,
-                desired.memory_bytes as f64,
-            );
             match self.app.vertical {
                 VerticalMode::InPlace => {
                     for r in &mut self.replicas {
-                        r.cpu = c;
-                        r.mem = m;
+                        r.resize(sizing);
                         r.pending = None;
                     }
                 }
@@ -494,19 +593,18 @@ impl TargetSim {
                     for r in &mut self.replicas {
                         if r.ready_at > t0 {
                             // not serving yet: just restart it with the new spec
-                            r.cpu = c;
-                            r.mem = m;
+                            r.resize(sizing);
                             r.ready_at = t0 + cold;
                             r.pending = None;
                         } else {
-                            r.pending = Some((c, m, t0 + cold));
+                            r.pending = Some((sizing, t0 + cold));
                         }
                     }
                 }
             }
         }
         while self.replicas.len() < want {
-            let r = self.new_replica(t0 + cold, desired);
+            let r = self.new_replica(t0 + cold, sizing);
             self.replicas.push(r);
         }
         self.alloc = desired;
@@ -553,13 +651,12 @@ impl TargetSim {
         let mut alloc_cores = 0.0;
         let mut alloc_mem = 0.0;
         for r in &mut self.replicas {
-            if let Some((c, mm, at)) = r.pending {
+            if let Some((sizing, at)) = r.pending {
                 if at <= t0 {
                     // the rolling restart finished: the new pod replaced the old one
                     self.next_id += 1;
                     r.id = self.next_id;
-                    r.cpu = c;
-                    r.mem = mm;
+                    r.resize(sizing);
                     r.pending = None;
                     r.cpu_seconds_total = 0.0;
                     r.restarts = 0;
@@ -568,15 +665,21 @@ impl TargetSim {
             }
             let start = r.ready_at.max(t0);
             let f = ((t1 - start) / dt).clamp(0.0, 1.0);
-            let (c_avg, c_end, mem_end) = match r.pending {
-                Some((c, mm, at)) if at < t1 => {
+            let (c_avg, c_end, mem_end, req_avg, mem_req_end) = match r.pending {
+                Some((n, at)) if at < t1 => {
                     let w = (t1 - at) / dt;
-                    (r.cpu * (1.0 - w) + c * w, c, mm)
+                    (
+                        r.cpu * (1.0 - w) + n.cpu * w,
+                        n.cpu,
+                        n.mem,
+                        r.cpu_request * (1.0 - w) + n.cpu_request * w,
+                        n.mem_request,
+                    )
                 }
-                _ => (r.cpu, r.cpu, r.mem),
+                _ => (r.cpu, r.cpu, r.mem, r.cpu_request, r.mem_request),
             };
-            alloc_cores += c_avg;
-            alloc_mem += mem_end;
+            alloc_cores += req_avg;
+            alloc_mem += mem_req_end;
             self.scratch.push(ReplicaStep {
                 f,
                 c_avg,
@@ -776,16 +879,25 @@ impl TargetSim {
     }
 }
 
+impl Replica {
+    fn resize(&mut self, s: Sizing) {
+        self.cpu = s.cpu;
+        self.mem = s.mem;
+        self.cpu_request = s.cpu_request;
+        self.mem_request = s.mem_request;
+    }
+}
+
 /// Per-replica quantities of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct ReplicaStep {
     /// Fraction of the step the replica serves.
     f: f64,
-    /// Time-averaged CPU limit.
+    /// Time-averaged CPU it may use.
     c_avg: f64,
-    /// CPU limit at the end of the step.
+    /// CPU it may use at the end of the step.
     c_end: f64,
-    /// Memory limit at the end of the step.
+    /// Working set at which it is OOM-killed at the end of the step.
     mem: f64,
     /// Serving at some point in the step.
     serving: bool,
@@ -965,6 +1077,184 @@ mod tests {
                 prop_assert!(x.throughput_rps >= 0.0 && x.backlog >= 0.0 && x.p99_ms >= x.p50_ms);
                 prop_assert!(x.ready_replicas <= x.replicas);
             }
+        }
+    }
+
+    fn policy(only: bool, cpu_limit: aware_mdp::CpuLimit) -> LimitsPolicy {
+        LimitsPolicy {
+            controlled_values: if only {
+                aware_mdp::ControlledValues::RequestsOnly
+            } else {
+                aware_mdp::ControlledValues::RequestsAndLimits
+            },
+            cpu_limit,
+        }
+    }
+
+    /// `app` with a limits policy and a burst headroom (10 s step).
+    fn sim_with(app: AppSpec, seed: u64, limits: LimitsPolicy, burst_headroom: f64) -> TargetSim {
+        let mut t = TargetSim::new(
+            Arc::new(app),
+            Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
+            10.0,
+            seed,
+            0,
+            NodeShare {
+                burst_headroom,
+                ..NodeShare::default()
+            },
+        )
+        .unwrap();
+        t.set_limits_policy(limits);
+        t
+    }
+
+    /// Limits equal to requests (the default policy on the simulator's Guaranteed template)
+    /// reproduce the model before requests and limits were told apart, bit for bit, whatever
+    /// the burst headroom (it only matters without a limit); so does a replica without a CPU
+    /// limit at the default headroom of 0.
+    #[test]
+    fn limits_equal_to_requests_reproduce_the_allocation_as_limits() {
+        use aware_mdp::CpuLimit;
+        let kinds = [SegmentKind::MatrixMultiply, SegmentKind::JsonToYaml];
+        for vertical in [VerticalMode::InPlace, VerticalMode::Restart] {
+            let run = |limits: LimitsPolicy, headroom: f64| {
+                let app = app_with(&kinds, alloc(2, 1000, 1024), vertical);
+                let mut t = sim_with(app, 7, limits, headroom);
+                (0..40u32)
+                    .map(|k| {
+                        if k % 5 == 0 {
+                            t.apply(alloc(
+                                1 + k % 7,
+                                200 + 97 * (k % 13),
+                                256 + 211 * u64::from(k % 11),
+                            ));
+                        }
+                        let m = t.advance_with(f64::from(30 + 17 * (k % 9)) * 10.0);
+                        (m, t.allocation())
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let default = run(LimitsPolicy::default(), 0.0);
+            assert_eq!(default, run(LimitsPolicy::default(), 0.75));
+            assert_eq!(default, run(policy(false, CpuLimit::Unset), 0.0));
+            assert_eq!(
+                default,
+                run(policy(false, CpuLimit::UnsetIfLatencySensitive), 0.0)
+            );
+            // the same as the default without any policy set
+            let app = app_with(&kinds, alloc(2, 1000, 1024), vertical);
+            let mut t = sim_of(app, 7);
+            let _ = t.advance_with(10.0);
+            assert_eq!(t.limits_policy(), LimitsPolicy::default());
+            assert_ne!(
+                default,
+                run(policy(false, CpuLimit::Unset), 0.5),
+                "the headroom is used"
+            );
+        }
+    }
+
+    /// Without a CPU limit a replica uses its request plus the burst headroom: more is served at
+    /// the same requested (paid-for) CPU; with the limit it is throttled at it.
+    #[test]
+    fn a_replica_without_a_cpu_limit_bursts_by_the_headroom_and_costs_its_request() {
+        use aware_mdp::CpuLimit;
+        let kinds = [SegmentKind::FloatOps];
+        let load = 40.0 * 10.0; // 0.1 core-s per request: 4 cores needed
+        let run = |cpu_limit, headroom| {
+            let mut t = sim_with(
+                app_with(&kinds, alloc(2, 1000, 1024), VerticalMode::InPlace),
+                3,
+                policy(false, cpu_limit),
+                headroom,
+            );
+            let mut m = t.advance_with(load);
+            for _ in 0..3 {
+                m = t.advance_with(load);
+            }
+            (m, t.replicas()[0].cpu)
+        };
+        let (limited, c) = run(CpuLimit::Controlled, 0.5);
+        assert_eq!(c, 1.0);
+        let (bursting, c) = run(CpuLimit::Unset, 0.5);
+        assert_eq!(c, 1.5);
+        // the app's SLO has a latency objective: latency-sensitive
+        let (unset_if, _) = run(CpuLimit::UnsetIfLatencySensitive, 0.5);
+        assert_eq!(unset_if, bursting);
+        assert!(
+            bursting.throughput_rps > 1.4 * limited.throughput_rps,
+            "{bursting:?} vs {limited:?}"
+        );
+        // the cost, the requests, is the same: 1 core per replica
+        assert_eq!(bursting.cpu_limit_cores, 1.0);
+        assert_eq!(limited.cpu_limit_cores, 1.0);
+        assert!(bursting.cpu_usage_cores > 2.9, "{bursting:?}");
+        assert_eq!(
+            bursting.cpu_util, 1.0,
+            "usage above the requests counts as full"
+        );
+    }
+
+    /// RequestsOnly keeps the template's limits (the initial allocation): lowering the requests
+    /// costs no capacity and raises no OOM kill, and a request above a kept limit is lowered to
+    /// it.
+    #[test]
+    fn requests_only_keeps_the_templates_limits() {
+        use aware_mdp::CpuLimit;
+        let kinds = [SegmentKind::MatrixMultiply, SegmentKind::ImageCompress];
+        let load = 100.0 * 10.0;
+        let mk = |only| {
+            sim_with(
+                app_with(&kinds, alloc(2, 2000, 3072), VerticalMode::InPlace),
+                1,
+                policy(only, CpuLimit::Controlled),
+                0.0,
+            )
+        };
+        let (mut kept, mut scaled) = (mk(true), mk(false));
+        for t in [&mut kept, &mut scaled] {
+            let _ = t.advance_with(load);
+            t.apply(alloc(2, 500, 256));
+        }
+        let k = kept.advance_with(load);
+        let s = scaled.advance_with(load);
+        assert_eq!(kept.allocation(), alloc(2, 500, 256));
+        assert_eq!(kept.replicas()[0].cpu, 2.0);
+        assert_eq!(kept.replicas()[0].mem, 3072.0 * MIB as f64);
+        assert_eq!(k.oom_kills, 0, "{k:?}");
+        assert!(s.oom_kills > 0, "{s:?}");
+        assert!(k.throughput_rps > s.throughput_rps, "{k:?} vs {s:?}");
+        assert_eq!(k.cpu_limit_cores, 0.5);
+        // a request above the kept limit: lowered to it
+        kept.apply(alloc(3, 4000, 4096));
+        assert_eq!(kept.allocation(), alloc(3, 2000, 3072));
+        assert!(kept
+            .replicas()
+            .iter()
+            .all(|r| r.cpu_request == 2.0 && r.cpu == 2.0));
+    }
+
+    #[test]
+    fn a_negative_or_nan_headroom_is_refused() {
+        for bad in [-0.1, f64::NAN, f64::INFINITY] {
+            let e = TargetSim::new(
+                Arc::new(app_with(
+                    &[SegmentKind::FloatOps],
+                    alloc(1, 500, 512),
+                    VerticalMode::InPlace,
+                )),
+                Arc::new(LoadModel::Pattern(LoadPattern::Constant { rps: 0.0 })),
+                10.0,
+                1,
+                0,
+                NodeShare {
+                    burst_headroom: bad,
+                    ..NodeShare::default()
+                },
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("burst_headroom"), "{e}");
         }
     }
 

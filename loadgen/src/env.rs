@@ -15,6 +15,8 @@ pub use aware_mdp::{
     REWARD_RANGE, STATE_DIM, STATE_NAMES,
 };
 
+use aware_mdp::LimitsPolicy;
+
 use crate::app::{Allocation, AppSpec};
 use crate::cluster::{NodeShare, SimMetrics, TargetSim};
 use crate::error::SimError;
@@ -80,10 +82,16 @@ pub struct SimConfig {
     pub seed: u64,
     /// Action map.
     pub action_map: ActionMap,
-    /// Per-replica disk/network bandwidth.
+    /// Per-replica disk/network bandwidth, and the burst headroom of a replica without a limit
+    /// (`node_share.burst_headroom`, default 0: nothing beyond the request).
     pub node_share: NodeShare,
     /// Scheduled instability scenarios.
     pub injections: Vec<Injection>,
+    /// How every app's limits follow its allocation (the requests), from its initial allocation
+    /// as requests and limits; latency-sensitivity is each app's own (an SLO with a latency
+    /// objective). The default keeps limits equal to requests.
+    #[serde(default)]
+    pub limits: LimitsPolicy,
 }
 
 impl Default for SimConfig {
@@ -94,6 +102,7 @@ impl Default for SimConfig {
             action_map: ActionMap::default(),
             node_share: NodeShare::default(),
             injections: Vec::new(),
+            limits: LimitsPolicy::default(),
         }
     }
 }
@@ -175,16 +184,18 @@ impl SimEnv {
             .zip(self.loads.iter())
             .enumerate()
             .map(|(i, (a, l))| {
-                TargetSim::new(
+                let mut t = TargetSim::new(
                     a.clone(),
                     l.clone(),
                     self.cfg.step_seconds,
                     seed,
                     i as u64,
                     self.cfg.node_share,
-                )
+                )?;
+                t.set_limits_policy(self.cfg.limits);
+                Ok(t)
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, SimError>>()?;
         (0..self.targets.len()).map(|i| self.observe(i)).collect()
     }
 
@@ -531,6 +542,37 @@ mod tests {
                     prop_assert!((0.0..=2.0).contains(&o.reward));
                 }
             }
+        }
+    }
+
+    /// `SimConfig::limits` reaches every target: with RequestsOnly the template's limits (the
+    /// initial allocation) stay, so a request above them is lowered to them.
+    #[test]
+    fn the_configured_limits_policy_applies_to_every_target() {
+        let apps = generate_apps(3, 5, &GeneratorOptions::default());
+        let initial: Vec<Allocation> = apps.iter().map(|a| a.initial).collect();
+        let cfg = SimConfig {
+            limits: LimitsPolicy {
+                controlled_values: aware_mdp::ControlledValues::RequestsOnly,
+                ..LimitsPolicy::default()
+            },
+            ..SimConfig::default()
+        };
+        let mut e = SimEnv::new(apps, cfg).unwrap();
+        let big = TargetAction::Desired(Allocation {
+            replicas: 2,
+            cpu_millicores: 2048,
+            memory_bytes: 3072 * MIB,
+        });
+        for (o, init) in e.step(&[big; 3]).unwrap().iter().zip(&initial) {
+            assert_eq!(o.allocation.cpu_millicores, init.cpu_millicores);
+            assert_eq!(o.allocation.memory_bytes, init.memory_bytes);
+            assert_eq!(o.allocation.replicas, 2);
+        }
+        // the default: the requests are applied as asked
+        let mut d = env(3, 5);
+        for o in d.step(&[big; 3]).unwrap() {
+            assert_eq!(o.allocation.cpu_millicores, 2048);
         }
     }
 

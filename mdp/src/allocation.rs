@@ -7,7 +7,9 @@ use crate::MdpError;
 /// One MiB in bytes.
 pub const MIB: u64 = 1024 * 1024;
 
-/// A concrete allocation for a target.
+/// A concrete allocation for a target: the requested resources (what the scheduler packs and
+/// the user pays for). The limits follow from it by the target's
+/// [`LimitsPolicy`](crate::LimitsPolicy).
 //
 // On the bus it is `Resources` (`action.current`, `applied.applied`, …): its JSON Schema keeps
 // that name and its docs, and readers ignore unknown fields (no `deny_unknown_fields`; files a
@@ -21,9 +23,9 @@ pub const MIB: u64 = 1024 * 1024;
 pub struct Allocation {
     // Number of replicas.
     pub replicas: u32,
-    /// CPU limit per replica, millicores.
+    /// CPU request per replica, millicores.
     pub cpu_millicores: u32,
-    /// Memory limit per replica, bytes.
+    /// Memory request per replica, bytes.
     pub memory_bytes: u64,
 }
 
@@ -57,13 +59,13 @@ pub struct Bounds {
     pub min_replicas: u32,
     /// Maximum replicas.
     pub max_replicas: u32,
-    /// Minimum CPU limit, millicores.
+    /// Minimum CPU request, millicores.
     pub min_cpu_millicores: u32,
-    /// Maximum CPU limit, millicores.
+    /// Maximum CPU request, millicores.
     pub max_cpu_millicores: u32,
-    /// Minimum memory limit, bytes.
+    /// Minimum memory request, bytes.
     pub min_memory_bytes: u64,
-    /// Maximum memory limit, bytes.
+    /// Maximum memory request, bytes.
     pub max_memory_bytes: u64,
 }
 

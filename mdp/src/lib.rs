@@ -1,7 +1,9 @@
 //! The learning problem AWARE solves, defined once for the simulator, the services and the
 //! benchmarks: what the agent observes ([`State`], built from [`RawMetrics`]), what it may do
 //! ([`map_action`] of a raw action within [`Bounds`] to an [`Allocation`]), and what it is paid
-//! ([`reward`] from [`slo_preservation`] and [`utilization`]).
+//! ([`reward`] from [`slo_preservation`] and [`utilization`]). An [`Allocation`] is the
+//! requested allocation (what the scheduler packs and the user pays for); the limits follow from
+//! it by the target's [`LimitsPolicy`].
 //!
 //! This crate is pure (no I/O, no async runtime, no tensor library): the collector, recommender
 //! and trainer use it in production; the simulator (`aware-loadgen`) builds its environment on
@@ -10,12 +12,14 @@
 
 mod action;
 mod allocation;
+mod limits;
 mod metrics;
 mod reward;
 mod state;
 
 pub use action::{action_for, map_action, ActionMap, ActionMode, ClampReport, ACTION_DIM};
 pub use allocation::{Allocation, Bounds, Resources, MIB};
+pub use limits::{ContainerResources, ControlledValues, CpuLimit, Limits, LimitsPolicy, Resolved};
 pub use metrics::{slo_preservation, utilization, RawMetrics, Slo};
 pub use reward::{reward, REWARD_RANGE};
 pub use state::{State, STATE_DIM, STATE_NAMES};

@@ -13,9 +13,11 @@ pub struct RawMetrics {
     /// scale this lags the Deployment's `spec.replicas` until the pods are created or removed.
     pub replicas: u32,
     pub ready_replicas: u32,
-    /// CPU limit per replica, cores.
+    /// CPU per replica of the allocation in force, cores: what the agent sets, the request (the
+    /// simulator reports the request; the collector's Prometheus source reads the CPU limit,
+    /// equal to it with limits equal to requests).
     pub cpu_limit_cores: f64,
-    /// Memory limit per replica, bytes.
+    /// Memory per replica of the allocation in force, bytes (as `cpu_limit_cores`).
     pub memory_limit_bytes: f64,
     /// CPU used, summed over replicas, cores.
     pub cpu_usage_cores: f64,

@@ -908,6 +908,10 @@ window = 5
 [[targets]]
 namespace = "shop"
 name = "cart"
+[[targets]]
+namespace = "shop"
+name = "search"
+limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensitive" }
 "#,
         )
         .unwrap();
@@ -930,9 +934,17 @@ name = "cart"
         assert_eq!(AppConfig::default().actors.retire_after_secs, 3600);
         assert_eq!(cfg.lifecycle.window, 5);
         assert_eq!(cfg.lifecycle.t_serving, 1.3, "untouched default kept");
-        assert_eq!(cfg.targets.len(), 1);
+        assert_eq!(cfg.targets.len(), 2);
         assert_eq!(cfg.targets[0].target(), Target::new("shop", "cart"));
         assert_eq!(cfg.targets[0].bounds, crate::spec::Bounds::default());
+        assert_eq!(cfg.targets[0].limits, crate::spec::LimitsPolicy::default());
+        assert_eq!(
+            cfg.targets[1].limits,
+            crate::spec::LimitsPolicy {
+                controlled_values: crate::spec::ControlledValues::RequestsOnly,
+                cpu_limit: crate::spec::CpuLimit::UnsetIfLatencySensitive,
+            }
+        );
     }
 
     #[test]
@@ -1149,6 +1161,12 @@ name = "cart"
                 "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.bounds]\nmax_replica = 3\n",
                 &[],
                 "max_replica",
+            ),
+            // A misspelt limits policy key: the target would silently keep the default policy.
+            (
+                "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.limits]\ncontrolled_value = \"RequestsOnly\"\n",
+                &[],
+                "controlled_value",
             ),
             // A section no service reads.
             (

@@ -272,6 +272,7 @@ mod tests {
             recommend_only: false,
             lifecycle: None,
             container: None,
+            limits: None,
         };
         crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }

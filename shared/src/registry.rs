@@ -36,6 +36,7 @@ pub fn to_registered(spec: &TargetSpec, lifecycle: Option<&LifecycleProfile>) ->
             window: u32::try_from(l.window).unwrap_or(u32::MAX),
         }),
         container: spec.container.clone(),
+        limits: Some(spec.limits),
     }
 }
 
@@ -132,6 +133,8 @@ pub fn from_registered(
                 UpdateMode::Auto
             },
             container: r.container.clone(),
+            // Absent (a controller from before the field): the default policy.
+            limits: r.limits.unwrap_or_default(),
         },
         lifecycle,
     ))
@@ -256,7 +259,7 @@ pub fn log_change(
             tracing::trace!(service, %target, generation, "registration repeated")
         }
         Change::Registered { spec, .. } => {
-            tracing::info!(service, %target, generation, bounds = ?spec.bounds, alpha = spec.alpha, update_mode = ?spec.update_mode, "target registered")
+            tracing::info!(service, %target, generation, bounds = ?spec.bounds, alpha = spec.alpha, update_mode = ?spec.update_mode, limits = ?spec.limits, "target registered")
         }
         Change::Deregistered => {
             tracing::info!(service, %target, generation, "target deregistered: left at its last applied resources")
@@ -292,6 +295,10 @@ mod tests {
         s.alpha = 0.75;
         s.update_mode = UpdateMode::Off;
         s.container = Some("sidecar".into());
+        s.limits = crate::spec::LimitsPolicy {
+            controlled_values: crate::spec::ControlledValues::RequestsOnly,
+            cpu_limit: crate::spec::CpuLimit::UnsetIfLatencySensitive,
+        };
         s
     }
 
@@ -306,6 +313,13 @@ mod tests {
         let (back, lifecycle) = from_registered(&Target::new("shop", "web"), &wire).unwrap();
         assert_eq!(back, spec());
         assert_eq!(lifecycle, Some(profile));
+        // A registration without a policy (from a controller before the field): the default.
+        let old = RegisteredSpec {
+            limits: None,
+            ..wire
+        };
+        let (back, _) = from_registered(&Target::new("shop", "web"), &old).unwrap();
+        assert_eq!(back.limits, crate::spec::LimitsPolicy::default());
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! What AWARE needs to know about a managed target: allocation bounds, SLO, reward weight and
-//! update mode (the CRD of the [kubernetes] issue carries the same fields).
+//! What AWARE needs to know about a managed target: allocation bounds, SLO, reward weight,
+//! update mode and limits policy (the CRD of the [kubernetes] issue carries the same fields).
 
 use aware_bus_schemas::{Resources, Target};
 use serde::{Deserialize, Serialize};
 
-/// The allocation in force that an `obs` reports (the spec's replica count, limits rounded to
-/// millicores and bytes), or
-/// `None` when its CPU or memory limit is not a positive finite number: a NaN or a missing limit
-/// must never read as a zero allocation.
+/// The allocation in force that an `obs` reports (the spec's replica count, and the CPU and
+/// memory per replica, `cpu_limit_cores` / `memory_limit_bytes`, rounded to millicores and
+/// bytes), or `None` when either is not a positive finite number: a NaN or a missing value must
+/// never read as a zero allocation.
 pub fn allocation_in_force(m: &aware_bus_schemas::RawMetrics) -> Option<Resources> {
     let known = |x: f64| x.is_finite() && x > 0.0;
     if !(known(m.cpu_limit_cores) && known(m.memory_limit_bytes)) {
@@ -21,9 +21,9 @@ pub fn allocation_in_force(m: &aware_bus_schemas::RawMetrics) -> Option<Resource
     })
 }
 
-/// Allocation bounds and the service-level objective of a target: the learning problem's own
-/// types.
-pub use aware_mdp::{Bounds, Slo};
+/// Allocation bounds, the service-level objective and the limits policy of a target: the
+/// learning problem's own types.
+pub use aware_mdp::{Bounds, ControlledValues, CpuLimit, LimitsPolicy, Slo};
 
 /// `Auto` applies actions; `Off` only records them (recommend-only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +53,10 @@ pub struct TargetSpec {
     /// the actuator's `kubernetes` `container` setting, else the pod template's first container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// How the limits follow the requested allocation (the agent sets requests): VPA's
+    /// `controlledValues` and the CPU limit's rule.
+    #[serde(default, deserialize_with = "LimitsPolicy::deserialize_strict")]
+    pub limits: LimitsPolicy,
 }
 
 fn default_alpha() -> f64 {
@@ -69,6 +73,7 @@ impl TargetSpec {
             alpha: default_alpha(),
             update_mode: UpdateMode::Auto,
             container: None,
+            limits: LimitsPolicy::default(),
         }
     }
 

@@ -3,16 +3,18 @@
 //!
 //! [`DeploymentBridge`] watches the Deployments of the simulator's targets (same namespace and
 //! name) on the API server and, whenever one changes and after every simulated step, submits
-//! what the server holds — `spec.replicas` and the managed container's limits — to the
+//! what the server holds — `spec.replicas` and the managed container's requests — to the
 //! simulator as that target's allocation for its next step. The simulator never learns an
 //! allocation from the bus: what the actuator decided reaches the simulated pods only through
 //! the Deployment objects it wrote. Every version of each Deployment the watch delivered is kept
 //! (resourceVersion, generation, allocation, when it arrived), so a test can compare the
 //! actuator's decisions with what the server held.
 //!
-//! The allocation is the container's limits: the simulator's allocation, like the actuator's
-//! `Resources`, is the per-replica CPU and memory limit (what cAdvisor exports as the quota and
-//! the memory limit); the requests, which the actuator scales with the limits, are recorded too.
+//! The allocation is the container's requests (a missing request is its limit, as Kubernetes
+//! reads it): the simulator's allocation, like the actuator's `Resources`, is the per-replica CPU
+//! and memory request. The limits, which the actuator scales with the requests, are recorded
+//! too; the simulator derives its own from the requests by its limits policy (by default equal
+//! to them), so a template whose limits are above its requests runs at its requests there.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,14 +46,14 @@ pub struct Reading {
     pub at: Instant,
     pub resource_version: Option<String>,
     pub generation: Option<i64>,
-    /// `spec.replicas` and the managed container's limits.
+    /// `spec.replicas` and the managed container's requests.
     pub allocation: Resources,
-    /// The managed container's requests (CPU millicores, memory bytes), when set.
-    pub requests: Option<(u32, u64)>,
+    /// The managed container's limits (CPU millicores, memory bytes), when both are set.
+    pub limits: Option<(u32, u64)>,
 }
 
-/// `spec.replicas` (1 when unset, the API's default), the limits and the requests of container
-/// `container` of a Deployment's pod template.
+/// `spec.replicas` (1 when unset, the API's default) with the requests, and the limits, of
+/// container `container` of a Deployment's pod template. A request missing is its limit.
 pub fn allocation_of(
     d: &Deployment,
     container: &str,
@@ -89,15 +91,33 @@ pub fn allocation_of(
             .map_err(|e| bad(format!("memory `{}`: {e}", mem.0)))?;
         Ok(Some((cpu, mem)))
     };
-    let (cpu_millicores, memory_bytes) =
-        pair(&r.limits)?.ok_or_else(|| bad(format!("container `{container}` has no limits")))?;
+    let one = |key: &str| -> Result<Option<u64>, BridgeError> {
+        let q = r
+            .requests
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .or_else(|| r.limits.as_ref().and_then(|m| m.get(key)));
+        let Some(q) = q else { return Ok(None) };
+        let v = if key == "cpu" {
+            aware_shared::quantity::parse_cpu_millicores(&q.0).map(u64::from)
+        } else {
+            aware_shared::quantity::parse_memory_bytes(&q.0)
+        };
+        v.map(Some)
+            .map_err(|e| bad(format!("{key} `{}`: {e}", q.0)))
+    };
+    let (Some(cpu), Some(memory_bytes)) = (one("cpu")?, one("memory")?) else {
+        return Err(bad(format!(
+            "container `{container}` has no CPU or memory request or limit"
+        )));
+    };
     Ok((
         Resources {
             replicas,
-            cpu_millicores,
+            cpu_millicores: u32::try_from(cpu).unwrap_or(u32::MAX),
             memory_bytes,
         },
-        pair(&r.requests)?,
+        pair(&r.limits)?,
     ))
 }
 
@@ -180,14 +200,13 @@ impl DeploymentBridge {
                     if !names.contains(&name) {
                         continue;
                     }
-                    let read =
-                        allocation_of(&d, &container).map(|(allocation, requests)| Reading {
-                            at: Instant::now(),
-                            resource_version: d.metadata.resource_version.clone(),
-                            generation: d.metadata.generation,
-                            allocation,
-                            requests,
-                        });
+                    let read = allocation_of(&d, &container).map(|(allocation, limits)| Reading {
+                        at: Instant::now(),
+                        resource_version: d.metadata.resource_version.clone(),
+                        generation: d.metadata.generation,
+                        allocation,
+                        limits,
+                    });
                     let result = lock(&state).map(|mut s| match read {
                         Ok(r) => {
                             let h = s.history.entry(format!("{ns}/{name}")).or_default();
@@ -271,7 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_replicas_and_the_named_containers_limits_and_requests() {
+    fn reads_replicas_and_the_named_containers_requests_and_limits() {
         let d = deployment(
             Some(3),
             serde_json::json!({
@@ -279,34 +298,42 @@ mod tests {
                 "requests": { "cpu": "0.75", "memory": "512Mi" }
             }),
         );
-        let (a, requests) = allocation_of(&d, "app").unwrap();
+        let (a, limits) = allocation_of(&d, "app").unwrap();
         assert_eq!(
             a,
             Resources {
                 replicas: 3,
-                cpu_millicores: 1500,
-                memory_bytes: 1 << 30
+                cpu_millicores: 750,
+                memory_bytes: 512 << 20
             }
         );
-        assert_eq!(requests, Some((750, 512 << 20)));
-        // Unset replicas: the API's default of 1; no requests.
+        assert_eq!(limits, Some((1500, 1 << 30)));
+        // Unset replicas: the API's default of 1; no requests: the limits are the requests.
         let d = deployment(
             None,
             serde_json::json!({ "limits": { "cpu": "2", "memory": "256Mi" } }),
         );
-        let (a, requests) = allocation_of(&d, "app").unwrap();
+        let (a, limits) = allocation_of(&d, "app").unwrap();
         assert_eq!((a.replicas, a.cpu_millicores), (1, 2000));
-        assert_eq!(requests, None);
+        assert_eq!(limits, Some((2000, 256 << 20)));
+        // Requests without limits.
+        let d = deployment(
+            Some(2),
+            serde_json::json!({ "requests": { "cpu": "1", "memory": "1Gi" } }),
+        );
+        let (a, limits) = allocation_of(&d, "app").unwrap();
+        assert_eq!((a.cpu_millicores, a.memory_bytes), (1000, 1 << 30));
+        assert_eq!(limits, None);
     }
 
     #[test]
-    fn a_container_without_limits_or_a_missing_one_is_an_error() {
-        let d = deployment(
-            Some(1),
-            serde_json::json!({ "requests": { "cpu": "1", "memory": "1Gi" } }),
-        );
+    fn a_container_without_resources_or_a_missing_one_is_an_error() {
+        let d = deployment(Some(1), serde_json::json!({ "requests": { "cpu": "1" } }));
         let e = allocation_of(&d, "app").unwrap_err().to_string();
-        assert!(e.contains("shop/web") && e.contains("no limits"), "{e}");
+        assert!(
+            e.contains("shop/web") && e.contains("no CPU or memory request or limit"),
+            "{e}"
+        );
         let e = allocation_of(&d, "main").unwrap_err().to_string();
         assert!(e.contains("no container `main`"), "{e}");
         let d = deployment(

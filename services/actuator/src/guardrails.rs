@@ -24,6 +24,13 @@
 //!    `recommended`, `clamped` and `reason`.
 //! 5. Otherwise → `Applied` with the guarded allocation.
 //!
+//! 6. **Requests within limits** ([`Guardrails::decide_within`], given the managed container as
+//!    the workload has it): the allocation is the requests, and Kubernetes refuses a pod whose
+//!    request exceeds its limit. Where the target's limits policy keeps a limit (`RequestsOnly`
+//!    leaves the limits as they are), a request above it is lowered to it, even below a lower
+//!    bound: no invalid pod spec is ever written. (`RequestsAndLimits` scales each limit with its
+//!    request, never below it.)
+//!
 //! Every dimension changed by a rule is listed in `clamped` (`replicas`, `cpu`, `memory`, the names
 //! of `applied.clamped`) and explained in `reason`.
 //!
@@ -65,6 +72,7 @@
 use std::fmt;
 
 use aware_bus_schemas::{Outcome, Resources};
+use aware_mdp::ContainerResources;
 use aware_shared::spec::{Bounds, TargetSpec, UpdateMode};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -528,6 +536,66 @@ impl Guardrails {
         }
     }
 
+    /// [`Guardrails::decide`], then each request kept at most the limit the target's limits
+    /// policy keeps or sets for it, given the managed container as the workload has it (`now`;
+    /// rule 6 of the module documentation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_within(
+        &self,
+        spec: &TargetSpec,
+        state: &GuardState,
+        current: Resources,
+        step: StepId,
+        requested: Resources,
+        now_ms: i64,
+        now: &ContainerResources,
+    ) -> Decision {
+        let mut d = self.decide(spec, state, current, step, requested, now_ms);
+        if d.outcome == Outcome::Rejected {
+            return d;
+        }
+        let resolved = spec
+            .limits
+            .resolve(d.recommended, now, spec.slo.latency_sensitive());
+        if resolved.capped.is_empty() {
+            return d;
+        }
+        let mut notes = Vec::new();
+        for (name, asked, limit, unit) in [
+            (
+                "cpu",
+                u64::from(d.recommended.cpu_millicores),
+                u64::from(resolved.requests.cpu_millicores),
+                "m",
+            ),
+            (
+                "memory",
+                d.recommended.memory_bytes,
+                resolved.requests.memory_bytes,
+                " B",
+            ),
+        ] {
+            if resolved.capped.contains(&name) {
+                notes.push(format!(
+                    "{name}: request {asked}{unit} lowered to the limit {limit}{unit} the limits policy keeps (a request above its limit is refused by Kubernetes)"
+                ));
+                if !d.clamped.iter().any(|c| c == name) {
+                    d.clamped.push(name.to_string());
+                }
+            }
+        }
+        d.recommended = resolved.requests;
+        if d.outcome == Outcome::Applied {
+            d.applied = resolved.requests;
+        }
+        let notes = notes.join("; ");
+        d.reason = Some(match d.reason.take() {
+            Some(r) => format!("{r}; {notes}"),
+            None => notes,
+        });
+        d
+    }
+
     /// The guarded value of one dimension and, when a rule changed the request, why.
     fn guard_dimension(
         &self,
@@ -683,6 +751,96 @@ mod tests {
         assert_eq!(d.reason, None);
         assert!(d.changes(&cur));
         assert!(!d.changes(&req));
+    }
+
+    /// A request is never written above its limit: with `RequestsOnly` the workload's limits
+    /// stay, so a request above one is lowered to it and reported; with `RequestsAndLimits`
+    /// (limits scale with the requests) or no limit at all, nothing is lowered.
+    #[test]
+    fn requests_stay_within_the_limits_the_policy_keeps() {
+        let cur = res(4, 1000, 1024);
+        let req = res(4, 1400, 1500);
+        let workload = ContainerResources {
+            cpu_request_millicores: Some(1000),
+            cpu_limit_millicores: Some(1200),
+            memory_request_bytes: Some(1024 * MIB),
+            memory_limit_bytes: Some(2048 * MIB),
+        };
+        let mut only = spec();
+        only.limits.controlled_values = aware_shared::spec::ControlledValues::RequestsOnly;
+        let d = guards().decide_within(
+            &only,
+            &GuardState::default(),
+            cur,
+            STEP,
+            req,
+            NOW,
+            &workload,
+        );
+        assert_eq!(d.outcome, Outcome::Applied);
+        assert_eq!(d.applied, res(4, 1200, 1500));
+        assert_eq!(d.recommended, d.applied);
+        assert_eq!(d.clamped, vec!["cpu"]);
+        let reason = d.reason.unwrap();
+        assert!(
+            reason.contains("cpu: request 1400m lowered to the limit 1200m"),
+            "{reason}"
+        );
+        // No CPU limit kept (removed by the policy): nothing to stay under.
+        let mut unlimited = only.clone();
+        unlimited.limits.cpu_limit = aware_shared::spec::CpuLimit::Unset;
+        let d = guards().decide_within(
+            &unlimited,
+            &GuardState::default(),
+            cur,
+            STEP,
+            req,
+            NOW,
+            &workload,
+        );
+        assert_eq!(d.applied, req);
+        assert!(d.clamped.is_empty());
+        // RequestsAndLimits: the limits follow the requests.
+        let d = guards().decide_within(
+            &spec(),
+            &GuardState::default(),
+            cur,
+            STEP,
+            req,
+            NOW,
+            &workload,
+        );
+        assert_eq!(d.applied, req);
+        assert_eq!(d.reason, None);
+        // Recommend-only: the recommendation is lowered, nothing applied.
+        only.update_mode = UpdateMode::Off;
+        let d = guards().decide_within(
+            &only,
+            &GuardState::default(),
+            cur,
+            STEP,
+            req,
+            NOW,
+            &workload,
+        );
+        assert_eq!(d.outcome, Outcome::RecommendOnly);
+        assert_eq!(d.applied, cur);
+        assert_eq!(d.recommended, res(4, 1200, 1500));
+        // A bound clamp and the limit on the same dimension: listed once.
+        let d = guards().decide_within(
+            &only,
+            &GuardState::default(),
+            res(4, 2000, 1024),
+            STEP,
+            res(4, 2900, 1024),
+            NOW,
+            &ContainerResources {
+                cpu_limit_millicores: Some(1500),
+                ..workload
+            },
+        );
+        assert_eq!(d.recommended.cpu_millicores, 1500);
+        assert_eq!(d.clamped, vec!["cpu"]);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::guardrails::{Decision, GuardState, GuardrailConfig, Guardrails, StepId};
-use crate::sink::{ApplyReport, KubernetesSink, KubernetesSinkConfig, Sink, SinkError};
+use crate::sink::{ApplyReport, KubernetesSink, KubernetesSinkConfig, LimitsRule, Sink, SinkError};
 
 /// Where decisions are applied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -485,11 +485,20 @@ impl TargetActuator {
                         Err(e) => return KubeOutcome::Failed(None, e),
                     };
                     let current = read.in_force;
-                    let d = guards.decide(&spec, &state, current, step, desired, ts_ms);
+                    let d = guards.decide_within(
+                        &spec,
+                        &state,
+                        current,
+                        step,
+                        desired,
+                        ts_ms,
+                        &read.container_resources,
+                    );
                     if !d.changes(&current) {
                         return KubeOutcome::Decided(current, d);
                     }
-                    match k.apply_read(&target, &read, d.applied).await {
+                    let rule = LimitsRule::of(&spec);
+                    match k.apply_read(&target, &read, d.applied, rule).await {
                         Ok(report) => KubeOutcome::Decided(current, with_report(d, report)),
                         Err(e) => KubeOutcome::Failed(Some(current), e),
                     }
@@ -688,7 +697,7 @@ mod tests {
             "image": "ghcr.io/example/web:1.4.2",
             "resources": {
                 "limits": {"cpu": cpu, "memory": "512Mi"},
-                "requests": {"cpu": "250m", "memory": "256Mi"}
+                "requests": {"cpu": cpu, "memory": "512Mi"}
             }
         });
         serde_json::json!({
@@ -707,8 +716,9 @@ mod tests {
     }
 
     /// With the Kubernetes sink the allocation in force is read from the Deployment: an action
-    /// claiming 64 cores in force moves the CPU limit of a 500m Deployment by the step limit
-    /// around 500m (to 750m), not around what the action claims (which allowed 2048m).
+    /// claiming 64 cores in force moves the CPU request of a 500m Deployment by the step limit
+    /// around 500m (to 750m, its limit with it), not around what the action claims (which
+    /// allowed 2048m).
     #[actix::test]
     async fn the_kubernetes_sink_decides_from_the_deployment_not_the_action() {
         use aware_shared::kube_mock::{get, patch, serve};
@@ -721,7 +731,7 @@ mod tests {
                 "application/strategic-merge-patch+json",
                 serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "app",
                     "resources": {"limits": {"cpu": "750m", "memory": "512Mi"},
-                                  "requests": {"cpu": "375m", "memory": "256Mi"}}}]}}}}),
+                                  "requests": {"cpu": "750m", "memory": "512Mi"}}}]}}}}),
                 200,
                 deployment("750m"),
             ),
@@ -817,7 +827,7 @@ mod tests {
                 "application/strategic-merge-patch+json",
                 serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "app",
                     "resources": {"limits": {"cpu": "750m", "memory": "512Mi"},
-                                  "requests": {"cpu": "375m", "memory": "256Mi"}}}]}}}}),
+                                  "requests": {"cpu": "750m", "memory": "512Mi"}}}]}}}}),
                 200,
                 deployment("750m"),
             )

@@ -267,8 +267,10 @@ fn set_condition(
     }
 }
 
-/// The allocation of the workload now, per replica (limits, else requests, of the container the
-/// policy names, else the first one); `None` for what the Deployment does not say.
+/// The allocation of the workload now, per replica: the requests (else, as Kubernetes defaults
+/// a missing request, the limits) of the container the policy names, else the first one — the
+/// allocation AWARE sets and the bounds constrain are the requests; `None` for what the
+/// Deployment does not say.
 pub fn current_allocation(
     d: &Deployment,
     container: Option<&str>,
@@ -290,10 +292,10 @@ pub fn current_allocation(
     };
     let amount = |key: &str| {
         let r = c.and_then(|c| c.resources.as_ref())?;
-        r.limits
+        r.requests
             .as_ref()
-            .and_then(|l| l.get(key))
-            .or_else(|| r.requests.as_ref().and_then(|q| q.get(key)))
+            .and_then(|q| q.get(key))
+            .or_else(|| r.limits.as_ref().and_then(|l| l.get(key)))
             .map(|q| q.0.clone())
     };
     let cpu = amount("cpu").and_then(|q| parse_cpu_millicores(&q).ok());
@@ -1447,6 +1449,15 @@ mod tests {
         );
         assert_eq!(current_allocation(&d, None), (3, Some(50), Some(64 * MIB)));
         assert_eq!(current_allocation(&d, Some("nope")), (3, None, None));
+        // The requests are the allocation; the limits stand in for a missing request.
+        let mut v = deployment(3, "1500m", "1Gi");
+        v["spec"]["template"]["spec"]["containers"][1]["resources"]["requests"] =
+            json!({"cpu": "500m"});
+        let d: Deployment = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            current_allocation(&d, Some("app")),
+            (3, Some(500), Some(1024 * MIB))
+        );
     }
 
     #[test]

@@ -8,7 +8,10 @@
 
 use aware_bus_schemas::{Resources, Stage};
 use aware_shared::config::LifecycleProfile;
-use aware_shared::spec::{Bounds, Slo, TargetSpec, UpdateMode as SpecUpdateMode};
+use aware_shared::spec::{
+    Bounds, ControlledValues as SpecControlledValues, CpuLimit as SpecCpuLimit, LimitsPolicy, Slo,
+    TargetSpec, UpdateMode as SpecUpdateMode,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema, ResourceExt};
 use schemars::JsonSchema;
@@ -83,13 +86,13 @@ pub enum CrdError {
         name = "CPU",
         type_ = "string",
         json_path = ".status.recommendation.cpu",
-        description = "Recommended CPU limit per replica"
+        description = "Recommended CPU request per replica"
     ),
     printcolumn(
         name = "Memory",
         type_ = "string",
         json_path = ".status.recommendation.memory",
-        description = "Recommended memory limit per replica"
+        description = "Recommended memory request per replica"
     ),
     printcolumn(
         name = "Reward",
@@ -212,6 +215,34 @@ pub struct ContainerPolicy {
     pub min_allowed: Option<ResourceAmounts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_allowed: Option<ResourceAmounts>,
+    /// Which values AWARE controls, as the VPA's: `RequestsAndLimits` (default) sets the requests
+    /// and scales each limit with its request at the container's limit:request ratio (no limit
+    /// stays no limit); `RequestsOnly` sets the requests and leaves the limits as they are (a
+    /// request is then capped at its limit).
+    #[serde(default)]
+    pub controlled_values: ControlledValues,
+    /// The CPU limit: `Controlled` (default) as `controlledValues` says; `UnsetIfLatencySensitive`
+    /// removes it when `spec.slo` has `latencyP99Ms` (the CFS quota throttles bursts into the
+    /// tail latency); `Unset` always removes it.
+    #[serde(default)]
+    pub cpu_limit: CpuLimit,
+}
+
+/// Which values AWARE controls (VPA's `controlledValues`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ControlledValues {
+    #[default]
+    RequestsAndLimits,
+    RequestsOnly,
+}
+
+/// What happens to the CPU limit.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuLimit {
+    #[default]
+    Controlled,
+    UnsetIfLatencySensitive,
+    Unset,
 }
 
 /// CPU and memory as Kubernetes quantities (`500m`, `1Gi`).
@@ -330,7 +361,7 @@ pub struct AwareAutoscalerStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// The current recommendation, per replica.
+/// The current recommendation, per replica: replicas and the CPU and memory requests.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Recommendation {
     pub replicas: u32,
@@ -472,6 +503,26 @@ impl AwareAutoscaler {
                 UpdateMode::Off => SpecUpdateMode::Off,
             },
             container: self.sized_container()?.map(|(_, name)| name.to_string()),
+            limits: self.limits_policy()?,
+        })
+    }
+
+    /// The limits policy: the container policy's `controlledValues` and `cpuLimit`, the defaults
+    /// where it says nothing (or there is none).
+    pub fn limits_policy(&self) -> Result<LimitsPolicy, CrdError> {
+        let Some((_, p)) = self.container_policy()? else {
+            return Ok(LimitsPolicy::default());
+        };
+        Ok(LimitsPolicy {
+            controlled_values: match p.controlled_values {
+                ControlledValues::RequestsAndLimits => SpecControlledValues::RequestsAndLimits,
+                ControlledValues::RequestsOnly => SpecControlledValues::RequestsOnly,
+            },
+            cpu_limit: match p.cpu_limit {
+                CpuLimit::Controlled => SpecCpuLimit::Controlled,
+                CpuLimit::UnsetIfLatencySensitive => SpecCpuLimit::UnsetIfLatencySensitive,
+                CpuLimit::Unset => SpecCpuLimit::Unset,
+            },
         })
     }
 
@@ -967,6 +1018,10 @@ mod tests {
                 alpha: 0.6,
                 update_mode: SpecUpdateMode::Off,
                 container: Some("web".into()),
+                limits: LimitsPolicy {
+                    controlled_values: SpecControlledValues::RequestsAndLimits,
+                    cpu_limit: SpecCpuLimit::UnsetIfLatencySensitive,
+                },
             }
         );
         assert_eq!(a.lifecycle_profile().unwrap(), LifecycleProfile::default());
@@ -1030,6 +1085,55 @@ mod tests {
             CrdError::AmbiguousContainerPolicy("app, sidecar".into())
         );
         assert!(err.to_string().contains("`*` policy"));
+    }
+
+    #[test]
+    fn the_limits_policy_comes_from_the_container_policy() {
+        assert_eq!(
+            aas(minimal()).target_spec().unwrap().limits,
+            LimitsPolicy::default()
+        );
+        let only = with(json!({"resourcePolicy": {"containerPolicies": [
+            {"containerName": "app", "controlledValues": "RequestsOnly", "cpuLimit": "Unset"},
+        ]}}));
+        assert_eq!(
+            only.target_spec().unwrap().limits,
+            LimitsPolicy {
+                controlled_values: SpecControlledValues::RequestsOnly,
+                cpu_limit: SpecCpuLimit::Unset,
+            }
+        );
+        // The `*` policy, like the bounds, when several name containers.
+        let star = with(json!({"resourcePolicy": {"containerPolicies": [
+            {"containerName": "sidecar", "controlledValues": "RequestsOnly"},
+            {"containerName": "*", "cpuLimit": "UnsetIfLatencySensitive"},
+        ]}}));
+        assert_eq!(
+            star.target_spec().unwrap().limits,
+            LimitsPolicy {
+                controlled_values: SpecControlledValues::RequestsAndLimits,
+                cpu_limit: SpecCpuLimit::UnsetIfLatencySensitive,
+            }
+        );
+        let crd = serde_json::to_value(AwareAutoscaler::crd()).unwrap();
+        let policy = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["resourcePolicy"]["properties"]["containerPolicies"]["items"]
+            ["properties"];
+        assert_eq!(
+            policy["controlledValues"]["enum"],
+            json!(["RequestsAndLimits", "RequestsOnly"])
+        );
+        assert_eq!(
+            policy["cpuLimit"]["enum"],
+            json!(["Controlled", "UnsetIfLatencySensitive", "Unset"])
+        );
+        let bad: Result<AwareAutoscaler, _> = serde_json::from_value(json!({
+            "apiVersion": "aware.dev/v1alpha1", "kind": "AwareAutoscaler",
+            "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"scaleTargetRef": {"name": "web"}, "resourcePolicy": {"containerPolicies": [
+                {"containerName": "app", "controlledValues": "LimitsOnly"}]}},
+        }));
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
             alpha: a.alpha,
             update_mode: aware_shared::spec::UpdateMode::Auto,
             container: None,
+            limits: aware_shared::spec::LimitsPolicy::default(),
         })
         .collect()
 }

@@ -5,7 +5,10 @@
 //! patch), and leaves the pods' other container as it is — although the actuator's own choice
 //! (no `container` setting: the template's first container) is the other one. A name the
 //! Deployment does not have is refused: the controller does not register the target
-//! (`ContainerNotFound`, naming the field) and the sink refuses it before any write.
+//! (`ContainerNotFound`, naming the field) and the sink refuses it before any write. The sink
+//! writes the decided requests and the limits the policy derives (the container's limit:request
+//! ratio by default; with `RequestsOnly` and no CPU limit, the CPU limit deleted and the memory
+//! limit kept).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -103,9 +106,11 @@ fn strings(v: [&str; 4]) -> [String; 4] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
     use aware_actuator::sink::{
-        KubernetesSink, KubernetesSinkConfig, Sink, SinkError, TargetSinkConfig, VerticalMode,
+        KubernetesSink, KubernetesSinkConfig, LimitsRule, Sink, SinkError, TargetSinkConfig,
+        VerticalMode,
     };
     use aware_bus_schemas::{Outcome, Resources, Target};
+    use aware_shared::spec::{ControlledValues, CpuLimit, LimitsPolicy};
 
     let t0 = Instant::now();
     let cluster = KubeCluster::start(KubeOptions { nodes: 1 }).await.unwrap();
@@ -150,10 +155,16 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
     })
     .await
     .expect("shop/cart registered");
+    let spec = r.spec.unwrap();
     assert_eq!(
-        r.spec.unwrap().container.as_deref(),
+        spec.container.as_deref(),
         Some("sidecar"),
         "the registration carries the named container"
+    );
+    assert_eq!(
+        spec.limits,
+        Some(LimitsPolicy::default()),
+        "and the limits policy (the default: limits keep their ratio to the requests)"
     );
     // Acting only once the actuator holds the registration: a step decided before would size
     // the actuator's own choice (`app`) with the configured bounds.
@@ -173,8 +184,9 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // In place: the sidecar 200m / 128Mi → 300m / 192Mi (the guardrails' 50 % step, from what
-    // the sidecar runs with) on both pods; `app` keeps its resources, no pod is replaced.
+    // In place: the sidecar's requests 100m / 64Mi → 200m / 128Mi (the guardrails' steps of at
+    // least 100m and 128Mi, from what the sidecar runs with), its limits at the 2:1 ratio, on
+    // both pods; `app` keeps its resources, no pod is replaced.
     let res = |replicas, cpu_millicores, memory_mib: u64| Resources {
         replicas,
         cpu_millicores,
@@ -197,11 +209,11 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         &mut applied,
         &mut step,
         "cart",
-        res(2, 300, 192),
+        res(2, 200, 128),
         |a| a.outcome == Outcome::Applied,
     )
     .await;
-    assert_eq!(a.applied, res(2, 300, 192), "{a:?}");
+    assert_eq!(a.applied, res(2, 200, 128), "{a:?}");
     assert_eq!(a.reason, None, "no fallback to a template patch: {a:?}");
     let resized = running_pods(&pods, "cart", 2).await;
     for p in &resized {
@@ -211,8 +223,8 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         );
         assert_eq!(
             resources_of(p.spec.as_ref(), "sidecar"),
-            strings(["300m", "192Mi", "150m", "96Mi"]),
-            "the named container is resized, its request/limit ratio kept"
+            strings(["400m", "256Mi", "200m", "128Mi"]),
+            "the named container is resized, its limit:request ratio kept"
         );
         assert_eq!(
             resources_of(p.spec.as_ref(), "app"),
@@ -233,11 +245,11 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         KubernetesSink::new(actuator_client.clone(), KubernetesSinkConfig::default()).unwrap();
     assert_eq!(
         reader.current_with(&cart, Some("sidecar")).await.unwrap(),
-        res(2, 300, 192)
+        res(2, 200, 128)
     );
     assert_eq!(
         reader.current(&cart).await.unwrap(),
-        res(2, 500, 256),
+        res(2, 250, 128),
         "without a registered name the sink reads its own choice, the first container"
     );
 
@@ -255,15 +267,15 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
     )
     .unwrap();
     let report = patcher
-        .apply_with(&cart, res(2, 400, 256), Some("sidecar"))
+        .apply_with(&cart, res(2, 300, 192), Some("sidecar"))
         .await
         .unwrap();
-    assert_eq!(report.in_force, res(2, 400, 256));
+    assert_eq!(report.in_force, res(2, 300, 192));
     let d = deployments.get("cart").await.unwrap();
     let template = d.spec.as_ref().unwrap().template.spec.as_ref();
     assert_eq!(
         resources_of(template, "sidecar"),
-        strings(["400m", "256Mi", "200m", "128Mi"])
+        strings(["600m", "384Mi", "300m", "192Mi"])
     );
     assert_eq!(
         resources_of(template, "app"),
@@ -281,6 +293,43 @@ async fn the_actuator_sizes_the_container_the_policies_name_and_only_it() {
         assert!(Instant::now() < deadline, "no rollout within 120 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // RequestsOnly without a CPU limit, on the real API server: the requests are written, the
+    // sidecar's CPU limit is deleted (a strategic-merge `null`) and its memory limit kept.
+    let rule = LimitsRule {
+        policy: LimitsPolicy {
+            controlled_values: ControlledValues::RequestsOnly,
+            cpu_limit: CpuLimit::Unset,
+        },
+        latency_sensitive: false,
+    };
+    let report = patcher
+        .apply_limited(&cart, res(2, 350, 256), Some("sidecar"), rule)
+        .await
+        .unwrap();
+    assert_eq!(report.in_force, res(2, 350, 256));
+    let d = deployments.get("cart").await.unwrap();
+    let template = d.spec.as_ref().unwrap().template.spec.as_ref();
+    assert_eq!(
+        resources_of(template, "sidecar"),
+        strings(["", "384Mi", "350m", "256Mi"]),
+        "no CPU limit, the memory limit kept, the requests decided"
+    );
+    assert_eq!(
+        resources_of(template, "app"),
+        strings(["500m", "256Mi", "250m", "128Mi"])
+    );
+    // Held: applying it again writes nothing (the Deployment controller's own status writes
+    // move the resourceVersion: compared is what clients write).
+    patcher
+        .apply_limited(&cart, res(2, 350, 256), Some("sidecar"), rule)
+        .await
+        .unwrap();
+    assert_eq!(
+        super::what_clients_write(&deployments.get("cart").await.unwrap()),
+        super::what_clients_write(&d),
+        "nothing written"
+    );
 
     // A name the Deployment does not have: refused by the sink before any write (the replicas
     // asked for are not applied either), with an error naming the field.

@@ -1668,11 +1668,11 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         &mut applied,
         &mut step,
         "web",
-        res(4, 500, 256),
+        res(4, 250, 128),
         |a| a.outcome == Outcome::Applied,
     )
     .await;
-    assert_eq!(a.applied, res(4, 500, 256), "{a:?}");
+    assert_eq!(a.applied, res(4, 250, 128), "{a:?}");
     let d = deployments.get("web").await.unwrap();
     assert_eq!(d.spec.as_ref().unwrap().replicas, Some(4));
     assert_eq!(
@@ -1689,8 +1689,9 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         assert!(node.is_some_and(|n| cluster.nodes().contains(&n)));
     }
 
-    // Vertical, in place: 500m / 256Mi → 750m / 384Mi (the guardrails' 50 % step) on every pod
-    // through `pods/resize`; the pods are not replaced and the template is not touched.
+    // Vertical, in place: requests 250m / 128Mi → 375m / 192Mi (the guardrails' 50 % step) on
+    // every pod through `pods/resize`, the limits with them at the container's 2:1 ratio (500m /
+    // 256Mi → 750m / 384Mi); the pods are not replaced and the template is not touched.
     let uids: std::collections::BTreeSet<String> = web_pods
         .iter()
         .map(|p| p.metadata.uid.clone().unwrap())
@@ -1703,11 +1704,11 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         &mut applied,
         &mut step,
         "web",
-        res(4, 750, 384),
+        res(4, 375, 192),
         |a| a.outcome == Outcome::Applied,
     )
     .await;
-    assert_eq!(a.applied, res(4, 750, 384), "{a:?}");
+    assert_eq!(a.applied, res(4, 375, 192), "{a:?}");
     assert_eq!(a.reason, None, "no fallback to a template patch: {a:?}");
     let resized = running_pods(&pods, "web", 4).await;
     for p in &resized {
@@ -1718,7 +1719,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         assert_eq!(
             app_resources(p.spec.as_ref()),
             ["750m", "384Mi", "375m", "192Mi"].map(String::from),
-            "the request/limit ratio kept"
+            "the requests decided, the limits at the limit:request ratio"
         );
     }
     // In force is what the kubelets report running: the old values until they have applied
@@ -1726,11 +1727,11 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     let web_target = Target::new(APP_NS, "web");
     let reader =
         KubernetesSink::new(actuator_client.clone(), KubernetesSinkConfig::default()).unwrap();
-    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 500, 256));
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 250, 128));
     for p in &resized {
         kubelet_reports_resources(&admin, p).await;
     }
-    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 750, 384));
+    assert_eq!(reader.current(&web_target).await.unwrap(), res(4, 375, 192));
     for p in running_pods(&pods, "web", 4).await {
         let st = p.status.as_ref().unwrap();
         let cs = &st.container_statuses.as_ref().unwrap()[0];
@@ -1772,7 +1773,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         &mut applied,
         &mut step,
         "web",
-        res(4, 750, 384),
+        res(4, 375, 192),
         |a| a.outcome == Outcome::RecommendOnly,
     )
     .await;
@@ -1793,7 +1794,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     .await;
     assert_eq!(
         a.applied,
-        res(4, 750, 384),
+        res(4, 375, 192),
         "the allocation in force is reported: {a:?}"
     );
     let after = deployments.get("web").await.unwrap();
@@ -1822,9 +1823,9 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     )
     .unwrap();
     let api_target = Target::new(APP_NS, "api");
-    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 500, 256));
-    let report = sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
-    assert_eq!(report.in_force, res(2, 1000, 512));
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 250, 128));
+    let report = sink.apply(&api_target, res(2, 500, 256)).await.unwrap();
+    assert_eq!(report.in_force, res(2, 500, 256));
     let old_uids: std::collections::BTreeSet<String> = api_pods
         .iter()
         .map(|p| p.metadata.uid.clone().unwrap())
@@ -1852,7 +1853,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 1000, 512));
+    assert_eq!(sink.current(&api_target).await.unwrap(), res(2, 500, 256));
     // Idempotent: applying what is in force writes nothing.
     let rv = deployments
         .get("api")
@@ -1860,7 +1861,7 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         .unwrap()
         .metadata
         .resource_version;
-    sink.apply(&api_target, res(2, 1000, 512)).await.unwrap();
+    sink.apply(&api_target, res(2, 500, 256)).await.unwrap();
     assert_eq!(
         deployments
             .get("api")
@@ -1874,8 +1875,8 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     // A concurrent edit: another client changes the container's CPU request (and adds an
     // environment variable) between the sink's read and its template patch. The server refuses
     // the patch computed from the stale read (409, its resourceVersion precondition); the sink
-    // reads again and keeps the new request/limit ratio (250m of 1 → 375m of 1500m; from the
-    // stale read it would be 750m), and the other client's edit stays.
+    // reads again and keeps the new limit:request ratio (1 of 250m → 3 for 750m; from the stale
+    // read it would be 1500m), and the other client's edit stays.
     let admin_edit = admin.clone();
     let layer = EditBeforePatch {
         path: format!("/apis/apps/v1/namespaces/{APP_NS}/deployments/api"),
@@ -1906,10 +1907,10 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
         .build();
     let racing_sink = KubernetesSink::new(racing_client, sink.config().clone()).unwrap();
     let report = racing_sink
-        .apply(&api_target, res(2, 1500, 768))
+        .apply(&api_target, res(2, 750, 384))
         .await
         .unwrap();
-    assert_eq!(report.in_force, res(2, 1500, 768));
+    assert_eq!(report.in_force, res(2, 750, 384));
     assert!(
         layer.edit.lock().unwrap().is_none(),
         "the concurrent edit ran"
@@ -1918,8 +1919,8 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     let template = d.spec.as_ref().unwrap().template.spec.as_ref();
     assert_eq!(
         app_resources(template),
-        ["1500m", "768Mi", "375m", "384Mi"].map(String::from),
-        "the requests follow the ratio of the edited Deployment, not of the stale read"
+        ["3", "768Mi", "750m", "384Mi"].map(String::from),
+        "the limits follow the ratio of the edited Deployment, not of the stale read"
     );
     let env = template.unwrap().containers[0]
         .env
@@ -1964,7 +1965,8 @@ async fn actuator_with_the_charts_rbac_scales_resizes_and_rolls() {
     assert_eq!(code, 403, "reading AwareAutoscalers");
 
     // The AwareAutoscaler deleted: the finalizer is released, the actuator rejects what still
-    // arrives and the workload keeps its last applied resources (4 replicas, 750m / 384Mi).
+    // arrives and the workload keeps its last applied resources (4 replicas, requests 375m /
+    // 192Mi).
     aas.delete("web-aware", &DeleteParams::default())
         .await
         .unwrap();

@@ -4,7 +4,7 @@
 //!
 //! * The simulator plays the workloads' performance in wall-clock time. It takes each target's
 //!   allocation from the API server — `aware_tests::kube_sim::DeploymentBridge` watches the
-//!   Deployments and submits their `spec.replicas` and container limits — never from the bus's
+//!   Deployments and submits their `spec.replicas` and container requests — never from the bus's
 //!   `applied`, and exports what a cluster's cAdvisor, kube-state-metrics and the application
 //!   export. A real `prometheus` scrapes it.
 //! * The collector (Prometheus source, targets from the controller's registrations), the
@@ -90,8 +90,8 @@ fn apps() -> Vec<AppSpec> {
         .collect()
 }
 
-/// The Deployment of `app`: container `app` with the app's initial allocation as limits and
-/// half of it as requests.
+/// The Deployment of `app`: container `app` with the app's initial allocation as requests and
+/// twice it as limits.
 fn workload(app: &AppSpec) -> Deployment {
     let i = app.initial;
     from_json(serde_json::json!({
@@ -106,12 +106,12 @@ fn workload(app: &AppSpec) -> Deployment {
                     "image": "registry.example/app:1",
                     "resources": {
                         "limits": {
-                            "cpu": format_cpu(i.cpu_millicores),
-                            "memory": format_memory(i.memory_bytes)
+                            "cpu": format_cpu(i.cpu_millicores * 2),
+                            "memory": format_memory(i.memory_bytes * 2)
                         },
                         "requests": {
-                            "cpu": format_cpu(i.cpu_millicores / 2),
-                            "memory": format_memory(i.memory_bytes / 2)
+                            "cpu": format_cpu(i.cpu_millicores),
+                            "memory": format_memory(i.memory_bytes)
                         }
                     }
                 }] }
@@ -616,7 +616,7 @@ async fn whole_loop_on_the_real_control_plane_bootstraps_to_online_and_applies_t
             .count();
         assert!(changes >= 1, "{key}: the Deployment never changed");
         let now = deployments.get(&t.name).await.unwrap();
-        let (in_force, requests) = allocation_of(&now, "app").unwrap();
+        let (in_force, limits) = allocation_of(&now, "app").unwrap();
         assert_eq!(
             in_force,
             applied.last().unwrap().applied,
@@ -631,14 +631,14 @@ async fn whole_loop_on_the_real_control_plane_bootstraps_to_online_and_applies_t
                 .map(|r| (r.generation, r.allocation))
                 .collect::<Vec<_>>()
         );
-        // The actuator scales the requests with the limits: the template's 1:2 ratio, up to
+        // The actuator scales the limits with the requests: the template's 2:1 ratio, up to
         // the rounding of each rescaling.
-        let (cpu_req, mem_req) = requests.unwrap();
-        let half = |req: u64, lim: u64| req.abs_diff(lim / 2) <= lim / 100 + 1;
+        let (cpu_lim, mem_lim) = limits.unwrap();
+        let double = |req: u64, lim: u64| lim.abs_diff(2 * req) <= lim / 100 + 1;
         assert!(
-            half(u64::from(cpu_req), u64::from(in_force.cpu_millicores))
-                && half(mem_req, in_force.memory_bytes),
-            "{key}: requests {requests:?} for limits {in_force:?}"
+            double(u64::from(in_force.cpu_millicores), u64::from(cpu_lim))
+                && double(in_force.memory_bytes, mem_lim),
+            "{key}: limits {limits:?} for requests {in_force:?}"
         );
         // The simulated workload runs with what the server holds.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -3,7 +3,7 @@
 //! - **Replicas** through the Deployment's `scale` subresource: `PATCH
 //!   /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale`, JSON merge patch
 //!   `{"spec":{"replicas":N}}`; skipped when `spec.replicas` already is N.
-//! - **CPU and memory limits**, per target ([`VerticalMode`]):
+//! - **CPU and memory requests and limits**, per target ([`VerticalMode`]):
 //!   - `InPlace` (default): for every live pod of the Deployment (listed with the Deployment's
 //!     selector; pods being deleted or finished are skipped) whose container differs, `PATCH
 //!     /api/v1/namespaces/{ns}/pods/{pod}/resize`, strategic merge patch of the container's
@@ -26,11 +26,19 @@
 //!   template. Only that container is patched (template and pods alike); the others are left as
 //!   they are. A named container missing from the template (or from a live pod) is refused with
 //!   [`SinkError::Unmanageable`] naming where the name came from, and nothing is patched.
-//! - **Requests** keep the container's request/limit ratio per resource (so a Guaranteed pod stays
-//!   Guaranteed and a Burstable one stays Burstable: in-place resize cannot change the QoS class):
-//!   new request = round(new limit × old request / old limit), at most the new limit. A request
-//!   without a limit is kept, capped at the new limit; a missing request stays missing (Kubernetes
-//!   then defaults it to the limit).
+//! - **Requests and limits**: the allocation applied is the requests (what the scheduler packs
+//!   and the user pays for); the limits follow from them by the target's limits policy
+//!   ([`LimitsRule`], from its registration: `aware_mdp::LimitsPolicy`). With
+//!   `RequestsAndLimits` (the default) each limit keeps the container's limit:request ratio as
+//!   read, `round(new request × limit / request)` (so a Guaranteed pod stays Guaranteed and a
+//!   Burstable one Burstable: in-place resize cannot change the QoS class), and a resource
+//!   without a limit keeps none; with `RequestsOnly` the limits are left as they are and a
+//!   request above one is capped at it (Kubernetes refuses a request above its limit). A CPU
+//!   limit the policy removes (`cpu_limit`: `Unset`, or `UnsetIfLatencySensitive` for a target
+//!   whose SLO has a latency objective) is written as `null`, which deletes it; an in-place
+//!   resize that would change the QoS class that way is refused by the API server and falls back
+//!   to a template patch like any refused resize. Requests are always written, so a container
+//!   whose request was missing gets one.
 //! - **Quantities**: CPU as whole cores (`"2"`) or millicores (`"500m"`), memory as `Gi`/`Mi`/`Ki`
 //!   when exact, else bytes. Values are integers (never NaN); zero values are refused with
 //!   [`SinkError::InvalidValue`] before any request.
@@ -39,16 +47,17 @@
 //!   (Only the template patch has a precondition; a 409 there means "read again", see above.)
 //!   (429 is the API server's "retry later" and is retried too, as in kube-rs's own retry policy.)
 //! - **Allocation in force** ([`Sink::current`]): replicas from the Deployment's `spec.replicas`;
-//!   CPU and memory limits from the template container, or in `InPlace` mode from the live pods
+//!   CPU and memory requests (a missing request is its limit, as Kubernetes reads it) from the
+//!   template container, or in `InPlace` mode from the live pods
 //!   (the value most pods have; ties go to the first pod in name order): what each pod's kubelet
 //!   reports its container runs with (`status.containerStatuses[].resources`), else — a kubelet
 //!   without in-place resize reports nothing — the pod's container spec. (After a resize the
 //!   spec holds the new values at once, the status only once the kubelet has applied them, and
-//!   never when it finds them infeasible.) A missing limit reads as 0 ("unknown" to the
-//!   guardrails).
+//!   never when it finds them infeasible.) A missing request and limit read as 0 ("unknown" to
+//!   the guardrails).
 //!
 //! - **One read per decision**: [`KubernetesSink::read`] reads the Deployment (and, in `InPlace`
-//!   mode, lists its live pods: the limits in force are theirs) and gives the allocation in force
+//!   mode, lists its live pods: the requests in force are theirs) and gives the allocation in force
 //!   the decision is made from; [`KubernetesSink::apply_read`] applies from that same read (the
 //!   template patch's `resourceVersion` precondition is that read's; only a 409 reads again). A
 //!   decision is thus 1 read (+1 pod list in `InPlace` mode) and its writes. [`Sink::apply`]
@@ -80,7 +89,8 @@ use thiserror::Error;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-use super::{validate_desired, ApplyReport, Sink, SinkError};
+use super::{validate_desired, ApplyReport, LimitsRule, Sink, SinkError};
+use aware_mdp::ContainerResources;
 
 /// How CPU and memory changes reach the pods.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,8 +244,11 @@ pub struct KubernetesSink {
 /// container, the live pods in `InPlace` mode).
 #[derive(Debug, Clone)]
 pub struct TargetState {
-    /// The allocation in force (see the module documentation).
+    /// The allocation in force: replicas and the requests (see the module documentation).
     pub in_force: Resources,
+    /// The managed container's requests and limits in the pod template: where its limits, and
+    /// their ratio to the requests, come from.
+    pub container_resources: ContainerResources,
     spec: DeploymentSpec,
     version: Option<String>,
     container: Container,
@@ -267,17 +280,18 @@ impl Sink for KubernetesSink {
         })
     }
 
-    fn apply_with<'a>(
+    fn apply_limited<'a>(
         &'a self,
         target: &'a Target,
         desired: Resources,
         container: Option<&'a str>,
+        rule: LimitsRule,
     ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
         Box::pin(async move {
             validate_desired(target, &desired)?;
             let _slot = self.slot().await;
             let state = self.read(target, container).await?;
-            self.apply_read(target, &state, desired).await
+            self.apply_read(target, &state, desired, rule).await
         })
     }
 }
@@ -537,15 +551,16 @@ impl KubernetesSink {
         let replicas = replicas_of(target, &spec)?;
         let template = template_containers(&spec);
         let container = select_container(target, template, choice, "the pod template")?.clone();
-        let (mut cpu, mut memory) = limits_of(target, &container)?;
+        let container_resources = resources_of(target, &container)?;
+        let (mut cpu, mut memory) = requests_in(&container_resources);
         let pods = if cfg.vertical_mode == VerticalMode::InPlace {
             let pods = self.live_pods(target, &spec).await?;
             let mut values = Vec::with_capacity(pods.len());
             for pod in &pods {
-                if let Some(running) = running_limits(target, pod, &container.name)? {
+                if let Some(running) = running_requests(target, pod, &container.name)? {
                     values.push(running);
                 } else if let Some(c) = pod_container(pod, &container.name) {
-                    values.push(limits_of(target, c)?);
+                    values.push(requests_of(target, c)?);
                 }
             }
             if let Some(v) = most_common(&values) {
@@ -561,6 +576,7 @@ impl KubernetesSink {
                 cpu_millicores: cpu,
                 memory_bytes: memory,
             },
+            container_resources,
             spec,
             version,
             container,
@@ -568,14 +584,16 @@ impl KubernetesSink {
         })
     }
 
-    /// Applies `desired` to `target` from `state`, the [`KubernetesSink::read`] the decision was
-    /// made from: no read again, except the template patch's after a 409 Conflict (its
-    /// precondition is the `resourceVersion` of `state`).
+    /// Applies `desired` (the requests) to `target` from `state`, the [`KubernetesSink::read`]
+    /// the decision was made from, with the limits `rule` derives: no read again, except the
+    /// template patch's after a 409 Conflict (its precondition is the `resourceVersion` of
+    /// `state`).
     pub async fn apply_read(
         &self,
         target: &Target,
         state: &TargetState,
         desired: Resources,
+        rule: LimitsRule,
     ) -> Result<ApplyReport, SinkError> {
         validate_desired(target, &desired)?;
         let cfg = self.config.for_target(target);
@@ -589,7 +607,7 @@ impl KubernetesSink {
 
         let (cpu, memory) = match cfg.vertical_mode {
             VerticalMode::TemplatePatch => {
-                self.patch_template(target, container, state.version.clone(), desired)
+                self.patch_template(target, container, state.version.clone(), desired, rule)
                     .await?
             }
             VerticalMode::InPlace => {
@@ -602,7 +620,7 @@ impl KubernetesSink {
                     }
                 };
                 match self
-                    .resize_in_place(target, pods, container, desired)
+                    .resize_in_place(target, pods, container, desired, rule)
                     .await?
                 {
                     InPlace::Done(v) => v,
@@ -612,7 +630,7 @@ impl KubernetesSink {
                         );
                         warn!(target = %target, note = %note, "in-place resize fallback");
                         notes.push(note);
-                        self.patch_template(target, container, state.version.clone(), desired)
+                        self.patch_template(target, container, state.version.clone(), desired, rule)
                             .await?
                     }
                     InPlace::Refused(why) => {
@@ -673,10 +691,11 @@ impl KubernetesSink {
         })
     }
 
-    /// Strategic merge patch of the template container's resources; returns the limits in force.
+    /// Strategic merge patch of the template container's resources; returns the requests in
+    /// force.
     ///
-    /// The new requests are computed from the container as read (they keep its request/limit
-    /// ratio), so the patch carries the `resourceVersion` of that read as a precondition: when
+    /// The new limits are computed from the container as read (they keep its limit:request
+    /// ratio, or its limits), so the patch carries the `resourceVersion` of that read as a precondition: when
     /// another client changed the Deployment in between, the API server answers 409 Conflict and
     /// the sink reads the Deployment again and recomputes (up to `retry.max_attempts` reads),
     /// instead of overwriting that edit with values computed from a stale read.
@@ -686,6 +705,7 @@ impl KubernetesSink {
         container: &Container,
         version: Option<String>,
         desired: Resources,
+        rule: LimitsRule,
     ) -> Result<(u32, u64), SinkError> {
         const OPERATION: &str = "patch deployment template";
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &target.namespace);
@@ -693,10 +713,10 @@ impl KubernetesSink {
         let (mut container, mut version) = (container.clone(), version);
         let mut attempt = 1u32;
         loop {
-            if limits_of(target, &container)? == (desired.cpu_millicores, desired.memory_bytes) {
-                return Ok((desired.cpu_millicores, desired.memory_bytes));
+            if holds(target, &container, desired, rule)? {
+                return requests_of(target, &container);
             }
-            let resources = resources_patch(target, &container, desired)?;
+            let resources = resources_patch(target, &container, desired, rule)?;
             let mut body = json!({
                 "spec": { "template": { "spec": { "containers": [
                     { "name": container.name, "resources": resources }
@@ -721,15 +741,15 @@ impl KubernetesSink {
                         Choice::Sized(&container.name),
                         "the patched pod template",
                     )?;
-                    let limits = limits_of(target, after)?;
+                    let requests = requests_of(target, after)?;
                     info!(
                         target = %target,
                         container = %container.name,
-                        cpu_millicores = limits.0,
-                        memory_bytes = limits.1,
+                        cpu_millicores = requests.0,
+                        memory_bytes = requests.1,
                         "patched the pod template"
                     );
-                    return Ok(limits);
+                    return Ok(requests);
                 }
                 Err(e) => e,
             };
@@ -760,17 +780,17 @@ impl KubernetesSink {
     }
 
     /// Resizes every pod of `pods` (the live pods as read) whose container differs from
-    /// `desired`.
+    /// `desired` (the requests) and the limits `rule` derives from them and that container.
     async fn resize_in_place(
         &self,
         target: &Target,
         pods: &[Pod],
         template_container: &Container,
         desired: Resources,
+        rule: LimitsRule,
     ) -> Result<InPlace, SinkError> {
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
         let name = &template_container.name;
-        let want = (desired.cpu_millicores, desired.memory_bytes);
         let pp = self.patch_params();
         let mut values = Vec::with_capacity(pods.len());
         for pod in pods {
@@ -783,11 +803,17 @@ impl KubernetesSink {
                     why: format!("pod {pod_name} has no container named `{name}`"),
                 });
             };
-            if limits_of(target, container)? == want {
+            let want = {
+                let r = rule
+                    .resolve(desired, &resources_of(target, container)?)
+                    .requests;
+                (r.cpu_millicores, r.memory_bytes)
+            };
+            if holds(target, container, desired, rule)? {
                 values.push(want);
                 continue;
             }
-            let resources = resources_patch(target, container, desired)?;
+            let resources = resources_patch(target, container, desired, rule)?;
             let patch = Patch::Strategic(json!({
                 "spec": { "containers": [ { "name": name, "resources": resources } ] }
             }));
@@ -800,7 +826,7 @@ impl KubernetesSink {
             {
                 Ok(resized) => {
                     let after = pod_container(&resized, name)
-                        .map(|c| limits_of(target, c))
+                        .map(|c| requests_of(target, c))
                         .transpose()?
                         .unwrap_or(want);
                     debug!(target = %target, pod = pod_name, cpu_millicores = after.0, memory_bytes = after.1, "resized in place");
@@ -831,7 +857,7 @@ impl KubernetesSink {
 }
 
 enum InPlace {
-    /// The limits in force on the pods.
+    /// The requests in force on the pods.
     Done((u32, u64)),
     /// Why the resize could not be done in place.
     Refused(String),
@@ -928,110 +954,142 @@ fn most_common(values: &[(u32, u64)]) -> Option<(u32, u64)> {
     best.map(|(v, _)| v)
 }
 
-/// A container's (CPU millicores, memory bytes) limits; 0 when a limit is missing.
-fn limits_of(target: &Target, c: &Container) -> Result<(u32, u64), SinkError> {
-    limits_in(target, c.resources.as_ref().and_then(|r| r.limits.as_ref()))
+/// A container's requests and limits (requests as Kubernetes reads them: a missing request is
+/// its limit), for [`LimitsPolicy::resolve`].
+fn resources_of(target: &Target, c: &Container) -> Result<ContainerResources, SinkError> {
+    let r = c.resources.as_ref();
+    resources_in(
+        target,
+        r.and_then(|r| r.requests.as_ref()),
+        r.and_then(|r| r.limits.as_ref()),
+    )
 }
 
-/// The limits a pod's container runs with as its kubelet reports them
+fn resources_in(
+    target: &Target,
+    requests: Option<&BTreeMap<String, Quantity>>,
+    limits: Option<&BTreeMap<String, Quantity>>,
+) -> Result<ContainerResources, SinkError> {
+    Ok(ContainerResources {
+        cpu_request_millicores: entry(requests, "cpu")
+            .map(|q| cpu_millicores(target, q))
+            .transpose()?,
+        cpu_limit_millicores: entry(limits, "cpu")
+            .map(|q| cpu_millicores(target, q))
+            .transpose()?,
+        memory_request_bytes: entry(requests, "memory")
+            .map(|q| memory_bytes(target, q))
+            .transpose()?,
+        memory_limit_bytes: entry(limits, "memory")
+            .map(|q| memory_bytes(target, q))
+            .transpose()?,
+    })
+}
+
+fn entry<'m>(map: Option<&'m BTreeMap<String, Quantity>>, key: &str) -> Option<&'m Quantity> {
+    map.and_then(|m| m.get(key))
+}
+
+/// The (CPU millicores, memory bytes) requests of a container's resources; a missing request is
+/// its limit (Kubernetes' default), 0 when both are missing ("unknown" to the guardrails).
+fn requests_in(r: &ContainerResources) -> (u32, u64) {
+    (
+        r.cpu_request_millicores
+            .or(r.cpu_limit_millicores)
+            .unwrap_or(0),
+        r.memory_request_bytes.or(r.memory_limit_bytes).unwrap_or(0),
+    )
+}
+
+/// A container's (CPU millicores, memory bytes) requests (see [`requests_in`]).
+fn requests_of(target: &Target, c: &Container) -> Result<(u32, u64), SinkError> {
+    Ok(requests_in(&resources_of(target, c)?))
+}
+
+/// The requests a pod's container runs with as its kubelet reports them
 /// (`status.containerStatuses[].resources`): after an in-place resize the spec holds the new
 /// values at once, the status only when the kubelet has applied them (never, when it finds the
 /// resize infeasible). `None` when the kubelet reports nothing (one without in-place resize).
-fn running_limits(target: &Target, pod: &Pod, name: &str) -> Result<Option<(u32, u64)>, SinkError> {
-    let limits = pod
+fn running_requests(
+    target: &Target,
+    pod: &Pod,
+    name: &str,
+) -> Result<Option<(u32, u64)>, SinkError> {
+    let reported = pod
         .status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.name == name))
-        .and_then(|c| c.resources.as_ref())
-        .and_then(|r| r.limits.as_ref());
-    limits.map(|l| limits_in(target, Some(l))).transpose()
+        .and_then(|c| c.resources.as_ref());
+    reported
+        .map(|r| {
+            resources_in(target, r.requests.as_ref(), r.limits.as_ref()).map(|r| requests_in(&r))
+        })
+        .transpose()
 }
 
-/// (CPU millicores, memory bytes) of a limits map; 0 when a limit is missing.
-fn limits_in(
+/// True when the container already has what `desired` resolves to under `rule`: its requests,
+/// and its limits as the policy keeps or sets them.
+fn holds(
     target: &Target,
-    limits: Option<&BTreeMap<String, Quantity>>,
-) -> Result<(u32, u64), SinkError> {
-    let get = |key: &str| limits.and_then(|l| l.get(key));
-    let cpu = get("cpu")
-        .map(|q| cpu_millicores(target, q))
-        .transpose()?
-        .unwrap_or(0);
-    let memory = get("memory")
-        .map(|q| memory_bytes(target, q))
-        .transpose()?
-        .unwrap_or(0);
-    Ok((cpu, memory))
+    c: &Container,
+    desired: Resources,
+    rule: LimitsRule,
+) -> Result<bool, SinkError> {
+    let now = resources_of(target, c)?;
+    let want = rule.resolve(desired, &now);
+    let requests = (want.requests.cpu_millicores, want.requests.memory_bytes);
+    Ok(requests_in(&now) == requests
+        && now.cpu_limit_millicores == want.limits.cpu_millicores
+        && now.memory_limit_bytes == want.limits.memory_bytes)
 }
 
-/// The `resources` patch of a container for `desired`: limits, and requests keeping the
-/// request/limit ratio (see the module documentation).
-fn resources_patch(target: &Target, c: &Container, desired: Resources) -> Result<Value, SinkError> {
-    let res = c.resources.as_ref();
-    let get = |which: Option<&BTreeMap<String, Quantity>>, key: &str| {
-        which.and_then(|m| m.get(key)).cloned()
-    };
-    let limits = res.and_then(|r| r.limits.as_ref());
-    let requests = res.and_then(|r| r.requests.as_ref());
-
-    let old_cpu_limit = get(limits, "cpu")
-        .map(|q| cpu_millicores(target, &q))
-        .transpose()?;
-    let old_cpu_request = get(requests, "cpu")
-        .map(|q| cpu_millicores(target, &q))
-        .transpose()?;
-    let old_mem_limit = get(limits, "memory")
-        .map(|q| memory_bytes(target, &q))
-        .transpose()?;
-    let old_mem_request = get(requests, "memory")
-        .map(|q| memory_bytes(target, &q))
-        .transpose()?;
-
-    let mut limit_map = Map::new();
-    limit_map.insert(
+/// The `resources` patch of a container for `desired` (the requests): the requests, and the
+/// limits the target's policy derives from them and from the container as read (see the module
+/// documentation). A limit the policy removes is written as `null` (a strategic merge patch
+/// deletes the key); one the container lacks and keeps lacking is not mentioned.
+fn resources_patch(
+    target: &Target,
+    c: &Container,
+    desired: Resources,
+    rule: LimitsRule,
+) -> Result<Value, SinkError> {
+    let now = resources_of(target, c)?;
+    let want = rule.resolve(desired, &now);
+    let mut requests = Map::new();
+    requests.insert(
         "cpu".into(),
-        Value::String(format_cpu(desired.cpu_millicores)),
+        Value::String(format_cpu(want.requests.cpu_millicores)),
     );
-    limit_map.insert(
+    requests.insert(
         "memory".into(),
-        Value::String(format_memory(desired.memory_bytes)),
+        Value::String(format_memory(want.requests.memory_bytes)),
     );
-    let mut request_map = Map::new();
-    if let Some(r) = scaled_request(
-        old_cpu_limit.map(u64::from),
-        old_cpu_request.map(u64::from),
-        u64::from(desired.cpu_millicores),
-    ) {
-        let r = u32::try_from(r).unwrap_or(desired.cpu_millicores);
-        request_map.insert("cpu".into(), Value::String(format_cpu(r)));
+    let mut limits = Map::new();
+    match (want.limits.cpu_millicores, now.cpu_limit_millicores) {
+        (Some(l), _) => {
+            limits.insert("cpu".into(), Value::String(format_cpu(l)));
+        }
+        (None, Some(_)) => {
+            limits.insert("cpu".into(), Value::Null);
+        }
+        (None, None) => {}
     }
-    if let Some(r) = scaled_request(old_mem_limit, old_mem_request, desired.memory_bytes) {
-        request_map.insert("memory".into(), Value::String(format_memory(r)));
+    match (want.limits.memory_bytes, now.memory_limit_bytes) {
+        (Some(l), _) => {
+            limits.insert("memory".into(), Value::String(format_memory(l)));
+        }
+        (None, Some(_)) => {
+            limits.insert("memory".into(), Value::Null);
+        }
+        (None, None) => {}
     }
     let mut out = Map::new();
-    out.insert("limits".into(), Value::Object(limit_map));
-    if !request_map.is_empty() {
-        out.insert("requests".into(), Value::Object(request_map));
+    if !limits.is_empty() {
+        out.insert("limits".into(), Value::Object(limits));
     }
+    out.insert("requests".into(), Value::Object(requests));
     Ok(Value::Object(out))
-}
-
-/// The new request for a new limit (see the module documentation).
-pub fn scaled_request(
-    old_limit: Option<u64>,
-    old_request: Option<u64>,
-    new_limit: u64,
-) -> Option<u64> {
-    let request = old_request?;
-    match old_limit {
-        Some(limit) if limit > 0 => {
-            let scaled = (u128::from(new_limit) * u128::from(request) + u128::from(limit) / 2)
-                / u128::from(limit);
-            Some(u64::try_from(scaled).unwrap_or(u64::MAX).min(new_limit))
-        }
-        _ => Some(request.min(new_limit)),
-    }
 }
 
 pub use aware_shared::quantity::{format_cpu, format_memory};
@@ -1296,11 +1354,11 @@ mod tests {
             ),
         ];
         let report = run(in_place(), script, |sink| async move {
-            sink.apply(&target(), res(5, 500, 512)).await
+            sink.apply(&target(), res(5, 250, 256)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(5, 500, 512));
+        assert_eq!(report.in_force, res(5, 250, 256));
         assert!(report.notes.is_empty());
     }
 
@@ -1346,11 +1404,11 @@ mod tests {
             ),
         ];
         let report = run(config, script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 750, 768));
+        assert_eq!(report.in_force, res(2, 375, 384));
         assert!(report.notes.is_empty());
     }
 
@@ -1370,18 +1428,19 @@ mod tests {
             patch(PATCH_DEPLOY, STRATEGIC, body, 200, after),
         ];
         let report = run(template_mode(), script, |sink| async move {
-            sink.apply(&target(), res(3, 2000, 1024)).await
+            sink.apply(&target(), res(3, 1000, 512)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(3, 2000, 1024));
+        assert_eq!(report.in_force, res(3, 1000, 512));
         assert!(report.notes.is_empty());
     }
 
     /// Another client changed the Deployment between the sink's read and its template patch
     /// (here the container's requests): the server refuses the patch (409, its precondition
-    /// failed) and the sink reads again and recomputes the requests from what it reads now,
-    /// instead of overwriting that edit with values computed from the stale read.
+    /// failed) and the sink reads again and recomputes the limits from what it reads now (their
+    /// ratio to the requests), instead of overwriting that edit with values computed from the
+    /// stale read.
     #[tokio::test]
     async fn a_template_patch_after_a_concurrent_edit_reads_again_and_recomputes() {
         let edited = |replicas| {
@@ -1392,7 +1451,8 @@ mod tests {
             d["metadata"]["resourceVersion"] = json!("81240");
             d
         };
-        let after = deployment(2, vec![app_container("1", "1Gi", "800m", "256Mi")]);
+        // The edited ratios: CPU 500m:400m (5:4), memory 512Mi:128Mi (4:1).
+        let after = deployment(2, vec![app_container("625m", "2Gi", "500m", "512Mi")]);
         let script = vec![
             get(DEPLOY, 200, default_deployment()),
             patch(
@@ -1406,17 +1466,21 @@ mod tests {
             patch(
                 PATCH_DEPLOY,
                 STRATEGIC,
-                template_body_at("81240", "app", resources_body("1", "1Gi", "800m", "256Mi")),
+                template_body_at(
+                    "81240",
+                    "app",
+                    resources_body("625m", "2Gi", "500m", "512Mi"),
+                ),
                 200,
                 after,
             ),
         ];
         let report = run(template_mode(), script, |sink| async move {
-            sink.apply(&target(), res(2, 1000, 1024)).await
+            sink.apply(&target(), res(2, 500, 512)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 1000, 1024));
+        assert_eq!(report.in_force, res(2, 500, 512));
     }
 
     /// A Deployment that changes before every patch: the sink gives up after
@@ -1437,7 +1501,7 @@ mod tests {
             ));
         }
         let err = run(template_mode(), script, |sink| async move {
-            sink.apply(&target(), res(2, 1000, 1024)).await
+            sink.apply(&target(), res(2, 500, 512)).await
         })
         .await
         .unwrap_err();
@@ -1495,11 +1559,11 @@ mod tests {
                 ),
             ];
             let report = run(in_place(), script, |sink| async move {
-                sink.apply(&target(), res(2, 750, 768)).await
+                sink.apply(&target(), res(2, 375, 384)).await
             })
             .await
             .unwrap();
-            assert_eq!(report.in_force, res(2, 750, 768));
+            assert_eq!(report.in_force, res(2, 375, 384));
             assert_eq!(report.notes.len(), 1);
             let note = &report.notes[0];
             assert!(
@@ -1549,7 +1613,7 @@ mod tests {
             ),
         ];
         let err = run(config, script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap_err();
@@ -1600,11 +1664,11 @@ mod tests {
             ),
         ];
         let report = run(in_place(), script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 750, 768));
+        assert_eq!(report.in_force, res(2, 375, 384));
         assert!(report.notes.is_empty());
     }
 
@@ -1623,11 +1687,11 @@ mod tests {
             ),
         ];
         let report = run(in_place(), script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 750, 768));
+        assert_eq!(report.in_force, res(2, 375, 384));
         assert_eq!(
             report.notes,
             vec!["no live pod to resize in place; patched the deployment template instead (pods restart)"]
@@ -1643,11 +1707,11 @@ mod tests {
             patch(SCALE, MERGE, body, 200, scale(4, 2)),
         ];
         let report = run(template_mode(), script, |sink| async move {
-            sink.apply(&target(), res(4, 500, 512)).await
+            sink.apply(&target(), res(4, 250, 256)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(4, 500, 512));
+        assert_eq!(report.in_force, res(4, 250, 256));
     }
 
     #[tokio::test]
@@ -1692,11 +1756,11 @@ mod tests {
             ),
         ];
         let report = run(in_place(), script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 750, 768));
+        assert_eq!(report.in_force, res(2, 375, 384));
     }
 
     #[tokio::test]
@@ -1720,7 +1784,7 @@ mod tests {
             patch(SCALE, MERGE, body, 409, conflict()),
         ];
         let err = run(template_mode(), script, |sink| async move {
-            sink.apply(&target(), res(6, 500, 512)).await
+            sink.apply(&target(), res(6, 250, 256)).await
         })
         .await
         .unwrap_err();
@@ -1765,7 +1829,7 @@ mod tests {
             ),
         ];
         let err = run(in_place(), script, |sink| async move {
-            sink.apply(&target(), res(3, 500, 512)).await
+            sink.apply(&target(), res(3, 250, 256)).await
         })
         .await
         .unwrap_err();
@@ -1803,7 +1867,7 @@ mod tests {
 
     #[tokio::test]
     async fn zero_values_are_refused_before_any_request() {
-        for desired in [res(0, 500, 512), res(2, 0, 512), res(2, 500, 0)] {
+        for desired in [res(0, 250, 256), res(2, 0, 256), res(2, 250, 0)] {
             let err = run(in_place(), vec![], |sink| async move {
                 sink.apply(&target(), desired).await
             })
@@ -1821,7 +1885,7 @@ mod tests {
         let mut d = default_deployment();
         d["spec"]["selector"] = json!({});
         let err = run(in_place(), vec![get(DEPLOY, 200, d)], |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap_err();
@@ -1843,7 +1907,7 @@ mod tests {
         let err = run(
             config,
             vec![get(DEPLOY, 200, default_deployment())],
-            |sink| async move { sink.apply(&target(), res(2, 750, 768)).await },
+            |sink| async move { sink.apply(&target(), res(2, 375, 384)).await },
         )
         .await
         .unwrap_err();
@@ -1856,7 +1920,8 @@ mod tests {
 
     #[tokio::test]
     async fn current_reads_the_pods_in_place_and_the_template_otherwise() {
-        let c = |cpu: &str, mem: &str| vec![app_container(cpu, mem, "100m", "128Mi")];
+        // The requests vary, the limits do not: the allocation in force is the requests.
+        let c = |cpu: &str, mem: &str| vec![app_container("4", "4Gi", cpu, mem)];
         let script = vec![
             get(DEPLOY, 200, deployment(3, c("500m", "512Mi"))),
             get(
@@ -1882,12 +1947,12 @@ mod tests {
         let mut a = pod("web-a", c("1", "1Gi"), "Running");
         a["status"]["containerStatuses"] = json!([{
             "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
-            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
         }]);
         let mut b = pod("web-b", c("1", "1Gi"), "Running");
         b["status"]["containerStatuses"] = json!([{
             "name": "app", "ready": true, "restartCount": 0, "image": "web", "imageID": "",
-            "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}
+            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
         }]);
         let script = vec![
             get(DEPLOY, 200, deployment(3, c("500m", "512Mi"))),
@@ -1935,11 +2000,11 @@ mod tests {
             ),
         ];
         let report = run(config, script, |sink| async move {
-            sink.apply(&target(), res(2, 750, 768)).await
+            sink.apply(&target(), res(2, 375, 384)).await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 750, 768));
+        assert_eq!(report.in_force, res(2, 375, 384));
     }
 
     /// The registration names the sidecar (the AwareAutoscaler's `containerPolicies`): the
@@ -1971,12 +2036,12 @@ mod tests {
             ),
         ];
         let report = run(config, script, |sink| async move {
-            sink.apply_with(&target(), res(2, 200, 128), Some("log-shipper"))
+            sink.apply_with(&target(), res(2, 100, 64), Some("log-shipper"))
                 .await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 200, 128));
+        assert_eq!(report.in_force, res(2, 100, 64));
     }
 
     /// In place: each live pod's named container is resized, the pod's other container is not
@@ -2006,13 +2071,13 @@ mod tests {
         let (current, report) = run(in_place(), script, |sink| async move {
             let current = sink.current_with(&target(), Some("log-shipper")).await;
             let report = sink
-                .apply_with(&target(), res(1, 200, 128), Some("log-shipper"))
+                .apply_with(&target(), res(1, 100, 64), Some("log-shipper"))
                 .await;
             (current, report)
         })
         .await;
-        assert_eq!(current.unwrap(), res(1, 100, 64));
-        assert_eq!(report.unwrap().in_force, res(1, 200, 128));
+        assert_eq!(current.unwrap(), res(1, 50, 32));
+        assert_eq!(report.unwrap().in_force, res(1, 100, 64));
     }
 
     /// A registered container the Deployment does not have: refused before anything is
@@ -2026,7 +2091,7 @@ mod tests {
         let (current, applied) = run(in_place(), script, |sink| async move {
             let current = sink.current_with(&target(), Some("sidecar")).await;
             let applied = sink
-                .apply_with(&target(), res(5, 750, 768), Some("sidecar"))
+                .apply_with(&target(), res(5, 375, 384), Some("sidecar"))
                 .await;
             (current, applied)
         })
@@ -2089,16 +2154,164 @@ mod tests {
         }
     }
 
+    fn container_with(resources: Value) -> Container {
+        serde_json::from_value(json!({"name": "app", "resources": resources})).unwrap()
+    }
+
+    const REQUESTS_ONLY: LimitsRule = LimitsRule {
+        policy: aware_mdp::LimitsPolicy {
+            controlled_values: aware_mdp::ControlledValues::RequestsOnly,
+            cpu_limit: aware_mdp::CpuLimit::Controlled,
+        },
+        latency_sensitive: false,
+    };
+
+    /// The patch carries the requests and the limits the policy derives from the container as
+    /// read: the ratio kept, limits kept, a removed limit as `null`, an absent one not mentioned.
     #[test]
-    fn requests_keep_the_request_to_limit_ratio() {
-        assert_eq!(scaled_request(Some(500), Some(250), 750), Some(375));
-        assert_eq!(scaled_request(Some(1000), Some(1000), 300), Some(300));
-        assert_eq!(scaled_request(Some(3), Some(1), 1000), Some(333));
-        // Request without a limit: kept, capped at the new limit.
-        assert_eq!(scaled_request(None, Some(800), 500), Some(500));
-        assert_eq!(scaled_request(None, Some(200), 500), Some(200));
-        // No request: none written (Kubernetes defaults it to the limit).
-        assert_eq!(scaled_request(Some(500), None, 750), None);
+    fn the_patch_writes_requests_and_the_policys_limits() {
+        let t = target();
+        let ratio_two = container_with(resources_body("500m", "512Mi", "250m", "256Mi"));
+        let desired = res(2, 300, 200);
+        assert_eq!(
+            resources_patch(&t, &ratio_two, desired, LimitsRule::default()).unwrap(),
+            resources_body("600m", "400Mi", "300m", "200Mi")
+        );
+        assert_eq!(
+            resources_patch(&t, &ratio_two, desired, REQUESTS_ONLY).unwrap(),
+            resources_body("500m", "512Mi", "300m", "200Mi")
+        );
+        let unset_if = LimitsRule {
+            policy: aware_mdp::LimitsPolicy {
+                cpu_limit: aware_mdp::CpuLimit::UnsetIfLatencySensitive,
+                ..aware_mdp::LimitsPolicy::default()
+            },
+            latency_sensitive: true,
+        };
+        assert_eq!(
+            resources_patch(&t, &ratio_two, desired, unset_if).unwrap(),
+            json!({"limits": {"cpu": null, "memory": "400Mi"}, "requests": {"cpu": "300m", "memory": "200Mi"}})
+        );
+        // Not latency-sensitive: the CPU limit stays.
+        let not_latency = LimitsRule {
+            latency_sensitive: false,
+            ..unset_if
+        };
+        assert_eq!(
+            resources_patch(&t, &ratio_two, desired, not_latency).unwrap(),
+            resources_body("600m", "400Mi", "300m", "200Mi")
+        );
+        // No CPU limit to remove, no memory limit to keep: only the requests.
+        let requests_only = container_with(json!({"requests": {"cpu": "250m", "memory": "256Mi"}}));
+        assert_eq!(
+            resources_patch(&t, &requests_only, desired, unset_if).unwrap(),
+            json!({"requests": {"cpu": "300m", "memory": "200Mi"}})
+        );
+        // Limits without requests: ratio 1 (Kubernetes defaults the request to the limit).
+        let limits_only = container_with(json!({"limits": {"cpu": "1", "memory": "1Gi"}}));
+        assert_eq!(
+            resources_patch(&t, &limits_only, desired, LimitsRule::default()).unwrap(),
+            resources_body("300m", "200Mi", "300m", "200Mi")
+        );
+        assert_eq!(requests_of(&t, &limits_only).unwrap(), (1000, 1024 * MIB));
+        // What the container already has is held: nothing to write.
+        let held = container_with(resources_body("600m", "400Mi", "300m", "200Mi"));
+        assert!(holds(&t, &held, desired, LimitsRule::default()).unwrap());
+        assert!(!holds(&t, &held, desired, unset_if).unwrap());
+        let unlimited_cpu = container_with(
+            json!({"limits": {"memory": "400Mi"}, "requests": {"cpu": "300m", "memory": "200Mi"}}),
+        );
+        assert!(holds(&t, &unlimited_cpu, desired, unset_if).unwrap());
+    }
+
+    /// Template-patch mode: the Deployment's container gets the decided requests and the
+    /// policy's limits (RequestsOnly with no CPU limit for a latency-sensitive target: the CPU
+    /// limit is removed, the memory limit kept).
+    #[tokio::test]
+    async fn template_patch_writes_requests_and_limits_by_the_policy() {
+        let rule = LimitsRule {
+            policy: aware_mdp::LimitsPolicy {
+                controlled_values: aware_mdp::ControlledValues::RequestsOnly,
+                cpu_limit: aware_mdp::CpuLimit::UnsetIfLatencySensitive,
+            },
+            latency_sensitive: true,
+        };
+        let written = json!({"limits": {"cpu": null, "memory": "512Mi"}, "requests": {"cpu": "400m", "memory": "384Mi"}});
+        let mut after_container = app_container("1", "512Mi", "400m", "384Mi");
+        after_container["resources"] =
+            json!({"limits": {"memory": "512Mi"}, "requests": {"cpu": "400m", "memory": "384Mi"}});
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            patch(
+                PATCH_DEPLOY,
+                STRATEGIC,
+                template_body("app", written),
+                200,
+                deployment(2, vec![after_container.clone()]),
+            ),
+            // Applied again: the Deployment holds it, nothing is written.
+            get(DEPLOY, 200, deployment(2, vec![after_container])),
+        ];
+        let (first, again) = run(template_mode(), script, |sink| async move {
+            let first = sink
+                .apply_limited(&target(), res(2, 400, 384), None, rule)
+                .await;
+            let again = sink
+                .apply_limited(&target(), res(2, 400, 384), None, rule)
+                .await;
+            (first, again)
+        })
+        .await;
+        assert_eq!(first.unwrap().in_force, res(2, 400, 384));
+        assert_eq!(again.unwrap().in_force, res(2, 400, 384));
+    }
+
+    /// In-place mode: every live pod is resized to the decided requests and the policy's limits
+    /// (RequestsAndLimits keeping the 1:2 ratio for memory, no CPU limit at all).
+    #[tokio::test]
+    async fn in_place_resize_writes_requests_and_limits_by_the_policy() {
+        let rule = LimitsRule {
+            policy: aware_mdp::LimitsPolicy {
+                controlled_values: aware_mdp::ControlledValues::RequestsAndLimits,
+                cpu_limit: aware_mdp::CpuLimit::Unset,
+            },
+            latency_sensitive: false,
+        };
+        let old = || vec![app_container("500m", "512Mi", "250m", "256Mi")];
+        let new_resources =
+            json!({"limits": {"memory": "768Mi"}, "requests": {"cpu": "300m", "memory": "384Mi"}});
+        let mut new_container = app_container("1", "1Gi", "1", "1Gi");
+        new_container["resources"] = new_resources;
+        let written = resize_body(
+            "app",
+            json!({"limits": {"cpu": null, "memory": "768Mi"}, "requests": {"cpu": "300m", "memory": "384Mi"}}),
+        );
+        let script = vec![
+            get(DEPLOY, 200, default_deployment()),
+            get(
+                PODS,
+                200,
+                pod_list(vec![
+                    pod("web-a", old(), "Running"),
+                    pod("web-b", vec![new_container.clone()], "Running"),
+                ]),
+            ),
+            patch(
+                &resize_uri("web-a"),
+                STRATEGIC,
+                written,
+                200,
+                pod("web-a", vec![new_container], "Running"),
+            ),
+        ];
+        let report = run(in_place(), script, |sink| async move {
+            sink.apply_limited(&target(), res(2, 300, 384), None, rule)
+                .await
+        })
+        .await
+        .unwrap();
+        assert_eq!(report.in_force, res(2, 300, 384));
+        assert!(report.notes.is_empty());
     }
 
     #[test]
@@ -2180,12 +2393,13 @@ mod tests {
         let report = run(in_place(), script, |sink| async move {
             let _slot = sink.slot().await;
             let state = sink.read(&target(), None).await.unwrap();
-            assert_eq!(state.in_force, res(2, 500, 512));
-            sink.apply_read(&target(), &state, res(3, 500, 512)).await
+            assert_eq!(state.in_force, res(2, 250, 256));
+            sink.apply_read(&target(), &state, res(3, 250, 256), LimitsRule::default())
+                .await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(3, 500, 512));
+        assert_eq!(report.in_force, res(3, 250, 256));
     }
 
     /// In template-patch mode no pod is listed, and the template patch applied from the
@@ -2205,12 +2419,13 @@ mod tests {
         ];
         let report = run(template_mode(), script, |sink| async move {
             let state = sink.read(&target(), None).await.unwrap();
-            assert_eq!(state.in_force, res(2, 500, 512));
-            sink.apply_read(&target(), &state, res(2, 1000, 1024)).await
+            assert_eq!(state.in_force, res(2, 250, 256));
+            sink.apply_read(&target(), &state, res(2, 500, 512), LimitsRule::default())
+                .await
         })
         .await
         .unwrap();
-        assert_eq!(report.in_force, res(2, 1000, 1024));
+        assert_eq!(report.in_force, res(2, 500, 512));
     }
 
     /// A burst of 12 calls with `max_concurrent_calls` 3 against an API server that takes 50 ms
@@ -2249,7 +2464,7 @@ mod tests {
         let read = futures::future::join_all(calls).await;
         assert_eq!(read.len(), 12);
         for r in read {
-            assert_eq!(r.unwrap(), res(2, 500, 512));
+            assert_eq!(r.unwrap(), res(2, 250, 256));
         }
         drop(sink);
         tokio::time::timeout(Duration::from_secs(5), server)
@@ -2272,10 +2487,10 @@ mod tests {
             let deploy = deployment(
                 i32::try_from(current.replicas).unwrap(),
                 vec![app_container(
+                    &format_cpu(current.cpu_millicores.saturating_mul(2)),
+                    &format_memory(current.memory_bytes.saturating_mul(2)),
                     &format_cpu(current.cpu_millicores),
                     &format_memory(current.memory_bytes),
-                    &format_cpu(current.cpu_millicores / 2),
-                    &format_memory(current.memory_bytes / 2),
                 )],
             );
             while let Some((request, send)) = handle.next_request().await {
@@ -2303,10 +2518,10 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
 
-        /// Whatever an `action` asks for (any integers, 0 and the maxima included) and whatever the
-        /// target's bounds, what reaches the API server after the guardrails is a well-formed
-        /// Kubernetes quantity inside the bounds: replicas in [min, max], CPU and memory limits in
-        /// [min, max], requests never above limits.
+        /// Whatever an `action` asks for (any integers, 0 and the maxima included), whatever the
+        /// target's bounds and limits policy, what reaches the API server after the guardrails is
+        /// a well-formed Kubernetes quantity: replicas and requests in [min, max] (a request only
+        /// below its min when a limit the policy keeps is lower), never a request above its limit.
         #[test]
         fn no_request_ever_leaves_the_bounds(
             min_r in 1u32..50, span_r in 0u32..200,
@@ -2314,6 +2529,7 @@ mod tests {
             min_m in 1u64..(8 * 1024 * MIB), span_m in 0u64..(256 * 1024 * MIB),
             cur in (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>()),
             req in (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>()),
+            only in proptest::prelude::any::<bool>(), cpu_rule in 0usize..3, latency in proptest::prelude::any::<bool>(),
         ) {
             use crate::guardrails::{GuardState, GuardrailConfig, Guardrails, StepId};
             let bounds = aware_shared::spec::Bounds {
@@ -2326,36 +2542,52 @@ mod tests {
             };
             let mut spec = aware_shared::spec::TargetSpec::new(&target());
             spec.bounds = bounds;
+            spec.slo.latency_p99_ms = latency.then_some(200.0);
+            spec.limits = aware_mdp::LimitsPolicy {
+                controlled_values: if only {
+                    aware_mdp::ControlledValues::RequestsOnly
+                } else {
+                    aware_mdp::ControlledValues::RequestsAndLimits
+                },
+                cpu_limit: [
+                    aware_mdp::CpuLimit::Controlled,
+                    aware_mdp::CpuLimit::UnsetIfLatencySensitive,
+                    aware_mdp::CpuLimit::Unset,
+                ][cpu_rule],
+            };
             // The workload runs somewhere in its bounds (the controller refuses bounds that exclude
-            // the current allocation).
+            // the current allocation), with limits twice its requests.
             let current = Resources {
                 replicas: min_r + cur.0 % (span_r + 1),
                 cpu_millicores: min_c + cur.1 % (span_c + 1),
                 memory_bytes: min_m + cur.2 % (span_m + 1),
             };
+            let container = aware_mdp::ContainerResources {
+                cpu_request_millicores: Some(current.cpu_millicores),
+                cpu_limit_millicores: Some(current.cpu_millicores * 2),
+                memory_request_bytes: Some(current.memory_bytes),
+                memory_limit_bytes: Some(current.memory_bytes * 2),
+            };
             let requested = Resources { replicas: req.0, cpu_millicores: req.1, memory_bytes: req.2 };
             let guards = Guardrails::new(GuardrailConfig::default()).unwrap();
-            let d = guards.decide(&spec, &GuardState::default(), current, StepId { episode: 0, step: 1 }, requested, 1);
-            proptest::prop_assert!(bounds.clamp_dimensions(d.applied).1.is_empty(), "guarded {:?} outside {:?}", d.applied, bounds);
+            let d = guards.decide_within(&spec, &GuardState::default(), current, StepId { episode: 0, step: 1 }, requested, 1, &container);
+            let (_, out) = bounds.clamp_dimensions(d.applied);
+            proptest::prop_assert!(out.iter().all(|dim| d.clamped.iter().any(|c| c == dim)), "guarded {:?} outside {:?} unexplained", d.applied, bounds);
+            if !only {
+                proptest::prop_assert!(out.is_empty(), "guarded {:?} outside {:?}", d.applied, bounds);
+            }
             if !d.changes(&current) {
                 return Ok(());
             }
+            let rule = crate::sink::LimitsRule::of(&spec);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let seen = rt.block_on(async {
                 let (client, server) = serve_accepting(current);
                 let sink = KubernetesSink::new(client, template_mode()).unwrap();
-                sink.apply(&target(), d.applied).await.unwrap();
+                sink.apply_limited(&target(), d.applied, None, rule).await.unwrap();
                 drop(sink);
                 server.await.unwrap()
             });
-            let in_bounds_cpu = |q: &Value| {
-                let m = aware_shared::quantity::parse_cpu_millicores(q.as_str().unwrap()).unwrap();
-                (bounds.min_cpu_millicores..=bounds.max_cpu_millicores).contains(&m)
-            };
-            let in_bounds_mem = |q: &Value| {
-                let b = aware_shared::quantity::parse_memory_bytes(q.as_str().unwrap()).unwrap();
-                (bounds.min_memory_bytes..=bounds.max_memory_bytes).contains(&b)
-            };
             let mut writes = 0;
             for (method, uri, body) in &seen {
                 let text = body.to_string();
@@ -2369,12 +2601,16 @@ mod tests {
                     proptest::prop_assert!((u64::from(bounds.min_replicas)..=u64::from(bounds.max_replicas)).contains(&r), "replicas {r}");
                 } else {
                     let res = &body["spec"]["template"]["spec"]["containers"][0]["resources"];
-                    proptest::prop_assert!(in_bounds_cpu(&res["limits"]["cpu"]), "{res}");
-                    proptest::prop_assert!(in_bounds_mem(&res["limits"]["memory"]), "{res}");
                     let req_cpu = aware_shared::quantity::parse_cpu_millicores(res["requests"]["cpu"].as_str().unwrap()).unwrap();
-                    let lim_cpu = aware_shared::quantity::parse_cpu_millicores(res["limits"]["cpu"].as_str().unwrap()).unwrap();
-                    proptest::prop_assert!(req_cpu <= lim_cpu, "{res}");
                     let req_m = aware_shared::quantity::parse_memory_bytes(res["requests"]["memory"].as_str().unwrap()).unwrap();
+                    proptest::prop_assert_eq!((req_cpu, req_m), (d.applied.cpu_millicores, d.applied.memory_bytes), "{}", res);
+                    match res["limits"]["cpu"].as_str() {
+                        Some(l) => {
+                            let lim_cpu = aware_shared::quantity::parse_cpu_millicores(l).unwrap();
+                            proptest::prop_assert!(req_cpu <= lim_cpu, "{res}");
+                        }
+                        None => proptest::prop_assert!(spec.limits.unsets_cpu_limit(latency), "{res}"),
+                    }
                     let lim_m = aware_shared::quantity::parse_memory_bytes(res["limits"]["memory"].as_str().unwrap()).unwrap();
                     proptest::prop_assert!(req_m <= lim_m, "{res}");
                 }

@@ -11,7 +11,8 @@
 //!         -> BoxFuture<'a, Result<Resources, SinkError>> {
 //!         Box::pin(async move { /* read the allocation in force */ })
 //!     }
-//!     fn apply_with<'a>(&'a self, target: &'a Target, desired: Resources, container: Option<&'a str>)
+//!     fn apply_limited<'a>(&'a self, target: &'a Target, desired: Resources,
+//!         container: Option<&'a str>, rule: LimitsRule)
 //!         -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
 //!         Box::pin(async move {
 //!             validate_desired(target, &desired)?;
@@ -27,6 +28,8 @@
 pub mod kubernetes;
 
 use aware_bus_schemas::{Resources, Target};
+use aware_mdp::{ContainerResources, LimitsPolicy, Resolved};
+use aware_shared::spec::TargetSpec;
 use futures::future::BoxFuture;
 use thiserror::Error;
 
@@ -47,15 +50,28 @@ pub trait Sink: Send + Sync {
         container: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Resources, SinkError>>;
 
-    /// Applies `desired` (already within the target's bounds and guardrails) to `target` (its
-    /// `container` as in [`Sink::current_with`]); returns the allocation in force afterwards and
-    /// notes on how it was applied. Idempotent: applying the allocation in force changes nothing.
+    /// Applies `desired` (the requests, already within the target's bounds and guardrails) to
+    /// `target` (its `container` as in [`Sink::current_with`]), with the limits `rule` derives
+    /// from them; returns the allocation in force afterwards and notes on how it was applied.
+    /// Idempotent: applying the allocation in force changes nothing.
+    fn apply_limited<'a>(
+        &'a self,
+        target: &'a Target,
+        desired: Resources,
+        container: Option<&'a str>,
+        rule: LimitsRule,
+    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>>;
+
+    /// [`Sink::apply_limited`] with the default limits policy (limits keep the container's
+    /// limit:request ratio).
     fn apply_with<'a>(
         &'a self,
         target: &'a Target,
         desired: Resources,
         container: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>>;
+    ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
+        self.apply_limited(target, desired, container, LimitsRule::default())
+    }
 
     /// [`Sink::current_with`] with no registered container (the sink's configured choice).
     fn current<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Resources, SinkError>> {
@@ -69,6 +85,31 @@ pub trait Sink: Send + Sync {
         desired: Resources,
     ) -> BoxFuture<'a, Result<ApplyReport, SinkError>> {
         self.apply_with(target, desired, None)
+    }
+}
+
+/// How a sink derives a target's limits from the requests it applies: the target's
+/// [`LimitsPolicy`] and whether the target is latency-sensitive (its SLO has a latency
+/// objective).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitsRule {
+    pub policy: LimitsPolicy,
+    pub latency_sensitive: bool,
+}
+
+impl LimitsRule {
+    /// The rule of a target's spec.
+    pub fn of(spec: &TargetSpec) -> Self {
+        LimitsRule {
+            policy: spec.limits,
+            latency_sensitive: spec.slo.latency_sensitive(),
+        }
+    }
+
+    /// The requests and limits to write for `desired`, given the container as read
+    /// ([`LimitsPolicy::resolve`]).
+    pub fn resolve(&self, desired: Resources, now: &ContainerResources) -> Resolved {
+        self.policy.resolve(desired, now, self.latency_sensitive)
     }
 }
 
