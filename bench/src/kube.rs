@@ -697,7 +697,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The sample `obs` and `action` of the schemas, for step `step` of `bench/<name>` asking for
-/// `replicas` at the Deployment's per-replica limits.
+/// `replicas` at the Deployment's per-replica requests (the action sets requests; the limits follow
+/// the target's limits policy).
 fn step_events(name: &str, step: u32, replicas: u32) -> Result<(Event, Event), BenchError> {
     let samples = aware_bus_schemas::generated::samples();
     let action = samples.iter().find(|e| e.kind() == EventKind::Action);
@@ -714,8 +715,8 @@ fn step_events(name: &str, step: u32, replicas: u32) -> Result<(Event, Event), B
     a.ts_ms = ts;
     a.desired = Resources {
         replicas,
-        cpu_millicores: 500,
-        memory_bytes: 256 * MIB,
+        cpu_millicores: 250,
+        memory_bytes: 128 * MIB,
     };
     let mut o = o;
     o.target = t;
