@@ -101,12 +101,19 @@ struct SimArgs {
     /// Steps to run.
     #[arg(long, default_value_t = 100)]
     steps: u64,
-    /// Policy: hold, random, hpa, oracle.
+    /// Policy: hold, random, hpa, oracle (the paper's reward), oracle-cheapest (per step the
+    /// cheapest allocation meeting the SLO given the true load).
     #[arg(long, default_value = "hold")]
     policy: String,
     /// HPA target CPU utilization (policy hpa).
     #[arg(long, default_value_t = 0.7)]
     target_cpu_util: f64,
+    /// Price of a core-hour (policy oracle-cheapest; default: AWS Fargate on-demand, us-east-1).
+    #[arg(long)]
+    core_price: Option<f64>,
+    /// Price of a GiB-hour (policy oracle-cheapest; default: AWS Fargate on-demand, us-east-1).
+    #[arg(long)]
+    gib_price: Option<f64>,
     /// Also compute the oracle's bound along the trajectory.
     #[arg(long)]
     with_oracle: bool,
@@ -195,17 +202,44 @@ fn watch(subject: &str, limit: Option<usize>, config: &ConfigArgs) -> anyhow::Re
     })
 }
 
-fn sim(args: SimArgs) -> anyhow::Result<()> {
-    use aware_loadgen::run::{run_sim, AppSource, PolicySpec, RunSimOptions};
-    let policy = match args.policy.as_str() {
+/// The policy `aware sim` runs, from its flags.
+fn sim_policy(args: &SimArgs) -> anyhow::Result<aware_loadgen::run::PolicySpec> {
+    use aware_loadgen::run::PolicySpec;
+    if (args.core_price.is_some() || args.gib_price.is_some()) && args.policy != "oracle-cheapest" {
+        bail!("--core-price and --gib-price apply to --policy oracle-cheapest only");
+    }
+    Ok(match args.policy.as_str() {
         "hold" => PolicySpec::Hold,
         "random" => PolicySpec::Random { seed: args.seed },
         "hpa" => PolicySpec::Hpa {
             target_cpu_util: args.target_cpu_util,
         },
         "oracle" => PolicySpec::Oracle,
-        other => bail!("unknown policy `{other}`; expected hold, random, hpa or oracle"),
-    };
+        "oracle-cheapest" => {
+            let d = aware_loadgen::oracle::Prices::default();
+            let prices = aware_loadgen::oracle::Prices {
+                core_hour: args.core_price.unwrap_or(d.core_hour),
+                gib_hour: args.gib_price.unwrap_or(d.gib_hour),
+            };
+            for (flag, p) in [
+                ("--core-price", prices.core_hour),
+                ("--gib-price", prices.gib_hour),
+            ] {
+                if !(p.is_finite() && p >= 0.0) {
+                    bail!("{flag} {p} must be a price ≥ 0");
+                }
+            }
+            PolicySpec::OracleCheapest { prices }
+        }
+        other => {
+            bail!("unknown policy `{other}`; expected hold, random, hpa, oracle or oracle-cheapest")
+        }
+    })
+}
+
+fn sim(args: SimArgs) -> anyhow::Result<()> {
+    use aware_loadgen::run::{run_sim, AppSource, RunSimOptions};
+    let policy = sim_policy(&args)?;
     let opts = RunSimOptions {
         apps: match args.app_file {
             Some(path) => AppSource::File { path },
@@ -365,6 +399,54 @@ mod tests {
             ),
             _ => unreachable!(),
         }
+    }
+
+    /// `aware sim --policy oracle-cheapest` runs the SLO-constrained oracle at the default
+    /// prices or the ones given; prices are refused when negative, not finite, or given to
+    /// another policy.
+    #[test]
+    fn sim_selects_the_slo_constrained_oracle_and_checks_its_prices() {
+        use aware_loadgen::oracle::Prices;
+        use aware_loadgen::run::PolicySpec;
+        let sim = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["aware", "sim"].iter().chain(args)).unwrap();
+            let Command::Sim(a) = cli.command else {
+                unreachable!()
+            };
+            sim_policy(&a).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            sim(&["--policy", "oracle-cheapest"]).unwrap(),
+            PolicySpec::OracleCheapest {
+                prices: Prices::default()
+            }
+        );
+        assert_eq!(
+            sim(&[
+                "--policy",
+                "oracle-cheapest",
+                "--core-price",
+                "1",
+                "--gib-price",
+                "0"
+            ])
+            .unwrap(),
+            PolicySpec::OracleCheapest {
+                prices: Prices {
+                    core_hour: 1.0,
+                    gib_hour: 0.0
+                }
+            }
+        );
+        let e = sim(&["--policy", "oracle-cheapest", "--gib-price=-1"]).unwrap_err();
+        assert!(e.contains("--gib-price -1"), "{e}");
+        let e = sim(&["--policy", "oracle-cheapest", "--core-price", "NaN"]).unwrap_err();
+        assert!(e.contains("--core-price NaN"), "{e}");
+        let e = sim(&["--policy", "hpa", "--core-price", "1"]).unwrap_err();
+        assert!(e.contains("oracle-cheapest only"), "{e}");
+        let e = sim(&["--policy", "cheapest"]).unwrap_err();
+        assert!(e.contains("oracle-cheapest"), "{e}");
+        assert_eq!(sim(&["--policy", "oracle"]).unwrap(), PolicySpec::Oracle);
     }
 
     /// Without flags, the benches run the services' retraining defaults; 0 turns them off.
