@@ -454,7 +454,7 @@ pub struct RegisteredSpec {
     /// How the limits follow the requested allocation: `controlled_values` (`RequestsAndLimits`:
     /// limits keep the workload's limit:request ratio; `RequestsOnly`: limits stay as the workload
     /// has them) and `cpu_limit` (`Controlled`, `UnsetIfLatencySensitive`, `Unset`). Absent = the
-    /// default policy (`RequestsAndLimits`, `Controlled`). Added to `target/1` without a version
+    /// default policy (`RequestsAndLimits`, `UnsetIfLatencySensitive`). Added to `target/1` without a version
     /// bump, like `container`: a registration without it reads as absent, a reader that does not
     /// know it ignores it, and it is left out of the encoding when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -105,6 +105,10 @@ pub struct Sizing {
     /// Working set at which it is OOM-killed, bytes: its memory limit, else
     /// `mem_request × (1 + burst_headroom)`.
     pub mem: f64,
+    /// `cpu` is a CPU limit (the container has one).
+    pub cpu_limited: bool,
+    /// `mem` is a memory limit (the container has one).
+    pub mem_limited: bool,
 }
 
 /// Aggregated per-request costs of an app's segment chain.
@@ -210,6 +214,10 @@ pub struct Replica {
     pub cpu_request: f64,
     /// Memory request, bytes.
     pub mem_request: f64,
+    /// `cpu` is a CPU limit (the container has one); else the request plus the headroom.
+    pub cpu_limited: bool,
+    /// `mem` is a memory limit (the container has one).
+    pub mem_limited: bool,
     /// Pending rolling restart: (the new pod's sizing, time it is ready).
     pub pending: Option<(Sizing, f64)>,
     /// Cumulative CPU seconds used (for `container_cpu_usage_seconds_total`).
@@ -456,6 +464,8 @@ impl TargetSim {
                 Some(l) => l as f64,
                 None => mem_request * burst,
             },
+            cpu_limited: r.limits.cpu_millicores.is_some(),
+            mem_limited: r.limits.memory_bytes.is_some(),
         };
         (req, sizing)
     }
@@ -469,6 +479,8 @@ impl TargetSim {
             mem: s.mem,
             cpu_request: s.cpu_request,
             mem_request: s.mem_request,
+            cpu_limited: s.cpu_limited,
+            mem_limited: s.mem_limited,
             pending: None,
             cpu_seconds_total: 0.0,
             working_set: 0.0,
@@ -885,6 +897,8 @@ impl Replica {
         self.mem = s.mem;
         self.cpu_request = s.cpu_request;
         self.mem_request = s.mem_request;
+        self.cpu_limited = s.cpu_limited;
+        self.mem_limited = s.mem_limited;
     }
 }
 
@@ -1109,10 +1123,11 @@ mod tests {
         t
     }
 
-    /// Limits equal to requests (the default policy on the simulator's Guaranteed template)
-    /// reproduce the model before requests and limits were told apart, bit for bit, whatever
-    /// the burst headroom (it only matters without a limit); so does a replica without a CPU
-    /// limit at the default headroom of 0.
+    /// Limits equal to requests (`RequestsAndLimits` with the CPU limit controlled, on the
+    /// simulator's Guaranteed template) reproduce the model before requests and limits were told
+    /// apart, bit for bit, whatever the burst headroom (it only matters without a limit); so
+    /// does a replica without a CPU limit at the default headroom of 0, hence the default policy
+    /// (no CPU limit for a latency-sensitive app).
     #[test]
     fn limits_equal_to_requests_reproduce_the_allocation_as_limits() {
         use aware_mdp::CpuLimit;
@@ -1135,8 +1150,9 @@ mod tests {
                     })
                     .collect::<Vec<_>>()
             };
-            let default = run(LimitsPolicy::default(), 0.0);
-            assert_eq!(default, run(LimitsPolicy::default(), 0.75));
+            let default = run(policy(false, CpuLimit::Controlled), 0.0);
+            assert_eq!(default, run(policy(false, CpuLimit::Controlled), 0.75));
+            assert_eq!(default, run(LimitsPolicy::default(), 0.0));
             assert_eq!(default, run(policy(false, CpuLimit::Unset), 0.0));
             assert_eq!(
                 default,

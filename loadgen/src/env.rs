@@ -552,9 +552,11 @@ mod tests {
         let apps = generate_apps(3, 5, &GeneratorOptions::default());
         let initial: Vec<Allocation> = apps.iter().map(|a| a.initial).collect();
         let cfg = SimConfig {
+            // every limit kept as the template has it (the default would drop the CPU limit
+            // of the latency-sensitive apps, and with it the cap on their CPU request)
             limits: LimitsPolicy {
                 controlled_values: aware_mdp::ControlledValues::RequestsOnly,
-                ..LimitsPolicy::default()
+                cpu_limit: aware_mdp::CpuLimit::Controlled,
             },
             ..SimConfig::default()
         };

@@ -10,7 +10,9 @@
 //! [`serve_metrics`] exposes `GET /metrics` in the Prometheus text format with
 //! `container_cpu_usage_seconds_total`, `container_memory_working_set_bytes`,
 //! `container_spec_cpu_quota`, `container_spec_cpu_period`, `container_spec_memory_limit_bytes`,
-//! `kube_pod_container_status_restarts_total` (per pod), `kube_deployment_status_replicas`,
+//! `kube_pod_container_status_restarts_total`, `kube_pod_container_resource_requests`,
+//! `kube_pod_container_resource_limits` (per pod; the limit series only for limits the container
+//! has), `kube_deployment_status_replicas`,
 //! `kube_deployment_status_replicas_available`, `kube_deployment_spec_replicas` (per Deployment)
 //! and, per Deployment, the application's request metrics under the names the Prometheus client
 //! libraries give them, which the collector's Prometheus source reads: the counter
@@ -259,43 +261,45 @@ pub fn render_metrics(env: &SimEnv) -> String {
     let header = |s: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
-    type PodFn = fn(&crate::cluster::Replica) -> f64;
+    // `None`: the series does not exist for that pod (cAdvisor has no quota for a container
+    // without a CPU limit, no memory limit series without one).
+    type PodFn = fn(&crate::cluster::Replica) -> Option<f64>;
     let pod_metrics: [(&str, &str, &str, PodFn); 6] = [
         (
             "container_cpu_usage_seconds_total",
             "counter",
             "Cumulative cpu time consumed in seconds.",
-            |r| r.cpu_seconds_total,
+            |r| Some(r.cpu_seconds_total),
         ),
         (
             "container_memory_working_set_bytes",
             "gauge",
             "Current working set in bytes.",
-            |r| r.working_set,
+            |r| Some(r.working_set),
         ),
         (
             "container_spec_cpu_quota",
             "gauge",
             "CPU quota of the container (microseconds per period).",
-            |r| (r.cpu * 100_000.0).round(),
+            |r| r.cpu_limited.then(|| (r.cpu * 100_000.0).round()),
         ),
         (
             "container_spec_cpu_period",
             "gauge",
             "CPU period of the container (microseconds).",
-            |_| 100_000.0,
+            |r| r.cpu_limited.then_some(100_000.0),
         ),
         (
             "container_spec_memory_limit_bytes",
             "gauge",
             "Memory limit for the container.",
-            |r| r.mem,
+            |r| r.mem_limited.then_some(r.mem),
         ),
         (
             "kube_pod_container_status_restarts_total",
             "counter",
             "The number of container restarts per container.",
-            |r| f64::from(r.restarts),
+            |r| Some(f64::from(r.restarts)),
         ),
     ];
     for (name, kind, help, f) in pod_metrics {
@@ -303,12 +307,56 @@ pub fn render_metrics(env: &SimEnv) -> String {
         for (t, r) in env.targets().iter().zip(env.target_refs()) {
             let (ns, dep) = (esc(&r.namespace), esc(&r.name));
             for p in t.replicas() {
-                let _ = writeln!(
-                    s,
-                    "{name}{{namespace=\"{ns}\",pod=\"{dep}-{:05}\",container=\"{dep}\"}} {}",
-                    p.id,
-                    f(p)
-                );
+                if let Some(v) = f(p) {
+                    let _ = writeln!(
+                        s,
+                        "{name}{{namespace=\"{ns}\",pod=\"{dep}-{:05}\",container=\"{dep}\"}} {v}",
+                        p.id,
+                    );
+                }
+            }
+        }
+    }
+    // kube-state-metrics' per-container requests and limits, with its `resource` and `unit`
+    // labels; a limit the container does not have has no series.
+    type ResourceFn =
+        fn(&crate::cluster::Replica) -> [(&'static str, &'static str, Option<f64>); 2];
+    let resource_metrics: [(&str, &str, ResourceFn); 2] = [
+        (
+            "kube_pod_container_resource_requests",
+            "The number of requested request resource by a container.",
+            |r| {
+                [
+                    ("cpu", "core", Some(r.cpu_request)),
+                    ("memory", "byte", Some(r.mem_request)),
+                ]
+            },
+        ),
+        (
+            "kube_pod_container_resource_limits",
+            "The number of requested limit resource by a container.",
+            |r| {
+                [
+                    ("cpu", "core", r.cpu_limited.then_some(r.cpu)),
+                    ("memory", "byte", r.mem_limited.then_some(r.mem)),
+                ]
+            },
+        ),
+    ];
+    for (name, help, f) in resource_metrics {
+        header(&mut s, name, "gauge", help);
+        for (t, r) in env.targets().iter().zip(env.target_refs()) {
+            let (ns, dep) = (esc(&r.namespace), esc(&r.name));
+            for p in t.replicas() {
+                for (resource, unit, v) in f(p) {
+                    if let Some(v) = v {
+                        let _ = writeln!(
+                            s,
+                            "{name}{{namespace=\"{ns}\",pod=\"{dep}-{:05}\",container=\"{dep}\",resource=\"{resource}\",unit=\"{unit}\"}} {v}",
+                            p.id,
+                        );
+                    }
+                }
             }
         }
     }
@@ -463,7 +511,6 @@ mod tests {
         for m in [
             "container_cpu_usage_seconds_total{",
             "container_memory_working_set_bytes{",
-            "container_spec_cpu_quota{",
             "container_spec_memory_limit_bytes{",
             "kube_deployment_status_replicas{",
             "http_requests_total{",
@@ -473,6 +520,50 @@ mod tests {
         ] {
             assert!(text.contains(m), "missing {m}");
         }
+        // every pod has its requests; a CPU quota and limit only without a latency objective
+        // (the default limits policy drops the CPU limit of a latency-sensitive app)
+        let apps = generate_apps(2, 5, &GeneratorOptions::default());
+        let mut kinds = std::collections::HashSet::new();
+        for (app, r) in apps.iter().zip(h.target_refs().unwrap()) {
+            let pod = format!("{{namespace=\"sim\",pod=\"{}-", r.name);
+            let series = |metric: &str, extra: &str| {
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("{metric}{pod}")) && l.contains(extra))
+                    .count()
+            };
+            let pods = series("container_memory_working_set_bytes", "");
+            assert!(pods > 0);
+            for resource in [
+                "resource=\"cpu\",unit=\"core\"",
+                "resource=\"memory\",unit=\"byte\"",
+            ] {
+                assert_eq!(
+                    series("kube_pod_container_resource_requests", resource),
+                    pods
+                );
+            }
+            let limited = !app.slo.latency_sensitive();
+            kinds.insert(limited);
+            let cpu_limits = if limited { pods } else { 0 };
+            assert_eq!(
+                series("container_spec_cpu_quota", ""),
+                cpu_limits,
+                "{}",
+                r.name
+            );
+            assert_eq!(
+                series("kube_pod_container_resource_limits", "resource=\"cpu\""),
+                cpu_limits
+            );
+            assert_eq!(
+                series("kube_pod_container_resource_limits", "resource=\"memory\""),
+                pods
+            );
+        }
+        assert!(
+            kinds.contains(&false),
+            "no latency-sensitive app in the sample"
+        );
         // the first target scaled up by 4 replicas
         assert!(text.contains(&format!(
             "kube_deployment_spec_replicas{{namespace=\"sim\",deployment=\"{name}\"}} {}",

@@ -13,8 +13,8 @@
 //!   request above such a limit is capped at it: Kubernetes refuses a pod whose request exceeds
 //!   its limit.
 //!
-//! The CPU limit has its own rule ([`CpuLimit`]): follow `controlled_values` (the default), none
-//! for a latency-sensitive target, or none at all. A target is **latency-sensitive** when its SLO
+//! The CPU limit has its own rule ([`CpuLimit`]): follow `controlled_values`, none for a
+//! latency-sensitive target (the default), or none at all. A target is **latency-sensitive** when its SLO
 //! has a latency objective (`slo.latency_p99_ms`): a CPU limit is enforced by the CFS quota per
 //! 100 ms period, so a burst of requests that uses the period's quota early waits for the next
 //! period even when the mean usage is far below the limit — the delay lands in the tail latency
@@ -45,10 +45,10 @@ pub enum ControlledValues {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum CpuLimit {
     /// As `controlled_values` says for every resource.
-    #[default]
     Controlled,
     /// No CPU limit for a latency-sensitive target (an SLO with a latency objective); otherwise
-    /// as `Controlled`.
+    /// as `Controlled`. The default.
+    #[default]
     UnsetIfLatencySensitive,
     /// Never a CPU limit (an existing one is removed).
     Unset,
@@ -250,10 +250,17 @@ mod tests {
         cpu_limit: CpuLimit::Controlled,
     };
 
-    /// The default keeps a Guaranteed container Guaranteed: limits equal the requests.
+    /// The default keeps a Guaranteed container's limits equal to its requests, except the CPU
+    /// limit of a latency-sensitive target, which it removes.
     #[test]
-    fn the_default_on_a_guaranteed_container_sets_limits_to_the_requests() {
-        assert_eq!(LimitsPolicy::default(), RL);
+    fn the_default_on_a_guaranteed_container_sets_limits_to_the_requests_but_frees_latency_cpu() {
+        assert_eq!(
+            LimitsPolicy::default(),
+            LimitsPolicy {
+                cpu_limit: CpuLimit::UnsetIfLatencySensitive,
+                ..RL
+            }
+        );
         let now = ContainerResources::guaranteed(&alloc(1000, 1024));
         for latency in [false, true] {
             let r = LimitsPolicy::default().resolve(alloc(700, 300), &now, latency);
@@ -261,7 +268,7 @@ mod tests {
             assert_eq!(
                 r.limits,
                 Limits {
-                    cpu_millicores: Some(700),
+                    cpu_millicores: (!latency).then_some(700),
                     memory_bytes: Some(300 * MIB)
                 }
             );

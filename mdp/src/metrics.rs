@@ -14,8 +14,9 @@ pub struct RawMetrics {
     pub replicas: u32,
     pub ready_replicas: u32,
     /// CPU per replica of the allocation in force, cores: what the agent sets, the request (the
-    /// simulator reports the request; the collector's Prometheus source reads the CPU limit,
-    /// equal to it with limits equal to requests).
+    /// simulator reports it; the collector's Prometheus source reads kube-state-metrics'
+    /// `kube_pod_container_resource_requests`). The name is the wire field's, from when the
+    /// allocation was the limit.
     pub cpu_limit_cores: f64,
     /// Memory per replica of the allocation in force, bytes (as `cpu_limit_cores`).
     pub memory_limit_bytes: f64,

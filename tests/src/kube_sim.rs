@@ -48,16 +48,19 @@ pub struct Reading {
     pub generation: Option<i64>,
     /// `spec.replicas` and the managed container's requests.
     pub allocation: Resources,
-    /// The managed container's limits (CPU millicores, memory bytes), when both are set.
-    pub limits: Option<(u32, u64)>,
+    /// The managed container's limits.
+    pub limits: ContainerLimits,
 }
+
+/// A container's limits (CPU millicores, memory bytes), each `None` when unset.
+pub type ContainerLimits = (Option<u32>, Option<u64>);
 
 /// `spec.replicas` (1 when unset, the API's default) with the requests, and the limits, of
 /// container `container` of a Deployment's pod template. A request missing is its limit.
 pub fn allocation_of(
     d: &Deployment,
     container: &str,
-) -> Result<(Resources, Option<(u32, u64)>), BridgeError> {
+) -> Result<(Resources, ContainerLimits), BridgeError> {
     let target = format!(
         "{}/{}",
         d.metadata.namespace.as_deref().unwrap_or_default(),
@@ -77,19 +80,17 @@ pub fn allocation_of(
         .and_then(|s| s.containers.iter().find(|c| c.name == container))
         .ok_or_else(|| bad(format!("no container `{container}` in the pod template")))?;
     let r = c.resources.clone().unwrap_or_default();
-    let pair = |m: &Option<
-        BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >|
-     -> Result<Option<(u32, u64)>, BridgeError> {
-        let Some(m) = m else { return Ok(None) };
-        let (Some(cpu), Some(mem)) = (m.get("cpu"), m.get("memory")) else {
+    let limit = |key: &str| -> Result<Option<u64>, BridgeError> {
+        let Some(q) = r.limits.as_ref().and_then(|m| m.get(key)) else {
             return Ok(None);
         };
-        let cpu = aware_shared::quantity::parse_cpu_millicores(&cpu.0)
-            .map_err(|e| bad(format!("cpu `{}`: {e}", cpu.0)))?;
-        let mem = aware_shared::quantity::parse_memory_bytes(&mem.0)
-            .map_err(|e| bad(format!("memory `{}`: {e}", mem.0)))?;
-        Ok(Some((cpu, mem)))
+        let v = if key == "cpu" {
+            aware_shared::quantity::parse_cpu_millicores(&q.0).map(u64::from)
+        } else {
+            aware_shared::quantity::parse_memory_bytes(&q.0)
+        };
+        v.map(Some)
+            .map_err(|e| bad(format!("{key} limit `{}`: {e}", q.0)))
     };
     let one = |key: &str| -> Result<Option<u64>, BridgeError> {
         let q = r
@@ -117,7 +118,10 @@ pub fn allocation_of(
             cpu_millicores: u32::try_from(cpu).unwrap_or(u32::MAX),
             memory_bytes,
         },
-        pair(&r.limits)?,
+        (
+            limit("cpu")?.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+            limit("memory")?,
+        ),
     ))
 }
 
@@ -307,7 +311,7 @@ mod tests {
                 memory_bytes: 512 << 20
             }
         );
-        assert_eq!(limits, Some((1500, 1 << 30)));
+        assert_eq!(limits, (Some(1500), Some(1 << 30)));
         // Unset replicas: the API's default of 1; no requests: the limits are the requests.
         let d = deployment(
             None,
@@ -315,7 +319,7 @@ mod tests {
         );
         let (a, limits) = allocation_of(&d, "app").unwrap();
         assert_eq!((a.replicas, a.cpu_millicores), (1, 2000));
-        assert_eq!(limits, Some((2000, 256 << 20)));
+        assert_eq!(limits, (Some(2000), Some(256 << 20)));
         // Requests without limits.
         let d = deployment(
             Some(2),
@@ -323,7 +327,7 @@ mod tests {
         );
         let (a, limits) = allocation_of(&d, "app").unwrap();
         assert_eq!((a.cpu_millicores, a.memory_bytes), (1000, 1 << 30));
-        assert_eq!(limits, None);
+        assert_eq!(limits, (None, None));
     }
 
     #[test]

@@ -221,9 +221,9 @@ pub struct ContainerPolicy {
     /// request is then capped at its limit).
     #[serde(default)]
     pub controlled_values: ControlledValues,
-    /// The CPU limit: `Controlled` (default) as `controlledValues` says; `UnsetIfLatencySensitive`
-    /// removes it when `spec.slo` has `latencyP99Ms` (the CFS quota throttles bursts into the
-    /// tail latency); `Unset` always removes it.
+    /// The CPU limit: `Controlled` as `controlledValues` says; `UnsetIfLatencySensitive`
+    /// (default) removes it when `spec.slo` has `latencyP99Ms` (the CFS quota throttles bursts
+    /// into the tail latency); `Unset` always removes it.
     #[serde(default)]
     pub cpu_limit: CpuLimit,
 }
@@ -239,8 +239,8 @@ pub enum ControlledValues {
 /// What happens to the CPU limit.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CpuLimit {
-    #[default]
     Controlled,
+    #[default]
     UnsetIfLatencySensitive,
     Unset,
 }

@@ -15,10 +15,10 @@
 //! |---|---|
 //! | `cpu_usage_cores` | increase of `container_cpu_usage_seconds_total{$pod}` over the window / `$window_s` |
 //! | `memory_working_set_bytes` | `sum(container_memory_working_set_bytes{$pod})` |
-//! | `cpu_limit_cores` | `avg(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})` |
-//! | `cpu_limit_total_cores` | the same with `sum` |
-//! | `memory_limit_bytes` | `avg(container_spec_memory_limit_bytes{$pod})` |
-//! | `memory_limit_total_bytes` | the same with `sum` |
+//! | `cpu_request_cores` | `avg(kube_pod_container_resource_requests{$pod,resource="cpu"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})` |
+//! | `cpu_request_total_cores` | the same with `sum` |
+//! | `memory_request_bytes` | the same as `cpu_request_cores` with `resource="memory"` |
+//! | `memory_request_total_bytes` | the same with `sum` |
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
 //! | `spec_replicas` | `sum(kube_deployment_spec_replicas{$deployment})` (the count in force: `replicas` lags it after a scale; `""` disables it, and `replicas` stands in) |
@@ -50,7 +50,7 @@
 //!
 //! # Missing and stale metrics
 //!
-//! A query that fails, returns no sample, a non-finite or negative value, or a zero limit
+//! A query that fails, returns no sample, a non-finite or negative value, or a zero request
 //! (latencies: see below) makes its name *missing*: a NaN never becomes a zero allocation. The three `*_sample_time` queries return the newest sample time of the pod,
 //! Deployment and request series; when `T` minus that time exceeds `staleness_s` (or the query
 //! returns nothing), every query of that group is missing as well (an empty `*_sample_time`
@@ -261,17 +261,19 @@ fn default_query(name: &str) -> &'static str {
     const THROUGHPUT: &str = "(sum(http_request_duration_seconds_count{$deployment}) - (sum((http_request_duration_seconds_count{$deployment} offset $window) and http_request_duration_seconds_count{$deployment}) or vector(0))) / $window_s";
     const P50: &str = "1000 * histogram_quantile(0.5, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
     const P99: &str = "1000 * histogram_quantile(0.99, sum by (le) (http_request_duration_seconds_bucket{$deployment}) - (sum by (le) ((http_request_duration_seconds_bucket{$deployment} offset $window) and http_request_duration_seconds_bucket{$deployment}) or 0 * sum by (le) (http_request_duration_seconds_bucket{$deployment})))";
+    // kube-state-metrics' requests of the containers cAdvisor reports (the pods running, as
+    // the HPA counts them): a pending pod requests resources but uses none yet.
+    const CPU_REQUEST_AVG: &str = "avg(kube_pod_container_resource_requests{$pod,resource=\"cpu\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
+    const CPU_REQUEST_SUM: &str = "sum(kube_pod_container_resource_requests{$pod,resource=\"cpu\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
+    const MEMORY_REQUEST_AVG: &str = "avg(kube_pod_container_resource_requests{$pod,resource=\"memory\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
+    const MEMORY_REQUEST_SUM: &str = "sum(kube_pod_container_resource_requests{$pod,resource=\"memory\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
     match name {
         "cpu_usage_cores" => CPU,
         "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
-        "cpu_limit_cores" => {
-            "avg(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})"
-        }
-        "cpu_limit_total_cores" => {
-            "sum(container_spec_cpu_quota{$pod} / container_spec_cpu_period{$pod})"
-        }
-        "memory_limit_bytes" => "avg(container_spec_memory_limit_bytes{$pod})",
-        "memory_limit_total_bytes" => "sum(container_spec_memory_limit_bytes{$pod})",
+        "cpu_request_cores" => CPU_REQUEST_AVG,
+        "cpu_request_total_cores" => CPU_REQUEST_SUM,
+        "memory_request_bytes" => MEMORY_REQUEST_AVG,
+        "memory_request_total_bytes" => MEMORY_REQUEST_SUM,
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
         "spec_replicas" => "sum(kube_deployment_spec_replicas{$deployment})",
@@ -294,10 +296,10 @@ const GROUPS: [(&str, &[&str]); 3] = [
         &[
             "cpu_usage_cores",
             "memory_working_set_bytes",
-            "cpu_limit_cores",
-            "cpu_limit_total_cores",
-            "memory_limit_bytes",
-            "memory_limit_total_bytes",
+            "cpu_request_cores",
+            "cpu_request_total_cores",
+            "memory_request_bytes",
+            "memory_request_total_bytes",
         ],
     ),
     (
@@ -315,12 +317,13 @@ const GROUPS: [(&str, &[&str]); 3] = [
     ),
 ];
 
-/// The queries that read a limit: a usable limit is positive (zero means no limit is known).
-const LIMITS: [&str; 4] = [
-    "cpu_limit_cores",
-    "cpu_limit_total_cores",
-    "memory_limit_bytes",
-    "memory_limit_total_bytes",
+/// The queries that read the allocation in force (the requests): usable when positive (zero
+/// means no request is known).
+const ALLOCATION: [&str; 4] = [
+    "cpu_request_cores",
+    "cpu_request_total_cores",
+    "memory_request_bytes",
+    "memory_request_total_bytes",
 ];
 
 /// Escapes a string for a PromQL double-quoted string literal.
@@ -454,12 +457,12 @@ pub fn build_evaluation(
             );
         }
     }
-    // A value is usable when finite and not negative (a limit: positive); a latency may be NaN
+    // A value is usable when finite and not negative (a request: positive); a latency may be NaN
     // (nothing served). Anything else would turn into a zero allocation or utilization
     // downstream, so the metric is missing instead.
     let mut get = |name: &'static str, nan_ok: bool| -> Option<f64> {
         let usable = |v: f64| {
-            let least_ok = if LIMITS.contains(&name) {
+            let least_ok = if ALLOCATION.contains(&name) {
                 v > 0.0
             } else {
                 v >= 0.0
@@ -477,10 +480,10 @@ pub fn build_evaluation(
     };
     let cpu_usage = get("cpu_usage_cores", false);
     let ws = get("memory_working_set_bytes", false);
-    let cpu_limit = get("cpu_limit_cores", false);
-    let cpu_total = get("cpu_limit_total_cores", false);
-    let mem_limit = get("memory_limit_bytes", false);
-    let mem_total = get("memory_limit_total_bytes", false);
+    let cpu_request = get("cpu_request_cores", false);
+    let cpu_total = get("cpu_request_total_cores", false);
+    let mem_request = get("memory_request_bytes", false);
+    let mem_total = get("memory_request_total_bytes", false);
     let replicas = get("replicas", false);
     let ready = get("ready_replicas", false);
     // Disabled (no query): the field is absent and `replicas` stands in downstream.
@@ -514,8 +517,8 @@ pub fn build_evaluation(
     let metrics = RawMetrics {
         replicas: count(replicas),
         ready_replicas: count(ready),
-        cpu_limit_cores: cpu_limit.unwrap_or(0.0),
-        memory_limit_bytes: mem_limit.unwrap_or(0.0),
+        cpu_limit_cores: cpu_request.unwrap_or(0.0),
+        memory_limit_bytes: mem_request.unwrap_or(0.0),
         cpu_usage_cores: cpu_usage.unwrap_or(0.0),
         memory_working_set_bytes: ws.unwrap_or(0.0),
         cpu_util,
@@ -791,10 +794,10 @@ mod tests {
         HashMap::from([
             ("cpu_usage_cores", Value(1.0)),
             ("memory_working_set_bytes", Value(512.0 * 1048576.0)),
-            ("cpu_limit_cores", Value(1.0)),
-            ("cpu_limit_total_cores", Value(2.0)),
-            ("memory_limit_bytes", Value(1024.0 * 1048576.0)),
-            ("memory_limit_total_bytes", Value(2048.0 * 1048576.0)),
+            ("cpu_request_cores", Value(1.0)),
+            ("cpu_request_total_cores", Value(2.0)),
+            ("memory_request_bytes", Value(1024.0 * 1048576.0)),
+            ("memory_request_total_bytes", Value(2048.0 * 1048576.0)),
             ("replicas", Value(2.0)),
             ("ready_replicas", Value(2.0)),
             // a scale 2 → 3 the pods have not caught up with yet
@@ -892,7 +895,7 @@ mod tests {
         let s = e.state.unwrap();
         let b = spec().bounds;
         assert!((s.cpu_limit - (1000.0 / b.max_cpu_millicores as f32)).abs() < 1e-6);
-        assert_eq!(s.cpu_util, 0.5, "cpu util = usage / total limit");
+        assert_eq!(s.cpu_util, 0.5, "cpu util = usage / total request");
         assert_eq!(s.memory_util, 0.25);
         assert_eq!(s.io_util, 0.0, "io not configured");
         assert_eq!(s.slo_preservation, 0.5, "SP = 100 / 200");
@@ -976,7 +979,7 @@ mod tests {
         assert_eq!(e.missing, vec!["io_util", "latency_p99_ms"]);
     }
 
-    /// NaN, infinite and negative resource metrics (and zero limits) are missing: the obs is
+    /// NaN, infinite and negative resource metrics (and zero requests) are missing: the obs is
     /// incomplete, names them, and carries no state — never a complete obs whose allocation
     /// reads as zero.
     #[test]
@@ -985,10 +988,10 @@ mod tests {
         for name in [
             "cpu_usage_cores",
             "memory_working_set_bytes",
-            "cpu_limit_cores",
-            "cpu_limit_total_cores",
-            "memory_limit_bytes",
-            "memory_limit_total_bytes",
+            "cpu_request_cores",
+            "cpu_request_total_cores",
+            "memory_request_bytes",
+            "memory_request_total_bytes",
             "replicas",
             "ready_replicas",
             "spec_replicas",
@@ -996,7 +999,7 @@ mod tests {
             "throughput_rps",
         ] {
             let mut bad = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0];
-            if LIMITS.contains(&name) {
+            if ALLOCATION.contains(&name) {
                 bad.push(0.0);
             }
             for v in bad {
