@@ -1475,14 +1475,16 @@ mod tests {
         assert_eq!(
             SloClass::of(&Slo {
                 latency_p99_ms: Some(100.0),
-                throughput_rps: Some(5.0)
+                throughput_rps: Some(5.0),
+                objective: None,
             }),
             SloClass::Latency
         );
         assert_eq!(
             SloClass::of(&Slo {
                 latency_p99_ms: None,
-                throughput_rps: Some(5.0)
+                throughput_rps: Some(5.0),
+                objective: None,
             }),
             SloClass::Throughput
         );

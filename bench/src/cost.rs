@@ -1500,6 +1500,7 @@ mod tests {
         app.slo = Slo {
             latency_p99_ms: Some(100.0),
             throughput_rps: None,
+            objective: None,
         };
         app.vertical = VerticalMode::Restart;
         let a = |replicas, cpu_millicores, mib: u64| Allocation {

@@ -193,6 +193,7 @@ pub fn bench_apps() -> Vec<(AppSpec, Class, Pattern)> {
                     slo: Slo {
                         latency_p99_ms: Some((base_ms * 5.0).max(20.0).round()),
                         throughput_rps: None,
+                        objective: None,
                     },
                     alpha: 0.5,
                     bounds: Bounds::default(),

@@ -248,6 +248,13 @@ pub fn arm_config(
     );
     cfg.sections
         .insert("trainer".into(), serde_json::json!({ "poll_ms": 50 }));
+    // The in-process arms' Algorithm 1 knows no SLO, so it has no error-budget guard (ADR 0014):
+    // neither have these, so the arms compare the retraining trigger alone (`--set
+    // lifecycle_monitor.error_budget=true` measures the guard on the bus).
+    cfg.sections.insert(
+        "lifecycle_monitor".into(),
+        serde_json::json!({ "error_budget": false }),
+    );
     for (path, value) in &opts.settings {
         aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
     }

@@ -205,6 +205,7 @@ pub fn samples() -> Vec<Event> {
                     controlled_values: ControlledValues::RequestsOnly,
                     cpu_limit: CpuLimit::UnsetIfLatencySensitive,
                 }),
+                slo_objective: Some(0.995),
             }),
         }),
     ]

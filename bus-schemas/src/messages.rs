@@ -459,6 +459,13 @@ pub struct RegisteredSpec {
     /// know it ignores it, and it is left out of the encoding when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsPolicy>,
+    /// The SLO objective: the fraction of control intervals that must meet the SLO, in (0, 1)
+    /// (`1 - slo_objective` is the error budget). Absent = the default, 0.99. Added to
+    /// `target/1` without a version bump, like `container`: a registration without it reads as
+    /// absent, a reader that does not know it ignores it, and it is left out of the encoding
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_objective: Option<f64>,
 }
 
 /// `target/1`: the controller registers a target with the services (spec present) or

@@ -285,11 +285,13 @@ pub fn generate_apps(n: usize, seed: u64, opts: &GeneratorOptions) -> Vec<AppSpe
                 Slo {
                     latency_p99_ms: Some((base_ms * 5.0).max(20.0).round()),
                     throughput_rps: None,
+                    objective: None,
                 }
             } else if rng.random_bool(0.5) {
                 Slo {
                     latency_p99_ms: None,
                     throughput_rps: Some((mean * 0.5).round().max(1.0)),
+                    objective: None,
                 }
             } else {
                 Slo::default()

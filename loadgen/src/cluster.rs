@@ -994,6 +994,7 @@ mod tests {
             slo: Slo {
                 latency_p99_ms: Some(200.0),
                 throughput_rps: None,
+                objective: None,
             },
             alpha: 0.5,
             bounds: Bounds::default(),

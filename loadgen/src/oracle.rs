@@ -548,6 +548,7 @@ mod tests {
         apps[0].slo = Slo {
             latency_p99_ms: Some(1e-3),
             throughput_rps: None,
+            objective: None,
         };
         let env = SimEnv::new(apps, SimConfig::default()).unwrap();
         let t = env.target_at_next_step(0).unwrap();
@@ -575,6 +576,7 @@ mod tests {
         let lat = Slo {
             latency_p99_ms: Some(100.0),
             throughput_rps: None,
+            objective: None,
         };
         // an objective: its violation decides, whatever was served
         assert!(step_meets_slo(&lat, false, 1.0, 100.0));

@@ -20,7 +20,7 @@ mod state;
 pub use action::{action_for, map_action, ActionMap, ActionMode, ClampReport, ACTION_DIM};
 pub use allocation::{Allocation, Bounds, Resources, MIB};
 pub use limits::{ContainerResources, ControlledValues, CpuLimit, Limits, LimitsPolicy, Resolved};
-pub use metrics::{slo_preservation, utilization, RawMetrics, Slo};
+pub use metrics::{burn_rate, slo_preservation, utilization, RawMetrics, Slo, DEFAULT_OBJECTIVE};
 pub use reward::{reward, REWARD_RANGE};
 pub use state::{State, STATE_DIM, STATE_NAMES};
 

@@ -363,12 +363,14 @@ mod tests {
         }
         assert!(Slo {
             latency_p99_ms: Some(200.0),
-            throughput_rps: None
+            throughput_rps: None,
+            objective: None,
         }
         .latency_sensitive());
         assert!(!Slo {
             latency_p99_ms: None,
-            throughput_rps: Some(10.0)
+            throughput_rps: Some(10.0),
+            objective: None,
         }
         .latency_sensitive());
         assert!(!Slo::default().latency_sensitive());

@@ -64,6 +64,41 @@ pub struct Slo {
     /// Throughput objective, requests/s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub throughput_rps: Option<f64>,
+    /// The error budget's objective: the fraction of control intervals that must meet the SLO,
+    /// in (0, 1); unset = [`DEFAULT_OBJECTIVE`]. Only meaningful with a latency or throughput
+    /// objective. `1 - objective` is the error budget ([`burn_rate`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objective: Option<f64>,
+}
+
+/// The SLO objective when none is set: 99% of control intervals meet the SLO.
+pub const DEFAULT_OBJECTIVE: f64 = 0.99;
+
+impl Slo {
+    /// True when there is something to violate: a latency or a throughput objective.
+    pub fn is_set(&self) -> bool {
+        self.latency_p99_ms.is_some() || self.throughput_rps.is_some()
+    }
+
+    /// The objective in force: the one set, else [`DEFAULT_OBJECTIVE`].
+    pub fn objective(&self) -> f64 {
+        self.objective.unwrap_or(DEFAULT_OBJECTIVE)
+    }
+
+    /// Whether `objective` is a valid SLO objective: a fraction strictly between 0 and 1 (1 would
+    /// leave no error budget, 0 no objective).
+    pub fn valid_objective(objective: f64) -> bool {
+        objective.is_finite() && objective > 0.0 && objective < 1.0
+    }
+}
+
+/// The error budget's burn rate: the fraction of control intervals that violated the SLO
+/// (`violations` of `intervals`) over the fraction the objective allows (`1 - objective`). 1.0
+/// spends the budget exactly; above it, faster than the objective allows. `None` without
+/// intervals or with an objective outside (0, 1).
+pub fn burn_rate(violations: u64, intervals: u64, objective: f64) -> Option<f64> {
+    (intervals > 0 && Slo::valid_objective(objective))
+        .then(|| violations as f64 / intervals as f64 / (1.0 - objective))
 }
 
 /// Utilization `used / capacity` in \[0, 1\] (0 without capacity).
@@ -114,6 +149,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_burn_rate_is_the_violating_share_over_the_budget() {
+        // 3 violating intervals of 100 at a 99% objective: three times the budget.
+        assert!((burn_rate(3, 100, 0.99).unwrap() - 3.0).abs() < 1e-9);
+        assert!((burn_rate(5, 100, 0.95).unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(burn_rate(0, 100, 0.99), Some(0.0));
+        assert_eq!(burn_rate(1, 0, 0.99), None, "no intervals");
+        for bad in [0.0, 1.0, -0.5, 1.5, f64::NAN] {
+            assert_eq!(burn_rate(1, 10, bad), None, "{bad}");
+            assert!(!Slo::valid_objective(bad), "{bad}");
+        }
+        let slo = Slo::default();
+        assert!(!slo.is_set());
+        assert_eq!(slo.objective(), DEFAULT_OBJECTIVE);
+        let slo = Slo {
+            latency_p99_ms: Some(200.0),
+            objective: Some(0.999),
+            ..Slo::default()
+        };
+        assert!(slo.is_set());
+        assert_eq!(slo.objective(), 0.999);
+        // The objective travels only when set, so an SLO without one serializes as before.
+        let json = serde_json::to_string(&Slo {
+            objective: None,
+            ..slo
+        })
+        .unwrap();
+        assert_eq!(json, r#"{"latency_p99_ms":200.0}"#);
+    }
+
+    #[test]
     fn best_effort_sp_is_the_served_share_and_never_a_violation() {
         let none = Slo::default();
         assert_eq!(
@@ -127,6 +192,7 @@ mod tests {
         let tp = Slo {
             latency_p99_ms: None,
             throughput_rps: Some(100.0),
+            objective: None,
         };
         assert_eq!(slo_preservation(&tp, 30_000.0, 150.0, 400.0), (1.0, false));
     }
@@ -136,6 +202,7 @@ mod tests {
         let lat = Slo {
             latency_p99_ms: Some(200.0),
             throughput_rps: None,
+            objective: None,
         };
         assert_eq!(slo_preservation(&lat, 100.0, 10.0, 10.0), (1.0, false));
         assert_eq!(slo_preservation(&lat, 400.0, 10.0, 10.0), (0.5, true));
@@ -147,6 +214,7 @@ mod tests {
         let tp = Slo {
             latency_p99_ms: None,
             throughput_rps: Some(100.0),
+            objective: None,
         };
         // the target is capped by the offered load
         assert_eq!(slo_preservation(&tp, 1.0, 50.0, 50.0), (1.0, false));

@@ -775,6 +775,16 @@ fn validate_targets(targets: &[crate::spec::TargetSpec]) -> Result<(), ConfigErr
                 ));
             }
         }
+        if let Some(o) = t
+            .slo
+            .objective
+            .filter(|o| !crate::spec::Slo::valid_objective(*o))
+        {
+            return Err(invalid(
+                &format!("targets[{i}].slo.objective"),
+                format!("{o} is not in (0, 1): the fraction of control intervals that must meet the SLO"),
+            ));
+        }
     }
     Ok(())
 }
@@ -1106,6 +1116,11 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
             ("latency_p99_ms = 0.0", false),
             ("throughput_rps = -5.0", false),
             ("throughput_rps = inf", false),
+            ("latency_p99_ms = 150.0\nobjective = 0.995", true),
+            ("objective = 0.0", false),
+            ("objective = 1.0", false),
+            ("objective = 1.5", false),
+            ("objective = nan", false),
         ] {
             std::fs::write(
                 &file,
@@ -1119,7 +1134,11 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
                 ..Default::default()
             });
             match (res, ok) {
-                (Ok(_), true) => {}
+                (Ok(c), true) => {
+                    if slo.contains("objective") {
+                        assert_eq!(c.targets[0].slo.objective, Some(0.995));
+                    }
+                }
                 (Err(e), false) => {
                     let key = slo.split(' ').next().unwrap();
                     assert!(
@@ -1156,6 +1175,11 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
                 "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\nslo = { latency_p99 = 100 }\n",
                 &[],
                 "latency_p99",
+            ),
+            (
+                "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.slo]\nobjectiv = 0.99\n",
+                &[],
+                "objectiv",
             ),
             (
                 "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.bounds]\nmax_replica = 3\n",

@@ -273,6 +273,7 @@ mod tests {
             lifecycle: None,
             container: None,
             limits: None,
+            slo_objective: None,
         };
         crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }

@@ -26,6 +26,7 @@ pub fn to_registered(spec: &TargetSpec, lifecycle: Option<&LifecycleProfile>) ->
         max_memory_bytes: b.max_memory_bytes,
         slo_latency_p99_ms: spec.slo.latency_p99_ms,
         slo_throughput_rps: spec.slo.throughput_rps,
+        slo_objective: spec.slo.objective,
         alpha: spec.alpha,
         recommend_only: spec.update_mode == UpdateMode::Off,
         lifecycle: lifecycle.map(|l| RegisteredLifecycle {
@@ -89,6 +90,9 @@ pub fn from_registered(
             }
         }
     }
+    if let Some(o) = r.slo_objective.filter(|o| !Slo::valid_objective(*o)) {
+        return Err(refuse(format!("slo_objective {o} is not in (0, 1)")));
+    }
     if let Some(c) = &r.container {
         // The controller sends no name for "every container" (`*`), so a `*` here is not ours.
         if c.is_empty() || c == "*" {
@@ -125,6 +129,8 @@ pub fn from_registered(
             slo: Slo {
                 latency_p99_ms: r.slo_latency_p99_ms,
                 throughput_rps: r.slo_throughput_rps,
+                // Absent (unset, or a controller from before the field): the default objective.
+                objective: r.slo_objective,
             },
             alpha: r.alpha,
             update_mode: if r.recommend_only {
@@ -292,6 +298,7 @@ mod tests {
         let mut s = TargetSpec::new(&Target::new("shop", "web"));
         s.bounds.max_replicas = 7;
         s.slo.latency_p99_ms = Some(150.0);
+        s.slo.objective = Some(0.995);
         s.alpha = 0.75;
         s.update_mode = UpdateMode::Off;
         s.container = Some("sidecar".into());
@@ -316,10 +323,18 @@ mod tests {
         // A registration without a policy (from a controller before the field): the default.
         let old = RegisteredSpec {
             limits: None,
-            ..wire
+            ..wire.clone()
         };
         let (back, _) = from_registered(&Target::new("shop", "web"), &old).unwrap();
         assert_eq!(back.limits, crate::spec::LimitsPolicy::default());
+        // Nor an objective: the default one.
+        assert_eq!(wire.slo_objective, Some(0.995));
+        let old = RegisteredSpec {
+            slo_objective: None,
+            ..wire
+        };
+        let (back, _) = from_registered(&Target::new("shop", "web"), &old).unwrap();
+        assert_eq!((back.slo.objective, back.slo.objective()), (None, 0.99));
     }
 
     #[test]
@@ -344,6 +359,14 @@ mod tests {
             },
             RegisteredSpec {
                 container: Some(String::new()),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                slo_objective: Some(1.0),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                slo_objective: Some(f64::NAN),
                 ..to_registered(&spec(), None)
             },
             RegisteredSpec {

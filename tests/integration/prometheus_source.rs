@@ -237,6 +237,7 @@ async fn prometheus_source_matches_simulator_states() {
             let slo = Slo {
                 latency_p99_ms: spec.slo.latency_p99_ms,
                 throughput_rps: spec.slo.throughput_rps,
+                objective: None,
             };
             let (sp_lo, sp_hi) = if m.throughput_rps > 0.0 {
                 latency_checked += 1;

@@ -794,6 +794,104 @@ async fn the_lifecycle_monitor_re_baselines_a_settled_target_over_nats() {
     running.join().await.unwrap();
 }
 
+/// The error-budget guard over NATS: a SERVING target (restored from the capture) whose RL
+/// episodes earn rewards above `t_serving` but violate the SLO on 5% of their intervals stays
+/// SERVING under its configured objective (90%: a 10% budget), and is published OFFLINE — the
+/// fallback drives — with the reason, once a registration sets the objective to 99% (5x the
+/// budget), and the budget return is counted.
+#[actix_rt::test]
+async fn the_lifecycle_monitor_returns_a_target_burning_its_error_budget_to_the_fallback() {
+    use aware_bus_schemas::{Episode, Stage};
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let mut spec = TargetSpec::new(&target());
+    spec.slo.latency_p99_ms = Some(200.0);
+    spec.slo.objective = Some(0.9);
+    cfg.targets.push(spec.clone());
+    let bus = Bus::connect(&cfg.bus, "budget-test").await.unwrap();
+    publish_serving_before_start(&bus, &server).await;
+    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
+    let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;
+    let Some(Event::Episode(sample)) = samples()
+        .into_iter()
+        .find(|e| e.kind() == EventKind::Episode)
+    else {
+        unreachable!()
+    };
+    // Episodes the policy drove while SERVING: 1.625 per step (above t_serving 1.3, std 0, so
+    // the rewards never retrain it), 5 of 100 intervals violating the SLO.
+    let episode = |n: u64| -> Event {
+        let mut e: Episode = sample.clone();
+        e.target = target();
+        e.episode = n;
+        e.stage = Stage::Serving;
+        e.steps = 100;
+        e.slo_violations = 5;
+        e.rl_steps = 100;
+        e.fallback_steps = 0;
+        e.policy_estimate = None;
+        e.into()
+    };
+    for n in 1..=10 {
+        publish(&bus, episode(n)).await;
+    }
+    // The registration's objective replaces the configured one. Sent once the monitor has
+    // received the ten episodes (one intake, one mailbox per target: it decides on them first);
+    // once it applied it, the next episode decides.
+    let m = crate::labelled_metrics_of(&running, aware_lifecycle_monitor::NAME);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while m("aware_messages_in_total", &[("event", "episode")]) != Some(10.0) {
+        assert!(std::time::Instant::now() < deadline, "episodes received");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut wire = to_registered(&spec, None);
+    wire.slo_objective = Some(0.99);
+    let mut reg = registration(None, 1);
+    reg.spec = Some(wire);
+    publish(&bus, reg.into()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while m("aware_registrations_total", &[("change", "registered")]) != Some(1.0) {
+        assert!(std::time::Instant::now() < deadline, "registration applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    publish(&bus, episode(11)).await;
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!(
+        (l.previous, l.stage, l.episode),
+        (Some(Stage::Serving), Stage::Offline, 11),
+        "the first episode under the 99% objective returns it, none under 90%: {l:?}"
+    );
+    for part in [
+        "error budget",
+        "5.00x over the last 10 RL episodes",
+        "allowed 1.00x",
+        "objective 0.99",
+        "the fallback's burn rate is unknown",
+        "the fallback drives again",
+    ] {
+        assert!(l.reason.contains(part), "{part}: {}", l.reason);
+    }
+    assert!((l.reward_mean.unwrap() - 1.625).abs() < 1e-9, "{l:?}");
+    assert_eq!(
+        m(
+            "aware_lifecycle_budget_returns_total",
+            &[("from", "serving")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        m(
+            "aware_lifecycle_transitions_total",
+            &[("from", "serving"), ("to", "offline")]
+        ),
+        Some(1.0)
+    );
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
 /// Starts `services` on `cfg` and waits until every one is ready.
 async fn start_ready(
     cfg: &AppConfig,

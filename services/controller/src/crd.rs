@@ -49,6 +49,8 @@ pub enum CrdError {
     AlphaOutOfRange(f64),
     #[error("spec.slo.{field} must be positive, got {value}")]
     NonPositiveSlo { field: &'static str, value: f64 },
+    #[error("spec.slo.objective must be in (0, 1), got {0}")]
+    ObjectiveOutOfRange(f64),
     #[error("spec.lifecycle: {0}")]
     InvalidLifecycle(String),
     #[error("the bounds exclude the current allocation: {0}")]
@@ -268,6 +270,12 @@ pub struct SloSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0.0").message("slo.throughputRps must be positive"))]
     pub throughput_rps: Option<f64>,
+    /// The fraction of control intervals that must meet the SLO (the error budget is the rest),
+    /// in (0, 1); unset = 0.99. A policy that burns the budget faster than allowed returns the
+    /// target to the HPA/VPA fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self < 1.0").message("slo.objective must be in (0, 1)"))]
+    pub objective: Option<f64>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -488,6 +496,11 @@ impl AwareAutoscaler {
                 }
             }
         }
+        if let Some(o) = self.spec.slo.objective {
+            if !Slo::valid_objective(o) {
+                return Err(CrdError::ObjectiveOutOfRange(o));
+            }
+        }
         self.lifecycle_profile()?;
         Ok(TargetSpec {
             namespace,
@@ -496,6 +509,7 @@ impl AwareAutoscaler {
             slo: Slo {
                 latency_p99_ms: self.spec.slo.latency_p99_ms,
                 throughput_rps: self.spec.slo.throughput_rps,
+                objective: self.spec.slo.objective,
             },
             alpha,
             update_mode: match self.spec.update_policy.update_mode {
@@ -985,6 +999,9 @@ mod tests {
         assert_eq!(l["tVar"]["minimum"], json!(0.0));
         let slo = &spec["slo"]["properties"]["latencyP99Ms"]["x-kubernetes-validations"][0];
         assert_eq!(slo["rule"], "self > 0.0");
+        let objective = &spec["slo"]["properties"]["objective"]["x-kubernetes-validations"][0];
+        assert_eq!(objective["rule"], "self > 0.0 && self < 1.0");
+        assert_eq!(objective["message"], "slo.objective must be in (0, 1)");
         assert_eq!(
             spec["updatePolicy"]["properties"]["updateMode"]["enum"],
             json!(["Off", "Auto"])
@@ -1014,6 +1031,7 @@ mod tests {
                 slo: Slo {
                     latency_p99_ms: Some(250.0),
                     throughput_rps: None,
+                    objective: Some(0.995),
                 },
                 alpha: 0.6,
                 update_mode: SpecUpdateMode::Off,
@@ -1189,6 +1207,20 @@ mod tests {
                 value: 0.0
             })
         );
+        for objective in [0.0, 1.0, -0.5, 1.5] {
+            let o = with(json!({"slo": {"latencyP99Ms": 200.0, "objective": objective}}));
+            let e = o.target_spec().unwrap_err();
+            assert_eq!(e, CrdError::ObjectiveOutOfRange(objective));
+            assert!(e.to_string().contains("spec.slo.objective"), "{e}");
+        }
+        let o = with(json!({"slo": {"latencyP99Ms": 200.0, "objective": 0.995}}))
+            .target_spec()
+            .unwrap();
+        assert_eq!((o.slo.objective, o.slo.objective()), (Some(0.995), 0.995));
+        let o = with(json!({"slo": {"latencyP99Ms": 200.0}}))
+            .target_spec()
+            .unwrap();
+        assert_eq!((o.slo.objective, o.slo.objective()), (None, 0.99));
         let window = with(json!({"lifecycle": {"window": 0}}));
         assert!(
             matches!(window.target_spec(), Err(CrdError::InvalidLifecycle(m)) if m.contains("window"))

@@ -79,6 +79,25 @@ pub struct MonitorConfig {
     /// the policy earned before it instead, the workload having moved on since the fallback's
     /// episodes.
     pub fallback_floor: bool,
+    /// The error-budget guard (default on; see ADR 0014). For a target with an SLO (a latency or
+    /// throughput objective and `slo.objective`, default 0.99), the burn rate of a set of
+    /// episodes is their share of control intervals violating the SLO over `1 - objective`. At
+    /// any RL-driven stage (ONLINE: probation, first learning, retraining; SERVING, also at a
+    /// re-baselined level) the target returns to OFFLINE, the fallback driving, when the RL
+    /// policy burns faster than allowed — 1.0 (the budget), or the fallback's own burn rate
+    /// over its last `budget_long_episodes` OFFLINE episodes when that is higher — on two
+    /// windows of the policy's episodes (those its actions drove, since its last promotion):
+    /// the last `budget_long_episodes` with their worst episode left out, and the last
+    /// `budget_short_episodes` (it is still burning). One bad episode never decides. The
+    /// readmission waits as after a failed probation (a newer model, `readmit_after_episodes`
+    /// doubled per failure). Probation's verdict also fails on the budget (over its episodes,
+    /// against the same allowed burn) before it looks at the reward. Off, or without an SLO:
+    /// rewards alone decide, as before.
+    pub error_budget: bool,
+    /// The long window of the error-budget guard, in RL episodes (also the fallback's).
+    pub budget_long_episodes: usize,
+    /// The short window of the error-budget guard, in RL episodes.
+    pub budget_short_episodes: usize,
 }
 
 impl Default for MonitorConfig {
@@ -98,6 +117,9 @@ impl Default for MonitorConfig {
             reprobe_after_episodes: 0,
             serving_hysteresis: 0.0,
             fallback_floor: true,
+            error_budget: true,
+            budget_long_episodes: 10,
+            budget_short_episodes: 2,
         }
     }
 }
@@ -122,6 +144,7 @@ impl MonitorConfig {
             rebaseline_after_episodes: 0,
             online_noise_free_only: false,
             fallback_floor: false,
+            error_budget: false,
             ..MonitorConfig::default()
         }
     }
@@ -150,6 +173,18 @@ impl MonitorConfig {
         }
         if self.reprobe_after_episodes > 1_000 {
             return bad("reprobe_after_episodes", "must be at most 1000");
+        }
+        if !(2..=1_000).contains(&self.budget_long_episodes) {
+            return bad(
+                "budget_long_episodes",
+                "must be in 2..=1000 (its worst episode is left out)",
+            );
+        }
+        if !(1..=self.budget_long_episodes).contains(&self.budget_short_episodes) {
+            return bad(
+                "budget_short_episodes",
+                "must be in 1..=budget_long_episodes",
+            );
         }
         if self.rebaseline_after_episodes == 1 || self.rebaseline_after_episodes > 1_000 {
             return bad(
@@ -181,6 +216,15 @@ mod tests {
             (a.rebaseline_after_episodes, a.online_noise_free_only),
             (0, false)
         );
+        assert_eq!(
+            (
+                d.error_budget,
+                d.budget_long_episodes,
+                d.budget_short_episodes
+            ),
+            (true, 10, 2)
+        );
+        assert!(!a.error_budget, "the paper's monitor has no error budget");
         for bad in [
             MonitorConfig {
                 probation_margin: 1.5,
@@ -209,6 +253,20 @@ mod tests {
             MonitorConfig {
                 reprobe_after_episodes: 1_001,
                 ..MonitorConfig::algorithm1()
+            },
+            MonitorConfig {
+                budget_long_episodes: 1,
+                budget_short_episodes: 1,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                budget_short_episodes: 0,
+                ..MonitorConfig::default()
+            },
+            MonitorConfig {
+                budget_long_episodes: 4,
+                budget_short_episodes: 5,
+                ..MonitorConfig::default()
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");

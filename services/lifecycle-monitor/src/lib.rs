@@ -20,6 +20,12 @@
 //! `probation_margin` (relative), the monitor sends the target back to OFFLINE with a reason, and
 //! the recommender's fallback drives from the next step. It then waits for a model trained after
 //! the return and `readmit_after_episodes` more OFFLINE episodes before it promotes again.
+//!
+//! The error budget (docs/adr/0014-error-budget.md): for a target with an SLO, the policy's burn
+//! rate (its share of SLO-violating intervals over `1 - slo.objective`) is watched at every
+//! RL-driven stage; burning faster than allowed (the budget, or the fallback's rate when higher)
+//! on two windows sends the target back to OFFLINE as a failed probation does, and probation
+//! fails on the budget before the reward ([`MonitorConfig::error_budget`]).
 //! Settings: the `[lifecycle_monitor]` section ([`MonitorConfig`]).
 
 mod config;

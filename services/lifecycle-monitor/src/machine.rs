@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use crate::config::*;
 use aware_bus_schemas::{Episode, Model, ModelKind, Stage};
 use aware_shared::config::LifecycleProfile;
+use aware_shared::spec::Slo;
 
 /// A change of stage and what decided it.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +20,54 @@ pub struct Transition {
     /// A rollback: the base-learner version to serve again (see
     /// [`MonitorConfig::rebaseline_rollback`]).
     pub rollback_to: Option<u64>,
+    /// A return to OFFLINE because the policy burned the SLO's error budget faster than allowed
+    /// (the guard, or probation's budget verdict; see [`MonitorConfig::error_budget`]).
+    pub budget_return: bool,
+}
+
+/// SLO-violating control intervals of an episode, and its intervals.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Intervals {
+    violating: u64,
+    total: u64,
+}
+
+impl Intervals {
+    fn of(ep: &Episode) -> Self {
+        Intervals {
+            violating: u64::from(ep.slo_violations.min(ep.steps)),
+            total: u64::from(ep.steps),
+        }
+    }
+
+    fn sum<'a>(xs: impl IntoIterator<Item = &'a Intervals>) -> Intervals {
+        xs.into_iter().fold(Intervals::default(), |a, x| Intervals {
+            violating: a.violating + x.violating,
+            total: a.total + x.total,
+        })
+    }
+
+    fn share(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.violating as f64 / self.total as f64
+        }
+    }
+
+    fn burn(&self, objective: f64) -> Option<f64> {
+        aware_mdp::burn_rate(self.violating, self.total, objective)
+    }
+}
+
+/// Whether the fallback drove `ep` (an OFFLINE episode: at least as many fallback steps as RL
+/// ones), and whether the RL policy did (more RL steps than fallback ones).
+fn fallback_driven(ep: &Episode) -> bool {
+    ep.steps > 0 && ep.fallback_steps >= ep.rl_steps
+}
+
+fn rl_driven(ep: &Episode) -> bool {
+    ep.steps > 0 && ep.rl_steps > ep.fallback_steps
 }
 
 /// Algorithm 1 for one target.
@@ -62,6 +111,37 @@ pub struct LifecycleMachine {
     reprobing: bool,
     /// Re-probes in a row that gained nothing (the wait doubles with each).
     reprobe_failures: u32,
+    /// The objective of the target's SLO (`slo.objective`), `None` without an SLO: then the
+    /// error-budget guard is off for it.
+    objective: Option<f64>,
+    /// The intervals of the last `budget_long_episodes` OFFLINE episodes the fallback drove.
+    fallback_slo: VecDeque<Intervals>,
+    /// The intervals and mean rewards of the last `budget_long_episodes` episodes the RL policy
+    /// drove since its last promotion (cleared on every return to OFFLINE).
+    policy_slo: VecDeque<(Intervals, f64)>,
+    /// While on probation: the intervals of its RL-driven episodes so far.
+    probation_slo: Intervals,
+}
+
+/// What the error-budget guard measured (see [`MonitorConfig::error_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetBurn {
+    /// The policy's burn rate over the long window, over it without its worst episode, and
+    /// over the short window.
+    pub long: f64,
+    pub long_trimmed: f64,
+    pub short: f64,
+    /// The fallback's burn rate over its OFFLINE episodes, if any were seen.
+    pub fallback: Option<f64>,
+    /// What the policy may burn: 1.0 (the budget) or the fallback's rate when higher.
+    pub allowed: f64,
+}
+
+impl BudgetBurn {
+    /// The guard's verdict: both windows burn faster than allowed.
+    pub fn burning(&self) -> bool {
+        self.long_trimmed > self.allowed && self.short > self.allowed
+    }
 }
 
 fn mean_std(xs: &VecDeque<f64>) -> (f64, f64) {
@@ -96,6 +176,78 @@ impl LifecycleMachine {
             served: (0.0, 0),
             reprobing: false,
             reprobe_failures: 0,
+            objective: None,
+            fallback_slo: VecDeque::new(),
+            policy_slo: VecDeque::new(),
+            probation_slo: Intervals::default(),
+        }
+    }
+
+    /// Takes the target's SLO (configured or registered): with a latency or throughput
+    /// objective, the error-budget guard holds the RL policy to `slo.objective`; without, it is
+    /// off for the target. Applies from the next episode.
+    pub fn set_slo(&mut self, slo: &Slo) {
+        self.objective = slo.is_set().then(|| slo.objective());
+    }
+
+    /// The SLO objective the guard holds the target to, if it has an SLO.
+    pub fn slo_objective(&self) -> Option<f64> {
+        self.objective
+    }
+
+    /// The fallback's burn rate over its last OFFLINE episodes, if the target has an SLO and
+    /// the fallback drove any.
+    pub fn fallback_burn(&self) -> Option<f64> {
+        Intervals::sum(&self.fallback_slo).burn(self.objective?)
+    }
+
+    /// What the policy may burn: 1.0 (the budget), or the fallback's burn rate when higher.
+    fn allowed_burn(&self) -> f64 {
+        self.fallback_burn().map_or(1.0, |f| f.max(1.0))
+    }
+
+    /// The guard's measurement over the policy's episodes since its promotion, once the long
+    /// window is full and the target has an SLO (`None` otherwise, or with the guard off).
+    pub fn budget_burn(&self) -> Option<BudgetBurn> {
+        let objective = self.objective.filter(|_| self.rules.error_budget)?;
+        let n = self.rules.budget_long_episodes;
+        if self.policy_slo.len() < n {
+            return None;
+        }
+        let all: Vec<Intervals> = self.policy_slo.iter().map(|(i, _)| *i).collect();
+        let long = Intervals::sum(&all);
+        // The worst episode: the highest violating share (the first of equals).
+        let worst = all
+            .iter()
+            .enumerate()
+            .fold(None::<(usize, f64)>, |best, (k, i)| match best {
+                Some((_, s)) if s >= i.share() => best,
+                _ => Some((k, i.share())),
+            })
+            .map(|(k, _)| k);
+        let trimmed = Intervals::sum(
+            all.iter()
+                .enumerate()
+                .filter(|(k, _)| Some(*k) != worst)
+                .map(|(_, i)| i),
+        );
+        let k = self.rules.budget_short_episodes.min(n);
+        let short = Intervals::sum(&all[all.len() - k..]);
+        Some(BudgetBurn {
+            long: long.burn(objective)?,
+            // Every episode but the worst with no interval: nothing burned without it.
+            long_trimmed: trimmed.burn(objective).unwrap_or(0.0),
+            short: short.burn(objective)?,
+            fallback: self.fallback_burn(),
+            allowed: self.allowed_burn(),
+        })
+    }
+
+    /// The fallback's burn rate in words, for the reasons.
+    fn fallback_words(&self) -> String {
+        match self.fallback_burn() {
+            Some(f) => format!("the fallback burned {f:.2}x"),
+            None => "the fallback's burn rate is unknown".to_string(),
         }
     }
 
@@ -162,6 +314,7 @@ impl LifecycleMachine {
         }
         let t = self.go(Stage::Online, reason, stats);
         self.demoted = None;
+        self.probation_slo = Intervals::default();
         if self.rules.probation_episodes > 0 {
             if let Some(f) = self.fallback_reward() {
                 self.probation = Some((f, Vec::new()));
@@ -207,7 +360,12 @@ impl LifecycleMachine {
             std: stats.map(|s| s.1),
             window: u32::try_from(self.rewards.len()).unwrap_or(u32::MAX),
             rollback_to: None,
+            budget_return: false,
         };
+        if to == Stage::Offline {
+            // The next policy is judged on its own episodes.
+            self.policy_slo.clear();
+        }
         self.stage = to;
         self.rewards.clear();
         self.online_rewards.clear();
@@ -403,8 +561,31 @@ impl LifecycleMachine {
                 *n += 1;
             }
         }
+        let rl_stage = |s: Stage| matches!(s, Stage::Online | Stage::Serving);
+        if self.stage == Stage::Offline && ep.stage == Stage::Offline && fallback_driven(ep) {
+            self.fallback_slo.push_back(Intervals::of(ep));
+            while self.fallback_slo.len() > self.rules.budget_long_episodes {
+                self.fallback_slo.pop_front();
+            }
+        }
+        let by_policy = rl_stage(self.stage)
+            && rl_stage(ep.stage)
+            && rl_driven(ep)
+            && ep.mean_reward.is_finite();
+        if by_policy {
+            self.policy_slo
+                .push_back((Intervals::of(ep), ep.mean_reward));
+            while self.policy_slo.len() > self.rules.budget_long_episodes {
+                self.policy_slo.pop_front();
+            }
+        }
         if let Some(t) = self.probation_check(ep) {
             return Some(t);
+        }
+        if by_policy {
+            if let Some(t) = self.budget_check() {
+                return Some(t);
+            }
         }
         let noise_free = ep.exploring_steps == Some(0) && ep.rl_steps > 0;
         // Only episodes the policy acted in tell whether the recommenders evaluate (one driven by
@@ -543,6 +724,9 @@ impl LifecycleMachine {
         let k = self.rules.probation_episodes;
         let (fallback, seen) = self.probation.as_mut()?;
         seen.push(ep.mean_reward);
+        if rl_driven(ep) {
+            self.probation_slo = Intervals::sum(&[self.probation_slo, Intervals::of(ep)]);
+        }
         if seen.len() < k {
             return None;
         }
@@ -551,6 +735,25 @@ impl LifecycleMachine {
         let mean = seen.iter().sum::<f64>() / n as f64;
         let std = (seen.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
         self.probation = None;
+        // The budget first: burning faster than allowed fails whatever the reward.
+        if let Some(burn) = self
+            .objective
+            .filter(|_| self.rules.error_budget)
+            .and_then(|o| self.probation_slo.burn(o))
+        {
+            let allowed = self.allowed_burn();
+            if burn > allowed {
+                let reason = format!(
+                    "probation failed on the error budget: the first {n} ONLINE episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating, objective {}), faster than the allowed {allowed:.2}x ({}); the fallback drives again",
+                    100.0 * self.probation_slo.share(),
+                    self.objective.unwrap_or_default(),
+                    self.fallback_words()
+                );
+                let mut t = self.demote(reason, (mean, std), n);
+                t.budget_return = true;
+                return Some(t);
+            }
+        }
         let floor = fallback - self.rules.probation_margin * fallback.abs();
         if mean >= floor {
             tracing::debug!(mean, fallback, "probation passed");
@@ -563,7 +766,38 @@ impl LifecycleMachine {
         Some(self.demote(reason, (mean, std), n))
     }
 
-    /// ONLINE → OFFLINE: the fallback drives again; only a model trained after the return, and
+    /// The error-budget guard on the policy's newest episode: back to OFFLINE when both windows
+    /// burn faster than allowed (see [`MonitorConfig::error_budget`]).
+    fn budget_check(&mut self) -> Option<Transition> {
+        let b = self.budget_burn()?;
+        if !b.burning() {
+            return None;
+        }
+        let r = &self.rules;
+        let (n, k) = (r.budget_long_episodes, r.budget_short_episodes);
+        let what = match self.stage {
+            Stage::Serving if self.serving_floor.is_some() => "SERVING (re-baselined)",
+            Stage::Serving => "SERVING",
+            _ if self.retrain_from.is_some() => "ONLINE (retraining)",
+            _ => "ONLINE",
+        };
+        let reason = format!(
+            "error budget: the policy ({what}) burned the SLO's error budget at {:.2}x over the last {n} RL episodes ({:.2}x without the worst one) and {:.2}x over the last {k}, faster than the allowed {:.2}x (the budget at objective {}; {}); the fallback drives again",
+            b.long,
+            b.long_trimmed,
+            b.short,
+            b.allowed,
+            self.objective.unwrap_or_default(),
+            self.fallback_words()
+        );
+        let rewards: VecDeque<f64> = self.policy_slo.iter().map(|(_, r)| *r).collect();
+        let stats = mean_std(&rewards);
+        let mut t = self.demote(reason, stats, n);
+        t.budget_return = true;
+        Some(t)
+    }
+
+    /// ONLINE or SERVING → OFFLINE: the fallback drives again; only a model trained after the return, and
     /// `readmit_wait` OFFLINE episodes, promote again. `n`: the episodes that decided.
     fn demote(&mut self, reason: String, stats: (f64, f64), n: usize) -> Transition {
         let newest = self.last_model.unwrap_or(0);
@@ -1673,5 +1907,277 @@ pub(crate) mod tests {
         assert!(ts[0].reason.contains(">= t_serving"), "{}", ts[0].reason);
         assert!(!m.rebaselined());
         assert_eq!(m.serving_bar(), 1.3);
+    }
+
+    /// The error-budget guard ([`MonitorConfig::error_budget`]): episodes of 100 intervals.
+    mod budget {
+        use super::*;
+        use Stage::*;
+
+        /// Episode `n` in `stage` earning `mean` per step, `violating` of its 100 intervals
+        /// violating the SLO, driven by the RL policy (`rl`) or by the fallback; noise-free.
+        fn ep(n: u64, stage: Stage, mean: f64, violating: u32, rl: bool) -> Episode {
+            let mut e = episode(stage, mean, None);
+            e.episode = n;
+            e.steps = 100;
+            e.slo_violations = violating;
+            (e.rl_steps, e.fallback_steps) = if rl { (100, 0) } else { (0, 100) };
+            e.exploring_steps = Some(0);
+            e
+        }
+
+        fn slo(objective: Option<f64>) -> Slo {
+            Slo {
+                latency_p99_ms: Some(200.0),
+                objective,
+                ..Slo::default()
+            }
+        }
+
+        /// A machine with `rules` and a 99% SLO, SERVING after three OFFLINE episodes in which
+        /// the fallback violated `fallback_violating` intervals of 100 each (earning 1.2), a
+        /// promotion and a probation of three clean ONLINE episodes at 1.5. Returns it and the
+        /// next episode number.
+        fn serving(rules: MonitorConfig, fallback_violating: u32) -> (LifecycleMachine, u64) {
+            let mut m = LifecycleMachine::with_rules(profile(true), rules);
+            m.set_slo(&slo(None));
+            m.start();
+            for n in 1..=3 {
+                assert!(m
+                    .observe(&ep(n, Offline, 1.2, fallback_violating, false))
+                    .is_none());
+            }
+            assert_eq!(
+                m.observe_model(&model(1, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            for n in 4..=5 {
+                assert!(m.observe(&ep(n, Online, 1.5, 0, true)).is_none());
+            }
+            let t = m.observe(&ep(6, Online, 1.5, 0, true)).expect("SERVING");
+            assert_eq!((t.to, t.budget_return), (Serving, false));
+            (m, 7)
+        }
+
+        /// Feeds SERVING (or whatever stage the machine is in) RL episodes at 1.5 with these
+        /// violations; returns the transitions.
+        fn feed_rl(m: &mut LifecycleMachine, n: &mut u64, violating: &[u32]) -> Vec<Transition> {
+            let mut out = Vec::new();
+            for &v in violating {
+                let stage = m.stage();
+                out.extend(m.observe(&ep(*n, stage, 1.5, v, true)));
+                *n += 1;
+            }
+            out
+        }
+
+        #[test]
+        fn a_serving_policy_burning_the_budget_returns_the_target_to_the_fallback() {
+            let (mut m, mut n) = serving(MonitorConfig::default(), 0);
+            assert_eq!(m.fallback_burn(), Some(0.0));
+            // 5% of intervals violating: 5x the budget, while the reward (1.5) is above
+            // t_serving: rewards alone keep it SERVING.
+            let ts = feed_rl(&mut m, &mut n, &[5; 6]);
+            assert!(ts.is_empty(), "the long window is not full: {ts:?}");
+            assert_eq!(m.stage(), Serving);
+            let ts = feed_rl(&mut m, &mut n, &[5]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            let t = &ts[0];
+            assert_eq!((t.from, t.to, t.window), (Serving, Offline, 10));
+            assert!(t.budget_return);
+            // 3 clean ONLINE and 7 SERVING episodes at 5%: 3.5x, 3.33x without the worst,
+            // 5x over the last 2; the fallback burned nothing.
+            for part in [
+                "error budget",
+                "SERVING",
+                "3.50x over the last 10 RL episodes",
+                "3.33x without the worst one",
+                "5.00x over the last 2",
+                "allowed 1.00x",
+                "objective 0.99",
+                "the fallback burned 0.00x",
+            ] {
+                assert!(t.reason.contains(part), "{part}: {}", t.reason);
+            }
+            assert!((t.mean.unwrap() - 1.5).abs() < 1e-12);
+            // Readmitted as after a failed probation: a newer model, after 2 OFFLINE episodes.
+            assert_eq!(m.readmit_wait(), 2);
+            assert!(m.observe_model(&model(2, Some(1.3), Some(1.2))).is_none());
+            // Rewards alone would have kept it SERVING.
+            let (mut m, mut n) = serving(
+                MonitorConfig {
+                    error_budget: false,
+                    ..MonitorConfig::default()
+                },
+                0,
+            );
+            assert!(feed_rl(&mut m, &mut n, &[5; 30]).is_empty());
+            assert_eq!(m.stage(), Serving);
+        }
+
+        #[test]
+        fn a_policy_burning_no_faster_than_the_fallback_stays() {
+            // The fallback violated 8% of its intervals: 8x the budget.
+            let (mut m, mut n) = serving(MonitorConfig::default(), 8);
+            assert_eq!(m.fallback_burn().map(|b| (b * 100.0).round()), Some(800.0));
+            // The policy burns 5x: beyond the budget, but slower than the fallback did.
+            assert!(feed_rl(&mut m, &mut n, &[5; 30]).is_empty());
+            assert_eq!(m.stage(), Serving);
+            let b = m.budget_burn().unwrap();
+            assert!(
+                (b.long - 5.0).abs() < 1e-9 && (b.allowed - 8.0).abs() < 1e-9,
+                "{b:?}"
+            );
+            assert!(!b.burning());
+            // Faster than the fallback (12x): back to it.
+            let ts = feed_rl(&mut m, &mut n, &[12; 10]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].from, ts[0].to), (Serving, Offline));
+            assert!(ts[0].reason.contains("allowed 8.00x"), "{}", ts[0].reason);
+            assert!(
+                ts[0].reason.contains("the fallback burned 8.00x"),
+                "{}",
+                ts[0].reason
+            );
+        }
+
+        #[test]
+        fn one_bad_episode_or_a_burn_that_stopped_does_not_return_the_target() {
+            let (mut m, mut n) = serving(MonitorConfig::default(), 0);
+            // A full window of clean episodes, then one at 60%: it is the newest and the short
+            // window burns 30x, but without it the long window burns nothing.
+            assert!(feed_rl(&mut m, &mut n, &[0; 9]).is_empty());
+            assert!(feed_rl(&mut m, &mut n, &[60]).is_empty());
+            let b = m.budget_burn().unwrap();
+            assert!(
+                b.long > 5.0 && b.short > 20.0 && b.long_trimmed == 0.0,
+                "{b:?}"
+            );
+            assert!(feed_rl(&mut m, &mut n, &[0; 12]).is_empty());
+            assert_eq!(m.stage(), Serving);
+            // A burn that has stopped: three bad episodes leave the long window burning, but
+            // the short one is clean by the time they would decide.
+            let (mut m, mut n) = serving(MonitorConfig::default(), 0);
+            assert!(feed_rl(&mut m, &mut n, &[6, 6, 6, 0, 0, 0, 0]).is_empty());
+            let b = m.budget_burn().unwrap();
+            assert!(b.long_trimmed > 1.0 && b.short == 0.0, "{b:?}");
+            assert_eq!(m.stage(), Serving);
+            // Two bad episodes in a row are no longer one episode's doing.
+            let ts = feed_rl(&mut m, &mut n, &[0, 0, 0, 0, 0, 0, 30, 30]);
+            assert_eq!(ts.iter().map(|t| t.to).collect::<Vec<_>>(), [Offline]);
+        }
+
+        #[test]
+        fn without_an_slo_or_with_the_guard_off_the_budget_never_decides() {
+            for (rules, slo) in [
+                (MonitorConfig::default(), Slo::default()),
+                (
+                    MonitorConfig {
+                        error_budget: false,
+                        ..MonitorConfig::default()
+                    },
+                    slo(Some(0.99)),
+                ),
+            ] {
+                let (mut m, mut n) = serving(rules, 0);
+                m.set_slo(&slo);
+                assert!(feed_rl(&mut m, &mut n, &[50; 30]).is_empty());
+                assert_eq!(m.stage(), Serving);
+                assert_eq!(m.budget_burn(), None);
+            }
+            // An objective without a latency or throughput objective is no SLO.
+            let mut m = paper_machine(profile(true));
+            m.set_slo(&Slo {
+                objective: Some(0.9),
+                ..Slo::default()
+            });
+            assert_eq!(m.slo_objective(), None);
+            m.set_slo(&slo(Some(0.9)));
+            assert_eq!(m.slo_objective(), Some(0.9));
+        }
+
+        #[test]
+        fn the_objective_sets_the_budget() {
+            // 5% violating at a 95% objective spends the budget exactly: no faster than allowed.
+            let (mut m, mut n) = serving(MonitorConfig::default(), 0);
+            m.set_slo(&slo(Some(0.95)));
+            assert!(feed_rl(&mut m, &mut n, &[5; 20]).is_empty());
+            assert!((m.budget_burn().unwrap().long - 1.0).abs() < 1e-9);
+            // At 99.9%, one violating interval in 100 is 10x.
+            m.set_slo(&slo(Some(0.999)));
+            let ts = feed_rl(&mut m, &mut n, &[1]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert!(ts[0].reason.contains("objective 0.999"), "{}", ts[0].reason);
+        }
+
+        #[test]
+        fn probation_fails_on_the_budget_before_the_reward_and_readmission_doubles() {
+            let rules = MonitorConfig::default();
+            let mut m = LifecycleMachine::with_rules(profile(true), rules.clone());
+            m.set_slo(&slo(None));
+            m.start();
+            let mut n = 1;
+            let offline = |m: &mut LifecycleMachine, n: &mut u64| {
+                m.observe(&ep(*n, Offline, 1.2, 0, false));
+                *n += 1;
+            };
+            offline(&mut m, &mut n);
+            m.observe_model(&model(1, Some(1.3), Some(1.2))).unwrap();
+            assert!(m.on_probation());
+            // Earning more than the fallback (1.5 against 1.2), but violating 10% of intervals
+            // where the fallback violated none.
+            let ts = feed_rl(&mut m, &mut n, &[10, 10, 10]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            let t = &ts[0];
+            assert_eq!((t.from, t.to, t.window), (Online, Offline, 3));
+            assert!(t.budget_return);
+            assert!(
+                t.reason.contains("probation failed on the error budget")
+                    && t.reason.contains("10.00x")
+                    && t.reason.contains("the fallback burned 0.00x"),
+                "{}",
+                t.reason
+            );
+            assert_eq!(m.readmit_wait(), 2);
+            // Readmitted after 2 OFFLINE episodes and a newer model...
+            offline(&mut m, &mut n);
+            assert!(m.observe_model(&model(2, Some(1.3), Some(1.2))).is_none());
+            offline(&mut m, &mut n);
+            assert_eq!(
+                m.observe_model(&model(3, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            // ...it passes probation clean, goes SERVING, then burns the budget there: the
+            // second return doubles the wait.
+            assert_eq!(
+                feed_rl(&mut m, &mut n, &[0, 0, 0])
+                    .iter()
+                    .map(|t| t.to)
+                    .collect::<Vec<_>>(),
+                [Serving]
+            );
+            let ts = feed_rl(&mut m, &mut n, &[20; 7]);
+            assert_eq!(
+                ts.iter().map(|t| (t.from, t.to)).collect::<Vec<_>>(),
+                [(Serving, Offline)]
+            );
+            assert_eq!(m.readmit_wait(), 4);
+            for v in 4..7 {
+                offline(&mut m, &mut n);
+                let t = m.observe_model(&model(v, Some(1.3), Some(1.2)));
+                assert!(t.is_none(), "{v}: {t:?}");
+            }
+            offline(&mut m, &mut n);
+            assert_eq!(
+                m.observe_model(&model(7, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            // A probation within the budget is judged on the reward as before.
+            let ts = feed_rl(&mut m, &mut n, &[0, 0, 0]);
+            assert_eq!(ts.iter().map(|t| t.to).collect::<Vec<_>>(), [Serving]);
+        }
     }
 }

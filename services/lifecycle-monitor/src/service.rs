@@ -52,6 +52,9 @@ pub struct LifecycleMetrics {
     /// `episode` and `model` messages refused for a non-finite value
     /// (`aware_lifecycle_non_finite_refused_total{event}`).
     pub non_finite: prometheus::IntCounterVec,
+    /// Returns to OFFLINE because the policy burned the SLO's error budget faster than allowed,
+    /// by the stage left (`aware_lifecycle_budget_returns_total{from}`).
+    pub budget_returns: prometheus::IntCounterVec,
 }
 
 impl LifecycleMetrics {
@@ -72,11 +75,12 @@ impl LifecycleMetrics {
             (Stage::Online, Stage::Offline),
             (Stage::Online, Stage::Serving),
             (Stage::Serving, Stage::Online),
+            (Stage::Serving, Stage::Offline),
         ]
         .map(|(from, to)| [from.as_str(), to.as_str()]);
         let transitions = m.counter_vec(
             "lifecycle_transitions_total",
-            "Stage transitions (Algorithm 1, probation, re-baselining, rollback), by from and to",
+            "Stage transitions (Algorithm 1, probation, re-baselining, rollback, the error budget), by from and to",
             &["from", "to"],
             &moves,
         )?;
@@ -91,11 +95,19 @@ impl LifecycleMetrics {
             &["event"],
             &[["episode"], ["model"]],
         )?;
+        let budget_returns = m.counter_vec(
+            "lifecycle_budget_returns_total",
+            "Returns to OFFLINE (the fallback drives) because the RL policy burned the SLO's error \
+             budget faster than allowed, by the stage left",
+            &["from"],
+            &[[Stage::Online.as_str()], [Stage::Serving.as_str()]],
+        )?;
         Ok(LifecycleMetrics {
             stages,
             transitions,
             unverified_models,
             non_finite,
+            budget_returns,
         })
     }
 }
@@ -165,7 +177,7 @@ impl LifecycleAgent {
         let t = self.machine.observe_model(m);
         self.track(t.as_ref());
         if let Some(t) = t {
-            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, "lifecycle transition");
+            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, budget_return = t.budget_return, "lifecycle transition");
             self.outbox
                 .send(message(&self.target, m.episode, m.step, t));
         }
@@ -178,6 +190,12 @@ impl LifecycleAgent {
                 .transitions
                 .with_label_values(&[t.from.as_str(), t.to.as_str()])
                 .inc();
+            if t.budget_return {
+                self.metrics
+                    .budget_returns
+                    .with_label_values(&[t.from.as_str()])
+                    .inc();
+            }
         }
         let now = self.machine.stage();
         if self.counted != Some(now) {
@@ -268,8 +286,14 @@ impl Handler<Deliver> for LifecycleAgent {
                 );
                 match change {
                     Change::Registered {
-                        lifecycle: Some(p), ..
-                    } => (self.machine.set_profile(p), 0, 0),
+                        spec, lifecycle, ..
+                    } => {
+                        self.machine.set_slo(&spec.slo);
+                        match lifecycle {
+                            Some(p) => (self.machine.set_profile(p), 0, 0),
+                            None => return,
+                        }
+                    }
                     _ => return,
                 }
             }
@@ -277,7 +301,7 @@ impl Handler<Deliver> for LifecycleAgent {
         };
         self.track(t.as_ref());
         if let Some(t) = t {
-            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, "lifecycle transition");
+            tracing::info!(target = %self.target, from = %t.from, to = %t.to, reason = %t.reason, mean = ?t.mean, window = t.window, budget_return = t.budget_return, "lifecycle transition");
             self.outbox.send(message(&self.target, episode, step, t));
         }
     }
@@ -314,8 +338,11 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .map_err(|e| ServiceError::resource("model_store", e))?;
     let registrations = ctx.metrics.registrations.clone();
     let metrics = LifecycleMetrics::new(&ctx.metrics)?;
+    let config = ctx.config.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
+        // The configured SLO until a registration brings the target's own.
+        machine.set_slo(&config.spec_for(t).slo);
         // Only the target's first actor resumes there: one started again after a retirement is
         // for a target deleted and created again.
         if let Some(stage) = restored.remove(t) {

@@ -102,8 +102,8 @@ impl AgentState {
 /// from the stage `at` this agent knows: any stage while it knows none yet (the first message,
 /// possibly the capture's restored stage), a fresh start (`previous` none or INITIALIZED: a
 /// monitor that lost its state announces OFFLINE or ONLINE again), or one of Algorithm 1's
-/// moves (OFFLINE → ONLINE, ONLINE → OFFLINE or SERVING, SERVING → ONLINE) and announcements
-/// of the same stage. Anything else — a SERVING for a target this agent knows OFFLINE, say — did
+/// moves (OFFLINE → ONLINE, ONLINE → OFFLINE or SERVING, SERVING → ONLINE; SERVING → OFFLINE,
+/// the error-budget guard's return to the fallback) and announcements of the same stage. Anything else — a SERVING for a target this agent knows OFFLINE, say — did
 /// not come from the monitor (forged, with the bus's permissions off) and would switch the target
 /// to a policy the monitor never promoted.
 pub fn lifecycle_move_allowed(at: Stage, previous: Option<Stage>, to: Stage) -> bool {
@@ -116,7 +116,11 @@ pub fn lifecycle_move_allowed(at: Stage, previous: Option<Stage>, to: Stage) -> 
     }
     matches!(
         (at, to),
-        (Offline, Online) | (Online, Offline) | (Online, Serving) | (Serving, Online)
+        (Offline, Online)
+            | (Online, Offline)
+            | (Online, Serving)
+            | (Serving, Online)
+            | (Serving, Offline)
     )
 }
 
@@ -650,6 +654,11 @@ mod tests {
         assert!(s.apply(&msg(Some(Stage::Serving), Stage::Online)));
         assert!(s.retraining);
         assert!(s.apply(&msg(Some(Stage::Initialized), Stage::Offline)));
+        assert_eq!(s.stage, Stage::Offline);
+        // The error-budget guard returns a SERVING target to the fallback.
+        assert!(s.apply(&msg(Some(Stage::Offline), Stage::Online)));
+        assert!(s.apply(&msg(Some(Stage::Online), Stage::Serving)));
+        assert!(s.apply(&msg(Some(Stage::Serving), Stage::Offline)));
         assert_eq!(s.stage, Stage::Offline);
         // The first stage an agent learns may be any (the capture's restored stage).
         let mut fresh = AgentState::new(Target::new("shop", "checkout"));
