@@ -1409,6 +1409,7 @@ mod tests {
             model_version: Some(2),
             exploration: true,
             fallback_reason: None,
+            slo_unreachable: None,
         });
         let applied = Event::Applied(aware_bus_schemas::Applied {
             schema: Schema::new(),

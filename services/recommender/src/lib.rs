@@ -458,6 +458,7 @@ impl Decider {
             model_version: self.policy_version(),
             exploration: false,
             fallback_reason: None,
+            slo_unreachable: None,
         };
         let explore = match self.state.stage {
             Stage::Initialized | Stage::Offline => {
