@@ -101,6 +101,7 @@ pub fn samples() -> Vec<Event> {
                 cpu_millicores: 2500,
                 memory_bytes: 4 * 1024 * 1024 * 1024,
             }),
+            slo_judged: true,
         }),
         Event::Applied(Applied {
             schema: Schema::new(),

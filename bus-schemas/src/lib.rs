@@ -321,6 +321,10 @@ mod tests {
             panic!("not an action")
         };
         assert_eq!(read.slo_unreachable, None);
+        assert!(
+            !read.slo_judged,
+            "an action from before says nothing on reachability"
+        );
         assert_eq!(
             encode(&read).unwrap(),
             old,
@@ -350,6 +354,7 @@ mod tests {
         };
         let new = Action {
             slo_unreachable: Some(needed),
+            slo_judged: true,
             ..read.clone()
         };
         let bytes = encode(&new).unwrap();
@@ -362,7 +367,20 @@ mod tests {
             panic!("not an action")
         };
         assert_eq!(back.slo_unreachable, Some(needed));
+        assert!(back.slo_judged);
         assert_eq!(back, new);
+        // Judged reachable: only the flag travels.
+        let reachable = Action {
+            slo_judged: true,
+            ..read.clone()
+        };
+        let bytes = encode(&reachable).unwrap();
+        let by_old: OldAction = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.desired, read.desired);
+        let Event::Action(back) = decode_any(&bytes).unwrap() else {
+            panic!("not an action")
+        };
+        assert_eq!((back.slo_unreachable, back.slo_judged), (None, true));
     }
 
     #[test]

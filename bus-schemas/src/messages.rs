@@ -274,6 +274,12 @@ pub struct Action {
     /// the field ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_unreachable: Option<Resources>,
+    /// The recommender has judged reachability: a whole window of steps since it started (or
+    /// the target has no SLO), so an absent `slo_unreachable` means reachable. False while it
+    /// has not (just started or restarted): an absent `slo_unreachable` then says nothing, and
+    /// a reader keeps the verdict it had. Added with `slo_unreachable`, absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slo_judged: bool,
 }
 
 /// Outcome of an action at the actuator.

@@ -326,12 +326,15 @@ pub fn unreachable_message(needed: Resources, spec: Option<(&Slo, &Bounds)>) -> 
     }
 }
 
-/// Folds an action's `slo_unreachable` into the conditions; returns the Event to publish when
-/// the condition's status changed (a first unreachable verdict, or a clearing). A reachable
-/// SLO on an object that never had the condition adds nothing.
+/// Folds an action's `slo_unreachable` (and `slo_judged`: whether its absence is a verdict)
+/// into the conditions; returns the Event to publish when the condition's status changed (a
+/// first unreachable verdict, or a clearing). A reachable SLO on an object that never had the
+/// condition adds nothing, and an action without a verdict (a recommender that has not yet
+/// judged a whole window since it started) changes nothing.
 pub fn fold_slo_unreachable(
     conditions: &mut Vec<Condition>,
     needed: Option<Resources>,
+    judged: bool,
     spec: Option<(&Slo, &Bounds)>,
 ) -> Option<SloEvent> {
     let was = conditions
@@ -355,7 +358,7 @@ pub fn fold_slo_unreachable(
                 note: message,
             })
         }
-        (None, Some(true)) => {
+        (None, Some(true)) if judged => {
             let message = match spec {
                 Some((slo, _)) => format!(
                     "{} is within reach of the bounds again: a whole window without a violation at a bound the rule wanted to exceed",
@@ -779,6 +782,7 @@ pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
             event = fold_slo_unreachable(
                 &mut s.conditions,
                 a.slo_unreachable,
+                a.slo_judged,
                 spec.as_ref().map(|(slo, b)| (slo, b)),
             );
         }
@@ -1577,6 +1581,7 @@ mod tests {
             exploration: true,
             fallback_reason: None,
             slo_unreachable: None,
+            slo_judged: false,
         });
         let applied = Event::Applied(aware_bus_schemas::Applied {
             schema: Schema::new(),
@@ -1737,7 +1742,7 @@ mod tests {
         .unwrap();
         let shared = Shared::new(client, ctx, ControllerConfig::default()).unwrap();
         reconcile(parse(obj), shared.clone()).await.unwrap();
-        let action = |step: u32, needed: Option<Resources>| {
+        let action = |step: u32, needed: Option<Resources>, judged: bool| {
             Event::Action(aware_bus_schemas::Action {
                 schema: Schema::new(),
                 target: Target::new("shop", "web"),
@@ -1753,29 +1758,34 @@ mod tests {
                 exploration: false,
                 fallback_reason: None,
                 slo_unreachable: needed,
+                slo_judged: judged,
             })
         };
         // Reachable before: no condition added.
-        fold_event(&shared, &action(0, None));
+        fold_event(&shared, &action(0, None, true));
         let needed = Resources {
             replicas: 14,
             cpu_millicores: 2500,
             memory_bytes: 768 * MIB,
         };
         for step in 1..4 {
-            fold_event(&shared, &action(step, Some(needed)));
+            fold_event(&shared, &action(step, Some(needed), true));
         }
         flush_status(&shared).await;
         // Still unreachable, the same need: nothing to write, no second Event.
         for step in 4..8 {
-            assert_eq!(fold_event(&shared, &action(step, Some(needed))), None);
+            assert_eq!(fold_event(&shared, &action(step, Some(needed), true)), None);
+        }
+        // A restarted recommender, before its first whole window: no verdict, nothing changes.
+        for step in 0..5 {
+            assert_eq!(fold_event(&shared, &action(step, None, false)), None);
         }
         flush_status(&shared).await;
         for step in 8..10 {
-            fold_event(&shared, &action(step, None));
+            fold_event(&shared, &action(step, None, true));
         }
         flush_status(&shared).await;
-        fold_event(&shared, &action(10, None));
+        fold_event(&shared, &action(10, None, true));
         flush_status(&shared).await;
         drop(shared);
         tokio::time::timeout(Duration::from_secs(5), server)

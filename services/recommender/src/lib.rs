@@ -494,6 +494,7 @@ impl Decider {
             exploration: false,
             fallback_reason: None,
             slo_unreachable: self.reach.needed(),
+            slo_judged: self.reach.decided(),
         };
         let explore = match self.state.stage {
             Stage::Initialized | Stage::Offline => {
@@ -898,6 +899,7 @@ mod tests {
                     "step {k}: memory not grown to its bound: {a:?}"
                 );
                 needed = a.slo_unreachable;
+                assert_eq!(a.slo_judged, k + 1 >= WINDOW, "step {k}: {a:?}");
                 k += 1;
             }
             let needed = needed.expect("unreachable once the window is full");

@@ -11,6 +11,9 @@
 //! budget allows (`1 − objective` of the window) and the latest step is short. It becomes
 //! reachable again after a whole window without such a step. Entering and leaving both need a
 //! full window, so the verdict cannot flap from step to step.
+//! Until the first window is full after a (re)start there is no verdict
+//! ([`SloReach::decided`]): the action says so (`slo_judged` false), so that a restarted
+//! recommender does not clear a condition it has not judged yet.
 //!
 //! The allocation reported as needed is the one in force with each short dimension raised to
 //! what the rule computed for it: finite integers from the rule's own arithmetic, never a guess.
@@ -137,6 +140,8 @@ pub struct SloReach {
     needed: Option<Resources>,
     /// The bounds and SLO the window was judged against: a change starts a new window.
     judged: Option<(Bounds, Slo)>,
+    /// A verdict has been reached: a whole window since the start, or no SLO.
+    decided: bool,
 }
 
 impl SloReach {
@@ -146,7 +151,15 @@ impl SloReach {
             window: VecDeque::new(),
             needed: None,
             judged: None,
+            decided: false,
         }
+    }
+
+    /// Whether [`SloReach::needed`] is a verdict: a whole window has been judged since the
+    /// start (new bounds keep the verdict until their window decides), or there is no SLO.
+    /// Before that, `None` says nothing.
+    pub fn decided(&self) -> bool {
+        self.decided
     }
 
     /// The allocation needed while the SLO is unreachable.
@@ -169,6 +182,7 @@ impl SloReach {
             // No SLO, nothing to reach.
             self.window.clear();
             self.judged = None;
+            self.decided = true;
             return self.needed.take().map(|_| Transition::Reachable);
         }
         let judged = (*bounds, *slo);
@@ -187,6 +201,7 @@ impl SloReach {
         if self.window.len() < window {
             return None;
         }
+        self.decided = true;
         let burned = self.window.iter().filter(|s| s.burned()).count();
         match self.needed {
             None => {
@@ -298,11 +313,12 @@ mod tests {
     #[test]
     fn an_slo_met_at_the_ceiling_is_reachable() {
         let mut r = SloReach::new(config(10));
-        for _ in 0..50 {
+        for i in 0..50 {
             assert_eq!(
                 r.observe(&slo(), false, AT_MAX, WANTS_MORE, &bounds()),
                 None
             );
+            assert_eq!(r.decided(), i >= 9, "step {i}");
         }
         assert_eq!(r.needed(), None);
     }
@@ -329,6 +345,7 @@ mod tests {
                 None,
                 "step {i}: the window is not full yet"
             );
+            assert!(!r.decided(), "step {i}: no verdict yet");
         }
         assert_eq!(
             r.observe(&slo(), true, AT_MAX, WANTS_MORE, &bounds()),
@@ -408,6 +425,7 @@ mod tests {
         let mut r = SloReach::new(config(5));
         for _ in 0..50 {
             assert_eq!(r.observe(&none, true, AT_MAX, WANTS_MORE, &bounds()), None);
+            assert!(r.decided(), "no SLO: reachable is a verdict");
         }
         for _ in 0..5 {
             r.observe(&slo(), true, AT_MAX, WANTS_MORE, &bounds());
@@ -442,6 +460,7 @@ mod tests {
                 r.needed().is_some(),
                 "the verdict stands until a window decides"
             );
+            assert!(r.decided());
         }
         assert_eq!(
             r.observe(&slo(), false, res(14, 1000, GIB), WANTS_MORE, &raised),
