@@ -733,13 +733,17 @@ async fn an_slo_out_of_reach_of_the_bounds_is_said_on_the_actions() {
                 .iter()
                 .find(|s| s.target() == a.target)
                 .expect("a configured target");
+            // A verdict exists once a window is full (at once without an SLO).
+            let has_slo = spec.slo.latency_p99_ms.is_some() || spec.slo.throughput_rps.is_some();
+            assert_eq!(
+                a.slo_judged,
+                !has_slo || *n + 1 >= u64::from(window),
+                "action {n}: {a:?}"
+            );
             assert_eq!(a.desired.replicas, 1, "{a:?}");
             assert_eq!(a.desired.cpu_millicores, 128, "{a:?}");
             if let Some(needed) = a.slo_unreachable {
-                assert!(
-                    spec.slo.latency_p99_ms.is_some(),
-                    "no SLO, nothing to reach: {a:?}"
-                );
+                assert!(has_slo, "no SLO, nothing to reach: {a:?}");
                 assert!(
                     needed.replicas > 1
                         || needed.cpu_millicores > 128
