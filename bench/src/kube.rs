@@ -713,6 +713,8 @@ fn step_events(name: &str, step: u32, replicas: u32) -> Result<(Event, Event), B
     a.episode = 0;
     a.step = step;
     a.ts_ms = ts;
+    // An ordinary step: the sample's unreachable SLO would add a condition and an Event.
+    a.slo_unreachable = None;
     a.desired = Resources {
         replicas,
         cpu_millicores: 250,

@@ -96,6 +96,12 @@ pub fn samples() -> Vec<Event> {
             model_version: Some(12),
             exploration: true,
             fallback_reason: None,
+            slo_unreachable: Some(Resources {
+                replicas: 40,
+                cpu_millicores: 2500,
+                memory_bytes: 4 * 1024 * 1024 * 1024,
+            }),
+            slo_judged: true,
         }),
         Event::Applied(Applied {
             schema: Schema::new(),

@@ -379,6 +379,82 @@ mod tests {
         assert_eq!(back.metrics.replicas_in_force(), read.metrics.replicas + 2);
     }
 
+    /// `slo_unreachable` joined `action/1` without a version bump: an action encoded before it
+    /// existed (the committed golden fixture of that time) decodes with none and encodes byte for
+    /// byte as then, and one carrying it decodes with a reader that does not know the field (the
+    /// `Action` of that time, mirrored here).
+    #[test]
+    fn the_slo_unreachable_field_is_compatible_both_ways() {
+        let old = std::fs::read(
+            crate_dir().join("fixtures/compat/action-before-slo-unreachable.msgpack"),
+        )
+        .unwrap();
+        let Event::Action(read) = decode_any(&old).unwrap() else {
+            panic!("not an action")
+        };
+        assert_eq!(read.slo_unreachable, None);
+        assert!(
+            !read.slo_judged,
+            "an action from before says nothing on reachability"
+        );
+        assert_eq!(
+            encode(&read).unwrap(),
+            old,
+            "an absent slo_unreachable must encode as before"
+        );
+
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldAction {
+            schema: String,
+            target: Target,
+            episode: u64,
+            step: u32,
+            ts_ms: i64,
+            source: DecisionSource,
+            stage: Stage,
+            raw: Vec<f32>,
+            current: Resources,
+            desired: Resources,
+            model_version: Option<u64>,
+            exploration: bool,
+            fallback_reason: Option<String>,
+        }
+        let needed = Resources {
+            replicas: read.desired.replicas * 3,
+            ..read.desired
+        };
+        let new = Action {
+            slo_unreachable: Some(needed),
+            slo_judged: true,
+            ..read.clone()
+        };
+        let bytes = encode(&new).unwrap();
+        assert_ne!(bytes, old);
+        let by_old: OldAction = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.schema, "action/1");
+        assert_eq!(by_old.desired, read.desired);
+        assert_eq!(by_old.current, read.current);
+        let Event::Action(back) = decode_any(&bytes).unwrap() else {
+            panic!("not an action")
+        };
+        assert_eq!(back.slo_unreachable, Some(needed));
+        assert!(back.slo_judged);
+        assert_eq!(back, new);
+        // Judged reachable: only the flag travels.
+        let reachable = Action {
+            slo_judged: true,
+            ..read.clone()
+        };
+        let bytes = encode(&reachable).unwrap();
+        let by_old: OldAction = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.desired, read.desired);
+        let Event::Action(back) = decode_any(&bytes).unwrap() else {
+            panic!("not an action")
+        };
+        assert_eq!((back.slo_unreachable, back.slo_judged), (None, true));
+    }
+
     #[test]
     fn wire_format_is_a_named_map_readable_without_our_types() {
         for ev in samples() {

@@ -266,6 +266,20 @@ pub struct Action {
     pub exploration: bool,
     /// Why the fallback acted although the stage is RL-driven (NaN state, missing model, …).
     pub fallback_reason: Option<String>,
+    /// Set while the target's SLO cannot be met within its bounds: the allocation the fallback's
+    /// rule (HPA replicas, VPA CPU and memory, before the bounds clamp them) says it would need.
+    /// `desired` stays inside the bounds. Absent while the SLO is reachable, or the target has
+    /// none. Added to `action/1` without a version bump, like `target/1`'s `container`: an
+    /// action without it reads as absent and encodes as before, and a reader that does not know
+    /// the field ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_unreachable: Option<Resources>,
+    /// The recommender has judged reachability: a whole window of steps since it started (or
+    /// the target has no SLO), so an absent `slo_unreachable` means reachable. False while it
+    /// has not (just started or restarted): an absent `slo_unreachable` then says nothing, and
+    /// a reader keeps the verdict it had. Added with `slo_unreachable`, absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slo_judged: bool,
 }
 
 /// Outcome of an action at the actuator.

@@ -672,3 +672,104 @@ async fn a_fast_forwarded_cluster_continues_as_if_it_had_run_from_step_0() {
     );
     assert!(r / r0 > 2.0, "{r} vs {r0}");
 }
+
+/// An SLO out of reach of the bounds, said end to end: generated apps held by their bounds to one
+/// replica of 128 millicores under their load violate their SLO; the recommender's actions
+/// carry `slo_unreachable` once a window of such steps is full, with what the HPA/VPA rule needs
+/// beyond those bounds, while the allocation stays inside them. Targets without an SLO never
+/// get it.
+#[actix_rt::test]
+async fn an_slo_out_of_reach_of_the_bounds_is_said_on_the_actions() {
+    let (apps, steps, window) = (3usize, 60u64, 10u32);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = simulated(
+        apps,
+        30,
+        steps,
+        serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
+    );
+    let generated = aware_metrics_collector::simulator::build_apps(
+        &aware_metrics_collector::config::SimulatorSourceConfig {
+            apps,
+            seed: 11,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut specs = aware_metrics_collector::simulator::target_specs(&generated);
+    for (i, s) in specs.iter_mut().enumerate() {
+        s.bounds.min_replicas = 1;
+        s.bounds.max_replicas = 1;
+        s.bounds.min_cpu_millicores = 128;
+        s.bounds.max_cpu_millicores = 128;
+        if i == 0 {
+            // The first target has no SLO: nothing to reach.
+            s.slo = aware_shared::spec::Slo::default();
+        } else if s.slo.latency_p99_ms.is_none() && s.slo.throughput_rps.is_none() {
+            s.slo.latency_p99_ms = Some(200.0);
+        }
+    }
+    cfg.targets = specs.clone();
+    cfg.set_section(
+        "recommender",
+        &serde_json::json!({ "slo_unreachable": { "window_steps": window } }),
+    )
+    .unwrap();
+    let bus = Bus::in_process(65_536);
+    let (mut all, running, shutdown) = crate::start_services(bus, cfg, subject::ALL).await;
+
+    let mut first_said =
+        std::collections::BTreeMap::<Target, (u64, aware_bus_schemas::Resources)>::new();
+    let mut actions = std::collections::BTreeMap::<Target, u64>::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while actions.values().filter(|&&n| n >= steps).count() < apps {
+        if let Event::Action(a) = crate::next_event(&mut all, deadline, || {
+            format!("{steps} actions per target within 120 s: {actions:?}")
+        })
+        .await
+        {
+            let n = actions.entry(a.target.clone()).or_default();
+            let spec = specs
+                .iter()
+                .find(|s| s.target() == a.target)
+                .expect("a configured target");
+            // A verdict exists once a window is full (at once without an SLO).
+            let has_slo = spec.slo.latency_p99_ms.is_some() || spec.slo.throughput_rps.is_some();
+            assert_eq!(
+                a.slo_judged,
+                !has_slo || *n + 1 >= u64::from(window),
+                "action {n}: {a:?}"
+            );
+            assert_eq!(a.desired.replicas, 1, "{a:?}");
+            assert_eq!(a.desired.cpu_millicores, 128, "{a:?}");
+            if let Some(needed) = a.slo_unreachable {
+                assert!(has_slo, "no SLO, nothing to reach: {a:?}");
+                assert!(
+                    needed.replicas > 1
+                        || needed.cpu_millicores > 128
+                        || needed.memory_bytes > spec.bounds.max_memory_bytes,
+                    "the need lies beyond the bounds: {needed:?}"
+                );
+                first_said.entry(a.target.clone()).or_insert((*n, needed));
+            }
+            *n += 1;
+        }
+    }
+    shutdown.cancel();
+    running.join().await.unwrap();
+    for s in &specs[1..] {
+        let (at, needed) = first_said
+            .get(&s.target())
+            .unwrap_or_else(|| panic!("{}: never said unreachable", s.target()));
+        assert!(
+            *at + 1 >= u64::from(window),
+            "{}: said at action {at}, before a window was full",
+            s.target()
+        );
+        eprintln!(
+            "{}: unreachable from action {at}, needs {needed:?}",
+            s.target()
+        );
+    }
+    assert!(!first_said.contains_key(&specs[0].target()));
+}

@@ -61,6 +61,7 @@ fn action(episode: u64, step: u32, current: Resources, desired: Resources) -> Ac
     a.episode = episode;
     a.step = step;
     a.ts_ms = 1_000 * i64::from(step);
+    a.slo_unreachable = None;
     a.current = current;
     a.desired = desired;
     a

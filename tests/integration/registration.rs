@@ -48,6 +48,7 @@ fn action(step: u32, replicas: u32) -> Action {
     a.episode = 0;
     a.step = step;
     a.ts_ms = 1_000 * i64::from(step);
+    a.slo_unreachable = None;
     a.current = Resources {
         replicas: 2,
         cpu_millicores: 500,

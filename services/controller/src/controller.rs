@@ -8,22 +8,30 @@
 //! fields never overwrite each other. Event-driven changes are coalesced and written at most once
 //! per `status_interval_ms` per object (every step of every target would otherwise be an API
 //! call); lifecycle changes go out at the next flush too.
+//!
+//! An SLO the recommender finds out of reach within the bounds (`action/1`'s `slo_unreachable`)
+//! becomes the `SloUnreachable` condition, naming the SLO, the bounds and the allocation the
+//! rule needs, and one Kubernetes Event per change of the condition's status (Warning
+//! `SloUnreachable`, Normal `SloReachable`), not one per step.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use aware_bus_schemas::{Event, EventKind, Outcome, Registration, Schema, Target};
+use aware_bus_schemas::{Event, EventKind, Outcome, Registration, Resources, Schema, Target};
 use aware_shared::config::ConfigError;
 use aware_shared::quantity::{format_cpu, format_memory, parse_cpu_millicores, parse_memory_bytes};
 use aware_shared::registry::to_registered;
 use aware_shared::service::{ServiceContext, ServiceError};
+use aware_shared::spec::{Bounds, Slo};
 use aware_shared::telemetry::{ServiceMetrics, TelemetryError};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::{watcher, Controller};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -40,6 +48,7 @@ pub const FIELD_MANAGER: &str = "aware-controller";
 /// Condition types written by the controller.
 pub const REGISTERED: &str = "Registered";
 pub const APPLIED: &str = "Applied";
+pub const SLO_UNREACHABLE: &str = "SloUnreachable";
 
 /// The `[controller]` configuration section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +142,10 @@ struct Tracked {
     dirty: HashSet<ObjectKey>,
     /// The generation each managed object was last registered with, and when.
     registered_at: HashMap<ObjectKey, (Option<i64>, tokio::time::Instant)>,
+    /// The SLO and bounds each managed object registered, and its reference (for Events).
+    registered_spec: HashMap<ObjectKey, (Slo, Bounds, ObjectReference)>,
+    /// Kubernetes Events to publish at the next flush.
+    events: Vec<(ObjectKey, SloEvent)>,
 }
 
 /// The controller's metrics (in the service's registry).
@@ -203,6 +216,8 @@ pub struct Shared {
     pub config: ControllerConfig,
     pub metrics: ControllerMetrics,
     tracked: Mutex<Tracked>,
+    /// Publishes the Kubernetes Events (`events.k8s.io/v1`).
+    recorder: Recorder,
 }
 
 impl Shared {
@@ -212,7 +227,12 @@ impl Shared {
         config: ControllerConfig,
     ) -> Result<Arc<Self>, ServiceError> {
         let metrics = ControllerMetrics::new(&ctx.metrics)?;
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()),
+        };
         Ok(Arc::new(Shared {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             ctx,
             config,
@@ -264,6 +284,103 @@ fn set_condition(
             observed_generation: generation,
             last_transition_time: now(),
         }),
+    }
+}
+
+/// A Kubernetes Event to publish for a change of the `SloUnreachable` condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// The SLO as a user wrote it, in words.
+fn describe_slo(slo: &Slo) -> String {
+    match (slo.latency_p99_ms, slo.throughput_rps) {
+        (Some(l), Some(t)) => format!("p99 latency <= {l} ms and throughput >= {t} rps"),
+        (Some(l), None) => format!("p99 latency <= {l} ms"),
+        (None, Some(t)) => format!("throughput >= {t} rps"),
+        (None, None) => "the SLO".to_string(),
+    }
+}
+
+/// The condition message for an unreachable SLO: the SLO, the max bounds, and the allocation
+/// the rule needs.
+pub fn unreachable_message(needed: Resources, spec: Option<(&Slo, &Bounds)>) -> String {
+    let need = format!(
+        "the HPA/VPA rule needs {} replicas with {} CPU and {} memory each",
+        needed.replicas,
+        format_cpu(needed.cpu_millicores),
+        format_memory(needed.memory_bytes)
+    );
+    match spec {
+        Some((slo, b)) => format!(
+            "{} cannot be met within the bounds (at most {} replicas, {} CPU, {} memory each): {need}",
+            describe_slo(slo),
+            b.max_replicas,
+            format_cpu(b.max_cpu_millicores),
+            format_memory(b.max_memory_bytes)
+        ),
+        None => format!("the SLO cannot be met within the bounds: {need}"),
+    }
+}
+
+/// Folds an action's `slo_unreachable` (and `slo_judged`: whether its absence is a verdict)
+/// into the conditions; returns the Event to publish when the condition's status changed (a
+/// first unreachable verdict, or a clearing). A reachable SLO on an object that never had the
+/// condition adds nothing, and an action without a verdict (a recommender that has not yet
+/// judged a whole window since it started) changes nothing.
+pub fn fold_slo_unreachable(
+    conditions: &mut Vec<Condition>,
+    needed: Option<Resources>,
+    judged: bool,
+    spec: Option<(&Slo, &Bounds)>,
+) -> Option<SloEvent> {
+    let was = conditions
+        .iter()
+        .find(|c| c.type_ == SLO_UNREACHABLE)
+        .map(|c| c.status == "True");
+    match (needed, was) {
+        (Some(needed), was) => {
+            let message = unreachable_message(needed, spec);
+            set_condition(
+                conditions,
+                SLO_UNREACHABLE,
+                true,
+                "SloUnreachable",
+                message.clone(),
+                None,
+            );
+            (was != Some(true)).then_some(SloEvent {
+                warning: true,
+                reason: "SloUnreachable",
+                note: message,
+            })
+        }
+        (None, Some(true)) if judged => {
+            let message = match spec {
+                Some((slo, _)) => format!(
+                    "{} is within reach of the bounds again: a whole window without a violation at a bound the rule wanted to exceed",
+                    describe_slo(slo)
+                ),
+                None => "the SLO is within reach of the bounds again".to_string(),
+            };
+            set_condition(
+                conditions,
+                SLO_UNREACHABLE,
+                false,
+                "SloReachable",
+                message.clone(),
+                None,
+            );
+            Some(SloEvent {
+                warning: false,
+                reason: "SloReachable",
+                note: message,
+            })
+        }
+        (None, _) => None,
     }
 }
 
@@ -427,6 +544,7 @@ async fn not_managing(
     let was_managed = {
         let mut t = shared.tracked();
         t.registered_at.remove(&key);
+        t.registered_spec.remove(&key);
         let was = t.owners.get(&target) == Some(&key);
         if was {
             t.owners.remove(&target);
@@ -524,6 +642,8 @@ async fn apply(obj: Arc<AwareAutoscaler>, shared: Arc<Shared>) -> Result<Action,
         // A target moved to another object (or renamed): the new owner wins.
         t.owners.retain(|_, owner| owner != &key);
         t.owners.insert(target.clone(), key.clone());
+        t.registered_spec
+            .insert(key.clone(), (spec.slo, spec.bounds, obj.object_ref(&())));
     }
     shared.metrics.managed.set(managed_count(&shared));
     shared
@@ -584,6 +704,8 @@ async fn cleanup(
         }
         t.status.remove(&key);
         t.registered_at.remove(&key);
+        t.registered_spec.remove(&key);
+        t.events.retain(|(k, _)| k != &key);
         t.dirty.remove(&key);
     }
     shared.metrics.managed.set(managed_count(&shared));
@@ -635,6 +757,12 @@ fn error_policy(
 /// Folds one service event into the held status; returns the object whose status changed.
 pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
     let key = shared.owner_of(ev.target())?;
+    let spec = shared
+        .tracked()
+        .registered_spec
+        .get(&key)
+        .map(|(slo, bounds, _)| (*slo, *bounds));
+    let mut event = None;
     let changed = update_status(shared, &key, None, |s| match ev {
         Event::Lifecycle(l) => {
             s.stage = Some(l.stage);
@@ -651,6 +779,12 @@ pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
             if s.stage.is_none() {
                 s.stage = Some(a.stage);
             }
+            event = fold_slo_unreachable(
+                &mut s.conditions,
+                a.slo_unreachable,
+                a.slo_judged,
+                spec.as_ref().map(|(slo, b)| (slo, b)),
+            );
         }
         Event::Applied(a) => {
             let (ok, reason) = match a.outcome {
@@ -675,6 +809,10 @@ pub fn fold_event(shared: &Shared, ev: &Event) -> Option<ObjectKey> {
     if changed {
         let mut t = shared.tracked();
         t.dirty.insert(key.clone());
+        if let Some(e) = event {
+            tracing::info!(object = %format!("{}/{}", key.namespace, key.name), reason = e.reason, note = %e.note, "SLO reachability changed");
+            t.events.push((key.clone(), e));
+        }
         Some(key)
     } else {
         None
@@ -697,6 +835,39 @@ pub async fn flush_status(shared: &Shared) {
             }
         })
         .await;
+    publish_events(shared).await;
+}
+
+/// Publishes the pending Kubernetes Events, after the status that explains them. An Event the
+/// API refuses is logged and dropped: the condition still says it.
+async fn publish_events(shared: &Shared) {
+    let pending: Vec<(ObjectReference, SloEvent)> = {
+        let mut t = shared.tracked();
+        let events = std::mem::take(&mut t.events);
+        events
+            .into_iter()
+            .filter_map(|(key, e)| {
+                let reference = t.registered_spec.get(&key).map(|(_, _, r)| r.clone())?;
+                Some((reference, e))
+            })
+            .collect()
+    };
+    for (reference, e) in pending {
+        let event = KubeEvent {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.to_string(),
+            note: Some(e.note),
+            action: "Recommend".to_string(),
+            secondary: None,
+        };
+        if let Err(err) = shared.recorder.publish(&event, &reference).await {
+            tracing::warn!(object = ?reference.name, namespace = ?reference.namespace, reason = e.reason, error = %err, "publishing the Kubernetes Event failed");
+        }
+    }
 }
 
 /// The status writer: folds `lifecycle`, `action` and `applied` events into the held status and
@@ -1409,6 +1580,8 @@ mod tests {
             model_version: Some(2),
             exploration: true,
             fallback_reason: None,
+            slo_unreachable: None,
+            slo_judged: false,
         });
         let applied = Event::Applied(aware_bus_schemas::Applied {
             schema: Schema::new(),
@@ -1438,6 +1611,187 @@ mod tests {
         fold_event(&f.shared, &action);
         flush_status(&f.shared).await;
         f.finish().await;
+    }
+
+    /// [`normalize_times`], and the Event's own time and generated name.
+    fn normalize_event(v: &mut Value) {
+        normalize_times(v);
+        if let Some(t) = v.get_mut("eventTime") {
+            let s = t.as_str().expect("eventTime is a string");
+            assert!(s.parse::<k8s_openapi::jiff::Timestamp>().is_ok(), "{s}");
+            *t = json!("<time>");
+        }
+        if v.get("eventTime").is_some() {
+            let name = &mut v["metadata"]["name"];
+            let s = name.as_str().expect("an Event has a name");
+            assert!(s.starts_with("web-aware."), "{s}");
+            *name = json!("<name>");
+        }
+    }
+
+    /// The POST of a Kubernetes Event about `web-aware`.
+    fn event_post(type_: &str, reason: &str, note: &str) -> Exchange {
+        let body = json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "action": "Recommend",
+            "eventTime": "<time>",
+            "metadata": {"name": "<name>", "namespace": "shop"},
+            "note": note,
+            "reason": reason,
+            "regarding": {
+                "apiVersion": "aware.dev/v1alpha1",
+                "kind": "AwareAutoscaler",
+                "name": "web-aware",
+                "namespace": "shop",
+                "uid": "9a4c3c2e-0000-4000-8000-000000000001",
+            },
+            "reportingController": "aware-controller",
+            "reportingInstance": "aware-controller",
+            "type": type_,
+        });
+        Exchange {
+            method: Method::POST,
+            uri: "/apis/events.k8s.io/v1/namespaces/shop/events?".into(),
+            content_type: Some("application/json"),
+            body: Some(body.clone()),
+            status: 201,
+            response: body,
+            delay: Duration::ZERO,
+            arrived: None,
+        }
+    }
+
+    /// An unreachable SLO on the actions becomes the `SloUnreachable` condition (the SLO, the
+    /// bounds, the allocation needed) and one Warning Event; more actions saying the same write
+    /// nothing; the verdict clearing sets the condition False with one Normal Event.
+    #[tokio::test]
+    async fn an_unreachable_slo_becomes_a_condition_and_one_event_per_change() {
+        let obj = object(&[FINALIZER], spec());
+        let registered = json!({
+            "type": "Registered", "status": "True", "reason": "Registered",
+            "message": "Deployment shop/web registered with the services (recommend-only)",
+            "observedGeneration": 3, "lastTransitionTime": "<time>",
+        });
+        let unreachable = "p99 latency <= 200 ms cannot be met within the bounds (at most 10 \
+                           replicas, 2 CPU, 2Gi memory each): the HPA/VPA rule needs 14 replicas \
+                           with 2500m CPU and 768Mi memory each";
+        let reachable = "p99 latency <= 200 ms is within reach of the bounds again: a whole \
+                         window without a violation at a bound the rule wanted to exceed";
+        let at_max = Resources {
+            replicas: 10,
+            cpu_millicores: 2000,
+            memory_bytes: 768 * MIB,
+        };
+        let extra = json!({
+            "stage": "offline",
+            "recommendation": {"replicas": 10, "cpu": "2", "memory": "768Mi"},
+            "desiredReplicas": 10,
+        });
+        let slo_condition = |status: &str, reason: &str, message: &str| {
+            json!({
+                "type": "SloUnreachable", "status": status, "reason": reason,
+                "message": message, "lastTransitionTime": "<time>",
+            })
+        };
+        let (client, server) = kube_mock::serve_normalized(
+            vec![
+                get(DEPLOY, 200, deployment(2, "500m", "512Mi")),
+                patch(
+                    STATUS,
+                    MERGE,
+                    status_body(json!([registered.clone()]), json!({})),
+                    obj.clone(),
+                ),
+                patch(
+                    STATUS,
+                    MERGE,
+                    status_body(
+                        json!([
+                            registered.clone(),
+                            slo_condition("True", "SloUnreachable", unreachable)
+                        ]),
+                        extra.clone(),
+                    ),
+                    obj.clone(),
+                ),
+                event_post("Warning", "SloUnreachable", unreachable),
+                patch(
+                    STATUS,
+                    MERGE,
+                    status_body(
+                        json!([
+                            registered,
+                            slo_condition("False", "SloReachable", reachable)
+                        ]),
+                        extra,
+                    ),
+                    obj.clone(),
+                ),
+                event_post("Normal", "SloReachable", reachable),
+            ],
+            normalize_event,
+        );
+        let bus = Bus::in_process(1024);
+        let ctx = ServiceContext::new(
+            "controller",
+            bus,
+            Arc::new(AppConfig::default()),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let shared = Shared::new(client, ctx, ControllerConfig::default()).unwrap();
+        reconcile(parse(obj), shared.clone()).await.unwrap();
+        let action = |step: u32, needed: Option<Resources>, judged: bool| {
+            Event::Action(aware_bus_schemas::Action {
+                schema: Schema::new(),
+                target: Target::new("shop", "web"),
+                episode: 1,
+                step,
+                ts_ms: i64::from(step),
+                source: DecisionSource::Fallback,
+                stage: Stage::Offline,
+                raw: vec![],
+                current: at_max,
+                desired: at_max,
+                model_version: None,
+                exploration: false,
+                fallback_reason: None,
+                slo_unreachable: needed,
+                slo_judged: judged,
+            })
+        };
+        // Reachable before: no condition added.
+        fold_event(&shared, &action(0, None, true));
+        let needed = Resources {
+            replicas: 14,
+            cpu_millicores: 2500,
+            memory_bytes: 768 * MIB,
+        };
+        for step in 1..4 {
+            fold_event(&shared, &action(step, Some(needed), true));
+        }
+        flush_status(&shared).await;
+        // Still unreachable, the same need: nothing to write, no second Event.
+        for step in 4..8 {
+            assert_eq!(fold_event(&shared, &action(step, Some(needed), true)), None);
+        }
+        // A restarted recommender, before its first whole window: no verdict, nothing changes.
+        for step in 0..5 {
+            assert_eq!(fold_event(&shared, &action(step, None, false)), None);
+        }
+        flush_status(&shared).await;
+        for step in 8..10 {
+            fold_event(&shared, &action(step, None, true));
+        }
+        flush_status(&shared).await;
+        fold_event(&shared, &action(10, None, true));
+        flush_status(&shared).await;
+        drop(shared);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the mock server did not finish")
+            .expect("the mock server's assertions");
     }
 
     #[test]

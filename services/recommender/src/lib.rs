@@ -14,6 +14,7 @@
 //! without noise and with the state normalizer frozen (same state, same action).
 
 pub mod fallback;
+pub mod reach;
 pub mod rl;
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::fallback::{Fallback, FallbackConfig};
+use crate::reach::{ReachConfig, SloReach, Transition};
 use crate::rl::{load_policy, rl_decide, FallbackReason, RlPolicy};
 
 pub const NAME: &str = "recommender";
@@ -143,6 +145,8 @@ pub struct RecommenderConfig {
     /// checkpoint's σ; 0: no exploration while retraining. Default 0.5 (σ 0.2 → 0.1;
     /// docs/adr/0006-retraining-defaults.md).
     pub retrain_noise_scale: f32,
+    /// How an SLO that cannot be met within the bounds is recognised (`crate::reach`).
+    pub slo_unreachable: ReachConfig,
 }
 
 impl Default for RecommenderConfig {
@@ -152,6 +156,7 @@ impl Default for RecommenderConfig {
             seed: 0,
             eval_every_episodes: 2,
             retrain_noise_scale: 0.5,
+            slo_unreachable: ReachConfig::default(),
         }
     }
 }
@@ -168,6 +173,12 @@ impl RecommenderConfig {
             return Err(ServiceError::Config(ConfigError::Invalid {
                 key: "recommender.retrain_noise_scale".into(),
                 reason: format!("must be finite and >= 0, got {}", self.retrain_noise_scale),
+            }));
+        }
+        if let Some((key, reason)) = self.slo_unreachable.problem() {
+            return Err(ServiceError::Config(ConfigError::Invalid {
+                key: format!("recommender.slo_unreachable.{key}"),
+                reason,
             }));
         }
         Ok(())
@@ -284,6 +295,8 @@ pub struct Decider {
     eval_every: u32,
     /// `recommender.retrain_noise_scale`.
     retrain_noise_scale: f32,
+    /// Whether the SLO can be met within the bounds.
+    reach: SloReach,
 }
 
 impl Decider {
@@ -308,7 +321,13 @@ impl Decider {
             registered: Registered::default(),
             eval_every: 0,
             retrain_noise_scale: 1.0,
+            reach: SloReach::new(ReachConfig::default()),
         }
+    }
+
+    /// How an unreachable SLO is recognised (`recommender.slo_unreachable`).
+    pub fn set_reach(&mut self, config: ReachConfig) {
+        self.reach = SloReach::new(config);
     }
 
     /// Every `k`-th ONLINE episode (episode number k − 1 modulo k) acts without exploration
@@ -448,6 +467,22 @@ impl Decider {
         let rec = self
             .fallback
             .recommend(now_s, &o.metrics, current, &self.spec.bounds);
+        match self.reach.observe(
+            &self.spec.slo,
+            o.slo_violation,
+            current,
+            rec.unclamped,
+            &self.spec.bounds,
+        ) {
+            Some(Transition::Unreachable(needed)) => {
+                let b = &self.spec.bounds;
+                tracing::warn!(target = %o.target, episode = o.episode, step = o.step, needed_replicas = needed.replicas, needed_cpu_millicores = needed.cpu_millicores, needed_memory_bytes = needed.memory_bytes, max_replicas = b.max_replicas, max_cpu_millicores = b.max_cpu_millicores, max_memory_bytes = b.max_memory_bytes, "SLO unreachable within the bounds");
+            }
+            Some(Transition::Reachable) => {
+                tracing::info!(target = %o.target, episode = o.episode, step = o.step, "SLO reachable within the bounds again");
+            }
+            None => {}
+        }
         let mut action = Action {
             schema: Schema::new(),
             target: o.target.clone(),
@@ -462,6 +497,8 @@ impl Decider {
             model_version: self.policy_version(),
             exploration: false,
             fallback_reason: None,
+            slo_unreachable: self.reach.needed(),
+            slo_judged: self.reach.decided(),
         };
         let explore = match self.state.stage {
             Stage::Initialized | Stage::Offline => {
@@ -589,6 +626,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         );
         decider.set_eval_every(cfg.eval_every_episodes);
         decider.set_retrain_noise_scale(cfg.retrain_noise_scale);
+        decider.set_reach(cfg.slo_unreachable);
         Agent {
             decider,
             outbox: outbox.clone(),
@@ -809,6 +847,103 @@ mod tests {
                 assert_eq!(a.current.replicas, up, "step {k}: {a:?}");
                 assert_eq!(a.desired.replicas, up, "step {k}: {a:?}");
             }
+        }
+
+        /// Under sustained overload at the replica and CPU ceilings with the SLO violated, the
+        /// actions say the SLO is unreachable once a window is full, with the allocation the
+        /// HPA/VPA rule needs beyond the bounds — and the allocation itself stays the fallback's
+        /// own: at the max of the short dimensions, memory where the VPA puts it, not grown to
+        /// its bound (the cheapest allocation that comes closest). When the load falls and the
+        /// SLO holds, the verdict clears after a window.
+        #[test]
+        fn an_slo_out_of_reach_is_said_on_the_action_and_the_allocation_stays_the_rules() {
+            const WINDOW: u32 = 6;
+            let mut f = fixture();
+            f.decider.state.stage = Stage::Offline;
+            f.decider.spec.slo.latency_p99_ms = Some(200.0);
+            f.decider.set_reach(crate::reach::ReachConfig {
+                window_steps: WINDOW,
+                objective: 0.99,
+            });
+            let b = f.decider.spec.bounds;
+            let mut alone = Fallback::new(FallbackConfig::default()).unwrap();
+            let step = |k: u32, cores_per_pod: f64, violated: bool| {
+                let mut o = obs(vec![0.5; 9]);
+                o.step = k;
+                o.ts_ms = 1_000_000 + 10_000 * i64::from(k);
+                o.metrics.replicas = b.max_replicas;
+                o.metrics.ready_replicas = b.max_replicas;
+                o.metrics.spec_replicas = Some(b.max_replicas);
+                o.metrics.cpu_limit_cores = f64::from(b.max_cpu_millicores) / 1000.0;
+                o.metrics.cpu_usage_cores = cores_per_pod * f64::from(b.max_replicas);
+                o.metrics.memory_limit_bytes = 512.0 * 1024.0 * 1024.0;
+                o.metrics.memory_working_set_bytes =
+                    300.0 * 1024.0 * 1024.0 * f64::from(b.max_replicas);
+                o.metrics.oom_kills = 0;
+                o.slo_violation = violated;
+                o
+            };
+            let mut k = 0;
+            // Every pod at its whole CPU limit: the HPA asks for 100/70 of the replicas.
+            let mut needed = None;
+            for _ in 0..WINDOW {
+                let o = step(k, f64::from(b.max_cpu_millicores) / 1000.0, true);
+                let a = f.decider.decide(&o);
+                let by_rule = alone
+                    .recommend(
+                        o.ts_ms as f64 / 1000.0,
+                        &o.metrics,
+                        current_allocation(&o),
+                        &b,
+                    )
+                    .desired;
+                assert_eq!(
+                    a.desired, by_rule,
+                    "step {k}: the verdict changes no allocation"
+                );
+                assert_eq!(a.desired.replicas, b.max_replicas, "step {k}");
+                assert_eq!(a.desired.cpu_millicores, b.max_cpu_millicores, "step {k}");
+                assert!(
+                    a.desired.memory_bytes < b.max_memory_bytes,
+                    "step {k}: memory not grown to its bound: {a:?}"
+                );
+                needed = a.slo_unreachable;
+                assert_eq!(a.slo_judged, k + 1 >= WINDOW, "step {k}: {a:?}");
+                k += 1;
+            }
+            let needed = needed.expect("unreachable once the window is full");
+            assert!(needed.replicas > b.max_replicas, "{needed:?}");
+            assert!(
+                needed.replicas <= (b.max_replicas * 100).div_ceil(70) + 1,
+                "{needed:?}"
+            );
+            assert!(needed.cpu_millicores >= b.max_cpu_millicores, "{needed:?}");
+            assert_eq!(
+                needed.memory_bytes,
+                512 * 1024 * 1024,
+                "memory is not short"
+            );
+            // The encoded action carries it.
+            let a = f.decider.decide(&step(k, 2.0, true));
+            k += 1;
+            let bytes = aware_bus_schemas::encode(&a).unwrap();
+            let Event::Action(back) = aware_bus_schemas::decode_any(&bytes).unwrap() else {
+                unreachable!()
+            };
+            assert!(back.slo_unreachable.is_some());
+            // The load falls to half the limit and the SLO holds: a window later, reachable.
+            let mut cleared_at = None;
+            for i in 0..2 * WINDOW {
+                let a = f.decider.decide(&step(k, 1.0, false));
+                k += 1;
+                if a.slo_unreachable.is_none() && cleared_at.is_none() {
+                    cleared_at = Some(i);
+                }
+                if cleared_at.is_some() {
+                    assert_eq!(a.slo_unreachable, None, "no flapping back");
+                }
+            }
+            assert_eq!(cleared_at, Some(WINDOW - 1));
         }
 
         /// A complete obs whose limits are NaN, infinite, negative or zero gets no action (and

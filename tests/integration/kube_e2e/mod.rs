@@ -971,6 +971,11 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
         table.contains("web-aware") && table.contains("online"),
         "{table}"
     );
+
+    // The recommender finds the SLO out of reach: the `SloUnreachable` condition and one
+    // Warning Event, written with the chart's RBAC; more steps saying so add no Event; the
+    // verdict clearing sets the condition False with one Normal Event.
+    slo_unreachable_becomes_a_condition_and_events(&bus, &admin, &aas).await;
     assert_controller_calls_succeeded(&controller, addr);
 
     // Killed mid-flight; while it is down an object is created and another changed.
@@ -1108,6 +1113,118 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
     );
     assert_controller_calls_succeeded(&controller, addr);
     eprintln!("controller end-to-end test: {:.1?}", t0.elapsed());
+}
+
+/// The `SloUnreachable` condition of an AwareAutoscaler's JSON.
+fn slo_condition(v: &serde_json::Value) -> Option<&serde_json::Value> {
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "SloUnreachable")
+}
+
+/// The Events (`events.k8s.io/v1`) about `web-aware` with `reason`.
+async fn events_about_web(
+    admin: &kube::Client,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), APP_NS);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-aware")
+        })
+        .collect()
+}
+
+/// Publishes `shop/web` actions saying the SLO is out of reach, then reachable again, and
+/// checks the condition and the Events the controller writes for them.
+async fn slo_unreachable_becomes_a_condition_and_events(
+    bus: &Bus,
+    admin: &kube::Client,
+    aas: &Api<kube::api::DynamicObject>,
+) {
+    let at_max = aware_bus_schemas::Resources {
+        replicas: 10,
+        cpu_millicores: 2000,
+        memory_bytes: 512 * MIB,
+    };
+    let needed = aware_bus_schemas::Resources {
+        replicas: 14,
+        ..at_max
+    };
+    let action = |step: u32, slo_unreachable| {
+        let (a, _) = step_events("web", step, at_max);
+        match a {
+            aware_bus_schemas::Event::Action(mut a) => {
+                a.slo_unreachable = slo_unreachable;
+                aware_bus_schemas::Event::Action(a)
+            }
+            _ => unreachable!(),
+        }
+    };
+    for step in 0..3 {
+        publish_event(bus, action(step, Some(needed))).await;
+    }
+    let v = wait_object(aas, "web-aware", 30, "SloUnreachable True", |v| {
+        slo_condition(v).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let c = slo_condition(&v).unwrap();
+    assert_eq!(c["reason"], "SloUnreachable");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("at most 10 replicas, 2 CPU, 2Gi memory each")
+            && message.contains("needs 14 replicas with 2 CPU and 512Mi memory each"),
+        "{message}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while events_about_web(admin, "SloUnreachable").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no SloUnreachable Event within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Still out of reach for more steps: no second Event, nor a repeat counted on the first.
+    for step in 3..8 {
+        publish_event(bus, action(step, Some(needed))).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let warnings = events_about_web(admin, "SloUnreachable").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let w = &warnings[0];
+    assert_eq!(w.type_.as_deref(), Some("Warning"));
+    assert_eq!(w.note.as_deref(), Some(message));
+    assert_eq!(w.reporting_controller.as_deref(), Some("aware-controller"));
+    assert!(w.series.is_none(), "published once: {w:?}");
+
+    publish_event(bus, action(8, None)).await;
+    let v = wait_object(aas, "web-aware", 30, "SloUnreachable False", |v| {
+        slo_condition(v).is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    assert_eq!(slo_condition(&v).unwrap()["reason"], "SloReachable");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let normal = events_about_web(admin, "SloReachable").await;
+        if let [e] = &normal[..] {
+            assert_eq!(e.type_.as_deref(), Some("Normal"));
+            break;
+        }
+        assert!(normal.is_empty(), "{normal:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no SloReachable Event within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(events_about_web(admin, "SloUnreachable").await.len(), 1);
 }
 
 /// Starts `aware-controller` replica `name` (its `POD_NAME`, the Lease in [`RELEASE_NS`] from
@@ -1380,6 +1497,7 @@ fn step_events(
     a.step = step;
     a.ts_ms = 1_000 * i64::from(step);
     a.desired = desired;
+    a.slo_unreachable = None;
     o.target = t;
     o.episode = 0;
     o.step = step;

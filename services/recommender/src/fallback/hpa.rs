@@ -396,6 +396,10 @@ pub fn calculate_replicas(
 pub struct HpaDecision {
     pub replicas: u32,
     pub rules: Vec<Rule>,
+    /// The replica calculator's count at the latest sync, before stabilization, rate limits
+    /// and min/max: what the utilization asks for. `None` when the latest sync computed none
+    /// (no metrics, or the current count outside [min, max]).
+    pub proposed: Option<u32>,
 }
 
 /// The HPA controller's per-target memory: past recommendations (stabilization windows) and
@@ -412,6 +416,8 @@ pub struct Hpa {
     /// allocation a step reports may still lag that decision (the scrape after a scale), and
     /// answering with it would scale back and forth. `None` once another policy has acted.
     held: Option<u32>,
+    /// The replica calculator's count at the latest sync ([`HpaDecision::proposed`]).
+    proposed: Option<u32>,
 }
 
 /// Slack on the sync period so a caller ticking exactly every period is never skipped by
@@ -427,6 +433,7 @@ impl Hpa {
             scale_down_events: Vec::new(),
             last_sync_s: None,
             held: None,
+            proposed: None,
         }
     }
 
@@ -462,10 +469,12 @@ impl Hpa {
                     rules: vec![Rule::HpaNotDue {
                         next_sync_in_s: next - now_s,
                     }],
+                    proposed: self.proposed,
                 };
             }
         }
         self.last_sync_s = Some(now_s);
+        self.proposed = None;
         let mut rules = Vec::new();
         let desired = if current > max_replicas {
             rules.push(Rule::HpaCurrentOutsideRange {
@@ -488,6 +497,7 @@ impl Hpa {
                 self.config.tolerance,
             ) {
                 Ok(calc) => {
+                    self.proposed = Some(calc.replicas);
                     rules.extend(calc.rules);
                     self.normalize(
                         now_s,
@@ -506,6 +516,7 @@ impl Hpa {
                     return HpaDecision {
                         replicas: current,
                         rules,
+                        proposed: None,
                     };
                 }
             }
@@ -517,6 +528,7 @@ impl Hpa {
         HpaDecision {
             replicas: desired,
             rules,
+            proposed: self.proposed,
         }
     }
 
@@ -931,6 +943,27 @@ mod tests {
         let d = h.reconcile(300.0, 10, &at(10, 0.14), 1000, 1, 20);
         assert_eq!(d.replicas, 6);
         assert_eq!(h.reconcile(315.0, 6, &at(6, 0.14), 1000, 1, 20).replicas, 2);
+    }
+
+    /// The replica calculator's count is reported before the clamp (what the utilization asks
+    /// for, beyond max), held between syncs like the decision, and absent when no count was
+    /// computed.
+    #[test]
+    fn the_proposal_before_the_clamp_is_reported() {
+        let mut h = hpa();
+        // 7 pods at 100 % of the request, target 70 % → ceil(7 × 100/70) = 10 > max 7.
+        let d = h.reconcile(0.0, 7, &at(7, 1.0), 1000, 1, 7);
+        assert_eq!(d.replicas, 7);
+        assert_eq!(d.proposed, Some(10));
+        let d = h.reconcile(5.0, 7, &at(7, 1.0), 1000, 1, 7);
+        assert!(matches!(d.rules[..], [Rule::HpaNotDue { .. }]));
+        assert_eq!(d.proposed, Some(10));
+        // Current outside [min, max]: no count computed.
+        let d = h.reconcile(15.0, 9, &at(9, 1.0), 1000, 1, 7);
+        assert_eq!(d.proposed, None);
+        // No metrics: none either.
+        let d = h.reconcile(30.0, 7, &[], 1000, 1, 7);
+        assert_eq!(d.proposed, None);
     }
 
     #[test]

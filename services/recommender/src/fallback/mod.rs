@@ -265,6 +265,11 @@ impl fmt::Display for Rule {
 pub struct Recommendation {
     /// The allocation to apply, inside the bounds.
     pub desired: Resources,
+    /// What the rules ask for before the bounds: the HPA replica calculator's count (before
+    /// stabilization, rate limits and min/max; the count in force when it computed none) and the
+    /// VPA's CPU and memory before the clamp. May lie outside the bounds; what judges whether
+    /// the bounds leave the SLO reachable (`crate::reach`).
+    pub unclamped: Resources,
     /// The rules that fired, in order.
     pub rules: Vec<Rule>,
     /// The VPA's estimate, once there is history.
@@ -372,6 +377,7 @@ impl Fallback {
         let mut rules = Vec::new();
         let mut vpa_estimate = None;
         let mut desired = current;
+        let mut proposed_replicas = None;
 
         if now_s.is_finite() {
             let cpu_ok = check(
@@ -453,6 +459,7 @@ impl Fallback {
                     b.max_replicas,
                 );
                 desired.replicas = d.replicas;
+                proposed_replicas = d.proposed;
                 rules.extend(d.rules);
             }
 
@@ -488,12 +495,17 @@ impl Fallback {
             });
         }
 
+        let unclamped = Resources {
+            replicas: proposed_replicas.unwrap_or(desired.replicas),
+            ..desired
+        };
         let (clamped, dims) = b.clamp_dimensions(desired);
         if !dims.is_empty() {
             rules.push(Rule::Clamped { dims });
         }
         let rec = Recommendation {
             desired: clamped,
+            unclamped,
             rules,
             vpa_estimate,
         };
