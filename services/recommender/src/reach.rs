@@ -35,8 +35,7 @@ pub struct ReachConfig {
     /// (five minutes at the default 10 s step).
     pub window_steps: u32,
     /// The fraction of steps that must meet the SLO; `1 − objective` of the window is the error
-    /// budget. Default 0.99. Applies to every target until the target's spec carries its own
-    /// objective.
+    /// budget. Default 0.99. For a target whose SLO sets its own (`slo.objective`), that one.
     pub objective: f64,
 }
 
@@ -64,11 +63,13 @@ impl ReachConfig {
         None
     }
 
-    /// Steps of a window that may be SLO-violating and short before the budget is spent
-    /// (rounded to 1e-9 so that a decimal objective's binary error, e.g. 0.1 × 20 read as
-    /// 1.9999999999999996, does not move the threshold by a whole step).
-    fn budget_steps(&self) -> f64 {
-        ((1.0 - self.objective) * f64::from(self.window_steps) * 1e9).round() / 1e9
+    /// Steps of a window that may be SLO-violating and short before the budget is spent, under
+    /// `slo`'s own objective when it sets one, else this setting's (rounded to 1e-9 so that a
+    /// decimal objective's binary error, e.g. 0.1 × 20 read as 1.9999999999999996, does not
+    /// move the threshold by a whole step).
+    fn budget_steps(&self, slo: &Slo) -> f64 {
+        let objective = slo.objective.unwrap_or(self.objective);
+        ((1.0 - objective) * f64::from(self.window_steps) * 1e9).round() / 1e9
     }
 }
 
@@ -205,7 +206,7 @@ impl SloReach {
         let burned = self.window.iter().filter(|s| s.burned()).count();
         match self.needed {
             None => {
-                if burned as f64 > self.config.budget_steps() {
+                if burned as f64 > self.config.budget_steps(slo) {
                     if let Some(needed) = short {
                         self.needed = Some(needed);
                         return Some(Transition::Unreachable(needed));
@@ -247,7 +248,7 @@ mod tests {
     fn slo() -> Slo {
         Slo {
             latency_p99_ms: Some(200.0),
-            throughput_rps: None,
+            ..Slo::default()
         }
     }
 
@@ -417,6 +418,24 @@ mod tests {
         };
         assert_eq!(run(2), None);
         assert_eq!(run(3), Some(Transition::Unreachable(res(14, 1000, GIB))));
+        // The target's own objective (`slo.objective`) is the budget, not the setting's: at 0.8
+        // over 20 steps, 4 burned steps are within it; at 0.99, one is already too many.
+        let own = |objective: f64, burned: usize| {
+            let slo = Slo {
+                objective: Some(objective),
+                ..slo()
+            };
+            let mut r = SloReach::new(cfg);
+            let mut last = None;
+            for i in 0..20 {
+                last = r.observe(&slo, i < burned, AT_MAX, WANTS_MORE, &bounds());
+            }
+            last
+        };
+        assert_eq!(own(0.8, 3), None);
+        assert_eq!(own(0.8, 4), None);
+        assert!(own(0.8, 5).is_some());
+        assert!(own(0.99, 1).is_some());
     }
 
     #[test]
