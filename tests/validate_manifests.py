@@ -540,11 +540,34 @@ def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
         for rule in r["rules"]:
             if "*" in rule["verbs"] or "*" in rule["resources"] or "*" in rule["apiGroups"]:
                 fail(f"{label}: ClusterRole {r['metadata']['name']} has a wildcard rule")
+    # Least privilege: exactly the calls each one's code makes (kube_e2e runs them with these).
+    for name, want in CLUSTER_ROLE_RULES.items():
+        role = roles.get(f"{RELEASE}-{name}")
+        got = role and sorted((g, res, sorted(rule["verbs"])) for rule in role["rules"]
+                              for g in rule["apiGroups"] for res in rule["resources"])
+        if role and got != sorted((g, res, sorted(v)) for (g, res), v in want.items()):
+            fail(f"{label}: ClusterRole {RELEASE}-{name} grants {got}, want exactly {want}")
     if not any(p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") and not p["spec"].get("egress")
                and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
                for p in kinds.get("NetworkPolicy", [])):
         fail(f"{label}: no default-deny NetworkPolicy")
 
+
+# The rules of the two ClusterRoles: (apiGroup, resource) -> verbs, the calls the code makes.
+CLUSTER_ROLE_RULES = {
+    "controller": {
+        ("aware.dev", "awareautoscalers"): ["list", "watch", "patch"],
+        ("aware.dev", "awareautoscalers/status"): ["patch"],
+        ("apps", "deployments"): ["get"],
+        ("events.k8s.io", "events"): ["create", "patch"],
+    },
+    "actuator": {
+        ("apps", "deployments"): ["get", "patch"],
+        ("apps", "deployments/scale"): ["patch"],
+        ("", "pods"): ["list"],
+        ("", "pods/resize"): ["patch"],
+    },
+}
 
 # The services whose values `<service>.…` rows of helm/README.md's table stand for.
 VALUES_SERVICES = ["controller", "collector", "recommender", "actuator", "recorder",
