@@ -249,6 +249,15 @@ impl CostBenchOptions {
         if self.generated_apps() == 0 && self.app_file.is_none() {
             return bad("no apps: --apps 0 and no --app-file".into());
         }
+        // The trainer runs on without meta-learning when its meta_dir cannot be loaded (a
+        // service keeps working); a benchmark asked to bootstrap from one must not measure the
+        // plain base-learner under its name.
+        if let Some(dir) = &self.meta {
+            if self.selected().contains(&CostPolicy::Aware) {
+                aware_meta_learner_trainer::embedding::load_meta_dir(dir)
+                    .map_err(|e| BenchError::Failed(format!("--meta: {e}")))?;
+            }
+        }
         Ok(())
     }
 }
@@ -1595,6 +1604,27 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    /// A `--meta` that does not load is refused before anything runs (the trainer would run on
+    /// without meta-learning, and the figures would be the plain base-learner's); the shipped
+    /// default loads; without the aware policy the flag is not read.
+    #[test]
+    fn a_meta_dir_that_does_not_load_is_refused() {
+        let (missing, _guard) = temp_out("no-meta");
+        let with = |meta: PathBuf, policies: Vec<CostPolicy>| {
+            CostBenchOptions {
+                meta: Some(meta),
+                policies,
+                ..CostBenchOptions::default()
+            }
+            .check()
+        };
+        let e = with(missing.clone(), vec![]).unwrap_err().to_string();
+        assert!(e.contains("--meta") && e.contains("meta_dir"), "{e}");
+        let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/meta-default");
+        with(shipped, vec![]).unwrap();
+        with(missing, vec![CostPolicy::Vpa]).unwrap();
     }
 
     fn temp_out(name: &str) -> (PathBuf, aware_shared::testkit::TempDirGuard) {
