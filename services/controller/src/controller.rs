@@ -161,6 +161,9 @@ pub struct ControllerMetrics {
     /// Duration of one reconciliation (finalizer protocol, Deployment read, registration,
     /// status write), whatever its result.
     pub reconcile_duration: prometheus::Histogram,
+    /// Changes of the `SloUnreachable` condition, by the Event's reason (`SloUnreachable`,
+    /// `SloReachable`).
+    pub slo_reach_changes: prometheus::IntCounterVec,
 }
 
 impl ControllerMetrics {
@@ -196,6 +199,12 @@ impl ControllerMetrics {
             leader: m.gauge(
                 "controller_leader",
                 "1 while this replica leads (holds the lease, or runs without leader election) and reconciles",
+            )?,
+            slo_reach_changes: m.counter_vec(
+                "controller_slo_reach_changes_total",
+                "Changes of the SloUnreachable condition, by reason (SloUnreachable: the SLO cannot be met within the bounds; SloReachable: it can again)",
+                &["reason"],
+                &[&["SloUnreachable"], &["SloReachable"]],
             )?,
             reconcile_duration: m.histogram(
                 "controller_reconcile_duration_seconds",
@@ -853,6 +862,11 @@ async fn publish_events(shared: &Shared) {
             .collect()
     };
     for (reference, e) in pending {
+        shared
+            .metrics
+            .slo_reach_changes
+            .with_label_values(&[e.reason])
+            .inc();
         let event = KubeEvent {
             type_: if e.warning {
                 EventType::Warning
@@ -1787,6 +1801,15 @@ mod tests {
         flush_status(&shared).await;
         fold_event(&shared, &action(10, None, true));
         flush_status(&shared).await;
+        // One count per change, as the Events.
+        let changes = |reason: &str| {
+            shared
+                .metrics
+                .slo_reach_changes
+                .with_label_values(&[reason])
+                .get()
+        };
+        assert_eq!((changes("SloUnreachable"), changes("SloReachable")), (1, 1));
         drop(shared);
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
