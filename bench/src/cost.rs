@@ -23,8 +23,8 @@
 //! through them.
 //!
 //! Per policy and per app: the share of app-steps meeting the SLO (over apps with one), the
-//! requested core-hours and GiB-hours (the allocation the simulator applies is both request and
-//! limit), their price, and the disruptions the simulator can count ([`Figures`]).
+//! requested core-hours and GiB-hours (the allocation the simulator applies is the requests; the
+//! limits follow the limits policy), their price, and the disruptions the simulator can count ([`Figures`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;

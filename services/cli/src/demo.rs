@@ -418,9 +418,8 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// The resources an interval's pods request: (cores, GiB), summed over the pods running (created
 /// and not yet deleted: each holds its request, ready or not).
 ///
-/// Until requests and limits are split (issue 40 item 2), the allocation the actuator applies is
-/// both the pods' request and their limit, so the per-pod limit the collector reports is the
-/// request the user pays for.
+/// The per-pod allocation the collector reports is the request (`RawMetrics::cpu_limit_cores`
+/// keeps its wire name), what the user pays for; the limits follow the target's limits policy.
 pub fn requested(m: &RawMetrics) -> (f64, f64) {
     let pods = f64::from(m.replicas);
     (pods * m.cpu_limit_cores, pods * m.memory_limit_bytes / GIB)
