@@ -25,6 +25,7 @@ use aware_loadgen::env::TargetAction;
 use aware_loadgen::wallclock::SimHandle;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 use kube::runtime::watcher;
 
@@ -80,24 +81,8 @@ pub fn allocation_of(
         .and_then(|s| s.containers.iter().find(|c| c.name == container))
         .ok_or_else(|| bad(format!("no container `{container}` in the pod template")))?;
     let r = c.resources.clone().unwrap_or_default();
-    let limit = |key: &str| -> Result<Option<u64>, BridgeError> {
-        let Some(q) = r.limits.as_ref().and_then(|m| m.get(key)) else {
-            return Ok(None);
-        };
-        let v = if key == "cpu" {
-            aware_shared::quantity::parse_cpu_millicores(&q.0).map(u64::from)
-        } else {
-            aware_shared::quantity::parse_memory_bytes(&q.0)
-        };
-        v.map(Some)
-            .map_err(|e| bad(format!("{key} limit `{}`: {e}", q.0)))
-    };
-    let one = |key: &str| -> Result<Option<u64>, BridgeError> {
-        let q = r
-            .requests
-            .as_ref()
-            .and_then(|m| m.get(key))
-            .or_else(|| r.limits.as_ref().and_then(|m| m.get(key)));
+    // A quantity of `key` (`cpu` in millicores, `memory` in bytes); `what` names it in errors.
+    let parse = |key: &str, q: Option<&Quantity>, what: &str| -> Result<Option<u64>, BridgeError> {
         let Some(q) = q else { return Ok(None) };
         let v = if key == "cpu" {
             aware_shared::quantity::parse_cpu_millicores(&q.0).map(u64::from)
@@ -105,7 +90,16 @@ pub fn allocation_of(
             aware_shared::quantity::parse_memory_bytes(&q.0)
         };
         v.map(Some)
-            .map_err(|e| bad(format!("{key} `{}`: {e}", q.0)))
+            .map_err(|e| bad(format!("{key}{what} `{}`: {e}", q.0)))
+    };
+    let limit = |key: &str| parse(key, r.limits.as_ref().and_then(|m| m.get(key)), " limit");
+    let one = |key: &str| {
+        let q = r
+            .requests
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .or_else(|| r.limits.as_ref().and_then(|m| m.get(key)));
+        parse(key, q, "")
     };
     let (Some(cpu), Some(memory_bytes)) = (one("cpu")?, one("memory")?) else {
         return Err(bad(format!(
