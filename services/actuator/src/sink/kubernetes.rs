@@ -18,8 +18,10 @@
 //!     /apis/apps/v1/namespaces/{ns}/deployments/{name}`), which rolls the pods. The patch
 //!     carries the `metadata.resourceVersion` of the read it was computed from (the new requests
 //!     depend on the container as read): when another client changed the Deployment in between,
-//!     the API server refuses it with 409 Conflict and the sink reads the Deployment again and
-//!     recomputes, up to `retry.max_attempts` reads, rather than overwrite that edit.
+//!     the API server refuses it with 409 Conflict and the sink waits (the retry backoff), reads
+//!     the Deployment again and recomputes, up to `retry.max_attempts` reads, rather than
+//!     overwrite that edit. The vertical change is applied before the replicas (a scale moves
+//!     the `resourceVersion` on, which would make the template patch's precondition fail).
 //! - **Container**: the one the target's registration names (the AwareAutoscaler's
 //!   `resourcePolicy.containerPolicies`, carried as `TargetSpec::container`); with none (no
 //!   policy, or a `*` policy) the configured `container`, else the first container of the pod
@@ -600,11 +602,10 @@ impl KubernetesSink {
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &target.namespace);
         let container = &state.container;
 
+        // The vertical change goes first: the template patch's precondition is the read's
+        // `resourceVersion`, which a scale would have moved on (a sure 409 Conflict and a read
+        // again while the Deployment controller writes the status of the scale).
         let mut notes = Vec::new();
-        let replicas = self
-            .apply_replicas(target, &deployments, &state.spec, desired.replicas)
-            .await?;
-
         let (cpu, memory) = match cfg.vertical_mode {
             VerticalMode::TemplatePatch => {
                 self.patch_template(target, container, state.version.clone(), desired, rule)
@@ -642,6 +643,9 @@ impl KubernetesSink {
                 }
             }
         };
+        let replicas = self
+            .apply_replicas(target, &deployments, &state.spec, desired.replicas)
+            .await?;
         let in_force = Resources {
             replicas,
             cpu_millicores: cpu,
@@ -765,7 +769,18 @@ impl KubernetesSink {
                     last: Box::new(err.error),
                 });
             }
-            warn!(target = %target, operation = OPERATION, attempt, "the deployment changed since it was read: reading it again");
+            // Wait before reading again: a Deployment that changed under the patch is usually
+            // being written by its controller (status of a rollout or a scale), and an immediate
+            // read-and-patch runs into the next of those writes.
+            let delay = retry.backoff(attempt);
+            warn!(
+                target = %target,
+                operation = OPERATION,
+                attempt,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "the deployment changed since it was read: reading it again"
+            );
+            tokio::time::sleep(delay).await;
             attempt += 1;
             let (_, spec, v) = self.get_deployment(target).await?;
             container = select_container(
@@ -1412,12 +1427,15 @@ mod tests {
         assert!(report.notes.is_empty());
     }
 
+    /// The template patch goes before the scale: its precondition is the read's
+    /// `resourceVersion`, which the scale would move on (a sure 409 from a real API server).
     #[tokio::test]
     async fn template_patch_mode_patches_the_deployment_template() {
         let body = template_body("app", resources_body("2", "1Gi", "1", "512Mi"));
-        let after = deployment(3, vec![app_container("2", "1Gi", "1", "512Mi")]);
+        let after = deployment(2, vec![app_container("2", "1Gi", "1", "512Mi")]);
         let script = vec![
             get(DEPLOY, 200, default_deployment()),
+            patch(PATCH_DEPLOY, STRATEGIC, body, 200, after),
             patch(
                 SCALE,
                 MERGE,
@@ -1425,7 +1443,6 @@ mod tests {
                 200,
                 scale(3, 2),
             ),
-            patch(PATCH_DEPLOY, STRATEGIC, body, 200, after),
         ];
         let report = run(template_mode(), script, |sink| async move {
             sink.apply(&target(), res(3, 1000, 512)).await
