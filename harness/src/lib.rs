@@ -51,6 +51,8 @@ pub enum ServicesError {
     Service(#[from] aware_shared::service::ServiceError),
     #[error("setting {path:?}: expected section.key[.key…]")]
     Setting { path: String },
+    #[error("settings {paths:?}: {reason}")]
+    SettingValue { paths: Vec<String>, reason: String },
     #[error(transparent)]
     Config(#[from] aware_shared::config::ConfigError),
 }
@@ -131,10 +133,33 @@ pub fn paced_sim_config(
         t.insert("bc_alpha".into(), 100.0.into());
     }
     cfg.sections.insert("trainer".into(), trainer);
-    for (path, value) in settings {
-        set_path(&mut cfg.sections, path, value.clone())?;
+    apply_settings(cfg, settings)
+}
+
+/// `cfg` with `settings` (`--set`) applied, to a service's section (`trainer.poll_ms`) or to
+/// the configuration's own sections (`learning.objective.mode`) alike; a value of the wrong
+/// type for a key of the latter is refused, naming the settings.
+pub fn apply_settings(
+    cfg: aware_shared::config::AppConfig,
+    settings: &[(String, serde_json::Value)],
+) -> Result<aware_shared::config::AppConfig, ServicesError> {
+    if settings.is_empty() {
+        return Ok(cfg);
     }
-    Ok(cfg)
+    let refused = |reason: String| ServicesError::SettingValue {
+        paths: settings.iter().map(|(p, _)| p.clone()).collect(),
+        reason,
+    };
+    let mut all: std::collections::BTreeMap<String, serde_json::Value> =
+        match serde_json::to_value(&cfg).map_err(|e| refused(e.to_string()))? {
+            serde_json::Value::Object(m) => m.into_iter().collect(),
+            _ => return Err(refused("the configuration is not an object".into())),
+        };
+    for (path, value) in settings {
+        set_path(&mut all, path, value.clone())?;
+    }
+    serde_json::from_value(serde_json::Value::Object(all.into_iter().collect()))
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// Sets `value` at the dotted `path` (`section.key[.key…]`) of the config's sections, creating
@@ -309,6 +334,30 @@ mod tests {
             serde_json::json!({ "guardrails": { "cpu_cooldown_ms": 0 } })
         );
         assert!(set_path(&mut sections, "trainer", 1.into()).is_err());
+        // The configuration's own sections take settings too; a wrong value is refused.
+        let cfg = apply_settings(
+            aware_shared::config::AppConfig::default(),
+            &[
+                ("learning.objective.mode".into(), "constrained".into()),
+                ("trainer.poll_ms".into(), 50.into()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(cfg.learning.objective.mode).unwrap(),
+            serde_json::json!("constrained")
+        );
+        assert_eq!(cfg.learning.steps_per_episode, 100);
+        assert_eq!(
+            cfg.sections["trainer"],
+            serde_json::json!({ "poll_ms": 50 })
+        );
+        let bad = apply_settings(
+            aware_shared::config::AppConfig::default(),
+            &[("learning.objective.mode".into(), "cheapest".into())],
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("learning.objective.mode"), "{bad}");
         assert!(
             set_path(&mut sections, "trainer.poll_ms.x", 1.into()).is_err(),
             "poll_ms is not an object"

@@ -19,8 +19,6 @@
 //! it, the one that comes closest (the highest SLO preservation, then the cheapest).
 //! [`crate::run::PolicySpec::OracleCheapest`] follows it greedily.
 
-use serde::{Deserialize, Serialize};
-
 use crate::app::{Allocation, Bounds, Slo, VerticalMode, MIB};
 use crate::cluster::{SimMetrics, TargetSim};
 use crate::env::reward;
@@ -146,46 +144,7 @@ pub fn oracle_step(target: &TargetSim, grid: &OracleGrid, extra: &[Allocation]) 
     best
 }
 
-/// Bytes in a GiB.
-pub const GIB: f64 = 1024.0 * MIB as f64;
-
-/// What requested resources cost per hour: a core, and a GiB of memory. The defaults are AWS
-/// Fargate's on-demand prices (Linux/x86, us-east-1): $0.04048 per vCPU-hour and $0.004445 per
-/// GB-hour, about nine GiB to the core, in the range of the other clouds' per-resource prices.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Prices {
-    /// Price of one core for one hour.
-    pub core_hour: f64,
-    /// Price of one GiB of memory for one hour.
-    pub gib_hour: f64,
-}
-
-impl Default for Prices {
-    fn default() -> Self {
-        Prices {
-            core_hour: 0.04048,
-            gib_hour: 0.004445,
-        }
-    }
-}
-
-impl Prices {
-    /// Cores of an allocation, all replicas.
-    pub fn cores(a: &Allocation) -> f64 {
-        f64::from(a.replicas) * f64::from(a.cpu_millicores) / 1000.0
-    }
-
-    /// GiB of an allocation, all replicas.
-    pub fn gib(a: &Allocation) -> f64 {
-        f64::from(a.replicas) * a.memory_bytes as f64 / GIB
-    }
-
-    /// What the allocation costs per hour.
-    pub fn per_hour(&self, a: &Allocation) -> f64 {
-        Self::cores(a) * self.core_hour + Self::gib(a) * self.gib_hour
-    }
-}
+pub use aware_mdp::{Prices, GIB};
 
 /// The share of its offered load a best-effort app (no SLO) must serve in a step for the step
 /// to count as met: the tolerance of a throughput SLO.

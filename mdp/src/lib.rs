@@ -14,6 +14,7 @@ mod action;
 mod allocation;
 mod limits;
 mod metrics;
+mod objective;
 mod reward;
 mod state;
 
@@ -21,6 +22,9 @@ pub use action::{action_for, map_action, ActionMap, ActionMode, ClampReport, ACT
 pub use allocation::{Allocation, Bounds, Resources, MIB};
 pub use limits::{ContainerResources, ControlledValues, CpuLimit, Limits, LimitsPolicy, Resolved};
 pub use metrics::{burn_rate, slo_preservation, utilization, RawMetrics, Slo, DEFAULT_OBJECTIVE};
+pub use objective::{
+    constrained_reward, Multiplier, MultiplierConfig, Objective, ObjectiveMode, Prices, GIB,
+};
 pub use reward::{reward, REWARD_RANGE};
 pub use state::{State, STATE_DIM, STATE_NAMES};
 

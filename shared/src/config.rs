@@ -50,12 +50,16 @@ pub struct LearningConfig {
     /// Control steps per episode (100 in the paper): the collector numbers steps by it, the
     /// recorder closes episodes by it.
     pub steps_per_episode: u32,
+    /// What the learner maximizes: the paper's weighted reward, or the fewest requested
+    /// resources within the SLO's error budget (docs/adr/0016-constrained-objective.md).
+    pub objective: aware_mdp::Objective,
 }
 
 impl Default for LearningConfig {
     fn default() -> Self {
         LearningConfig {
             steps_per_episode: 100,
+            objective: aware_mdp::Objective::default(),
         }
     }
 }
@@ -741,6 +745,9 @@ impl AppConfig {
         self.lifecycle.validate()?;
         if self.learning.steps_per_episode == 0 {
             return Err(invalid("learning.steps_per_episode", "must be at least 1"));
+        }
+        if let Some((key, reason)) = self.learning.objective.problems().into_iter().next() {
+            return Err(invalid(&format!("learning.objective.{key}"), reason));
         }
         Ok(())
     }

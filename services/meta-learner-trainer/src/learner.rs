@@ -299,6 +299,13 @@ impl TrainerConfig {
     }
 }
 
+/// What the learner keeps in its network's checkpoint ([`Ddpg::set_learner_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+struct LearnerState {
+    /// The constrained objective's multiplier.
+    multiplier: aware_mdp::Multiplier,
+}
+
 /// A checkpoint written to the model store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Published {
@@ -390,6 +397,10 @@ pub struct Learner {
     retry_at: Option<Instant>,
     /// Counts stored checkpoints that cannot be read (corrupt or truncated) when resuming.
     corrupt: Option<prometheus::IntCounter>,
+    /// What the rounds maximize (`learning.objective`) and the target's SLO, whose objective is
+    /// the constrained mode's budget.
+    objective: aware_mdp::Objective,
+    slo: aware_mdp::Slo,
 }
 
 impl Learner {
@@ -416,7 +427,73 @@ impl Learner {
             failures: 0,
             retry_at: None,
             corrupt: None,
+            objective: aware_mdp::Objective::default(),
+            slo: aware_mdp::Slo::default(),
         }
+    }
+
+    /// Sets what the rounds maximize and the target's SLO (default: the paper's weighted
+    /// reward, as recorded).
+    pub fn set_objective(&mut self, objective: aware_mdp::Objective, slo: aware_mdp::Slo) {
+        self.objective = objective;
+        self.slo = slo;
+    }
+
+    /// Whether rounds train on the constrained objective's reward: its mode is set and the
+    /// target has an SLO to keep (a best-effort target has no budget to spend: it keeps the
+    /// recorded weighted reward).
+    fn constrained(&self) -> bool {
+        self.objective.mode == aware_mdp::ObjectiveMode::Constrained && self.slo.is_set()
+    }
+
+    /// The constrained objective's multiplier λ, advanced by the target's finished episodes
+    /// recorded since the network's checkpoint last saw one (the last `recent_episodes`), and
+    /// kept in the network, so that it is saved, resumed and rolled back with the checkpoint
+    /// whose critic learned under it. `None` in weighted mode.
+    fn advance_multiplier(
+        &mut self,
+        store: &dyn TrajectoryStore,
+        models: &dyn ModelStore,
+    ) -> Result<Option<f64>, TrainerError> {
+        if !self.constrained() {
+            return Ok(None);
+        }
+        let cfg = self.objective.multiplier;
+        let objective = self.slo.objective();
+        let episodes = store
+            .episodes(&self.target, self.cfg.recent_episodes)
+            .map_err(|e| self.store_err(e))?;
+        let target = self.target.clone();
+        let ddpg = self.ddpg(models)?;
+        let mut m = ddpg
+            .learner_state()
+            .and_then(|v| serde_json::from_value::<LearnerState>(v.clone()).ok())
+            .map_or_else(|| aware_mdp::Multiplier::new(&cfg), |s| s.multiplier);
+        let before = m.lambda;
+        for e in &episodes {
+            m.observe(&cfg, e.episode, e.slo_violations, e.steps, objective);
+        }
+        let state = serde_json::to_value(LearnerState { multiplier: m }).ok();
+        ddpg.set_learner_state(state);
+        if m.lambda != before {
+            tracing::debug!(target = %target, from = before, to = m.lambda, through_episode = ?m.through_episode, "multiplier moved");
+        }
+        Ok(Some(m.lambda))
+    }
+
+    /// A stored row as a training transition ([`to_training`]), conditioned on the embedding;
+    /// with a multiplier (constrained mode), its reward is [`aware_mdp::constrained_reward`] of
+    /// the row's requested cost and violation instead of the recorded one.
+    fn training_row(&self, r: &tstore::Transition, lambda: Option<f64>) -> Option<Transition> {
+        let mut t = to_training(r, &self.bounds, self.cfg.learn_action)?;
+        if let (Some(l), true) = (lambda, self.constrained()) {
+            let cost = self
+                .objective
+                .prices
+                .cost_fraction(&r.applied, &self.bounds)?;
+            t.reward = aware_mdp::constrained_reward(l, cost, r.slo_violation) as f32;
+        }
+        Some(self.conditioned(t))
     }
 
     /// Where unreadable checkpoints met while resuming are counted.
@@ -842,7 +919,11 @@ impl Learner {
 
     /// The evaluation data of the off-policy estimate: the fallback transitions of the target's
     /// last `eval_episodes` recorded episodes (the newest `eval_max_rows`).
-    fn eval_rows(&self, store: &dyn TrajectoryStore) -> Result<Vec<Transition>, TrainerError> {
+    fn eval_rows(
+        &self,
+        store: &dyn TrajectoryStore,
+        lambda: Option<f64>,
+    ) -> Result<Vec<Transition>, TrainerError> {
         let eps = store
             .episodes(&self.target, self.cfg.eval_episodes)
             .map_err(|e| self.store_err(e))?;
@@ -855,8 +936,7 @@ impl Learner {
         let mut ts: Vec<Transition> = rows
             .iter()
             .filter(|r| r.source == DecisionSource::Fallback)
-            .filter_map(|r| to_training(r, &self.bounds, self.cfg.learn_action))
-            .map(|t| self.conditioned(t))
+            .filter_map(|r| self.training_row(r, lambda))
             .collect();
         if ts.len() > self.cfg.eval_max_rows {
             ts.drain(..ts.len() - self.cfg.eval_max_rows);
@@ -923,7 +1003,7 @@ impl Learner {
                 .sample(Some(&target), steps * batch_size, seed)
                 .map_err(|e| self.store_err(e))?,
         };
-        let bounds = self.bounds;
+        let lambda = self.advance_multiplier(store, models)?;
         let (mut skipped, mut non_finite) = (0, 0);
         let mut latest = (0u64, 0u32);
         let mut ts = Vec::with_capacity(rows.len());
@@ -940,13 +1020,13 @@ impl Learner {
                 skipped += 1;
                 continue;
             }
-            match to_training(r, &bounds, self.cfg.learn_action) {
-                Some(t) => ts.push(self.conditioned(t)),
+            match self.training_row(r, lambda) {
+                Some(t) => ts.push(t),
                 None => skipped += 1,
             }
         }
         let eval = match mode {
-            RoundMode::Offline => self.eval_rows(store)?,
+            RoundMode::Offline => self.eval_rows(store, lambda)?,
             RoundMode::Online => Vec::new(),
         };
         let bc_weight = self.bc_weight(mode);
@@ -1837,6 +1917,99 @@ mod tests {
         s.steps = steps;
         s.stage = Stage::Offline;
         s
+    }
+
+    fn constrained() -> aware_mdp::Objective {
+        aware_mdp::Objective {
+            mode: aware_mdp::ObjectiveMode::Constrained,
+            ..aware_mdp::Objective::default()
+        }
+    }
+
+    fn latency_slo() -> aware_mdp::Slo {
+        aware_mdp::Slo {
+            latency_p99_ms: Some(200.0),
+            ..aware_mdp::Slo::default()
+        }
+    }
+
+    fn lambda_of(models: &LocalDirStore, p: &Published) -> f64 {
+        let bytes =
+            get_verified(models, &p.object.uri, &p.object.sha256, p.object.size_bytes).unwrap();
+        let d = Ddpg::from_bytes(&bytes).unwrap();
+        let s: LearnerState = serde_json::from_value(d.learner_state().unwrap().clone()).unwrap();
+        s.multiplier.lambda
+    }
+
+    /// Constrained mode: a row's reward is the Lagrangian of its requested cost and its
+    /// violation at the multiplier, not the recorded weighted reward; a target without an SLO,
+    /// or weighted mode, keeps the recorded one.
+    #[test]
+    fn constrained_rounds_pay_cost_and_violations_not_the_recorded_reward() {
+        let t = Target::new("shop", "cart");
+        let b = Bounds::default();
+        let mut r = row(&t, 0, 1);
+        r.applied = Resources {
+            replicas: b.max_replicas,
+            cpu_millicores: b.max_cpu_millicores,
+            memory_bytes: b.max_memory_bytes,
+        };
+        r.slo_violation = true;
+        let mut l = Learner::new(t.clone(), b, cfg());
+        let recorded = l.training_row(&r, Some(1.0)).unwrap().reward;
+        assert_eq!(
+            recorded, r.reward as f32,
+            "weighted mode keeps the recorded reward"
+        );
+        l.set_objective(constrained(), aware_mdp::Slo::default());
+        assert_eq!(l.training_row(&r, None).unwrap().reward, r.reward as f32);
+        l.set_objective(constrained(), latency_slo());
+        // The whole bound range and a violation: the worst reward, whatever λ.
+        assert_eq!(l.training_row(&r, Some(1.0)).unwrap().reward, 0.0);
+        // Half the replicas, no violation, λ = 1: 2·(0.5·0.5 + 0.5·1) = 1.5.
+        r.applied.replicas = b.max_replicas / 2;
+        r.slo_violation = false;
+        assert!((l.training_row(&r, Some(1.0)).unwrap().reward - 1.5).abs() < 1e-6);
+    }
+
+    /// The multiplier moves once per finished episode by its burn rate, is saved in the
+    /// checkpoint, and a restarted trainer resumes it instead of starting over.
+    #[test]
+    fn the_multiplier_follows_the_burn_rate_and_survives_a_restart() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "cart");
+        let new_learner = || {
+            let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+            l.set_objective(constrained(), latency_slo());
+            l
+        };
+        let mut l = new_learner();
+        let mut rows: Vec<_> = (0..60).map(|s| row(&t, 0, s)).collect();
+        for r in rows.iter_mut().take(10) {
+            r.slo_violation = true;
+        }
+        store.append(&rows).unwrap();
+        let mut e0 = summary(&t, 0, 60);
+        e0.slo_violations = 10;
+        store.put_episode(&e0).unwrap();
+        let p1 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        // 10 of 60 against a 1% budget: λ up by e^0.5 from 1.
+        assert!((lambda_of(&models, &p1) - 0.5f64.exp()).abs() < 1e-9);
+        // A restart: the next round resumes λ and moves it by the new episode only (no
+        // violation: down by e^0.5, back to 1).
+        let mut again = new_learner();
+        store
+            .append(&(0..60).map(|s| row(&t, 1, s)).collect::<Vec<_>>())
+            .unwrap();
+        let mut e1 = summary(&t, 1, 60);
+        e1.slo_violations = 0;
+        store.put_episode(&e1).unwrap();
+        let p2 = again
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("a round");
+        assert_eq!(p2.version, 2);
+        assert!((lambda_of(&models, &p2) - 1.0).abs() < 1e-9);
     }
 
     fn offline_cfg() -> TrainerConfig {

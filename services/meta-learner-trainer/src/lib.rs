@@ -554,7 +554,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let poll = Duration::from_millis(trainer.poll_ms);
     let shutdown = ctx.shutdown.clone();
     let mut actors = TargetActors::new(&ctx, move |t: &Target| {
-        let bounds = config.spec_for(t).bounds;
+        let spec = config.spec_for(t);
+        let bounds = spec.bounds;
         let cancel = shutdown.child_token();
         TargetTrainer {
             target: t.clone(),
@@ -567,6 +568,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             prune_due: false,
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
+                l.set_objective(config.learning.objective, spec.slo);
                 l.set_cancel(cancel.clone());
                 l.set_corrupt_counter(metrics.corrupt_checkpoints.clone());
                 l

@@ -42,6 +42,10 @@ struct Header {
     ou: [f32; ACTION_DIM],
     normalizer_count: u64,
     normalizer_frozen: bool,
+    /// What the learner training the agent keeps with it ([`Ddpg::set_learner_state`]); absent
+    /// in checkpoints written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    learner: Option<serde_json::Value>,
 }
 
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
@@ -260,6 +264,7 @@ impl Ddpg {
             ou: self.policy.noise.ou,
             normalizer_count: self.policy.normalizer.count,
             normalizer_frozen: self.policy.normalizer.frozen,
+            learner: self.learner_state.clone(),
         };
         let f32_blocks: Vec<Vec<f32>> = [
             self.policy.actor.export(),
@@ -338,6 +343,7 @@ impl Ddpg {
         agent.policy.noise.epsilon = header.epsilon;
         agent.policy.noise.ou = header.ou;
         agent.policy.steps = header.train_steps;
+        agent.learner_state = header.learner;
         Ok(agent)
     }
 }
@@ -407,6 +413,23 @@ mod tests {
         assert_eq!(a.act(&states[0]).unwrap(), b.act(&states[0]).unwrap());
         // Saving is deterministic.
         assert_eq!(a.to_bytes().unwrap(), b.to_bytes().unwrap());
+        assert_eq!(b.learner_state(), None);
+    }
+
+    /// The learner's state travels with the checkpoint; a checkpoint without it (as written
+    /// before it existed) still loads, with none.
+    #[test]
+    fn the_learner_state_round_trips_and_is_optional() {
+        let mut a = trained();
+        let without = a.to_bytes().unwrap();
+        a.set_learner_state(Some(
+            serde_json::json!({"lambda": 2.5, "through_episode": 7}),
+        ));
+        let with = a.to_bytes().unwrap();
+        assert_ne!(with, without);
+        let b = Ddpg::from_bytes(&with).unwrap();
+        assert_eq!(b.learner_state(), a.learner_state());
+        assert_eq!(Ddpg::from_bytes(&without).unwrap().learner_state(), None);
     }
 
     #[test]

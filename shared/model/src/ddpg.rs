@@ -67,6 +67,9 @@ pub struct Ddpg {
     pub(crate) critic_target: Mlp,
     pub(crate) actor_opt: Adam,
     pub(crate) critic_opt: Adam,
+    /// What the learner training this agent keeps with its checkpoint (the trainer's Lagrange
+    /// multiplier: the critic's rewards depend on it); opaque here.
+    pub(crate) learner_state: Option<serde_json::Value>,
 }
 
 impl Ddpg {
@@ -89,6 +92,7 @@ impl Ddpg {
             critic,
             actor_opt: Adam::new(cfg.actor_lr),
             critic_opt: Adam::new(cfg.critic_lr),
+            learner_state: None,
             policy: Policy {
                 actor,
                 normalizer: Normalizer::new(cfg.state_dim, cfg.state_clip),
@@ -106,6 +110,17 @@ impl Ddpg {
     /// The configuration.
     pub fn config(&self) -> &DdpgConfig {
         self.policy.config()
+    }
+
+    /// What the learner training this agent keeps with it, saved and loaded with the
+    /// checkpoint (`None` for a new agent and for checkpoints written without it).
+    pub fn learner_state(&self) -> Option<&serde_json::Value> {
+        self.learner_state.as_ref()
+    }
+
+    /// Sets what [`Ddpg::learner_state`] returns.
+    pub fn set_learner_state(&mut self, state: Option<serde_json::Value>) {
+        self.learner_state = state;
     }
 
     /// Gradient steps taken.
