@@ -147,6 +147,12 @@ pub struct RecommenderConfig {
     pub retrain_noise_scale: f32,
     /// How an SLO that cannot be met within the bounds is recognised (`crate::reach`).
     pub slo_unreachable: ReachConfig,
+    /// The RL policy never requests less memory per replica than the VPA's lower bound (the
+    /// fallback's VPA sees every step): below it upstream's updater evicts a pod as
+    /// under-provisioned, and an OOM kill restarts the container and drops its requests in
+    /// flight, which no later step undoes. The policy's raw action is rewritten to the
+    /// allocation sent, so the trainer learns from what ran. Default on.
+    pub memory_floor: bool,
 }
 
 impl Default for RecommenderConfig {
@@ -157,6 +163,7 @@ impl Default for RecommenderConfig {
             eval_every_episodes: 2,
             retrain_noise_scale: 0.5,
             slo_unreachable: ReachConfig::default(),
+            memory_floor: true,
         }
     }
 }
@@ -225,6 +232,8 @@ pub struct RecommenderMetrics {
     pub registrations: prometheus::IntCounterVec,
     /// `lifecycle` messages refused as no move the lifecycle monitor makes.
     pub lifecycle_refused: prometheus::IntCounter,
+    /// RL actions whose memory was raised to the VPA's lower bound (`memory_floor`).
+    pub memory_floor: prometheus::IntCounter,
 }
 
 /// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
@@ -273,6 +282,10 @@ impl RecommenderMetrics {
                 "recommender_lifecycle_refused_total",
                 "lifecycle messages refused as no move the lifecycle monitor makes (e.g. SERVING for a target known OFFLINE)",
             )?,
+            memory_floor: m.counter(
+                "recommender_memory_floor_total",
+                "RL actions whose memory request was raised to the VPA's lower bound (recommender.memory_floor)",
+            )?,
         })
     }
 }
@@ -297,6 +310,8 @@ pub struct Decider {
     retrain_noise_scale: f32,
     /// Whether the SLO can be met within the bounds.
     reach: SloReach,
+    /// `recommender.memory_floor`.
+    memory_floor: bool,
 }
 
 impl Decider {
@@ -322,12 +337,18 @@ impl Decider {
             eval_every: 0,
             retrain_noise_scale: 1.0,
             reach: SloReach::new(ReachConfig::default()),
+            memory_floor: true,
         }
     }
 
     /// How an unreachable SLO is recognised (`recommender.slo_unreachable`).
     pub fn set_reach(&mut self, config: ReachConfig) {
         self.reach = SloReach::new(config);
+    }
+
+    /// `recommender.memory_floor`: the RL policy's memory never below the VPA's lower bound.
+    pub fn set_memory_floor(&mut self, on: bool) {
+        self.memory_floor = on;
     }
 
     /// Every `k`-th ONLINE episode (episode number k − 1 modulo k) acts without exploration
@@ -523,9 +544,21 @@ impl Decider {
             ),
         };
         match decided {
-            Ok(d) => {
+            Ok(mut d) => {
                 // The policy set the allocation: the HPA's earlier decision no longer stands.
                 self.fallback.release();
+                if self.memory_floor {
+                    if let Some(floor) = rec.vpa_estimate.map(|e| e.lower_bound.memory_bytes) {
+                        if let Some((raw, desired)) =
+                            raise_memory(d.raw, d.desired, floor, current, &self.spec.bounds)
+                        {
+                            self.metrics.memory_floor.inc();
+                            tracing::debug!(target = %o.target, asked_bytes = d.desired.memory_bytes, floor_bytes = desired.memory_bytes, "memory raised to the VPA's lower bound");
+                            d.raw = raw;
+                            d.desired = desired;
+                        }
+                    }
+                }
                 action.source = DecisionSource::Rl;
                 action.raw = d.raw.to_vec();
                 action.desired = d.desired;
@@ -544,6 +577,35 @@ impl Decider {
         }
         action
     }
+}
+
+/// `desired` with its memory raised to `floor` (bytes per replica, rounded up to a MiB, within
+/// the bounds) and the raw action that asks for it from `current`, when the policy asked for
+/// less; `None` when it did not (or the floor is not a finite positive number).
+pub fn raise_memory(
+    raw: [f32; aware_mdp::ACTION_DIM],
+    desired: Resources,
+    floor: f64,
+    current: Resources,
+    bounds: &aware_shared::spec::Bounds,
+) -> Option<([f32; aware_mdp::ACTION_DIM], Resources)> {
+    if !(floor.is_finite() && floor > 0.0) {
+        return None;
+    }
+    let mib = aware_mdp::MIB as f64;
+    let floor = ((floor / mib).ceil() * mib).min(bounds.max_memory_bytes as f64) as u64;
+    if desired.memory_bytes >= floor {
+        return None;
+    }
+    let raised = Resources {
+        memory_bytes: floor,
+        ..desired
+    };
+    let mut raw = raw;
+    let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
+    // Only the memory dimension changes: the others keep the policy's own values.
+    raw[2] = asked[2];
+    Some((raw, crate::rl::map_raw(raw, current, bounds)))
 }
 
 /// The actor of one target.
@@ -627,6 +689,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         decider.set_eval_every(cfg.eval_every_episodes);
         decider.set_retrain_noise_scale(cfg.retrain_noise_scale);
         decider.set_reach(cfg.slo_unreachable);
+        decider.set_memory_floor(cfg.memory_floor);
         Agent {
             decider,
             outbox: outbox.clone(),
@@ -641,6 +704,44 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memory floor raises only the memory the policy asked for, and only when it asked for
+    /// less than the floor; the rewritten raw action maps to the raised allocation.
+    #[test]
+    fn the_memory_floor_raises_memory_only_and_rewrites_the_raw_action() {
+        let b = aware_shared::spec::Bounds::default();
+        let mib = aware_mdp::MIB;
+        let current = Resources {
+            replicas: 4,
+            cpu_millicores: 500,
+            memory_bytes: 1024 * mib,
+        };
+        let raw = [0.1, -0.2, -0.9];
+        let asked = crate::rl::map_raw(raw, current, &b);
+        assert!(asked.memory_bytes < 1024 * mib);
+        let floor = 900.5 * mib as f64;
+        let (raw2, raised) = raise_memory(raw, asked, floor, current, &b).unwrap();
+        assert_eq!((raw2[0], raw2[1]), (raw[0], raw[1]));
+        assert!(raw2[2] > raw[2]);
+        assert_eq!(raised, crate::rl::map_raw(raw2, current, &b));
+        assert_eq!(
+            (raised.replicas, raised.cpu_millicores),
+            (asked.replicas, asked.cpu_millicores)
+        );
+        // Rounded up to a MiB: 901 MiB.
+        assert_eq!(raised.memory_bytes, 901 * mib);
+        // Asked for at least the floor, or no usable floor: nothing changes.
+        assert_eq!(
+            raise_memory(raw, asked, 100.0 * mib as f64, current, &b),
+            None
+        );
+        for bad in [f64::NAN, f64::INFINITY, 0.0, -1.0] {
+            assert_eq!(raise_memory(raw, asked, bad, current, &b), None);
+        }
+        // Never above the bounds.
+        let (_, top) = raise_memory(raw, asked, 1e18, current, &b).unwrap();
+        assert!(top.memory_bytes <= b.max_memory_bytes);
+    }
     use aware_bus_schemas::generated::samples;
 
     #[test]
