@@ -1,5 +1,6 @@
 //! What AWARE needs to know about a managed target: allocation bounds, SLO, reward weight,
-//! update mode and limits policy (the CRD of the [kubernetes] issue carries the same fields).
+//! update mode, limits policy and its own fallback settings (the CRD of the [kubernetes] issue
+//! carries the same fields).
 
 use aware_bus_schemas::{Resources, Target};
 use serde::{Deserialize, Serialize};
