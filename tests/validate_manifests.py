@@ -756,6 +756,12 @@ def main() -> int:
             "updatePolicy.updateMode Sometimes": (["spec", "updatePolicy", "updateMode"], "Sometimes"),
             "lifecycle.window 0": (["spec", "lifecycle", "window"], 0),
             "lifecycle.tVar -1": (["spec", "lifecycle", "tVar"], -1.0),
+            "fallback.hpa.targetCPUUtilizationPercentage 0":
+                (["spec", "fallback", "hpa", "targetCPUUtilizationPercentage"], 0),
+            "fallback.hpa.targetCPUUtilizationPercentage 101":
+                (["spec", "fallback", "hpa", "targetCPUUtilizationPercentage"], 101),
+            "fallback.hpa.targetCPUUtilizationPercentage 0.35":
+                (["spec", "fallback", "hpa", "targetCPUUtilizationPercentage"], 0.35),
         }
         rejected = 0
         for what, (path, value) in bad_crs.items():

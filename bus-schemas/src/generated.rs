@@ -212,6 +212,7 @@ pub fn samples() -> Vec<Event> {
                     cpu_limit: CpuLimit::UnsetIfLatencySensitive,
                 }),
                 slo_objective: Some(0.995),
+                fallback_hpa_target_cpu_utilization: Some(0.35),
             }),
         }),
     ]

@@ -311,6 +311,80 @@ mod tests {
         assert_eq!(back.spec.unwrap().slo_objective, Some(0.999));
     }
 
+    /// `spec.fallback_hpa_target_cpu_utilization` joined `target/1` without a version bump, as
+    /// `slo_objective` did: a registration encoded before it existed (the committed fixture of
+    /// that time) decodes with no override (the recommender's own HPA target) and encodes byte
+    /// for byte as then, and one carrying it decodes with a reader that does not know the field
+    /// (the `RegisteredSpec` of that time, mirrored here).
+    #[test]
+    fn the_fallback_hpa_target_field_is_compatible_both_ways() {
+        let old = std::fs::read(
+            crate_dir().join("fixtures/compat/target-before-fallback-hpa-target.msgpack"),
+        )
+        .unwrap();
+        let Event::Registration(read) = decode_any(&old).unwrap() else {
+            panic!("not a registration")
+        };
+        let spec = read.spec.clone().unwrap();
+        assert_eq!(spec.fallback_hpa_target_cpu_utilization, None);
+        assert_eq!(spec.slo_objective, Some(0.995));
+        assert_eq!(
+            encode(&read).unwrap(),
+            old,
+            "an absent override must encode as before"
+        );
+
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldSpec {
+            min_replicas: u32,
+            max_replicas: u32,
+            min_cpu_millicores: u32,
+            max_cpu_millicores: u32,
+            min_memory_bytes: u64,
+            max_memory_bytes: u64,
+            slo_latency_p99_ms: Option<f64>,
+            slo_throughput_rps: Option<f64>,
+            alpha: f64,
+            recommend_only: bool,
+            lifecycle: Option<RegisteredLifecycle>,
+            container: Option<String>,
+            limits: Option<LimitsPolicy>,
+            slo_objective: Option<f64>,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldRegistration {
+            schema: String,
+            target: Target,
+            episode: u64,
+            step: u32,
+            ts_ms: i64,
+            generation: u64,
+            source: String,
+            spec: Option<OldSpec>,
+        }
+        let new = Registration {
+            spec: Some(RegisteredSpec {
+                fallback_hpa_target_cpu_utilization: Some(0.35),
+                ..spec
+            }),
+            ..read
+        };
+        let bytes = encode(&new).unwrap();
+        assert_ne!(bytes, old);
+        let by_old: OldRegistration = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.schema, "target/1");
+        assert_eq!(by_old.spec.unwrap().slo_objective, Some(0.995));
+        let Event::Registration(back) = decode_any(&bytes).unwrap() else {
+            panic!("not a registration")
+        };
+        assert_eq!(
+            back.spec.unwrap().fallback_hpa_target_cpu_utilization,
+            Some(0.35)
+        );
+    }
+
     /// `metrics.spec_replicas` joined `obs/1` without a version bump: an observation encoded
     /// before it existed decodes with none and encodes byte for byte as then, and one carrying
     /// it decodes with a reader that does not know the field (the `RawMetrics` of that time).

@@ -480,6 +480,14 @@ pub struct RegisteredSpec {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_objective: Option<f64>,
+    /// The target's own HPA target CPU utilization for the recommender's HPA/VPA fallback, a
+    /// fraction from 0.01 to 1 (the AwareAutoscaler's
+    /// `spec.fallback.hpa.targetCPUUtilizationPercentage` / 100). Absent = the recommender's
+    /// `fallback.hpa.target_cpu_utilization`. Added to `target/1` without a version bump, like
+    /// `container`: a registration without it reads as absent, a reader that does not know it
+    /// ignores it, and it is left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_hpa_target_cpu_utilization: Option<f64>,
 }
 
 /// `target/1`: the controller registers a target with the services (spec present) or

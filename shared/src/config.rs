@@ -792,6 +792,16 @@ fn validate_targets(targets: &[crate::spec::TargetSpec]) -> Result<(), ConfigErr
                 format!("{o} is not in (0, 1): the fraction of control intervals that must meet the SLO"),
             ));
         }
+        if let Some(u) = t
+            .fallback
+            .hpa_target_cpu_utilization
+            .filter(|u| !crate::spec::FallbackOverride::valid_hpa_target(*u))
+        {
+            return Err(invalid(
+                &format!("targets[{i}].fallback.hpa_target_cpu_utilization"),
+                format!("{u} is not a target CPU utilization from 0.01 (1 %) to 1 (100 %)"),
+            ));
+        }
     }
     Ok(())
 }
@@ -1159,6 +1169,66 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
     }
 
     #[test]
+    fn a_targets_fallback_hpa_target_is_a_whole_percent_from_1_to_100() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("aware.toml");
+        for (value, ok) in [
+            ("0.35", Some(0.35)),
+            ("1.0", Some(1.0)),
+            // Rounds to 1 %, as the global setting's rule.
+            ("0.005", Some(0.005)),
+            ("0.004", None),
+            ("0.0", None),
+            ("-0.5", None),
+            ("1.006", None),
+            ("80.0", None),
+            ("nan", None),
+            ("inf", None),
+        ] {
+            std::fs::write(
+                &file,
+                format!(
+                    "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\nfallback.hpa_target_cpu_utilization = {value}\n"
+                ),
+            )
+            .unwrap();
+            let res = load(&ConfigSources {
+                file: Some(file.clone()),
+                ..Default::default()
+            });
+            match (res, ok) {
+                (Ok(c), Some(want)) => {
+                    assert_eq!(
+                        c.targets[0].fallback.hpa_target_cpu_utilization,
+                        Some(want),
+                        "{value}"
+                    );
+                }
+                (Err(e), None) => {
+                    assert!(
+                        e.to_string()
+                            .contains("targets[0].fallback.hpa_target_cpu_utilization"),
+                        "{value}: {e}"
+                    );
+                }
+                (res, _) => panic!("{value}: {res:?}"),
+            }
+        }
+        // Unset: no override (the recommender's setting applies).
+        std::fs::write(
+            &file,
+            "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n",
+        )
+        .unwrap();
+        let c = load(&ConfigSources {
+            file: Some(file.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.targets[0].fallback.hpa_target_cpu_utilization, None);
+    }
+
+    #[test]
     fn misspelt_keys_and_sections_are_refused_naming_them_and_stray_variables_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let load_file = |text: &str, vars: &[(&str, &str)]| {
@@ -1187,6 +1257,12 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
                 "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.slo]\nobjectiv = 0.99\n",
                 &[],
                 "objectiv",
+            ),
+            // A misspelt override: the target would silently keep the global HPA target.
+            (
+                "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.fallback]\nhpa_target_utilization = 0.35\n",
+                &[],
+                "hpa_target_utilization",
             ),
             (
                 "[[targets]]\nnamespace = \"shop\"\nname = \"cart\"\n[targets.bounds]\nmax_replica = 3\n",

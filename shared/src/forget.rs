@@ -274,6 +274,7 @@ mod tests {
             container: None,
             limits: None,
             slo_objective: None,
+            fallback_hpa_target_cpu_utilization: None,
         };
         crate::testkit::registration(target, ts_ms, registered.then_some(spec))
     }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use aware_bus_schemas::{RegisteredLifecycle, RegisteredSpec, Registration, Target};
 
 use crate::config::LifecycleProfile;
-use crate::spec::{Bounds, Slo, TargetSpec, UpdateMode};
+use crate::spec::{Bounds, FallbackOverride, Slo, TargetSpec, UpdateMode};
 
 /// The wire form of a spec (and optional lifecycle profile).
 pub fn to_registered(spec: &TargetSpec, lifecycle: Option<&LifecycleProfile>) -> RegisteredSpec {
@@ -38,6 +38,7 @@ pub fn to_registered(spec: &TargetSpec, lifecycle: Option<&LifecycleProfile>) ->
         }),
         container: spec.container.clone(),
         limits: Some(spec.limits),
+        fallback_hpa_target_cpu_utilization: spec.fallback.hpa_target_cpu_utilization,
     }
 }
 
@@ -93,6 +94,14 @@ pub fn from_registered(
     if let Some(o) = r.slo_objective.filter(|o| !Slo::valid_objective(*o)) {
         return Err(refuse(format!("slo_objective {o} is not in (0, 1)")));
     }
+    if let Some(u) = r
+        .fallback_hpa_target_cpu_utilization
+        .filter(|u| !FallbackOverride::valid_hpa_target(*u))
+    {
+        return Err(refuse(format!(
+            "fallback_hpa_target_cpu_utilization {u} is not from 0.01 (1 %) to 1 (100 %)"
+        )));
+    }
     if let Some(c) = &r.container {
         // The controller sends no name for "every container" (`*`), so a `*` here is not ours.
         if c.is_empty() || c == "*" {
@@ -141,6 +150,10 @@ pub fn from_registered(
             container: r.container.clone(),
             // Absent (a controller from before the field): the default policy.
             limits: r.limits.unwrap_or_default(),
+            // Absent (unset, or a controller from before the field): the recommender's setting.
+            fallback: FallbackOverride {
+                hpa_target_cpu_utilization: r.fallback_hpa_target_cpu_utilization,
+            },
         },
         lifecycle,
     ))
@@ -306,6 +319,7 @@ mod tests {
             controlled_values: crate::spec::ControlledValues::RequestsOnly,
             cpu_limit: crate::spec::CpuLimit::UnsetIfLatencySensitive,
         };
+        s.fallback.hpa_target_cpu_utilization = Some(0.35);
         s
     }
 
@@ -331,10 +345,18 @@ mod tests {
         assert_eq!(wire.slo_objective, Some(0.995));
         let old = RegisteredSpec {
             slo_objective: None,
-            ..wire
+            ..wire.clone()
         };
         let (back, _) = from_registered(&Target::new("shop", "web"), &old).unwrap();
         assert_eq!((back.slo.objective, back.slo.objective()), (None, 0.99));
+        // Nor a fallback override: none (the recommender's own HPA target).
+        assert_eq!(wire.fallback_hpa_target_cpu_utilization, Some(0.35));
+        let old = RegisteredSpec {
+            fallback_hpa_target_cpu_utilization: None,
+            ..wire
+        };
+        let (back, _) = from_registered(&Target::new("shop", "web"), &old).unwrap();
+        assert_eq!(back.fallback, crate::spec::FallbackOverride::default());
     }
 
     #[test]
@@ -371,6 +393,18 @@ mod tests {
             },
             RegisteredSpec {
                 container: Some("*".into()),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                fallback_hpa_target_cpu_utilization: Some(0.0),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                fallback_hpa_target_cpu_utilization: Some(1.5),
+                ..to_registered(&spec(), None)
+            },
+            RegisteredSpec {
+                fallback_hpa_target_cpu_utilization: Some(f64::NAN),
                 ..to_registered(&spec(), None)
             },
             RegisteredSpec {

@@ -1,5 +1,6 @@
 //! What AWARE needs to know about a managed target: allocation bounds, SLO, reward weight,
-//! update mode and limits policy (the CRD of the [kubernetes] issue carries the same fields).
+//! update mode, limits policy and its own fallback settings (the CRD of the [kubernetes] issue
+//! carries the same fields).
 
 use aware_bus_schemas::{Resources, Target};
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,42 @@ pub struct TargetSpec {
     /// `controlledValues` and the CPU limit's rule.
     #[serde(default, deserialize_with = "LimitsPolicy::deserialize_strict")]
     pub limits: LimitsPolicy,
+    /// The target's own settings for the HPA/VPA fallback that drives it while its agent
+    /// learns; what is unset follows `recommender.fallback`.
+    #[serde(default, skip_serializing_if = "FallbackOverride::is_empty")]
+    pub fallback: FallbackOverride,
+}
+
+/// A target's overrides of the recommender's fallback settings (`[[targets]] fallback.…`, the
+/// AwareAutoscaler's `spec.fallback`): a platform team that tuned an HPA per workload keeps that
+/// tuning while AWARE learns, instead of one target utilization for every workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FallbackOverride {
+    /// The HPA's target average CPU utilization (a fraction, rounded to a whole percent as
+    /// upstream works in percent), in place of `recommender.fallback.hpa.target_cpu_utilization`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hpa_target_cpu_utilization: Option<f64>,
+}
+
+impl FallbackOverride {
+    /// True when nothing is overridden.
+    pub fn is_empty(&self) -> bool {
+        self.hpa_target_cpu_utilization.is_none()
+    }
+
+    /// Whether `u` is a target utilization an override may set: finite, and a whole percent
+    /// from 1 to 100 once rounded as the HPA rounds it (the lower bound is the global setting's
+    /// rule; the upper one is the AwareAutoscaler's `targetCPUUtilizationPercentage` range).
+    pub fn valid_hpa_target(u: f64) -> bool {
+        u.is_finite() && (1..=100).contains(&hpa_target_percent(u))
+    }
+}
+
+/// A target CPU utilization (a fraction) as the HPA's whole percentage: rounded, as upstream's
+/// integer percent (`as` saturates, so an absurd value stays out of range instead of wrapping).
+pub fn hpa_target_percent(u: f64) -> i64 {
+    (u * 100.0).round() as i64
 }
 
 fn default_alpha() -> f64 {
@@ -74,6 +111,7 @@ impl TargetSpec {
             update_mode: UpdateMode::Auto,
             container: None,
             limits: LimitsPolicy::default(),
+            fallback: FallbackOverride::default(),
         }
     }
 

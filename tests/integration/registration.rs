@@ -1,7 +1,8 @@
 //! Controller registrations (`target/1`) over a real nats-server, as the recommender and the
-//! actuator services (separate tasks, one process) receive them: the registered bounds and
-//! update mode apply; after a deregistration the recommender takes no decision for the target
-//! and the actuator rejects whatever still arrives, leaving the workload as it is.
+//! actuator services (separate tasks, one process) receive them: the registered bounds, update
+//! mode and the fallback's HPA target apply; after a deregistration the recommender takes no
+//! decision for the target and the actuator rejects whatever still arrives, leaving the workload
+//! as it is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,6 +221,103 @@ async fn registrations_steer_the_recommender_and_the_actuator_over_nats() {
             .is_err(),
         "an action for a deregistered target"
     );
+
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
+/// An `obs` of `t` at step `step` (15 s apart: one HPA sync each) with 2 replicas at 50 % of
+/// their 500 m CPU limits.
+fn half_loaded_obs(t: &Target, step: u32) -> Obs {
+    let mut o = obs(step);
+    o.target = t.clone();
+    o.ts_ms = 15_000 * i64::from(step);
+    o.metrics.ready_replicas = 2;
+    o.metrics.cpu_usage_cores = 0.5;
+    o
+}
+
+/// Sends steps of `t` until the recommender's action asks for `want` replicas (a registration
+/// and the steps travel on different subjects: the first steps after one may be decided
+/// before it arrives).
+async fn recommend_until(bus: &Bus, sub: &mut Subscription, t: &Target, step: &mut u32, want: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while tokio::time::Instant::now() < deadline {
+        *step += 1;
+        publish(bus, half_loaded_obs(t, *step).into()).await;
+        let step_deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while let Ok(Some(m)) = tokio::time::timeout_at(step_deadline, sub.next()).await {
+            let Event::Action(a) =
+                aware_bus_schemas::decode_event(EventKind::Action, &m.payload).unwrap()
+            else {
+                continue;
+            };
+            if a.target != *t || a.step != *step {
+                continue;
+            }
+            if a.desired.replicas == want {
+                return;
+            }
+            seen.push(a.desired.replicas);
+            break;
+        }
+    }
+    panic!("{t}: no action for {want} replicas within 20 s; saw {seen:?}");
+}
+
+/// A target's own HPA target for the fallback (`[[targets]] fallback.hpa_target_cpu_utilization`,
+/// and `target/1`'s `fallback_hpa_target_cpu_utilization` as the controller sends it for
+/// `spec.fallback.hpa.targetCPUUtilizationPercentage`) reaches the recommender's fallback over a
+/// real nats-server: at 50 % CPU on 2 replicas the configured 70 % keeps 2 replicas and a 35 %
+/// target asks for 3; a registration setting it, and one without it, change the target of a
+/// running fallback.
+#[actix_rt::test]
+async fn a_targets_hpa_target_reaches_the_recommenders_fallback_over_nats() {
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    let tuned = Target::new("shop", "api");
+    let mut configured = TargetSpec::new(&tuned);
+    configured.fallback.hpa_target_cpu_utilization = Some(0.35);
+    cfg.targets.push(configured.clone());
+    let (running, shutdown) = start_ready(&cfg, &[aware_recommender::ENTRY]).await;
+    let bus = Bus::connect(&cfg.bus, "registration-test").await.unwrap();
+    let mut actions = bus.subscribe("aware.v1.action.>").await.unwrap();
+
+    let mut step = 0u32;
+    // Unregistered: the configured 70 % for shop/web, the `[[targets]]` 35 % for shop/api.
+    recommend_until(&bus, &mut actions, &target(), &mut step, 2).await;
+    recommend_until(&bus, &mut actions, &tuned, &mut step, 3).await;
+
+    // The controller registers shop/web with its AwareAutoscaler's 35 %.
+    let mut spec = TargetSpec::new(&target());
+    spec.fallback.hpa_target_cpu_utilization = Some(0.35);
+    let reg = registration(Some(&spec), 1);
+    assert_eq!(
+        reg.spec
+            .as_ref()
+            .unwrap()
+            .fallback_hpa_target_cpu_utilization,
+        Some(0.35)
+    );
+    publish(&bus, reg.into()).await;
+    recommend_until(&bus, &mut actions, &target(), &mut step, 3).await;
+
+    // shop/api registered without one: the configured 70 % again.
+    let mut plain = registration(Some(&TargetSpec::new(&tuned)), 1);
+    plain.target = tuned.clone();
+    assert_eq!(
+        plain
+            .spec
+            .as_ref()
+            .unwrap()
+            .fallback_hpa_target_cpu_utilization,
+        None
+    );
+    publish(&bus, plain.into()).await;
+    recommend_until(&bus, &mut actions, &tuned, &mut step, 2).await;
 
     shutdown.cancel();
     running.join().await.unwrap();

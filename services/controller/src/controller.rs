@@ -1192,6 +1192,7 @@ mod tests {
             "slo": {"latencyP99Ms": 200.0},
             "objective": {"alpha": 0.6},
             "lifecycle": {"bootstrap": true, "tOnline": 1.1, "tServing": 1.4, "tVar": 0.1, "window": 5},
+            "fallback": {"hpa": {"targetCPUUtilizationPercentage": 35}},
         })
     }
 
@@ -1284,6 +1285,8 @@ mod tests {
         assert_eq!(s.slo_latency_p99_ms, Some(200.0));
         assert_eq!(s.alpha, 0.6);
         assert!(s.recommend_only);
+        // The fallback's HPA target the workload was tuned with, as a fraction.
+        assert_eq!(s.fallback_hpa_target_cpu_utilization, Some(0.35));
         let l = s.lifecycle.expect("the lifecycle profile");
         assert_eq!(
             (l.t_online, l.t_serving, l.t_var, l.window),

@@ -9,8 +9,8 @@
 use aware_bus_schemas::{Resources, Stage};
 use aware_shared::config::LifecycleProfile;
 use aware_shared::spec::{
-    Bounds, ControlledValues as SpecControlledValues, CpuLimit as SpecCpuLimit, LimitsPolicy, Slo,
-    TargetSpec, UpdateMode as SpecUpdateMode,
+    Bounds, ControlledValues as SpecControlledValues, CpuLimit as SpecCpuLimit, FallbackOverride,
+    LimitsPolicy, Slo, TargetSpec, UpdateMode as SpecUpdateMode,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema, ResourceExt};
@@ -51,6 +51,8 @@ pub enum CrdError {
     NonPositiveSlo { field: &'static str, value: f64 },
     #[error("spec.slo.objective must be in (0, 1), got {0}")]
     ObjectiveOutOfRange(f64),
+    #[error("spec.fallback.hpa.targetCPUUtilizationPercentage must be from 1 to 100, got {0}")]
+    FallbackHpaTargetOutOfRange(u32),
     #[error("spec.lifecycle: {0}")]
     InvalidLifecycle(String),
     #[error("the bounds exclude the current allocation: {0}")]
@@ -124,6 +126,33 @@ pub struct AwareAutoscalerSpec {
     pub objective: Objective,
     #[serde(default)]
     pub lifecycle: Lifecycle,
+    /// The HPA/VPA fallback that drives the workload while AWARE learns (and whenever the
+    /// lifecycle hands it back): the workload's own settings, in place of the recommender's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackSpec>,
+}
+
+/// The workload's own settings for the HPA/VPA fallback.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpa: Option<HpaFallbackSpec>,
+}
+
+/// The fallback HPA's settings, named as `autoscaling/v1`'s.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct HpaFallbackSpec {
+    /// The target average CPU utilization, in percent of the CPU request (1–100), as the HPA
+    /// this workload was tuned with; unset = the recommender's
+    /// `fallback.hpa.target_cpu_utilization`.
+    #[serde(
+        rename = "targetCPUUtilizationPercentage",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 100))]
+    pub target_cpu_utilization_percentage: Option<u32>,
 }
 
 /// The workload to scale (as `autoscaling/v1` `CrossVersionObjectReference`).
@@ -502,6 +531,7 @@ impl AwareAutoscaler {
             }
         }
         self.lifecycle_profile()?;
+        let fallback = self.fallback_override()?;
         Ok(TargetSpec {
             namespace,
             name: target.name.clone(),
@@ -518,6 +548,23 @@ impl AwareAutoscaler {
             },
             container: self.sized_container()?.map(|(_, name)| name.to_string()),
             limits: self.limits_policy()?,
+            fallback,
+        })
+    }
+
+    /// The fallback's settings of the workload's own (`spec.fallback`), as fractions.
+    pub fn fallback_override(&self) -> Result<FallbackOverride, CrdError> {
+        let percent = self
+            .spec
+            .fallback
+            .as_ref()
+            .and_then(|f| f.hpa.as_ref())
+            .and_then(|h| h.target_cpu_utilization_percentage);
+        if let Some(p) = percent.filter(|p| !(1..=100).contains(p)) {
+            return Err(CrdError::FallbackHpaTargetOutOfRange(p));
+        }
+        Ok(FallbackOverride {
+            hpa_target_cpu_utilization: percent.map(|p| f64::from(p) / 100.0),
         })
     }
 
@@ -1002,6 +1049,12 @@ mod tests {
         let objective = &spec["slo"]["properties"]["objective"]["x-kubernetes-validations"][0];
         assert_eq!(objective["rule"], "self > 0.0 && self < 1.0");
         assert_eq!(objective["message"], "slo.objective must be in (0, 1)");
+        let hpa =
+            &spec["fallback"]["properties"]["hpa"]["properties"]["targetCPUUtilizationPercentage"];
+        assert_eq!(
+            (&hpa["type"], &hpa["minimum"], &hpa["maximum"]),
+            (&json!("integer"), &json!(1.0), &json!(100.0))
+        );
         assert_eq!(
             spec["updatePolicy"]["properties"]["updateMode"]["enum"],
             json!(["Off", "Auto"])
@@ -1039,6 +1092,9 @@ mod tests {
                 limits: LimitsPolicy {
                     controlled_values: SpecControlledValues::RequestsAndLimits,
                     cpu_limit: SpecCpuLimit::UnsetIfLatencySensitive,
+                },
+                fallback: FallbackOverride {
+                    hpa_target_cpu_utilization: Some(0.5),
                 },
             }
         );
@@ -1221,6 +1277,35 @@ mod tests {
             .target_spec()
             .unwrap();
         assert_eq!((o.slo.objective, o.slo.objective()), (None, 0.99));
+        for percent in [0u32, 101, 1000] {
+            let o = with(json!({"fallback": {"hpa": {"targetCPUUtilizationPercentage": percent}}}));
+            let e = o.target_spec().unwrap_err();
+            assert_eq!(e, CrdError::FallbackHpaTargetOutOfRange(percent));
+            assert!(
+                e.to_string()
+                    .contains("spec.fallback.hpa.targetCPUUtilizationPercentage"),
+                "{e}"
+            );
+        }
+        for (percent, fraction) in [(35u32, 0.35), (1, 0.01), (100, 1.0)] {
+            let o = with(json!({"fallback": {"hpa": {"targetCPUUtilizationPercentage": percent}}}))
+                .target_spec()
+                .unwrap();
+            assert_eq!(o.fallback.hpa_target_cpu_utilization, Some(fraction));
+            // The registration carries it, and the services read it back as it was.
+            let wire = aware_shared::registry::to_registered(&o, None);
+            assert_eq!(wire.fallback_hpa_target_cpu_utilization, Some(fraction));
+            let (back, _) = aware_shared::registry::from_registered(&o.target(), &wire).unwrap();
+            assert_eq!(back.fallback, o.fallback);
+        }
+        for unset in [
+            json!({}),
+            json!({"fallback": {}}),
+            json!({"fallback": {"hpa": {}}}),
+        ] {
+            let o = with(unset.clone()).target_spec().unwrap();
+            assert_eq!(o.fallback, FallbackOverride::default(), "{unset}");
+        }
         let window = with(json!({"lifecycle": {"window": 0}}));
         assert!(
             matches!(window.target_spec(), Err(CrdError::InvalidLifecycle(m)) if m.contains("window"))

@@ -104,6 +104,7 @@ pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
             update_mode: aware_shared::spec::UpdateMode::Auto,
             container: None,
             limits: aware_shared::spec::LimitsPolicy::default(),
+            fallback: aware_shared::spec::FallbackOverride::default(),
         })
         .collect()
 }

@@ -312,6 +312,8 @@ pub struct Decider {
     reach: SloReach,
     /// `recommender.memory_floor`.
     memory_floor: bool,
+    /// The HPA target utilization of `recommender.fallback`, for a target whose spec sets none.
+    default_hpa_target: f64,
 }
 
 impl Decider {
@@ -324,7 +326,8 @@ impl Decider {
     ) -> Self {
         let target = spec.target();
         let rng = ChaCha8Rng::seed_from_u64(seed ^ stable_hash(&target.key()));
-        Decider {
+        let default_hpa_target = fallback.hpa().config().target_cpu_utilization;
+        let mut decider = Decider {
             state: AgentState::new(target),
             spec,
             fallback,
@@ -338,6 +341,34 @@ impl Decider {
             retrain_noise_scale: 1.0,
             reach: SloReach::new(ReachConfig::default()),
             memory_floor: true,
+            default_hpa_target,
+        };
+        decider.apply_fallback_override();
+        decider
+    }
+
+    /// Sets the fallback's HPA target to the spec's override (the configured one without),
+    /// in place: the HPA's stabilization history and the VPA's histograms stay, so a registration
+    /// changing the target does not make the fallback forget the workload.
+    fn apply_fallback_override(&mut self) {
+        let want = self
+            .spec
+            .fallback
+            .hpa_target_cpu_utilization
+            .unwrap_or(self.default_hpa_target);
+        let was = self.fallback.hpa().config().target_cpu_utilization;
+        if want == was {
+            return;
+        }
+        match self.fallback.set_hpa_target_cpu_utilization(want) {
+            Ok(()) => {
+                tracing::info!(target = %self.state.target, from = was, to = want, overridden = self.spec.fallback.hpa_target_cpu_utilization.is_some(), "fallback HPA target utilization set");
+            }
+            // Registrations and `[[targets]]` are checked before they get here; a spec built
+            // otherwise with an unusable value keeps the target the HPA had.
+            Err(e) => {
+                tracing::warn!(target = %self.state.target, requested = want, kept = was, error = %e, "fallback HPA target utilization refused");
+            }
         }
     }
 
@@ -381,6 +412,7 @@ impl Decider {
         );
         if let Change::Registered { spec, .. } = change {
             self.spec = spec;
+            self.apply_fallback_override();
         }
     }
 
@@ -1125,6 +1157,100 @@ mod tests {
             // Registered again: acting again.
             assert!(f.decider.handle(&reg(Some(&narrow), 3)).is_none());
             assert!(f.decider.handle(&o).is_some());
+        }
+
+        /// `n` OFFLINE steps 15 s apart (one HPA sync each) of 2 replicas at 50 % of their
+        /// 500 m limits.
+        fn half_loaded(from_step: u32, n: u32) -> Vec<Obs> {
+            (from_step..from_step + n)
+                .map(|k| {
+                    let mut o = obs(vec![0.5; 9]);
+                    o.step = k;
+                    o.ts_ms = 15_000 * i64::from(k);
+                    o.metrics.replicas = 2;
+                    o.metrics.ready_replicas = 2;
+                    o.metrics.spec_replicas = Some(2);
+                    o.metrics.cpu_limit_cores = 0.5;
+                    o.metrics.cpu_usage_cores = 0.5;
+                    o
+                })
+                .collect()
+        }
+
+        /// A target whose spec sets its own HPA target (35 %, as a latency-sensitive API's HPA
+        /// is tuned) gets more replicas from the fallback than the configured 70 % gives on the
+        /// same observations: 50 % / 35 % → ceil(2 × 1.43) = 3, against 50 % / 70 % → 2.
+        #[test]
+        fn a_targets_hpa_target_override_drives_its_fallback() {
+            let mut tuned = fixture();
+            let mut spec = TargetSpec::new(&Target::new("shop", "checkout"));
+            spec.fallback.hpa_target_cpu_utilization = Some(0.35);
+            tuned.decider = Decider::new(
+                spec,
+                Fallback::new(FallbackConfig::default()).unwrap(),
+                tuned.store.clone(),
+                3,
+                tuned.decider.metrics.clone(),
+            );
+            let mut global = fixture();
+            assert_eq!(tuned.decider.fallback.hpa().config().target_percent(), 35);
+            assert_eq!(global.decider.fallback.hpa().config().target_percent(), 70);
+            for o in half_loaded(1, 4) {
+                let (t, g) = (tuned.decider.decide(&o), global.decider.decide(&o));
+                assert_eq!(t.source, DecisionSource::Fallback);
+                assert_eq!((t.desired.replicas, g.desired.replicas), (3, 2), "{o:?}");
+            }
+        }
+
+        /// A registration that sets, changes or drops the HPA target changes the fallback's
+        /// target from the next HPA sync, in place: the VPA's histograms stay as they were.
+        #[test]
+        fn a_registration_sets_the_fallbacks_hpa_target_in_place() {
+            use aware_bus_schemas::Registration;
+            use aware_shared::registry::to_registered;
+            let mut f = fixture();
+            let t = Target::new("shop", "checkout");
+            let reg = |spec: &TargetSpec, generation| {
+                Event::Registration(Registration {
+                    schema: Schema::new(),
+                    target: t.clone(),
+                    episode: 0,
+                    step: 0,
+                    ts_ms: 0,
+                    generation,
+                    source: "shop/checkout".into(),
+                    spec: Some(to_registered(spec, None)),
+                })
+            };
+            let steps = half_loaded(1, 6);
+            let a = f.decider.handle(&Event::Obs(steps[0].clone())).unwrap();
+            assert_eq!(a.desired.replicas, 2);
+            let samples = f.decider.fallback.vpa().total_samples();
+            assert!(samples > 0);
+
+            let mut spec = TargetSpec::new(&t);
+            spec.fallback.hpa_target_cpu_utilization = Some(0.35);
+            assert!(f.decider.handle(&reg(&spec, 1)).is_none());
+            assert_eq!(f.decider.fallback.hpa().config().target_percent(), 35);
+            assert_eq!(f.decider.fallback.vpa().total_samples(), samples);
+            let a = f.decider.handle(&Event::Obs(steps[1].clone())).unwrap();
+            assert_eq!(a.desired.replicas, 3, "{a:?}");
+
+            // A registration from before the field (or an AwareAutoscaler without it): the
+            // configured target again.
+            spec.fallback.hpa_target_cpu_utilization = None;
+            assert!(f.decider.handle(&reg(&spec, 2)).is_none());
+            assert_eq!(f.decider.fallback.hpa().config().target_percent(), 70);
+            // A refused registration (out of range) leaves the target in force.
+            let mut wire = to_registered(&spec, None);
+            wire.fallback_hpa_target_cpu_utilization = Some(1.5);
+            let Event::Registration(mut bad) = reg(&spec, 3) else {
+                unreachable!()
+            };
+            bad.spec = Some(wire);
+            assert!(f.decider.handle(&Event::Registration(bad)).is_none());
+            assert_eq!(f.decider.fallback.hpa().config().target_percent(), 70);
+            assert!(f.decider.fallback.vpa().total_samples() > samples);
         }
 
         #[test]

@@ -939,6 +939,7 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
     assert_eq!(r.source, "shop/web-aware");
     let spec = r.spec.expect("a registration, not a deregistration");
     assert_eq!(spec.max_replicas, 10);
+    assert_eq!(spec.fallback_hpa_target_cpu_utilization, None);
 
     // A lifecycle event of the services reaches the status (the status writer's patch).
     let Some(Event::Lifecycle(mut lifecycle)) = aware_bus_schemas::generated::samples()
@@ -988,7 +989,12 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
         "web-aware",
         &kube::api::PatchParams::default(),
         &kube::api::Patch::Merge(
-            serde_json::json!({ "spec": { "constraints": { "maxReplicas": 8 } } }),
+            // With the HPA target the workload was tuned with, for the fallback: the API server
+            // keeps it (the CRD's schema has it) and the registration carries it.
+            serde_json::json!({ "spec": {
+                "constraints": { "maxReplicas": 8 },
+                "fallback": { "hpa": { "targetCPUUtilizationPercentage": 35 } },
+            } }),
         ),
     )
     .await
@@ -1025,11 +1031,13 @@ async fn controller_with_the_charts_rbac_registers_restarts_and_releases() {
         })
         .await
         .expect("both registrations sent after the restart");
-        let max = r.spec.as_ref().map(|s| s.max_replicas);
-        seen.insert(r.target.key(), (r.generation, max));
+        let s = r.spec.as_ref();
+        let max = s.map(|s| s.max_replicas);
+        let hpa_target = s.and_then(|s| s.fallback_hpa_target_cpu_utilization);
+        seen.insert(r.target.key(), (r.generation, max, hpa_target));
     }
-    assert_eq!(seen["shop/web"], (2, Some(8)));
-    assert_eq!(seen["shop/api"], (1, Some(5)));
+    assert_eq!(seen["shop/web"], (2, Some(8), Some(0.35)));
+    assert_eq!(seen["shop/api"], (1, Some(5), None));
 
     // Calls outside the controller's ClusterRole are refused by the server.
     let code = refused_with(

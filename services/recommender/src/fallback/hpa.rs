@@ -211,7 +211,7 @@ impl Default for HpaConfig {
 impl HpaConfig {
     /// Target as upstream's integer percentage.
     pub fn target_percent(&self) -> i64 {
-        (self.target_cpu_utilization * 100.0).round() as i64
+        aware_shared::spec::hpa_target_percent(self.target_cpu_utilization)
     }
 
     pub(crate) fn problems(&self) -> Vec<(&'static str, String)> {
@@ -439,6 +439,15 @@ impl Hpa {
 
     pub fn config(&self) -> &HpaConfig {
         &self.config
+    }
+
+    /// A new target utilization, as an edit of the HPA object's target: upstream's controller
+    /// reads the target at each reconcile and keeps its stabilization history and scale events
+    /// (kept per HPA, not per target value), so they are kept here too, and the next sync (not
+    /// an earlier one) computes with the new target. The caller checks the value
+    /// ([`HpaConfig::problems`]).
+    pub fn set_target_cpu_utilization(&mut self, target: f64) {
+        self.config.target_cpu_utilization = target;
     }
 
     /// Another policy set the replicas: until its next sync the HPA keeps what is in force

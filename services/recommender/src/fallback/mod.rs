@@ -358,6 +358,25 @@ impl Fallback {
         &self.vpa
     }
 
+    /// Sets the HPA's target CPU utilization (a target's own, from its spec) in place, keeping
+    /// the HPA's stabilization history and the VPA's histograms; refused, changing nothing,
+    /// when the HPA could not run with it (the same check as the configuration's).
+    pub fn set_hpa_target_cpu_utilization(
+        &mut self,
+        target: f64,
+    ) -> Result<(), FallbackConfigError> {
+        let config = HpaConfig {
+            target_cpu_utilization: target,
+            ..self.hpa.config().clone()
+        };
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(FallbackConfigError { problems });
+        }
+        self.hpa.set_target_cpu_utilization(target);
+        Ok(())
+    }
+
     /// Another policy decided this step: the HPA's earlier decision no longer stands.
     pub fn release(&mut self) {
         self.hpa.release();
@@ -595,6 +614,57 @@ mod tests {
             keys,
             ["hpa.target_cpu_utilization", "vpa.bucket_size_growth"]
         );
+    }
+
+    /// A target's own HPA target set in place: the next sync computes with it and the
+    /// explanation says so, while the VPA's histograms and the HPA's stabilization history stay
+    /// (a scale-down stays held by the recommendation made under the earlier target, as an edit
+    /// of an HPA object's target leaves upstream's controller's history alone); an unusable
+    /// target is refused and changes nothing.
+    #[test]
+    fn the_hpa_target_is_set_in_place_keeping_the_history() {
+        let mut f = fallback();
+        f.set_hpa_target_cpu_utilization(0.35).unwrap();
+        assert_eq!(f.hpa().config().target_percent(), 35);
+        // 2 ready replicas at 70 % of their 1-core limits: 70 % / 35 % = 2 → 4 replicas.
+        let r = f.recommend(
+            0.0,
+            &metrics(2, 2, 1.4, 400e6, 1.0),
+            res(2, 1000, 512 * MIB),
+            &Bounds::default(),
+        );
+        assert_eq!(r.desired.replicas, 4, "{}", r.explanation());
+        assert!(
+            r.explanation().contains("target 35%"),
+            "{}",
+            r.explanation()
+        );
+        let vpa_before = f.vpa().clone();
+        assert!(vpa_before.total_samples() > 0);
+
+        for bad in [0.0, 0.004, f64::NAN, f64::INFINITY, -0.5] {
+            let e = f.set_hpa_target_cpu_utilization(bad).unwrap_err();
+            assert_eq!(e.problems[0].0, "hpa.target_cpu_utilization", "{bad}");
+            assert_eq!(f.hpa().config().target_percent(), 35, "{bad} changed it");
+        }
+
+        // Back to 70 %: the 4 replicas at 35 % each read 35 % / 70 % = 0.5 → 2, but the
+        // recommendation of 4 a sync ago is within the 300 s scale-down window.
+        let mut kept = f.clone();
+        kept.set_hpa_target_cpu_utilization(0.7).unwrap();
+        assert_eq!(kept.vpa(), &vpa_before, "the VPA's histograms stay");
+        let load = metrics(4, 4, 1.4, 400e6, 1.0);
+        let r = kept.recommend(15.0, &load, res(4, 1000, 512 * MIB), &Bounds::default());
+        assert!(
+            r.explanation().contains("target 70%"),
+            "{}",
+            r.explanation()
+        );
+        assert_eq!(r.desired.replicas, 4, "{}", r.explanation());
+        // A fallback made afresh at 70 % has no such history and scales down at once.
+        let mut fresh = fallback();
+        let r = fresh.recommend(15.0, &load, res(4, 1000, 512 * MIB), &Bounds::default());
+        assert_eq!(r.desired.replicas, 2, "{}", r.explanation());
     }
 
     #[test]
