@@ -96,6 +96,16 @@ pub fn default_hpa_targets() -> Vec<u32> {
     (20..=90).step_by(5).collect()
 }
 
+/// The aware policy's fallback HPA target (`--aware-fallback`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum AwareFallback {
+    /// Each app's tuned HPA target.
+    Tuned,
+    /// The recommender's global default (70%).
+    Default,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct CostBenchOptions {
     /// Generated apps (default: 20, or none with --app-file).
@@ -148,6 +158,12 @@ pub struct CostBenchOptions {
     /// trainer, as in `aware demo`).
     #[arg(long, default_value_t = CostBenchOptions::default().pace_ms)]
     pub pace_ms: u64,
+    /// The HPA target of the aware policy's fallback, which drives while the agent learns:
+    /// `tuned`, each app's tuned target (the one hpa_vpa_tuned uses, from the same tuning
+    /// window), as a team migrating from its tuned HPA sets the AwareAutoscaler's
+    /// `spec.fallback.hpa`; `default`, the recommender's global 70%.
+    #[arg(long, value_enum, default_value_t = AwareFallback::Tuned)]
+    pub aware_fallback: AwareFallback,
     /// Settings of the services of the aware policy other than their defaults.
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "A setting of the aware policy's services other than its default, SECTION.KEY=VALUE with a JSON value (repeatable)")]
     pub settings: Vec<(String, serde_json::Value)>,
@@ -177,6 +193,7 @@ impl Default for CostBenchOptions {
             oracle_memory_step_mib: 256,
             meta: None,
             pace_ms: 20,
+            aware_fallback: AwareFallback::Tuned,
             settings: Vec::new(),
             out: PathBuf::from("bench-out"),
             timeout: Duration::from_secs(3600),
@@ -729,6 +746,8 @@ pub struct CostReport {
     pub hpa_targets: Vec<u32>,
     pub oracle_cpu_step_millicores: u32,
     pub oracle_memory_step_mib: u64,
+    /// The aware policy's fallback HPA target: each app's tuned one, or the default.
+    pub aware_fallback: AwareFallback,
     pub policies: BTreeMap<String, PolicyReport>,
     /// Per app class ([`class_of`]), each policy's figures summed over the class's apps.
     pub classes: BTreeMap<String, BTreeMap<String, Figures>>,
@@ -769,6 +788,7 @@ fn apps_and_sim(opts: &CostBenchOptions) -> Result<(Vec<AppSpec>, SimConfig), Be
 fn aware_config(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
+    fallback_targets: Option<&[u32]>,
     dir: &Path,
 ) -> Result<AppConfig, BenchError> {
     let mut cfg = aware_harness::paced_sim_config(
@@ -779,6 +799,11 @@ fn aware_config(
         &opts.settings,
     )?;
     cfg.targets = aware_metrics_collector::simulator::target_specs(apps);
+    if let Some(targets) = fallback_targets {
+        for (spec, t) in cfg.targets.iter_mut().zip(targets) {
+            spec.fallback.hpa_target_cpu_utilization = Some(f64::from(*t) / 100.0);
+        }
+    }
     cfg.validate()?;
     cfg.section::<aware_recommender::RecommenderConfig>("recommender")
         .map_err(fail)?
@@ -799,6 +824,7 @@ fn aware_config(
 async fn run_aware(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
+    fallback_targets: Option<&[u32]>,
 ) -> Result<(Vec<Vec<StepRow>>, AwareLearning), BenchError> {
     let dir = opts.out.join("cost-work").join("aware");
     let _ = std::fs::remove_dir_all(&dir);
@@ -806,7 +832,7 @@ async fn run_aware(
         path: dir.display().to_string(),
         source,
     })?;
-    let cfg = aware_config(opts, apps, &dir)?;
+    let cfg = aware_config(opts, apps, fallback_targets, &dir)?;
     let index: HashMap<Target, usize> = apps
         .iter()
         .enumerate()
@@ -975,6 +1001,21 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
         }
         policies.insert(p.name().to_string(), report);
     };
+    // The tuning sweep, once: hpa_vpa_tuned runs with its choice, and so does the aware
+    // policy's fallback with `--aware-fallback tuned`.
+    let tune = selected.contains(&CostPolicy::HpaVpaTuned)
+        || (selected.contains(&CostPolicy::Aware) && opts.aware_fallback == AwareFallback::Tuned);
+    if tune {
+        tuning_sweep = sweep(&apps, &tuning, steps, &opts.hpa_targets, &prices)?;
+        tuned = tuning_sweep
+            .iter()
+            .map(|pts| choose_target(pts, opts.objective))
+            .collect();
+    }
+    let tuned_targets: Vec<u32> = tuned
+        .iter()
+        .map(|c| c.map_or(70, |c| c.target_percent))
+        .collect();
     for &p in &selected {
         let started = Instant::now();
         match p {
@@ -984,16 +1025,7 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
                 record(p, figs, started, None, None, &mut per_app);
             }
             CostPolicy::HpaVpaTuned => {
-                tuning_sweep = sweep(&apps, &tuning, steps, &opts.hpa_targets, &prices)?;
-                tuned = tuning_sweep
-                    .iter()
-                    .map(|pts| choose_target(pts, opts.objective))
-                    .collect();
-                let targets: Vec<u32> = tuned
-                    .iter()
-                    .map(|c| c.map_or(70, |c| c.target_percent))
-                    .collect();
-                let mut b = Baseline::fallbacks(&targets, false)?;
+                let mut b = Baseline::fallbacks(&tuned_targets, false)?;
                 let figs = run_baseline(&apps, &sim, steps, &mut b, &prices)?;
                 record(p, figs, started, None, None, &mut per_app);
                 evaluation_sweep = sweep(&apps, &sim, steps, &opts.hpa_targets, &prices)?;
@@ -1017,7 +1049,9 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
             }
             CostPolicy::Aware => {
                 let system = actix_rt::System::new();
-                let (rows, learning) = system.block_on(run_aware(opts, &apps))?;
+                let targets = (opts.aware_fallback == AwareFallback::Tuned)
+                    .then_some(tuned_targets.as_slice());
+                let (rows, learning) = system.block_on(run_aware(opts, &apps, targets))?;
                 let figs = apps
                     .iter()
                     .zip(&rows)
@@ -1073,6 +1107,7 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
         hpa_targets: opts.hpa_targets.clone(),
         oracle_cpu_step_millicores: opts.oracle_cpu_step,
         oracle_memory_step_mib: opts.oracle_memory_step_mib,
+        aware_fallback: opts.aware_fallback,
         policies,
         classes,
         apps: app_reports,

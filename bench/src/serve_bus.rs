@@ -203,6 +203,8 @@ pub fn arm_config(
     let mut cfg = AppConfig::default();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.learning.steps_per_episode = opts.steps_per_episode;
+    // The paper's measures, in the paper's reward: its weighted objective (ADR 0016).
+    cfg.learning.objective.mode = aware_mdp::ObjectiveMode::Weighted;
     let mut collector = CollectorConfig {
         source: SourceKind::Simulator,
         ..CollectorConfig::default()

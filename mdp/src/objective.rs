@@ -22,10 +22,10 @@ pub const GIB: f64 = 1024.0 * MIB as f64;
 pub enum ObjectiveMode {
     /// The paper's weighted reward (SLO preservation against utilization, weighted by α), as
     /// the collector computes it.
-    #[default]
     Weighted,
     /// The fewest requested cores and GiB subject to the SLO's error budget: the Lagrangian
     /// reward [`constrained_reward`] with a [`Multiplier`] per target.
+    #[default]
     Constrained,
 }
 

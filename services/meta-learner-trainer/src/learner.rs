@@ -432,8 +432,8 @@ impl Learner {
         }
     }
 
-    /// Sets what the rounds maximize and the target's SLO (default: the paper's weighted
-    /// reward, as recorded).
+    /// Sets what the rounds maximize and the target's SLO (default: the default objective and
+    /// no SLO, so the recorded reward).
     pub fn set_objective(&mut self, objective: aware_mdp::Objective, slo: aware_mdp::Slo) {
         self.objective = objective;
         self.slo = slo;
@@ -1956,6 +1956,13 @@ mod tests {
         };
         r.slo_violation = true;
         let mut l = Learner::new(t.clone(), b, cfg());
+        l.set_objective(
+            aware_mdp::Objective {
+                mode: aware_mdp::ObjectiveMode::Weighted,
+                ..aware_mdp::Objective::default()
+            },
+            latency_slo(),
+        );
         let recorded = l.training_row(&r, Some(1.0)).unwrap().reward;
         assert_eq!(
             recorded, r.reward as f32,
