@@ -121,6 +121,8 @@ pub struct LifecycleMachine {
     policy_slo: VecDeque<(Intervals, f64)>,
     /// While on probation: the intervals of its RL-driven episodes so far.
     probation_slo: Intervals,
+    /// See [`LifecycleMachine::set_slo_first`].
+    slo_first: bool,
 }
 
 /// What the error-budget guard measured (see [`MonitorConfig::error_budget`]).
@@ -180,7 +182,24 @@ impl LifecycleMachine {
             fallback_slo: VecDeque::new(),
             policy_slo: VecDeque::new(),
             probation_slo: Intervals::default(),
+            slo_first: false,
         }
+    }
+
+    /// SLO first (`learning.objective.mode: constrained`, ADR 0016): the policy's reward is
+    /// compared with the fallback's (probation, the fallback floor) only when the fallback met
+    /// the error budget. Both then meet the SLO, and the paper's reward, whose SLO term is
+    /// then at its ceiling, ranks them by utilization: at the same load, by what they request.
+    /// When the fallback burned faster than the budget, a policy within the allowed burn rate
+    /// passes whatever its reward: it spends resources on the SLO the fallback missed.
+    pub fn set_slo_first(&mut self, on: bool) {
+        self.slo_first = on;
+    }
+
+    /// Whether [`LifecycleMachine::set_slo_first`] waives the reward comparison: on, with the
+    /// guard on and an SLO, and the fallback burned faster than the budget.
+    fn reward_comparison_waived(&self) -> bool {
+        self.slo_first && self.rules.error_budget && self.fallback_burn().is_some_and(|f| f > 1.0)
     }
 
     /// Takes the target's SLO (configured or registered): with a latency or throughput
@@ -418,7 +437,10 @@ impl LifecycleMachine {
     /// `level`, reached while first learning (not retraining), is below it by more than
     /// `probation_margin`.
     fn below_fallback(&self, level: f64) -> Option<f64> {
-        if !self.rules.fallback_floor || self.retrain_from.is_some() {
+        if !self.rules.fallback_floor
+            || self.retrain_from.is_some()
+            || self.reward_comparison_waived()
+        {
             return None;
         }
         self.fallback_reward()
@@ -753,6 +775,10 @@ impl LifecycleMachine {
                 t.budget_return = true;
                 return Some(t);
             }
+        }
+        if self.reward_comparison_waived() {
+            tracing::debug!(mean, fallback, fallback_burn = ?self.fallback_burn(), "probation passed on the error budget: the fallback burned faster than it");
+            return None;
         }
         let floor = fallback - self.rules.probation_margin * fallback.abs();
         if mean >= floor {
@@ -2109,6 +2135,51 @@ pub(crate) mod tests {
             let ts = feed_rl(&mut m, &mut n, &[1]);
             assert_eq!(ts.len(), 1, "{ts:?}");
             assert!(ts[0].reason.contains("objective 0.999"), "{}", ts[0].reason);
+        }
+
+        /// SLO first (the constrained objective): a policy within the allowed burn passes
+        /// probation whatever its reward when the fallback burned faster than the budget; when
+        /// the fallback met the budget, the reward comparison stands. Without it, the reward
+        /// decides as before.
+        #[test]
+        fn slo_first_waives_the_reward_comparison_only_against_a_fallback_over_its_budget() {
+            let run = |slo_first: bool, fallback_violating: u32, rl_violating: u32| {
+                let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
+                m.set_slo(&slo(None));
+                m.set_slo_first(slo_first);
+                m.start();
+                for n in 1..=3 {
+                    m.observe(&ep(n, Offline, 1.4, fallback_violating, false));
+                }
+                assert_eq!(
+                    m.observe_model(&model(1, Some(1.5), Some(1.4)))
+                        .map(|t| t.to),
+                    Some(Online)
+                );
+                // Three ONLINE episodes earning 1.0, more than 10% below the fallback's 1.4.
+                let ts: Vec<Transition> = (4..=6)
+                    .filter_map(|n| m.observe(&ep(n, Online, 1.0, rl_violating, true)))
+                    .collect();
+                (m.stage(), ts)
+            };
+            // The fallback violated 20% (20x the budget), the policy 5% (within the allowed 20x).
+            let (stage, ts) = run(true, 20, 5);
+            assert_eq!(stage, Online, "{ts:?}");
+            let (stage, ts) = run(false, 20, 5);
+            assert_eq!(stage, Offline);
+            assert!(
+                ts[0].reason.contains("mean reward 1.000"),
+                "{}",
+                ts[0].reason
+            );
+            // The fallback met the budget: the reward stands in for what the policy requests.
+            let (stage, ts) = run(true, 0, 0);
+            assert_eq!(stage, Offline);
+            assert!(
+                ts[0].reason.contains("mean reward 1.000"),
+                "{}",
+                ts[0].reason
+            );
         }
 
         #[test]

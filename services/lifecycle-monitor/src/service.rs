@@ -343,6 +343,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         // The configured SLO until a registration brings the target's own.
         machine.set_slo(&config.spec_for(t).slo);
+        machine
+            .set_slo_first(config.learning.objective.mode == aware_mdp::ObjectiveMode::Constrained);
         // Only the target's first actor resumes there: one started again after a retirement is
         // for a target deleted and created again.
         if let Some(stage) = restored.remove(t) {
