@@ -1662,6 +1662,34 @@ mod tests {
         with(missing, vec![CostPolicy::Vpa]).unwrap();
     }
 
+    /// `--aware-fallback tuned`: each app's registration carries its tuned HPA target, which
+    /// the recommender's fallback runs with; without targets, none (the global default).
+    #[test]
+    fn the_aware_policys_fallback_gets_each_apps_tuned_target() {
+        let (dir, _guard) = temp_out("aware-fallback");
+        let opts = CostBenchOptions {
+            apps: Some(3),
+            ..CostBenchOptions::default()
+        };
+        let (apps, _) = apps_and_sim(&opts).unwrap();
+        let cfg = aware_config(&opts, &apps, Some(&[35, 20, 90]), &dir).unwrap();
+        let got: Vec<Option<f64>> = cfg
+            .targets
+            .iter()
+            .map(|t| t.fallback.hpa_target_cpu_utilization)
+            .collect();
+        assert_eq!(got, [Some(0.35), Some(0.2), Some(0.9)]);
+        let cfg = aware_config(&opts, &apps, None, &dir).unwrap();
+        assert!(cfg
+            .targets
+            .iter()
+            .all(|t| t.fallback.hpa_target_cpu_utilization.is_none()));
+        assert_eq!(
+            CostBenchOptions::default().aware_fallback,
+            AwareFallback::Tuned
+        );
+    }
+
     fn temp_out(name: &str) -> (PathBuf, aware_shared::testkit::TempDirGuard) {
         let dir =
             std::env::temp_dir().join(format!("aware-bench-cost-{name}-{}", std::process::id()));
