@@ -19,6 +19,11 @@ const SEED: u64 = 5;
 /// `lifecycle.t_online` of both runs: no agent is promoted, the fallback drives throughout (a
 /// promotion's timing depends on the trainer's speed, which would make the runs differ).
 const NEVER: f64 = 1e9;
+/// `collector.simulator.step_timeout_ms` of both runs: lock-step never gives up on a target, so
+/// neither run depends on how loaded the machine is (the in-process run shares the test
+/// process with the other tests; a step that times out leaves a target's allocation unchanged,
+/// and the runs would differ).
+const STEP_TIMEOUT_MS: u64 = 60_000;
 
 fn steps() -> u64 {
     u64::from(SPE) * EPISODES
@@ -53,6 +58,7 @@ fn in_process_run(db: &std::path::Path) {
     collector.simulator.apps = APPS;
     collector.simulator.seed = SEED;
     collector.simulator.max_steps = steps();
+    collector.simulator.step_timeout_ms = STEP_TIMEOUT_MS;
     cfg.set_section("collector", &collector).unwrap();
     cfg.lifecycle.t_online = NEVER;
     crate::set_recorder(
@@ -89,6 +95,7 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
              [learning]\nsteps_per_episode = {SPE}\n\
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = {SEED}\nmax_steps = {steps}\n\
+             step_timeout_ms = {STEP_TIMEOUT_MS}\n\
              [trajectory_store]\nsqlite_path = \"{db}\"\n",
             url = server.url(),
             steps = steps(),
