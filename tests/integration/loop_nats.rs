@@ -65,6 +65,12 @@ fn in_process_run(db: &std::path::Path) {
         &mut cfg,
         serde_json::json!({ "sqlite_path": db.display().to_string() }),
     );
+    // Its own model store: a trainer resumes from the checkpoints it finds.
+    let models = db.with_extension("models");
+    cfg.sections.insert(
+        "model_store".into(),
+        serde_json::json!({ "dir": models.display().to_string() }),
+    );
     let system = actix_rt::System::new();
     system.block_on(async move {
         let bus = Bus::in_process(65_536);
@@ -96,10 +102,12 @@ fn six_processes_over_nats_lose_nothing_when_the_recorder_restarts() {
              [collector]\nsource = \"simulator\"\n\
              [collector.simulator]\napps = {APPS}\nseed = {SEED}\nmax_steps = {steps}\n\
              step_timeout_ms = {STEP_TIMEOUT_MS}\n\
-             [trajectory_store]\nsqlite_path = \"{db}\"\n",
+             [trajectory_store]\nsqlite_path = \"{db}\"\n\
+             [model_store]\ndir = \"{models}\"\n",
             url = server.url(),
             steps = steps(),
             db = db.display(),
+            models = dir.path().join("nats-models").display(),
         ),
     )
     .unwrap();
