@@ -122,22 +122,21 @@ impl Prices {
 /// [`Multiplier`]. Up to the positive factor `2/(1 + λ)` and a constant, this is
 /// `−cost − λ·violated`: the same maximizer. A NaN or negative λ is read as 0, a NaN cost as 1.
 pub fn constrained_reward(lambda: f64, cost: f64, violated: bool) -> f64 {
-    let l = if lambda.is_finite() {
-        lambda.max(0.0)
-    } else if lambda == f64::INFINITY {
-        f64::MAX
-    } else {
-        0.0
-    };
     let c = if cost.is_nan() {
         1.0
     } else {
         cost.clamp(0.0, 1.0)
     };
     let met = if violated { 0.0 } else { 1.0 };
-    // Written as a convex combination so a huge λ neither overflows nor loses the range.
-    let w = l / (1.0 + l);
-    let w = if w.is_finite() { w } else { 1.0 };
+    // The weight λ/(1 + λ) of the violation term, written so a huge λ neither overflows nor
+    // leaves the range (NaN and λ ≤ 0 weigh nothing).
+    let w = if lambda == f64::INFINITY {
+        1.0
+    } else if lambda > 0.0 {
+        lambda / (1.0 + lambda)
+    } else {
+        0.0
+    };
     2.0 * ((1.0 - w) * (1.0 - c) + w * met)
 }
 
