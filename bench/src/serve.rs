@@ -862,6 +862,8 @@ fn run_arm(
                 } else {
                     0
                 }),
+                requested_cores_mean: None,
+                requested_gib_mean: None,
             };
             if let Some(t) = machine.observe(&e) {
                 tracing::debug!(target = %ctx.target, from = ?t.from, to = ?t.to, reason = %t.reason, "lifecycle");

@@ -140,6 +140,8 @@ pub fn samples() -> Vec<Event> {
             stage: Stage::Online,
             policy_estimate: Some(160.0),
             exploring_steps: Some(100),
+            requested_cores_mean: Some(2.5),
+            requested_gib_mean: Some(4.0),
         }),
         Event::Lifecycle(Lifecycle {
             schema: Schema::new(),

@@ -453,6 +453,64 @@ mod tests {
         assert_eq!(back.metrics.replicas_in_force(), read.metrics.replicas + 2);
     }
 
+    /// `requested_cores_mean` and `requested_gib_mean` joined `episode/1` without a version
+    /// bump: an episode encoded before them (the committed golden fixture of that time) decodes
+    /// with none and encodes byte for byte as then, and one carrying them decodes with a reader
+    /// that does not know them (the `Episode` of that time, mirrored here).
+    #[test]
+    fn the_requested_means_are_compatible_both_ways() {
+        let old =
+            std::fs::read(crate_dir().join("fixtures/compat/episode-before-requested.msgpack"))
+                .unwrap();
+        let Event::Episode(read) = decode_any(&old).unwrap() else {
+            panic!("not an episode")
+        };
+        assert_eq!(read.requested_cores_mean, None);
+        assert_eq!(read.requested_gib_mean, None);
+        assert_eq!(
+            encode(&read).unwrap(),
+            old,
+            "absent means must encode as before"
+        );
+
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct OldEpisode {
+            schema: String,
+            target: Target,
+            episode: u64,
+            step: u32,
+            ts_ms: i64,
+            steps: u32,
+            total_reward: f64,
+            mean_reward: f64,
+            slo_violations: u32,
+            cpu_util_mean: f64,
+            memory_util_mean: f64,
+            rl_steps: u32,
+            fallback_steps: u32,
+            stage: Stage,
+            policy_estimate: Option<f64>,
+            exploring_steps: Option<u32>,
+        }
+        let new = Episode {
+            requested_cores_mean: Some(3.25),
+            requested_gib_mean: Some(6.5),
+            ..read.clone()
+        };
+        let bytes = encode(&new).unwrap();
+        assert_ne!(bytes, old);
+        let by_old: OldEpisode = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(by_old.schema, "episode/1");
+        assert_eq!(by_old.slo_violations, read.slo_violations);
+        assert_eq!(by_old.exploring_steps, read.exploring_steps);
+        let Event::Episode(back) = decode_any(&bytes).unwrap() else {
+            panic!("not an episode")
+        };
+        assert_eq!(back.requested_cores_mean, Some(3.25));
+        assert_eq!(back.requested_gib_mean, Some(6.5));
+    }
+
     /// `slo_unreachable` joined `action/1` without a version bump: an action encoded before it
     /// existed (the committed golden fixture of that time) decodes with none and encodes byte for
     /// byte as then, and one carrying it decodes with a reader that does not know the field (the

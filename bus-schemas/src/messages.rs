@@ -342,6 +342,16 @@ pub struct Episode {
     /// field). `Some(0)` with `rl_steps > 0` is a noise-free evaluation episode.
     #[serde(default)]
     pub exploring_steps: Option<u32>,
+    /// Mean over the episode's steps of the requested cores in force (replicas × CPU request,
+    /// what the user pays for), and of the requested memory in GiB (2^30 bytes). Absent when
+    /// unknown (an episode rebuilt from the trajectory store, or from a recorder before these
+    /// fields). Added to `episode/1` without a version bump, like `target/1`'s `slo_objective`:
+    /// an episode without them reads as absent, a reader that does not know them ignores them,
+    /// and they are left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_cores_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_gib_mean: Option<f64>,
 }
 
 /// `lifecycle/1`: a change of lifecycle stage (Algorithm 1).

@@ -88,6 +88,22 @@ impl Prices {
         Self::cores(a) * self.core_hour + Self::gib(a) * self.gib_hour
     }
 
+    /// The share of a spend the workload used: requested `cores` and `gib` (the means of an
+    /// episode, say) weighted by their prices, each times its utilization (usage over requests,
+    /// clamped to [0, 1]). At a given load, the cheaper of two allocations that serve it is the
+    /// one with the higher share, so it compares the cost of policies across episodes whose
+    /// load differs. `None` when nothing was spent or a value is not finite or negative.
+    pub fn used_share(&self, cores: f64, gib: f64, cpu_util: f64, memory_util: f64) -> Option<f64> {
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        if !(ok(cores) && ok(gib) && ok(cpu_util) && ok(memory_util)) {
+            return None;
+        }
+        let (c, g) = (cores * self.core_hour, gib * self.gib_hour);
+        let spent = c + g;
+        let used = c * cpu_util.min(1.0) + g * memory_util.min(1.0);
+        (spent > 0.0 && spent.is_finite()).then(|| (used / spent).clamp(0.0, 1.0))
+    }
+
     /// Problems with the prices, as (key, reason).
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
@@ -248,6 +264,24 @@ mod tests {
 
     fn bounds() -> Bounds {
         Bounds::default()
+    }
+
+    #[test]
+    fn the_used_share_weighs_utilization_by_price() {
+        let p = Prices {
+            core_hour: 3.0,
+            gib_hour: 1.0,
+        };
+        // 2 cores at half use (3.0 of 6.0 spent) and 2 GiB fully used (2.0 of 2.0).
+        let s = p.used_share(2.0, 2.0, 0.5, 1.0).unwrap();
+        assert!((s - 5.0 / 8.0).abs() < 1e-12, "{s}");
+        // Usage above the requests counts as all of it.
+        assert_eq!(p.used_share(1.0, 0.0, 1.7, 0.0), Some(1.0));
+        // Nothing spent, or a bad value: no share.
+        assert_eq!(p.used_share(0.0, 0.0, 0.5, 0.5), None);
+        assert_eq!(p.used_share(f64::NAN, 1.0, 0.5, 0.5), None);
+        assert_eq!(p.used_share(1.0, 1.0, -0.1, 0.5), None);
+        assert_eq!(p.used_share(1.0, f64::INFINITY, 0.5, 0.5), None);
     }
 
     #[test]

@@ -98,6 +98,11 @@ pub struct MonitorConfig {
     pub budget_long_episodes: usize,
     /// The short window of the error-budget guard, in RL episodes.
     pub budget_short_episodes: usize,
+    /// The cost side of the retraining trigger in the objective's units (`learning.objective.mode:
+    /// constrained`, a target with an SLO): a target that went SERVING on the error budget and
+    /// cost retrains when its window uses a share of its requested spend lower than the share
+    /// it was served at by more than this fraction (relative). A fraction in [0, 1].
+    pub serving_cost_margin: f64,
 }
 
 impl Default for MonitorConfig {
@@ -120,6 +125,7 @@ impl Default for MonitorConfig {
             error_budget: true,
             budget_long_episodes: 10,
             budget_short_episodes: 2,
+            serving_cost_margin: 0.10,
         }
     }
 }
@@ -157,6 +163,7 @@ impl MonitorConfig {
             ("rebaseline_tolerance", self.rebaseline_tolerance),
             ("rebaseline_margin", self.rebaseline_margin),
             ("serving_hysteresis", self.serving_hysteresis),
+            ("serving_cost_margin", self.serving_cost_margin),
         ] {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
                 return bad(key, "must be a fraction in [0, 1]");

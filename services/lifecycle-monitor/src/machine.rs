@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use crate::config::*;
 use aware_bus_schemas::{Episode, Model, ModelKind, Stage};
+use aware_mdp::Prices;
 use aware_shared::config::LifecycleProfile;
 use aware_shared::spec::Slo;
 
@@ -121,8 +122,22 @@ pub struct LifecycleMachine {
     policy_slo: VecDeque<(Intervals, f64)>,
     /// While on probation: the intervals of its RL-driven episodes so far.
     probation_slo: Intervals,
+    /// While on probation: the used shares of its episodes so far (`None` for one without its
+    /// requests).
+    probation_used: Vec<Option<f64>>,
     /// See [`LifecycleMachine::set_slo_first`].
     slo_first: bool,
+    /// The prices that weigh cores against GiB in an episode's used share
+    /// ([`LifecycleMachine::set_prices`]).
+    prices: Prices,
+    /// The used shares ([`Prices::used_share`]) of the last `fallback_episodes` OFFLINE episodes
+    /// the fallback drove, when they carried their requests.
+    fallback_used: VecDeque<f64>,
+    /// Beside each ONLINE or SERVING sample of `rewards`: the episode's intervals and used share
+    /// (`None` for an OFFLINE estimate), for the judgement in the objective's units.
+    judged: VecDeque<Option<(Intervals, Option<f64>)>>,
+    /// SERVING entered on the error budget and cost: the window's used share then.
+    serving_used: Option<f64>,
 }
 
 /// What the error-budget guard measured (see [`MonitorConfig::error_budget`]).
@@ -182,8 +197,62 @@ impl LifecycleMachine {
             fallback_slo: VecDeque::new(),
             policy_slo: VecDeque::new(),
             probation_slo: Intervals::default(),
+            probation_used: Vec::new(),
             slo_first: false,
+            prices: Prices::default(),
+            fallback_used: VecDeque::new(),
+            judged: VecDeque::new(),
+            serving_used: None,
         }
+    }
+
+    /// The prices of `learning.objective.prices`: they weigh cores against GiB when an
+    /// episode's cost is judged (the default: [`Prices::default`]).
+    pub fn set_prices(&mut self, prices: Prices) {
+        self.prices = prices;
+    }
+
+    /// The share of its requested spend an episode used ([`Prices::used_share`]), when it
+    /// carries its requests.
+    fn used_share(&self, ep: &Episode) -> Option<f64> {
+        self.prices.used_share(
+            ep.requested_cores_mean?,
+            ep.requested_gib_mean?,
+            ep.cpu_util_mean,
+            ep.memory_util_mean,
+        )
+    }
+
+    /// The fallback's used share: the mean over its last OFFLINE episodes, if any carried
+    /// their requests.
+    pub fn fallback_used_share(&self) -> Option<f64> {
+        (!self.fallback_used.is_empty()).then(|| mean_std(&self.fallback_used).0)
+    }
+
+    /// SERVING entered on the error budget and cost: the used share it was served at.
+    pub fn serving_used_share(&self) -> Option<f64> {
+        self.serving_used.filter(|_| self.stage == Stage::Serving)
+    }
+
+    /// The judgement in the objective's units ([`LifecycleMachine::set_slo_first`]) over the
+    /// decision window, when it applies: SLO first on, the guard on, an SLO, and every episode
+    /// of the window an ONLINE or SERVING one that carried its requests. The window's
+    /// intervals and mean used share.
+    fn constrained_window(&self) -> Option<(Intervals, f64)> {
+        if !(self.slo_first && self.rules.error_budget && self.objective.is_some()) {
+            return None;
+        }
+        if self.judged.is_empty() || self.judged.len() != self.rewards.len() {
+            return None;
+        }
+        let mut intervals = Vec::with_capacity(self.judged.len());
+        let mut used = 0.0;
+        for j in &self.judged {
+            let (i, u) = (*j)?;
+            intervals.push(i);
+            used += u?;
+        }
+        Some((Intervals::sum(&intervals), used / self.judged.len() as f64))
     }
 
     /// SLO first (`learning.objective.mode: constrained`, ADR 0016): the policy's reward is
@@ -192,6 +261,17 @@ impl LifecycleMachine {
     /// then at its ceiling, ranks them by utilization: at the same load, by what they request.
     /// When the fallback burned faster than the budget, a policy within the allowed burn rate
     /// passes whatever its reward: it spends resources on the SLO the fallback missed.
+    ///
+    /// Probation, ONLINE → SERVING and the retraining trigger then judge in the same order
+    /// when the episodes carry their requests (`episode/1`'s requested means). Probation,
+    /// within the budget, passes when its episodes used at least the fallback's share of
+    /// their requested spend less `probation_margin`. The ONLINE window
+    /// must burn the error budget no faster than allowed, then use at least the fallback's
+    /// share of its requested spend less `probation_margin` (when the fallback met the budget;
+    /// [`Prices::used_share`] compares cost across loads), with the reward's std within
+    /// `t_var` (converged); `t_serving` is not used. A SERVING target so promoted retrains when
+    /// its window burns faster than allowed, uses a share lower than it was served at by more
+    /// than `serving_cost_margin`, or its std exceeds `t_var`.
     pub fn set_slo_first(&mut self, on: bool) {
         self.slo_first = on;
     }
@@ -334,6 +414,7 @@ impl LifecycleMachine {
         let t = self.go(Stage::Online, reason, stats);
         self.demoted = None;
         self.probation_slo = Intervals::default();
+        self.probation_used.clear();
         if self.rules.probation_episodes > 0 {
             if let Some(f) = self.fallback_reward() {
                 self.probation = Some((f, Vec::new()));
@@ -387,6 +468,8 @@ impl LifecycleMachine {
         }
         self.stage = to;
         self.rewards.clear();
+        self.judged.clear();
+        self.serving_used = None;
         self.online_rewards.clear();
         self.serving_floor = None;
         self.retrain_from = None;
@@ -527,6 +610,7 @@ impl LifecycleMachine {
         self.profile = profile;
         while self.rewards.len() > self.profile.window {
             self.rewards.pop_front();
+            self.judged.pop_front();
         }
         if !self.profile.bootstrap && self.stage == Stage::Offline && self.last_episode.is_none() {
             return Some(self.go(
@@ -589,6 +673,12 @@ impl LifecycleMachine {
             while self.fallback_slo.len() > self.rules.budget_long_episodes {
                 self.fallback_slo.pop_front();
             }
+            if let Some(u) = self.used_share(ep) {
+                self.fallback_used.push_back(u);
+                while self.fallback_used.len() > self.rules.fallback_episodes {
+                    self.fallback_used.pop_front();
+                }
+            }
         }
         let by_policy = rl_stage(self.stage)
             && rl_stage(ep.stage)
@@ -646,8 +736,13 @@ impl LifecycleMachine {
         };
         let r = sample.filter(|r| r.is_finite())?;
         self.rewards.push_back(r);
+        self.judged.push_back(
+            matches!(self.stage, Stage::Online | Stage::Serving)
+                .then(|| (Intervals::of(ep), self.used_share(ep))),
+        );
         while self.rewards.len() > self.profile.window {
             self.rewards.pop_front();
+            self.judged.pop_front();
         }
         if self.stage == Stage::Serving && self.serving_floor.is_some() {
             self.served.0 += r;
@@ -669,6 +764,9 @@ impl LifecycleMachine {
             // The episode-estimate path decides on t_online alone, as before the trainer
             // published estimates with the behaviour's reward on the same data.
             Stage::Offline => self.try_promote(mean, false, None, "estimated reward", stats),
+            Stage::Online if self.constrained_window().is_some() => {
+                self.constrained_online(mean, std)
+            }
             Stage::Online if mean >= p.t_serving && std <= p.t_var => {
                 if let Some(fallback) = self.below_fallback(mean) {
                     let n = self.rewards.len();
@@ -687,6 +785,11 @@ impl LifecycleMachine {
                 Some(self.go(Stage::Serving, reason, stats))
             }
             Stage::Online => self.try_rebaseline(std),
+            Stage::Serving
+                if self.serving_used.is_some() && self.constrained_window().is_some() =>
+            {
+                self.constrained_serving(mean, std)
+            }
             Stage::Serving if mean < self.serving_bar() || std > p.t_var => {
                 let bar = match self.serving_floor {
                     Some(_) => format!("re-baselined level {:.3}", self.serving_bar()),
@@ -738,14 +841,101 @@ impl LifecycleMachine {
 }
 
 impl LifecycleMachine {
+    /// ONLINE with a full window judged in the objective's units (see
+    /// [`LifecycleMachine::set_slo_first`]): SERVING when it burns the error budget no faster
+    /// than allowed, uses at least the fallback's share of its spend (less `probation_margin`)
+    /// and has converged; otherwise it keeps learning (re-baselining may still serve it).
+    fn constrained_online(&mut self, mean: f64, std: f64) -> Option<Transition> {
+        let (intervals, used) = self.constrained_window()?;
+        let burn = intervals.burn(self.objective?)?;
+        let allowed = self.allowed_burn();
+        let n = self.rewards.len();
+        let t_var = self.profile.t_var;
+        if burn > allowed || std > t_var {
+            return self.try_rebaseline(std);
+        }
+        let fallback = self.fallback_used_share();
+        // Cost second, against the fallback when it met the budget too (and not while
+        // retraining: the workload has moved on since the fallback's episodes).
+        if let Some(f) =
+            fallback.filter(|_| self.retrain_from.is_none() && !self.reward_comparison_waived())
+        {
+            if used < f - self.rules.probation_margin * f {
+                tracing::debug!(
+                    burn,
+                    used,
+                    fallback = f,
+                    "not served: costlier than the fallback"
+                );
+                return self.try_rebaseline(std);
+            }
+        }
+        let fallback_words = match fallback {
+            Some(f) => format!("the fallback's {:.1}%", 100.0 * f),
+            None => "the fallback's unknown".to_string(),
+        };
+        let reason = format!(
+            "SLO first, then cost: the last {n} ONLINE episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), within the allowed {allowed:.2}x ({}), used {:.1}% of their requested spend against {fallback_words}, reward std {std:.3} <= t_var {t_var}",
+            100.0 * intervals.share(),
+            self.fallback_words(),
+            100.0 * used,
+        );
+        self.reprobe_ended(true);
+        let t = self.go(Stage::Serving, reason, Some((mean, std)));
+        self.serving_used = Some(used);
+        Some(t)
+    }
+
+    /// SERVING, promoted in the objective's units, with a full window: retrains when it burns
+    /// the error budget faster than allowed, uses a share of its spend lower than it was served
+    /// at by more than `serving_cost_margin`, or its std exceeds `t_var`.
+    fn constrained_serving(&mut self, mean: f64, std: f64) -> Option<Transition> {
+        let (intervals, used) = self.constrained_window()?;
+        let burn = intervals.burn(self.objective?)?;
+        let allowed = self.allowed_burn();
+        let level = self.serving_used?;
+        let n = self.rewards.len();
+        let t_var = self.profile.t_var;
+        let floor = level * (1.0 - self.rules.serving_cost_margin);
+        let why = if burn > allowed {
+            format!(
+                "the last {n} SERVING episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), faster than the allowed {allowed:.2}x",
+                100.0 * intervals.share()
+            )
+        } else if used < floor {
+            format!(
+                "the last {n} SERVING episodes used {:.1}% of their requested spend, below the {:.1}% served at by more than {:.0}%",
+                100.0 * used,
+                100.0 * level,
+                100.0 * self.rules.serving_cost_margin
+            )
+        } else if std > t_var {
+            format!("the last {n} SERVING episodes' reward std {std:.3} > t_var {t_var}")
+        } else {
+            return None;
+        };
+        let before = self.rewards.iter().copied().fold(f64::INFINITY, f64::min);
+        let t = self.go(
+            Stage::Online,
+            format!("retraining: {why}"),
+            Some((mean, std)),
+        );
+        self.retrain_from = before.is_finite().then_some(before);
+        self.retrain_version = self.last_model;
+        self.reprobe_failures = 0;
+        Some(t)
+    }
+
     /// The probation rule on one episode; `Some` when it sends the target back to OFFLINE.
     fn probation_check(&mut self, ep: &Episode) -> Option<Transition> {
         if self.stage != Stage::Online || ep.stage != Stage::Online || !ep.mean_reward.is_finite() {
             return None;
         }
         let k = self.rules.probation_episodes;
+        let used = self.used_share(ep);
         let (fallback, seen) = self.probation.as_mut()?;
         seen.push(ep.mean_reward);
+        self.probation_used.push(used);
         if rl_driven(ep) {
             self.probation_slo = Intervals::sum(&[self.probation_slo, Intervals::of(ep)]);
         }
@@ -780,6 +970,24 @@ impl LifecycleMachine {
             tracing::debug!(mean, fallback, fallback_burn = ?self.fallback_burn(), "probation passed on the error budget: the fallback burned faster than it");
             return None;
         }
+        // Then cost, in the objective's units when every episode carried its requests.
+        if let Some((used, f)) = self.probation_cost() {
+            if used >= f - self.rules.probation_margin * f {
+                tracing::debug!(
+                    used,
+                    fallback = f,
+                    "probation passed on the budget and cost"
+                );
+                return None;
+            }
+            let reason = format!(
+                "probation failed on cost: the first {n} ONLINE episodes met the error budget but used {:.1}% of their requested spend, below the fallback's {:.1}% by more than {:.0}%; the fallback drives again",
+                100.0 * used,
+                100.0 * f,
+                self.rules.probation_margin * 100.0
+            );
+            return Some(self.demote(reason, (mean, std), n));
+        }
         let floor = fallback - self.rules.probation_margin * fallback.abs();
         if mean >= floor {
             tracing::debug!(mean, fallback, "probation passed");
@@ -790,6 +998,22 @@ impl LifecycleMachine {
             self.rules.probation_margin * 100.0
         );
         Some(self.demote(reason, (mean, std), n))
+    }
+
+    /// Probation's episodes' mean used share and the fallback's, when probation is judged in
+    /// the objective's units: SLO first on, an SLO, the guard on, and the fallback's and every
+    /// probation episode's share known.
+    fn probation_cost(&self) -> Option<(f64, f64)> {
+        if !(self.slo_first && self.rules.error_budget && self.objective.is_some()) {
+            return None;
+        }
+        let f = self.fallback_used_share()?;
+        let n = self.probation_used.len();
+        let sum = self
+            .probation_used
+            .iter()
+            .try_fold(0.0, |a, u| u.map(|u| a + u))?;
+        (n > 0).then(|| (sum / n as f64, f))
     }
 
     /// The error-budget guard on the policy's newest episode: back to OFFLINE when both windows
@@ -1949,7 +2173,171 @@ pub(crate) mod tests {
             e.slo_violations = violating;
             (e.rl_steps, e.fallback_steps) = if rl { (100, 0) } else { (0, 100) };
             e.exploring_steps = Some(0);
+            // Without its requests, as from a recorder before them: the reward judges.
+            e.requested_cores_mean = None;
+            e.requested_gib_mean = None;
             e
+        }
+
+        /// [`ep`] carrying its requests (2 cores, 4 GiB) and `util` as both utilizations: a
+        /// used share of `util` at any prices.
+        fn ep_cost(
+            n: u64,
+            stage: Stage,
+            mean: f64,
+            violating: u32,
+            rl: bool,
+            util: f64,
+        ) -> Episode {
+            Episode {
+                requested_cores_mean: Some(2.0),
+                requested_gib_mean: Some(4.0),
+                cpu_util_mean: util,
+                memory_util_mean: util,
+                ..ep(n, stage, mean, violating, rl)
+            }
+        }
+
+        /// A machine holding a 99% SLO first (the constrained objective) after three OFFLINE
+        /// episodes of the fallback earning 1.2, violating nothing and using half of its
+        /// requested spend, promoted by a model. Returns it and the next episode number.
+        fn constrained_online(slo_first: bool) -> (LifecycleMachine, u64) {
+            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
+            m.set_slo(&slo(None));
+            m.set_slo_first(slo_first);
+            m.start();
+            for n in 1..=3 {
+                assert!(m
+                    .observe(&ep_cost(n, Offline, 1.2, 0, false, 0.5))
+                    .is_none());
+            }
+            assert_eq!(m.fallback_used_share(), Some(0.5));
+            assert_eq!(
+                m.observe_model(&model(1, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            (m, 4)
+        }
+
+        /// Feeds RL episodes in the machine's stage at reward 1.0, each `(violating, util)`.
+        fn feed_cost(m: &mut LifecycleMachine, n: &mut u64, eps: &[(u32, f64)]) -> Vec<Transition> {
+            let mut out = Vec::new();
+            for &(v, u) in eps {
+                let stage = m.stage();
+                out.extend(m.observe(&ep_cost(*n, stage, 1.0, v, true, u)));
+                *n += 1;
+            }
+            out
+        }
+
+        /// SLO first with episodes that carry their requests: a policy earning less reward than
+        /// the fallback (1.0 against 1.2, below t_serving 1.3) but meeting the budget and using
+        /// more of what it requests (70% against 50%: cheaper at the same load) passes
+        /// probation and goes SERVING; the reward alone would have sent it back to OFFLINE.
+        #[test]
+        fn slo_first_serves_on_the_budget_then_cost_not_on_the_reward() {
+            let (mut m, mut n) = constrained_online(true);
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            let t = &ts[0];
+            assert_eq!((t.from, t.to), (Online, Serving));
+            assert!(
+                t.reason.contains("SLO first, then cost")
+                    && t.reason.contains("burned the SLO's error budget at 0.00x")
+                    && t.reason.contains("used 70.0%")
+                    && t.reason.contains("the fallback's 50.0%"),
+                "{}",
+                t.reason
+            );
+            assert!((m.serving_used_share().unwrap() - 0.7).abs() < 1e-12);
+
+            // Without SLO first the reward decides: probation fails (1.0 < 1.2 − 10%).
+            let (mut m, mut n) = constrained_online(false);
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!(ts[0].to, Offline);
+            assert!(
+                ts[0].reason.contains("mean reward 1.000"),
+                "{}",
+                ts[0].reason
+            );
+        }
+
+        /// Within the budget but costlier than the fallback (using 30% of its spend against
+        /// 50%): probation fails on cost. Over the budget: on the budget first, whatever the
+        /// cost.
+        #[test]
+        fn slo_first_probation_fails_on_cost_after_the_budget() {
+            let (mut m, mut n) = constrained_online(true);
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.3); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].to, ts[0].budget_return), (Offline, false));
+            assert!(
+                ts[0].reason.contains("probation failed on cost")
+                    && ts[0].reason.contains("used 30.0%")
+                    && ts[0].reason.contains("fallback's 50.0%"),
+                "{}",
+                ts[0].reason
+            );
+
+            let (mut m, mut n) = constrained_online(true);
+            let ts = feed_cost(&mut m, &mut n, &[(3, 0.9); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].to, ts[0].budget_return), (Offline, true));
+            assert!(
+                ts[0]
+                    .reason
+                    .contains("probation failed on the error budget"),
+                "{}",
+                ts[0].reason
+            );
+        }
+
+        /// SERVING on the budget and cost, the target retrains when its window burns the budget
+        /// faster than allowed (before the guard's long window is full), or when it uses a
+        /// share of its spend lower than it was served at by more than `serving_cost_margin`;
+        /// a share within the margin keeps it SERVING.
+        #[test]
+        fn slo_first_retrains_on_the_budget_then_on_cost() {
+            let serve = || {
+                let (mut m, mut n) = constrained_online(true);
+                let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
+                assert_eq!(ts.last().map(|t| t.to), Some(Serving));
+                (m, n)
+            };
+            let (mut m, mut n) = serve();
+            // 2% violating: 2x the budget over the window.
+            let ts = feed_cost(&mut m, &mut n, &[(2, 0.7); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!(
+                (ts[0].from, ts[0].to, ts[0].budget_return),
+                (Serving, Online, false)
+            );
+            assert!(
+                ts[0].reason.contains("retraining: the last 3 SERVING episodes burned the SLO's error budget at 2.00x"),
+                "{}",
+                ts[0].reason
+            );
+
+            let (mut m, mut n) = serve();
+            // 65%: within 10% of 70%.
+            assert!(feed_cost(&mut m, &mut n, &[(0, 0.65); 3]).is_empty());
+            assert_eq!(m.stage(), Serving);
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.55); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].from, ts[0].to), (Serving, Online));
+            assert!(
+                ts[0]
+                    .reason
+                    .contains("below the 70.0% served at by more than 10%"),
+                "{}",
+                ts[0].reason
+            );
+            // Retraining: no comparison with the fallback's cost; the budget and convergence
+            // serve it again.
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.4); 3]);
+            assert_eq!(ts.last().map(|t| t.to), Some(Serving), "{ts:?}");
         }
 
         fn slo(objective: Option<f64>) -> Slo {

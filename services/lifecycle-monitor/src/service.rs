@@ -345,6 +345,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         machine.set_slo(&config.spec_for(t).slo);
         machine
             .set_slo_first(config.learning.objective.mode == aware_mdp::ObjectiveMode::Constrained);
+        machine.set_prices(config.learning.objective.prices);
         // Only the target's first actor resumes there: one started again after a retirement is
         // for a target deleted and created again.
         if let Some(stage) = restored.remove(t) {

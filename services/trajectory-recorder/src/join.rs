@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use aware_bus_schemas::{Action, Applied, DecisionSource, Episode, Obs, Schema, Stage, Target};
 
+use aware_mdp::Prices;
 use aware_stores::trajectory::Transition;
 
 /// Global step index of (episode, step) with `steps_per_episode`.
@@ -29,6 +30,9 @@ struct EpisodeAcc {
     fallback_steps: u32,
     /// Steps whose action explored (`action.exploration`).
     exploring_steps: u32,
+    /// Σ over the steps of the requested cores and GiB in force (the transition's `applied`).
+    requested_cores: f64,
+    requested_gib: f64,
     stages: BTreeMap<&'static str, (u32, Option<Stage>)>,
     last_step: u32,
     last_ts_ms: i64,
@@ -129,6 +133,8 @@ impl Joiner {
         acc.slo_violations += u32::from(t.slo_violation);
         acc.cpu_util += t.cpu_util;
         acc.memory_util += t.memory_util;
+        acc.requested_cores += Prices::cores(&t.applied);
+        acc.requested_gib += Prices::gib(&t.applied);
         match t.source {
             DecisionSource::Rl => acc.rl_steps += 1,
             DecisionSource::Fallback => acc.fallback_steps += 1,
@@ -168,6 +174,8 @@ impl Joiner {
             stage,
             policy_estimate: None,
             exploring_steps: Some(acc.exploring_steps),
+            requested_cores_mean: Some(acc.requested_cores / n),
+            requested_gib_mean: Some(acc.requested_gib / n),
         })
     }
 }
@@ -280,6 +288,11 @@ mod tests {
             // the RL step explored
             a.exploration = i == 0;
             j.on_action(a);
+            // 2, 4 and 6 replicas of 500 millicores and 1 GiB each, applied
+            let mut ap = applied(0, i as u32, 2 * (i as u32 + 1));
+            ap.applied.cpu_millicores = 500;
+            ap.applied.memory_bytes = 1 << 30;
+            j.on_applied(ap);
             let mut o = obs(e, s, Some(rewards[i]), 0.0);
             o.slo_violation = i == 1;
             let out = j.on_obs(o);
@@ -297,5 +310,8 @@ mod tests {
         assert_eq!((ep.rl_steps, ep.fallback_steps), (1, 2));
         assert_eq!(ep.exploring_steps, Some(1));
         assert_eq!(ep.step, 2);
+        // The means of the requests in force: 4 replicas on average.
+        assert_eq!(ep.requested_cores_mean, Some(2.0));
+        assert_eq!(ep.requested_gib_mean, Some(4.0));
     }
 }

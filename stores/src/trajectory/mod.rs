@@ -167,6 +167,8 @@ impl From<EpisodeSummary> for Episode {
             policy_estimate: s.policy_estimate,
             // not stored: unknown for an episode read back
             exploring_steps: None,
+            requested_cores_mean: None,
+            requested_gib_mean: None,
         }
     }
 }
