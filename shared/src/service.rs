@@ -13,14 +13,40 @@ use crate::bus::{Bus, BusError};
 use crate::config::AppConfig;
 use crate::telemetry::{Readiness, ServiceMetrics, TelemetryError};
 
-/// Why the current state could not be read from the JetStream capture (logged; the service then
-/// learns state from live messages only).
+/// Why the current state could not be read from the JetStream capture (the read is retried;
+/// the service is not ready meanwhile).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot {step}: {source}")]
+#[error("cannot {step}{}: {source}", stream.as_ref().map(|s| format!(" of the JetStream stream `{s}`")).unwrap_or_default())]
 struct CaptureError {
     step: &'static str,
+    stream: Option<String>,
     #[source]
     source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl CaptureError {
+    fn in_stream<E: std::error::Error + Send + Sync + 'static>(
+        step: &'static str,
+        stream: &str,
+        e: E,
+    ) -> Self {
+        CaptureError {
+            step,
+            stream: Some(stream.to_string()),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// How long one step of the start-up state read may make no progress.
+const STATE_READ_IDLE: Duration = Duration::from_secs(10);
+/// The backoff between failed start-up state reads, from the first to the longest.
+const STATE_READ_RETRY_MIN: Duration = Duration::from_secs(1);
+const STATE_READ_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// `f`, or an error once it made no progress for [`STATE_READ_IDLE`].
+async fn idle<F: std::future::Future>(f: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    tokio::time::timeout(STATE_READ_IDLE, f).await
 }
 
 fn capture<E: std::error::Error + Send + Sync + 'static>(
@@ -28,6 +54,7 @@ fn capture<E: std::error::Error + Send + Sync + 'static>(
 ) -> impl FnOnce(E) -> CaptureError {
     move |e| CaptureError {
         step,
+        stream: None,
         source: Box::new(e),
     }
 }
@@ -164,7 +191,7 @@ impl ServiceContext {
             let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
             self.count_slow_consumer(&sub, kind);
             let snapshot = if kind.is_state() {
-                self.last_per_target(kind).await
+                self.last_per_target(kind).await.unwrap_or_default()
             } else {
                 Vec::new()
             };
@@ -217,97 +244,144 @@ impl ServiceContext {
     /// The newest captured event of `kind` for every target (see [`Self::subscribe_events`]):
     /// what a restarted service reads to restore state before it takes messages. On NATS this
     /// is the JetStream capture (empty with the capture off); on the embedded bus, the newest
-    /// message of each state subject published on it so far.
+    /// message of each state subject published on it so far. A failed read is retried until it
+    /// succeeds, the service not ready meanwhile; empty when the service shuts down first.
     pub async fn current_state(&self, kind: EventKind) -> Vec<Event> {
         self.last_per_target(kind)
             .await
+            .unwrap_or_default()
             .into_iter()
             .filter_map(|(subj, payload)| self.decode(kind, &subj, &payload))
             .collect()
     }
 
     /// The newest captured message of `kind` for every target (subject, payload), in stream
-    /// order (the embedded bus: its retained messages); empty with the capture off, or when the stream cannot be read
-    /// (logged: the service then learns state from live messages only).
-    async fn last_per_target(&self, kind: EventKind) -> Vec<(String, Bytes)> {
+    /// order (the embedded bus: its retained messages); empty with the capture off. A read that
+    /// fails is retried, with a backoff from 1 s to 30 s, until it succeeds or the service
+    /// shuts down (`None`): meanwhile the service is not ready (`/readyz` says why, key
+    /// `state:<kind>`), `aware_state_unread{event}` is 1 and each failure counts in
+    /// `aware_state_read_failures_total{event}`. A service that starts without its targets'
+    /// stages, models or registrations would act on defaults it has no right to.
+    async fn last_per_target(&self, kind: EventKind) -> Option<Vec<(String, Bytes)>> {
+        let key = format!("state:{kind}");
+        let mut delay = STATE_READ_RETRY_MIN;
+        loop {
+            match self.read_last_per_target(kind).await {
+                Ok(out) => {
+                    if self.ready.blockers().iter().any(|(k, _)| *k == key) {
+                        tracing::info!(
+                            service = self.name,
+                            event = kind.as_str(),
+                            targets = out.len(),
+                            "current state read after failures"
+                        );
+                    }
+                    self.ready.unblock(&key);
+                    self.metrics
+                        .state_unread
+                        .with_label_values(&[kind.as_str()])
+                        .set(0);
+                    return Some(out);
+                }
+                Err(e) => {
+                    self.metrics
+                        .state_read_failures
+                        .with_label_values(&[kind.as_str()])
+                        .inc();
+                    self.metrics
+                        .state_unread
+                        .with_label_values(&[kind.as_str()])
+                        .set(1);
+                    let reason = format!(
+                        "cannot read the current {kind} state ({e}); retrying in {} s",
+                        delay.as_secs()
+                    );
+                    tracing::warn!(service = self.name, event = kind.as_str(), error = %e, retry_in_s = delay.as_secs(), "cannot read the current state; not ready until it is read");
+                    self.ready.block(key.clone(), reason);
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(STATE_READ_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// One read of [`Self::last_per_target`]. On NATS each step must make progress within
+    /// [`STATE_READ_IDLE`]; a long read that keeps receiving messages is never cut short.
+    async fn read_last_per_target(
+        &self,
+        kind: EventKind,
+    ) -> Result<Vec<(String, Bytes)>, CaptureError> {
         use futures::StreamExt;
         if let Some(retained) = self.bus.retained(&subject::kind_filter(kind)) {
-            return match retained {
-                Ok(ms) => ms
-                    .into_iter()
-                    .map(|m| (m.subject.to_string(), m.payload))
-                    .collect(),
-                Err(e) => {
-                    tracing::warn!(service = self.name, event = kind.as_str(), error = %e, "cannot read the retained state of the embedded bus; live messages only");
-                    Vec::new()
-                }
-            };
+            return retained
+                .map(|ms| {
+                    ms.into_iter()
+                        .map(|m| (m.subject.to_string(), m.payload))
+                        .collect()
+                })
+                .map_err(capture("read the embedded bus's retained state"));
         }
         let Bus::Nats(nats) = &self.bus else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         if !self.config.bus.jetstream.enabled {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let stream_name = self.config.bus.jetstream.stream.clone();
-        let read = async {
-            let js = async_nats::jetstream::new(nats.client().clone());
-            let stream = js
-                .get_stream(&stream_name)
+        let stream_name = self.config.bus.jetstream.stream.as_str();
+        let js = async_nats::jetstream::new(nats.client().clone());
+        let stream = idle(js.get_stream(&stream_name))
+            .await
+            .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?
+            .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?;
+        let mut consumer = idle(stream.create_consumer(
+            async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: subject::kind_filter(kind),
+                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            },
+        ))
+        .await
+        .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?
+        .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?;
+        let pending = idle(consumer.info())
+            .await
+            .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
+            .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
+            .num_pending;
+        let mut out = Vec::new();
+        if pending == 0 {
+            return Ok(out);
+        }
+        let mut messages = idle(consumer.messages())
+            .await
+            .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?
+            .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?;
+        loop {
+            let m = idle(messages.next())
                 .await
-                .map_err(capture("get the stream"))?;
-            let mut consumer = stream
-                .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                    filter_subject: subject::kind_filter(kind),
-                    deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
-                    ..Default::default()
-                })
-                .await
-                .map_err(capture("create a consumer"))?;
-            let pending = consumer
-                .info()
-                .await
-                .map_err(capture("read the consumer's info"))?
-                .num_pending;
-            let mut out = Vec::new();
-            if pending == 0 {
-                return Ok(out);
-            }
-            let mut messages = consumer
-                .messages()
-                .await
-                .map_err(capture("read the messages"))?;
-            while let Some(m) = messages.next().await {
-                let m = m.map_err(capture("read a message"))?;
-                let remaining = m.info().map(|i| i.pending).unwrap_or(0);
-                out.push((m.subject.to_string(), m.payload.clone()));
-                if remaining == 0 {
-                    break;
-                }
-            }
-            Ok::<_, CaptureError>(out)
-        };
-        match tokio::time::timeout(std::time::Duration::from_secs(10), read).await {
-            Ok(Ok(out)) => {
-                if !out.is_empty() {
-                    tracing::info!(
-                        service = self.name,
-                        event = kind.as_str(),
-                        targets = out.len(),
-                        "current state read from the JetStream capture"
-                    );
-                }
-                out
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(service = self.name, event = kind.as_str(), stream = %stream_name, error = %e, "cannot read the current state from JetStream; live messages only");
-                Vec::new()
-            }
-            Err(_) => {
-                tracing::warn!(service = self.name, event = kind.as_str(), stream = %stream_name, "reading the current state from JetStream timed out; live messages only");
-                Vec::new()
+                .map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
+            let Some(m) = m else {
+                break;
+            };
+            let m = m.map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
+            let remaining = m.info().map(|i| i.pending).unwrap_or(0);
+            out.push((m.subject.to_string(), m.payload.clone()));
+            if remaining == 0 {
+                break;
             }
         }
+        if !out.is_empty() {
+            tracing::info!(
+                service = self.name,
+                event = kind.as_str(),
+                targets = out.len(),
+                "current state read from the JetStream capture"
+            );
+        }
+        Ok(out)
     }
 
     /// Like [`Self::subscribe_events`], but on NATS reads the JetStream stream in stream order

@@ -85,6 +85,12 @@ pub struct ServiceMetrics {
     /// Messages the NATS client dropped because this service's subscription buffer was full
     /// (a slow consumer), by event kind ([`crate::slow_consumers`]).
     pub slow_consumer_drops: IntCounterVec,
+    /// Failed reads of the current state at start-up (the JetStream capture), by event kind;
+    /// each is retried ([`crate::service::ServiceContext::current_state`]).
+    pub state_read_failures: IntCounterVec,
+    /// 1 while the current state of an event kind is not read yet after a failed read (the
+    /// service is not ready), 0 once read.
+    pub state_unread: IntGaugeVec,
 }
 
 impl ServiceMetrics {
@@ -108,6 +114,20 @@ impl ServiceMetrics {
         let slow_consumer_drops = by_event(
             "bus_slow_consumer_drops_total",
             "Messages the NATS client dropped because the service's subscription buffer (bus.channel_capacity) was full, by event kind",
+        )?;
+        let state_read_failures = by_event(
+            "state_read_failures_total",
+            "Failed reads of the current state (the JetStream capture's newest message per target) at start-up, by event kind; retried while the service stays not ready",
+        )?;
+        let state_unread = registered(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "state_unread",
+                    "1 while an event kind's current state could not be read yet (the service is not ready), 0 once read",
+                ),
+                &["event"],
+            )?,
         )?;
         let targets = registered(
             r,
@@ -175,8 +195,12 @@ impl ServiceMetrics {
                 &decode_errors,
                 &publish_errors,
                 &slow_consumer_drops,
+                &state_read_failures,
             ] {
                 c.with_label_values(&[kind.as_str()]);
+            }
+            if kind.is_state() {
+                state_unread.with_label_values(&[kind.as_str()]);
             }
         }
         Ok(ServiceMetrics {
@@ -194,6 +218,8 @@ impl ServiceMetrics {
             registration_last_received,
             target_refusals,
             slow_consumer_drops,
+            state_read_failures,
+            state_unread,
         })
     }
 
@@ -275,16 +301,48 @@ fn registered<M: Collector + Clone + 'static>(
     Ok(metric)
 }
 
-/// Readiness of one service: set once it is subscribed and connected.
+/// Readiness of one service: set once it is subscribed and connected, and not blocked by
+/// anything it cannot do yet ([`Readiness::block`]: a reason `/readyz` gives).
 #[derive(Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<ReadinessInner>);
+
+#[derive(Default)]
+struct ReadinessInner {
+    ready: AtomicBool,
+    blockers: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+}
 
 impl Readiness {
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+        self.0.ready.store(ready, Ordering::SeqCst);
     }
+
+    /// Set ([`Readiness::set`]) and nothing blocks it.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.ready.load(Ordering::SeqCst) && self.blockers().is_empty()
+    }
+
+    /// Not ready while `key` is blocked, for `reason` (replaces an earlier reason of `key`).
+    pub fn block(&self, key: impl Into<String>, reason: impl Into<String>) {
+        self.locked().insert(key.into(), reason.into());
+    }
+
+    /// `key` no longer blocks readiness.
+    pub fn unblock(&self, key: &str) {
+        self.locked().remove(key);
+    }
+
+    /// What blocks readiness: (key, reason), by key.
+    pub fn blockers(&self) -> Vec<(String, String)> {
+        self.locked()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn locked(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, String>> {
+        // A panic while holding the lock leaves a map that is still whole.
+        self.0.blockers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -323,10 +381,16 @@ fn readiness_report(state: &HttpState) -> (bool, String) {
     }
     for (name, r) in &state.ready {
         ok &= r.get();
-        body.push_str(&format!(
-            "{name}: {}\n",
-            if r.get() { "ready" } else { "starting" }
-        ));
+        let blockers = r.blockers();
+        if blockers.is_empty() {
+            body.push_str(&format!(
+                "{name}: {}\n",
+                if r.get() { "ready" } else { "starting" }
+            ));
+        }
+        for (key, reason) in blockers {
+            body.push_str(&format!("{name}: not ready: {key}: {reason}\n"));
+        }
     }
     (ok, body)
 }
@@ -399,6 +463,33 @@ pub async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readiness_is_set_and_unblocked_and_the_report_says_what_blocks_it() {
+        let r = Readiness::default();
+        assert!(!r.get());
+        r.set(true);
+        assert!(r.get());
+        r.block("state:model", "cannot read");
+        r.block("state:model", "cannot read it still");
+        assert!(!r.get());
+        let state = HttpState {
+            metrics: Vec::new(),
+            ready: vec![("recommender".to_string(), r.clone())],
+            bus: None,
+        };
+        let (ok, body) = readiness_report(&state);
+        assert!(!ok);
+        assert_eq!(
+            body,
+            "recommender: not ready: state:model: cannot read it still\n"
+        );
+        r.unblock("state:model");
+        assert!(r.get());
+        let (ok, body) = readiness_report(&state);
+        assert!(ok);
+        assert_eq!(body, "recommender: ready\n");
+    }
 
     #[test]
     fn exposition_has_per_event_counters() {

@@ -238,3 +238,85 @@ async fn on_the_embedded_bus_late_subscribers_start_from_the_current_state() {
     .unwrap();
     assert_late_start_from_current_state(&ctx, &bus).await;
 }
+
+/// A service that cannot read its targets' current state at start-up (here the capture stream
+/// is gone: deleted, or a server restarted without its JetStream storage) does not go on with
+/// live messages only: it is not ready, says why (`/readyz`'s reason, a metric, a log), retries,
+/// and reads the state once the stream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_cannot_read_its_start_up_state_is_not_ready_and_says_why() {
+    use aware_bus_schemas::EventKind;
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-unread").await.unwrap();
+    let late_bus = Bus::connect(&bus_cfg, "js-unread-late").await.unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    js.delete_stream("AWARE").await.unwrap();
+
+    let app = AppConfig {
+        bus: bus_cfg.clone(),
+        ..AppConfig::default()
+    };
+    let ctx = ServiceContext::new(
+        "late",
+        late_bus,
+        std::sync::Arc::new(app),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    ctx.ready.set(true);
+    let reader = tokio::spawn({
+        let ctx = ctx.clone();
+        async move { ctx.current_state(EventKind::Lifecycle).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while ctx.ready.blockers().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!ctx.ready.get());
+    let blockers = ctx.ready.blockers();
+    assert_eq!(blockers.len(), 1, "{blockers:?}");
+    let (key, reason) = &blockers[0];
+    assert_eq!(key, "state:lifecycle");
+    assert!(
+        reason.contains("cannot read the current lifecycle state")
+            && reason.contains("get the stream of the JetStream stream `AWARE`")
+            && reason.contains("retrying in"),
+        "{reason}"
+    );
+    let unread = || {
+        ctx.metrics
+            .state_unread
+            .with_label_values(&["lifecycle"])
+            .get()
+    };
+    assert_eq!(unread(), 1);
+    assert!(
+        ctx.metrics
+            .state_read_failures
+            .with_label_values(&["lifecycle"])
+            .get()
+            >= 1
+    );
+    assert!(!reader.is_finished(), "it keeps trying");
+
+    // The stream is back with the targets' stages: the read succeeds and the service is ready.
+    let aware_shared::bus::Bus::Nats(nats) = &bus else {
+        panic!("a NATS bus")
+    };
+    nats.ensure_stream(&bus_cfg).await.unwrap();
+    publish_stages(&bus).await;
+    aware_tests::wait_captured(&server.url(), "AWARE", 4).await;
+    let current = tokio::time::timeout(Duration::from_secs(40), reader)
+        .await
+        .expect("read once the stream is back")
+        .unwrap();
+    assert_eq!(current.len(), 2, "{current:?}");
+    assert!(ctx.ready.blockers().is_empty());
+    assert!(ctx.ready.get());
+    assert_eq!(unread(), 0);
+}
