@@ -207,6 +207,18 @@ impl BusConfig {
                 "must be non-empty letters, digits, `-` or `_`",
             ));
         }
+        if self.jetstream.state_bucket.is_empty()
+            || !self
+                .jetstream
+                .state_bucket
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                "bus.jetstream.state_bucket",
+                "must be non-empty letters, digits, `-` or `_`",
+            ));
+        }
         if self.jetstream.replicas == 0 || self.jetstream.replicas > 5 {
             return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
         }
@@ -403,6 +415,11 @@ pub enum StorageKind {
 pub struct JetStreamConfig {
     pub enabled: bool,
     pub stream: String,
+    /// The key-value bucket holding every target's current state: the newest `lifecycle`,
+    /// `model`, `embedding` and `target` message per target (key: the message's subject), kept
+    /// without an age or size limit, so a restarted service finds its targets' stages, models
+    /// and registrations however old and however full the capture stream is.
+    pub state_bucket: String,
     /// Retention by age, seconds.
     pub max_age_secs: u64,
     /// Retention by size, bytes (-1: unlimited).
@@ -416,6 +433,7 @@ impl Default for JetStreamConfig {
         JetStreamConfig {
             enabled: true,
             stream: "AWARE".to_string(),
+            state_bucket: "AWARE_STATE".to_string(),
             max_age_secs: 24 * 3600,
             max_bytes: 1 << 30,
             storage: StorageKind::File,

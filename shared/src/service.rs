@@ -314,7 +314,6 @@ impl ServiceContext {
         &self,
         kind: EventKind,
     ) -> Result<Vec<(String, Bytes)>, CaptureError> {
-        use futures::StreamExt;
         if let Some(retained) = self.bus.retained(&subject::kind_filter(kind)) {
             return retained
                 .map(|ms| {
@@ -327,18 +326,55 @@ impl ServiceContext {
         let Bus::Nats(nats) = &self.bus else {
             return Ok(Vec::new());
         };
-        if !self.config.bus.jetstream.enabled {
+        let js_cfg = &self.config.bus.jetstream;
+        if !js_cfg.enabled {
             return Ok(Vec::new());
         }
-        let stream_name = self.config.bus.jetstream.stream.as_str();
         let js = async_nats::jetstream::new(nats.client().clone());
-        let stream = idle(js.get_stream(&stream_name))
+        let filter = subject::kind_filter(kind);
+        let captured = self.read_stream_last(&js, &js_cfg.stream, &filter).await?;
+        if !kind.is_state() {
+            return Ok(captured);
+        }
+        // The state bucket holds the newest message of every state subject whatever its age; the
+        // capture fills in subjects it does not have (state published before the bucket existed).
+        let bucket = &js_cfg.state_bucket;
+        let prefix = crate::bus::state_key_subject(bucket, "");
+        let kept = self
+            .read_stream_last(&js, &format!("KV_{bucket}"), &format!("{prefix}{filter}"))
+            .await?;
+        let kept: Vec<(String, Bytes)> = kept
+            .into_iter()
+            .filter_map(|(s, p)| Some((s.strip_prefix(&prefix)?.to_string(), p)))
+            .collect();
+        let known: std::collections::HashSet<&str> = kept.iter().map(|(s, _)| s.as_str()).collect();
+        let mut out: Vec<(String, Bytes)> = captured
+            .into_iter()
+            .filter(|(s, _)| !known.contains(s.as_str()))
+            .collect();
+        if !out.is_empty() {
+            tracing::info!(service = self.name, event = kind.as_str(), targets = out.len(), bucket = %bucket, "current state of targets missing from the state bucket taken from the capture");
+        }
+        out.extend(kept);
+        Ok(out)
+    }
+
+    /// The newest message of every subject matching `filter` in the stream `stream_name`, in
+    /// stream order. Each step must make progress within [`STATE_READ_IDLE`].
+    async fn read_stream_last(
+        &self,
+        js: &async_nats::jetstream::Context,
+        stream_name: &str,
+        filter: &str,
+    ) -> Result<Vec<(String, Bytes)>, CaptureError> {
+        use futures::StreamExt;
+        let stream = idle(js.get_stream(stream_name))
             .await
             .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?
             .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?;
         let mut consumer = idle(stream.create_consumer(
             async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: subject::kind_filter(kind),
+                filter_subject: filter.to_string(),
                 deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
                 ..Default::default()
             },
@@ -376,9 +412,10 @@ impl ServiceContext {
         if !out.is_empty() {
             tracing::info!(
                 service = self.name,
-                event = kind.as_str(),
-                targets = out.len(),
-                "current state read from the JetStream capture"
+                stream = stream_name,
+                filter,
+                messages = out.len(),
+                "current state read from JetStream"
             );
         }
         Ok(out)

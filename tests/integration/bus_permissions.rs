@@ -335,6 +335,14 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
         .publish(format!("$O.{BUCKET}.M.forged"), Bytes::from_static(b"{}"))
         .await
         .unwrap();
+    // Nor writes a state kind's key it does not publish.
+    collector
+        .publish(
+            "$KV.AWARE_STATE.aware.v1.lifecycle.sim.forged",
+            Bytes::from_static(b"{}"),
+        )
+        .await
+        .unwrap();
     // Nor reads another identity's replies.
     let _inbox = collector
         .subscribe(format!("{}.>", Identity::Recorder.inbox_prefix()))
@@ -347,6 +355,7 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
         "$JS.API.STREAM.DELETE.AWARE".to_string(),
         format!("$JS.API.STREAM.DELETE.OBJ_{BUCKET}"),
         format!("$O.{BUCKET}.M.forged"),
+        "$KV.AWARE_STATE.aware.v1.lifecycle.sim.forged".to_string(),
         format!("{}.>", Identity::Recorder.inbox_prefix()),
     ] {
         assert!(v.contains(&refused), "{refused} not refused: {v}");
@@ -364,6 +373,23 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
         js.get_stream("AWARE").await.is_ok(),
         "the capture stream survived"
     );
+    // Each state kind's publisher kept its targets' state in the state bucket.
+    use futures::StreamExt;
+    let state = js.get_key_value("AWARE_STATE").await.unwrap();
+    for kind in ["lifecycle", "model", "target"] {
+        let keys: Vec<String> = state
+            .keys()
+            .await
+            .unwrap()
+            .filter_map(|k| async move { k.ok() })
+            .collect()
+            .await;
+        assert!(
+            keys.iter()
+                .any(|k| k.starts_with(&format!("aware.v1.{kind}."))),
+            "no {kind} kept: {keys:?}"
+        );
+    }
 
     // Every service did all it needed within its permissions.
     for (bin, p, _) in &procs {

@@ -320,3 +320,73 @@ async fn a_service_that_cannot_read_its_start_up_state_is_not_ready_and_says_why
     assert!(ctx.ready.get());
     assert_eq!(unread(), 0);
 }
+
+/// Every target's current state outlives the capture's retention: the state bucket
+/// (`bus.jetstream.state_bucket`, a JetStream key-value bucket, no age or size limit) keeps the
+/// newest stage of each target after the capture stream has aged everything out, and a late
+/// service reads it from there. `nats kv` tools read it too: one key per subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_state_outlives_the_captures_retention() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 1);
+    let bus = Bus::connect(&bus_cfg, "js-kept").await.unwrap();
+    publish_stages(&bus).await;
+    bus.flush().await.unwrap();
+
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let kv = js.get_key_value("AWARE_STATE").await.unwrap();
+    let newest = kv.get("aware.v1.lifecycle.shop.a").await.unwrap().unwrap();
+    assert_eq!(
+        msgpack_field(&newest, "episode").unwrap().as_u64(),
+        Some(20)
+    );
+    let mut capture = js.get_stream("AWARE").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while capture.info().await.unwrap().state.messages > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the capture never aged out"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let state = js.get_stream("KV_AWARE_STATE").await.unwrap();
+    let info = state.cached_info();
+    assert_eq!(info.config.max_messages_per_subject, 1);
+    assert_eq!(info.config.max_age, Duration::ZERO);
+    assert_eq!(info.state.messages, 2, "one value per target: {info:?}");
+
+    let app = AppConfig {
+        bus: bus_cfg.clone(),
+        ..AppConfig::default()
+    };
+    let late_bus = Bus::connect(&bus_cfg, "js-kept-late").await.unwrap();
+    let ctx = ServiceContext::new(
+        "late",
+        late_bus,
+        std::sync::Arc::new(app),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    let current: Vec<_> = ctx
+        .current_state(EventKind::Lifecycle)
+        .await
+        .into_iter()
+        .map(|ev| match ev {
+            Event::Lifecycle(l) => (l.target.name.clone(), l.episode, l.stage),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        current,
+        vec![
+            ("b".into(), 2, Stage::Offline),
+            ("a".into(), 20, Stage::Serving)
+        ]
+    );
+    // A kind that is not state is not kept: the aged-out capture has nothing.
+    assert!(ctx.current_state(EventKind::Obs).await.is_empty());
+}

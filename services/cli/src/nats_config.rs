@@ -27,6 +27,7 @@ pub fn names(cfg: &AppConfig) -> Result<Names, NatsConfigError> {
     let store: ModelStoreConfig = cfg.section("model_store")?;
     Ok(Names {
         stream: cfg.bus.jetstream.stream.clone(),
+        state_bucket: cfg.bus.jetstream.state_bucket.clone(),
         bucket: store.bucket,
     })
 }

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use inproc::{InProcBus, InProcSubscription};
-pub use nats::{backoff, redact_url, NatsBus};
+pub use nats::{
+    backoff, is_state_subject, redact_url, state_key_subject, state_stream_config, NatsBus,
+};
 
 use crate::config::BusConfig;
 

@@ -46,6 +46,54 @@ pub fn redact_url(url: &str) -> String {
         .join(",")
 }
 
+fn storage(kind: StorageKind) -> jetstream::stream::StorageType {
+    match kind {
+        StorageKind::File => jetstream::stream::StorageType::File,
+        StorageKind::Memory => jetstream::stream::StorageType::Memory,
+    }
+}
+
+/// The stream of the state bucket (`bus.jetstream.state_bucket`): a JetStream key-value bucket
+/// (`KV_<bucket>`, subjects `$KV.<bucket>.>`, one value per key, so `nats kv` reads it) whose
+/// keys are the subjects of the state kinds (`lifecycle`, `model`, `embedding`, `target`) and
+/// whose values are each subject's newest message. No age or size limit: it holds one message
+/// per target and kind.
+pub fn state_stream_config(cfg: &BusConfig) -> jetstream::stream::Config {
+    let js = &cfg.jetstream;
+    let bucket = &js.state_bucket;
+    jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age: Duration::ZERO,
+        max_bytes: -1,
+        storage: storage(js.storage),
+        num_replicas: js.replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        description: Some(
+            "AWARE: every target's current state (the newest lifecycle, model, embedding and target message per target)".into(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// Whether `subject` carries a state kind ([`aware_bus_schemas::EventKind::is_state`]).
+pub fn is_state_subject(subject: &str) -> bool {
+    subject
+        .split('.')
+        .nth(2)
+        .and_then(aware_bus_schemas::EventKind::from_token)
+        .is_some_and(|k| k.is_state())
+}
+
+/// The subject of `subject`'s key in the state bucket `bucket`.
+pub fn state_key_subject(bucket: &str, subject: &str) -> String {
+    format!("$KV.{bucket}.{subject}")
+}
+
 /// A connection to a NATS server; clones share it.
 #[derive(Clone)]
 pub struct NatsBus {
@@ -171,45 +219,52 @@ impl NatsBus {
         Ok(bus)
     }
 
-    /// Creates or updates the stream that captures every AWARE subject.
+    /// Creates or updates the stream that captures every AWARE subject, and the key-value
+    /// bucket of every target's current state ([`state_stream_config`]).
     pub async fn ensure_stream(&self, cfg: &BusConfig) -> Result<(), BusError> {
-        let js = jetstream::new(self.client.clone());
         let js_cfg = &cfg.jetstream;
-        let config = jetstream::stream::Config {
+        let capture = jetstream::stream::Config {
             name: js_cfg.stream.clone(),
             subjects: vec![aware_bus_schemas::subject::ALL.to_string()],
             max_age: Duration::from_secs(js_cfg.max_age_secs),
             max_bytes: js_cfg.max_bytes,
-            storage: match js_cfg.storage {
-                StorageKind::File => jetstream::stream::StorageType::File,
-                StorageKind::Memory => jetstream::stream::StorageType::Memory,
-            },
+            storage: storage(js_cfg.storage),
             num_replicas: js_cfg.replicas,
             description: Some("AWARE events (aware.v1.>) for replay by external tools".into()),
             ..Default::default()
         };
+        self.ensure(capture, "capture stream").await?;
+        self.ensure(state_stream_config(cfg), "state bucket").await
+    }
+
+    /// Declares one stream: read first, create when missing, update only when the settings
+    /// differ. With per-service permissions every identity may create it but only its owner
+    /// (`aware nats-config`: the recorder) may change it.
+    async fn ensure(&self, config: jetstream::stream::Config, what: &str) -> Result<(), BusError> {
+        let js = jetstream::new(self.client.clone());
+        let name = config.name.clone();
         let err = |e: String| BusError::JetStream {
-            stream: js_cfg.stream.clone(),
+            stream: name.clone(),
             reason: format!(
                 "{e} (is JetStream enabled on the server, e.g. `nats-server -js`? \
                  set bus.jetstream.enabled=false to run without replay)"
             ),
         };
-        // Read first, create when missing, update only when the settings differ: with
-        // per-service permissions every identity may create the stream but only its owner
-        // (`aware nats-config`: the recorder) may change it.
-        match js.get_stream(&js_cfg.stream).await {
+        match js.get_stream(&name).await {
             Ok(stream) => {
                 let have = &stream.cached_info().config;
                 let same = have.subjects == config.subjects
                     && have.max_age == config.max_age
                     && have.max_bytes == config.max_bytes
                     && have.storage == config.storage
-                    && have.num_replicas == config.num_replicas;
+                    && have.num_replicas == config.num_replicas
+                    // The server reports "unlimited" as -1 however it was asked for.
+                    && have.max_messages_per_subject.max(0)
+                        == config.max_messages_per_subject.max(0);
                 if !same {
                     if let Err(e) = js.update_stream(config).await {
                         // It exists and captures; only its settings stay as they were.
-                        tracing::warn!(stream = %js_cfg.stream, error = %e, "the capture stream's settings differ from bus.jetstream and cannot be updated (not this identity's to change?); using it as it is");
+                        tracing::warn!(stream = %name, what, error = %e, "the stream's settings differ from bus.jetstream and cannot be updated (not this identity's to change?); using it as it is");
                     }
                 }
                 Ok(())
@@ -225,7 +280,7 @@ impl NatsBus {
                     Ok(_) => Ok(()),
                     // Another service created it meanwhile.
                     Err(create) => js
-                        .get_stream(&js_cfg.stream)
+                        .get_stream(&name)
                         .await
                         .map(drop)
                         .map_err(|_| err(create.to_string())),
@@ -273,13 +328,25 @@ impl NatsBus {
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
         validate_subject(subject)?;
         self.redeclare_stream().await;
+        let kv = self
+            .state
+            .capture
+            .as_ref()
+            .filter(|_| is_state_subject(subject))
+            .map(|cfg| state_key_subject(&cfg.jetstream.state_bucket, subject));
+        let err = |e: async_nats::PublishError| BusError::Publish {
+            subject: subject.to_string(),
+            reason: e.to_string(),
+        };
         self.client
-            .publish(subject.to_string(), payload)
+            .publish(subject.to_string(), payload.clone())
             .await
-            .map_err(|e| BusError::Publish {
-                subject: subject.to_string(),
-                reason: e.to_string(),
-            })
+            .map_err(err)?;
+        // The target's current state, kept apart from the capture's age and size limits.
+        if let Some(kv) = kv {
+            self.client.publish(kv, payload).await.map_err(err)?;
+        }
+        Ok(())
     }
 
     pub async fn subscribe(&self, pattern: &str) -> Result<async_nats::Subscriber, BusError> {

@@ -147,10 +147,12 @@ const TABLE: [Row; 8] = [
     },
 ];
 
-/// The names the permissions depend on: the capture stream, the model store bucket.
+/// The names the permissions depend on: the capture stream, the state bucket, the model store
+/// bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     pub stream: String,
+    pub state_bucket: String,
     pub bucket: String,
 }
 
@@ -251,11 +253,21 @@ impl Identity {
         match row.capture {
             Capture::None => {}
             Capture::Read | Capture::Own => {
-                read_stream(stream, &mut publish);
-                publish.push(format!("{api}.STREAM.CREATE.{stream}"));
-                if row.capture == Capture::Own {
-                    publish.push(format!("{api}.STREAM.UPDATE.{stream}"));
+                // The state bucket goes with the capture: read by all, created by any, set by
+                // the owner, and each state kind written only by its publisher.
+                let state = format!("KV_{}", names.state_bucket);
+                for s in [stream, &state] {
+                    read_stream(s, &mut publish);
+                    publish.push(format!("{api}.STREAM.CREATE.{s}"));
+                    if row.capture == Capture::Own {
+                        publish.push(format!("{api}.STREAM.UPDATE.{s}"));
+                    }
                 }
+                publish.extend(
+                    row.publishes.iter().filter(|k| k.is_state()).map(|k| {
+                        format!("$KV.{}.{}", names.state_bucket, subject::kind_filter(*k))
+                    }),
+                );
             }
         }
         let objects = format!("OBJ_{}", names.bucket);
@@ -349,6 +361,7 @@ mod tests {
     fn names() -> Names {
         Names {
             stream: "AWARE".into(),
+            state_bucket: "AWARE_STATE".into(),
             bucket: "models".into(),
         }
     }
@@ -394,6 +407,43 @@ mod tests {
                 .all(|s| !s.starts_with("_INBOX") || s.starts_with(&id.inbox_prefix())));
         }
         assert!(Identity::Watch.permissions(&names()).publish.is_empty());
+    }
+
+    /// Each state kind's key in the state bucket is written only by the kind's publisher; every
+    /// identity that reads the capture reads the bucket too.
+    #[test]
+    fn only_a_state_kinds_publisher_writes_its_keys() {
+        for id in Identity::ALL {
+            let p = id.permissions(&names());
+            let keys: Vec<&String> = p.publish.iter().filter(|s| s.starts_with("$KV.")).collect();
+            let expected: Vec<String> = id
+                .publishes()
+                .iter()
+                .filter(|k| k.is_state())
+                .map(|k| format!("$KV.AWARE_STATE.aware.v1.{k}.*.*"))
+                .collect();
+            assert_eq!(
+                keys.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                expected.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                "{id:?}"
+            );
+            if id != Identity::Watch {
+                assert!(
+                    p.publish
+                        .contains(&"$JS.API.CONSUMER.CREATE.KV_AWARE_STATE.>".to_string()),
+                    "{id:?}"
+                );
+            }
+        }
+        assert_eq!(
+            Identity::LifecycleMonitor
+                .permissions(&names())
+                .publish
+                .iter()
+                .filter(|s| s.starts_with("$KV."))
+                .collect::<Vec<_>>(),
+            ["$KV.AWARE_STATE.aware.v1.lifecycle.*.*"]
+        );
     }
 
     #[test]
