@@ -15,6 +15,7 @@ use crate::cost::CostBenchOptions;
 use crate::embed::EmbedBenchOptions;
 use crate::kube::KubeBenchOptions;
 use crate::serve::ServeBenchOptions;
+use crate::state::StateBenchOptions;
 use crate::store::StoreBenchOptions;
 use crate::BenchError;
 
@@ -55,6 +56,10 @@ pub enum BenchCommand {
     Store(StoreBenchOptions),
     /// Bus throughput and latency, in-process and over NATS on loopback.
     Bus(BusArgs),
+    /// A restart's recovery of every target's current state (registrations, models, stages) on
+    /// NATS after the telemetry overflowed the capture stream: targets recovered per kind and
+    /// read time; writes state.json.
+    State(StateArgs),
     /// The controller and the actuator at scale on a real API server (etcd, kube-apiserver with
     /// its default priority and fairness, kwok): time until --targets AwareAutoscalers are
     /// registered, reconcile latency, API requests per target in steady state, controller
@@ -158,6 +163,15 @@ pub struct BusArgs {
     pub options: BusBenchOptions,
 }
 
+/// `aware bench state`.
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub options: StateBenchOptions,
+}
+
 /// `ARM:KEY=VALUE` of `bench bootstrap --set-arm`: an arm's name, then as
 /// [`aware_harness::parse_setting`].
 pub fn parse_arm_setting(
@@ -217,6 +231,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Kube(opts) => {
             text_logs()?;
             kube(&opts)
+        }
+        BenchCommand::State(args) => {
+            text_logs()?;
+            state(&args)
         }
     }
 }
@@ -633,6 +651,21 @@ fn bus(args: &BusArgs) -> Result<(), BenchError> {
         );
     }
     let path = crate::write_json(out, "bus.json", &serde_json::to_value(&results)?)?;
+    println!("wrote {path}");
+    Ok(())
+}
+
+fn state(args: &StateArgs) -> Result<(), BenchError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)?;
+    let r = rt.block_on(crate::state::run(&args.options))?;
+    for line in crate::state::summary(&r) {
+        println!("{line}");
+    }
+    let path = crate::write_json(&args.out, "state.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");
     Ok(())
 }

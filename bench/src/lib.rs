@@ -12,6 +12,7 @@ pub mod embed;
 pub mod kube;
 pub mod serve;
 pub mod serve_bus;
+pub mod state;
 pub mod store;
 pub mod store_compare;
 

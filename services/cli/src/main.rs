@@ -336,7 +336,7 @@ fn train_meta(args: TrainMetaArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aware_bench::{adapt, bootstrap, bus, control_loop, embed, serve, store};
+    use aware_bench::{adapt, bootstrap, bus, control_loop, embed, serve, state, store};
 
     fn parse(args: &[&str]) -> Command {
         let argv = std::iter::once("aware").chain(args.iter().copied());
@@ -386,6 +386,10 @@ mod tests {
                 same(&a.options, &bus::BusBenchOptions::default());
                 assert_eq!(a.out, PathBuf::from("bench-out"));
             }
+            _ => unreachable!(),
+        }
+        match bench(&["state"]) {
+            BenchCommand::State(a) => same(&a.options, &state::StateBenchOptions::default()),
             _ => unreachable!(),
         }
         match bench(&["loop"]) {
