@@ -531,6 +531,116 @@ mod tests {
         assert_eq!(e.step(&actions(6, 0)).unwrap(), a[0]);
     }
 
+    /// FNV-1a over 64-bit words.
+    fn fnv(words: impl IntoIterator<Item = u64>) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for w in words {
+            for b in w.to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    /// Every number of the observations, bit for bit.
+    fn bits_of(obs: &[Vec<Observation>]) -> u64 {
+        let mut w = Vec::new();
+        for o in obs.iter().flatten() {
+            let m = &o.metrics;
+            w.push(o.step);
+            w.extend(o.state.iter().map(|x| u64::from(x.to_bits())));
+            w.push(o.reward.to_bits());
+            w.extend([
+                u64::from(o.allocation.replicas),
+                u64::from(o.allocation.cpu_millicores),
+                o.allocation.memory_bytes,
+            ]);
+            w.extend(
+                [
+                    m.time_s,
+                    m.cpu_limit_cores,
+                    m.memory_limit_bytes,
+                    m.cpu_usage_cores,
+                    m.memory_working_set_bytes,
+                    m.cpu_util,
+                    m.memory_util,
+                    m.io_util,
+                    m.network_util,
+                    m.p50_ms,
+                    m.p99_ms,
+                    m.throughput_rps,
+                    m.offered_rps,
+                    m.failed_requests,
+                    m.backlog,
+                    m.slo_preservation,
+                ]
+                .map(f64::to_bits),
+            );
+            w.extend([
+                m.step,
+                u64::from(m.replicas),
+                u64::from(m.ready_replicas),
+                u64::from(m.oom_kills),
+                u64::from(m.slo_violation),
+            ]);
+        }
+        fnv(w)
+    }
+
+    /// The JSON of the observations (what `aware sim` writes), hashed.
+    fn json_of(obs: &[Vec<Observation>]) -> u64 {
+        let s = serde_json::to_string(obs).unwrap();
+        fnv(s.bytes().map(u64::from))
+    }
+
+    /// A fixed run: 6 generated apps, 80 steps of mixed actions; `bursting` drops the CPU limit
+    /// of every app with a node burst headroom of 0.5 (replicas use more than they request).
+    fn golden_run(cfg: SimConfig) -> Vec<Vec<Observation>> {
+        let apps = generate_apps(6, 21, &GeneratorOptions::default());
+        let mut e = SimEnv::new(apps, cfg).unwrap();
+        (0..80).map(|k| e.step(&actions(6, k)).unwrap()).collect()
+    }
+
+    fn golden_configs() -> [SimConfig; 2] {
+        let plain = SimConfig {
+            seed: 21,
+            ..SimConfig::default()
+        };
+        let bursting = SimConfig {
+            seed: 22,
+            node_share: NodeShare {
+                burst_headroom: 0.5,
+                ..NodeShare::default()
+            },
+            limits: LimitsPolicy {
+                controlled_values: aware_mdp::ControlledValues::RequestsAndLimits,
+                cpu_limit: aware_mdp::CpuLimit::Unset,
+            },
+            ..SimConfig::default()
+        };
+        [plain, bursting]
+    }
+
+    /// The simulator's outputs without a shared cluster, recorded from the code before the
+    /// shared cluster existed: any change to the single-app model shows here.
+    #[test]
+    fn outputs_without_a_shared_cluster_match_the_recorded_golden_values() {
+        let got: Vec<(u64, u64)> = golden_configs()
+            .into_iter()
+            .map(|c| {
+                let obs = golden_run(c);
+                (bits_of(&obs), json_of(&obs))
+            })
+            .collect();
+        assert_eq!(got, GOLDEN, "{got:#x?}");
+    }
+
+    const GOLDEN: [(u64, u64); 2] = [
+        (0x4291_7270_71e5_5843, 0xe881_f915_717a_9f3b),
+        (0x6fb6_1467_07f9_5ae2, 0x6f6d_41b3_488d_30e0),
+    ];
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
