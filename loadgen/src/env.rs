@@ -21,6 +21,7 @@ use crate::app::{Allocation, AppSpec};
 use crate::cluster::{NodeShare, SimMetrics, TargetSim};
 use crate::error::SimError;
 use crate::load::LoadModel;
+use crate::nodes::{Cluster, ClusterConfig, ClusterOccupancy, Node};
 use crate::scenario::Injection;
 
 /// What a target is told to do at a step.
@@ -92,6 +93,12 @@ pub struct SimConfig {
     /// objective). The default keeps limits equal to requests.
     #[serde(default)]
     pub limits: LimitsPolicy,
+    /// A cluster the apps share ([`crate::nodes`]): nodes with allocatable CPU and memory,
+    /// replicas placed by their requests, Pending when nothing fits, contention for the nodes'
+    /// unrequested CPU, node events. `None` (the default): every app has an unlimited cluster to
+    /// itself. Absent from the JSON when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for SimConfig {
@@ -103,6 +110,7 @@ impl Default for SimConfig {
             node_share: NodeShare::default(),
             injections: Vec::new(),
             limits: LimitsPolicy::default(),
+            cluster: None,
         }
     }
 }
@@ -116,6 +124,7 @@ pub struct SimEnv {
     refs: Vec<TargetRef>,
     cfg: SimConfig,
     step: u64,
+    cluster: Option<Cluster>,
 }
 
 impl SimEnv {
@@ -168,6 +177,7 @@ impl SimEnv {
             refs,
             step: 0,
             cfg,
+            cluster: None,
         };
         env.reset(env.cfg.seed)?;
         Ok(env)
@@ -196,6 +206,14 @@ impl SimEnv {
                 Ok(t)
             })
             .collect::<Result<_, SimError>>()?;
+        self.cluster = match &self.cfg.cluster {
+            Some(c) => {
+                let mut cluster = Cluster::new(c, self.targets.len())?;
+                cluster.place_initial(&mut self.targets);
+                Some(cluster)
+            }
+            None => None,
+        };
         (0..self.targets.len()).map(|i| self.observe(i)).collect()
     }
 
@@ -243,6 +261,68 @@ impl SimEnv {
         &self.targets
     }
 
+    /// The shared cluster's occupancy during the last step (at reset: after the initial
+    /// placement); `None` without a shared cluster.
+    pub fn cluster_occupancy(&self) -> Option<&ClusterOccupancy> {
+        self.cluster.as_ref().map(Cluster::occupancy)
+    }
+
+    /// The shared cluster's nodes (drained ones included, not schedulable); empty without one.
+    pub fn nodes(&self) -> &[Node] {
+        self.cluster.as_ref().map_or(&[], Cluster::nodes)
+    }
+
+    /// Drain node `name` now, between steps: cordon it, evict its replicas and reschedule them
+    /// (Pending if nothing fits). Errors without a shared cluster or for an unknown node.
+    pub fn drain_node(&mut self, name: &str) -> Result<(), SimError> {
+        let t = self.now();
+        let step = self.step;
+        let cluster = self.cluster.as_mut().ok_or_else(no_cluster)?;
+        cluster.drain(&mut self.targets, name, t, step)
+    }
+
+    /// Add a node now, between steps, and place what is Pending; returns its name. Errors
+    /// without a shared cluster.
+    pub fn add_node(&mut self, cpu_millicores: u64, memory_bytes: u64) -> Result<String, SimError> {
+        let t = self.now();
+        let step = self.step;
+        let cluster = self.cluster.as_mut().ok_or_else(no_cluster)?;
+        cluster.add(&mut self.targets, cpu_millicores, memory_bytes, t, step)
+    }
+
+    /// Simulated time (that of the targets, which advance together).
+    fn now(&self) -> f64 {
+        self.targets.first().map_or(0.0, TargetSim::now)
+    }
+
+    /// With a shared cluster: apply every target's action, then the cluster's step start
+    /// (events, admission, scheduling, CPU shares), then advance every target; `each` sees
+    /// every advanced target with its clamp report.
+    fn step_shared(
+        &mut self,
+        actions: &[TargetAction],
+        mut each: impl FnMut(usize, &TargetSim, ClampReport),
+    ) -> Result<(), SimError> {
+        let map = self.cfg.action_map;
+        let mut clamps = Vec::with_capacity(self.targets.len());
+        for (t, a) in self.targets.iter_mut().zip(actions) {
+            let (alloc, clamp) = resolve(t, a, &map);
+            if alloc != t.allocation() {
+                t.apply(alloc);
+            }
+            clamps.push(clamp);
+        }
+        let t0 = self.now();
+        if let Some(c) = self.cluster.as_mut() {
+            c.begin_step(&mut self.targets, self.step, t0, self.cfg.step_seconds)?;
+        }
+        for (i, (t, clamp)) in self.targets.iter_mut().zip(clamps).enumerate() {
+            t.advance();
+            each(i, t, clamp);
+        }
+        Ok(())
+    }
+
     /// The latest observation of target `i` (reward recomputed from its last metrics; at reset
     /// idle metrics and reward 0).
     pub fn observe(&self, i: usize) -> Result<Observation, SimError> {
@@ -273,10 +353,21 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
-        let map = self.cfg.action_map;
         let mut out = Vec::with_capacity(self.targets.len());
-        for ((t, a), r) in self.targets.iter_mut().zip(actions).zip(&self.refs) {
-            out.push(step_target(t, r, a, &map));
+        if self.cluster.is_some() {
+            let refs = std::mem::take(&mut self.refs);
+            let r = self.step_shared(actions, |i, t, clamp| {
+                if let Some(r) = refs.get(i) {
+                    out.push(observation(r, t, clamp));
+                }
+            });
+            self.refs = refs;
+            r?;
+        } else {
+            let map = self.cfg.action_map;
+            for ((t, a), r) in self.targets.iter_mut().zip(actions).zip(&self.refs) {
+                out.push(step_target(t, r, a, &map));
+            }
         }
         self.step += 1;
         Ok(out)
@@ -296,8 +387,21 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
-        let map = self.cfg.action_map;
         rewards.clear();
+        if self.cluster.is_some() {
+            self.step_shared(actions, |_, t, _| {
+                let m = t.last_metrics();
+                rewards.push(reward(
+                    t.app().alpha,
+                    m.slo_preservation,
+                    m.cpu_util,
+                    m.memory_util,
+                ));
+            })?;
+            self.step += 1;
+            return Ok(());
+        }
+        let map = self.cfg.action_map;
         for (t, a) in self.targets.iter_mut().zip(actions) {
             let (alloc, _) = resolve(t, a, &map);
             if alloc != t.allocation() {
@@ -330,6 +434,10 @@ impl SimEnv {
         inject_due_into(&self.cfg, self.step, &self.refs[i].name, i, &mut t)?;
         Ok(t)
     }
+}
+
+fn no_cluster() -> SimError {
+    SimError::Config("no shared cluster (`SimConfig::cluster` is not set)".into())
 }
 
 fn inject_due_into(
