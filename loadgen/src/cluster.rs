@@ -1026,12 +1026,17 @@ impl TargetSim {
     pub(crate) fn deferred_reservation(&self, j: usize) -> Option<[u64; 2]> {
         let r = self.replicas.get(j)?;
         let d = r.deferred?;
-        Some(if self.app.vertical == VerticalMode::Restart && r.ready_at <= self.now {
-            // the new pod runs beside the old one until it is ready
-            reservation_of(r.cpu_request.max(d.cpu_request), r.mem_request.max(d.mem_request))
-        } else {
-            reservation_of(d.cpu_request, d.mem_request)
-        })
+        Some(
+            if self.app.vertical == VerticalMode::Restart && r.ready_at <= self.now {
+                // the new pod runs beside the old one until it is ready
+                reservation_of(
+                    r.cpu_request.max(d.cpu_request),
+                    r.mem_request.max(d.mem_request),
+                )
+            } else {
+                reservation_of(d.cpu_request, d.mem_request)
+            },
+        )
     }
 
     /// Apply the deferred sizing of replica `j` at time `t` (its node has room now).

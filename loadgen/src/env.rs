@@ -744,6 +744,67 @@ mod tests {
         assert_eq!(got, GOLDEN, "{got:#x?}");
     }
 
+    /// A shared cluster too large for anything to wait or contend (one huge node, or 60
+    /// 32-core nodes the least-allocated scorer spreads the replicas over) reproduces the
+    /// recorded outputs bit for bit, through `step` and `step_rewards`.
+    #[test]
+    fn a_cluster_nothing_contends_on_reproduces_the_golden_values() {
+        use crate::nodes::ClusterConfig;
+        for cluster in [
+            ClusterConfig::uniform(1, 1 << 40, 1 << 60),
+            ClusterConfig::uniform(60, 32_000, 128 << 30),
+        ] {
+            let got: Vec<(u64, u64)> = golden_configs()
+                .into_iter()
+                .map(|c| {
+                    let obs = golden_run(SimConfig {
+                        cluster: Some(cluster.clone()),
+                        ..c
+                    });
+                    (bits_of(&obs), json_of(&obs))
+                })
+                .collect();
+            assert_eq!(got, GOLDEN, "{cluster:?}");
+        }
+        // and the comparison sees a cluster that does contend: 2 nodes of 8 cores
+        for c in golden_configs() {
+            let seed = c.seed;
+            let tight = golden_run(SimConfig {
+                cluster: Some(ClusterConfig::uniform(2, 8000, 32 << 30)),
+                ..c
+            });
+            let i = usize::from(seed == 22);
+            assert_ne!(bits_of(&tight), GOLDEN[i].0);
+            assert!(tight
+                .iter()
+                .flatten()
+                .any(|o| o.metrics.pending_replicas > 0));
+        }
+        for c in golden_configs() {
+            let apps = generate_apps(6, 21, &GeneratorOptions::default());
+            let mut plain = SimEnv::new(apps.clone(), c.clone()).unwrap();
+            let mut shared = SimEnv::new(
+                apps,
+                SimConfig {
+                    cluster: Some(ClusterConfig::uniform(60, 32_000, 128 << 30)),
+                    ..c
+                },
+            )
+            .unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for k in 0..80 {
+                plain.step_rewards(&actions(6, k), &mut a).unwrap();
+                shared.step_rewards(&actions(6, k), &mut b).unwrap();
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "step {k}");
+            }
+            assert_eq!(
+                shared.cluster_occupancy().unwrap().pending_replica_seconds,
+                0.0
+            );
+        }
+    }
+
     const GOLDEN: [(u64, u64); 2] = [
         (0x4291_7270_71e5_5843, 0xe881_f915_717a_9f3b),
         (0x6fb6_1467_07f9_5ae2, 0x6f6d_41b3_488d_30e0),

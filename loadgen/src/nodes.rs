@@ -72,8 +72,28 @@ impl ClusterConfig {
         }
     }
 
-    /// Node sizes must be positive.
+    /// Node sizes must be positive; a drain must name a node that exists at its step (the
+    /// initial ones, and those added at an earlier step or earlier in the list).
     pub fn validate(&self) -> Result<(), SimError> {
+        let mut events: Vec<&NodeEvent> = self.events.iter().collect();
+        events.sort_by_key(|e| e.step());
+        let mut count = u64::from(self.nodes);
+        for e in events {
+            match e {
+                NodeEvent::Add { .. } => count += 1,
+                NodeEvent::Drain { step, node } => {
+                    let known = node
+                        .strip_prefix("node-")
+                        .and_then(|i| i.parse::<u64>().ok())
+                        .is_some_and(|i| i < count && node == &format!("node-{i}"));
+                    if !known {
+                        return Err(SimError::Config(format!(
+                            "cluster: no node `{node}` to drain at step {step}"
+                        )));
+                    }
+                }
+            }
+        }
         let bad = |what: &str| Err(SimError::Config(format!("cluster: {what} must be > 0")));
         if self.node_cpu_millicores == 0 {
             return bad("node_cpu_millicores");
@@ -395,8 +415,12 @@ impl Cluster {
             }
         }
         for (i, j, n) in growing {
-            let Some(t) = targets.get_mut(i) else { continue };
-            let Some(r) = t.replicas().get(j) else { continue };
+            let Some(t) = targets.get_mut(i) else {
+                continue;
+            };
+            let Some(r) = t.replicas().get(j) else {
+                continue;
+            };
             let (old, want) = (r.reserved, r.reservation());
             let Some(u) = self.used.get(n).copied() else {
                 continue;
@@ -500,9 +524,7 @@ impl Cluster {
             .iter_mut()
             .map(|t| t.cpu_need_per_replica())
             .collect();
-        // (node, app, replica, weight, possible burst, bursting)
-        let mut per_node: Vec<Vec<(usize, usize, f64, f64, bool)>> =
-            vec![Vec::new(); self.nodes.len()];
+        let mut per_node: Vec<Vec<BurstClaim>> = vec![Vec::new(); self.nodes.len()];
         for (i, t) in targets.iter_mut().enumerate() {
             let need_i = need.get(i).copied().unwrap_or(0.0);
             for (j, r) in t.replicas_mut().iter_mut().enumerate() {
@@ -541,12 +563,13 @@ impl Cluster {
                 left = left.max(0.0);
             }
             for (k, &(i, j, _, want, _)) in claims.iter().enumerate() {
-                if let Some(r) = targets
-                    .get_mut(i)
-                    .and_then(|t| t.replicas_mut().get_mut(j))
-                {
+                if let Some(r) = targets.get_mut(i).and_then(|t| t.replicas_mut().get_mut(j)) {
                     // a full share leaves the replica as the single-app model has it
-                    r.burst_cap = if caps[k] >= want { f64::INFINITY } else { caps[k] };
+                    r.burst_cap = if caps[k] >= want {
+                        f64::INFINITY
+                    } else {
+                        caps[k]
+                    };
                 }
             }
         }
@@ -613,6 +636,10 @@ impl Cluster {
     }
 }
 
+/// A replica's claim on its node's unrequested CPU: (app, replica, weight = CPU request,
+/// possible burst in cores, bursting in this step).
+type BurstClaim = (usize, usize, f64, f64, bool);
+
 /// kube-scheduler's LeastAllocated score of a node with `requested` (its requests including the
 /// pod's) out of `allocatable`, CPU and memory weighted 1 each, integer arithmetic as upstream:
 /// per resource `(allocatable − requested) · 100 / allocatable` (0 when nothing is allocatable
@@ -667,14 +694,8 @@ mod tests {
     #[test]
     fn least_allocated_scores_as_upstream() {
         const GIB: u64 = 1 << 30;
-        assert_eq!(
-            least_allocated_score([2000, 2 * GIB], [4000, 8 * GIB]),
-            62
-        );
-        assert_eq!(
-            least_allocated_score([1500, 7 * GIB], [4000, 8 * GIB]),
-            37
-        );
+        assert_eq!(least_allocated_score([2000, 2 * GIB], [4000, 8 * GIB]), 62);
+        assert_eq!(least_allocated_score([1500, 7 * GIB], [4000, 8 * GIB]), 37);
         assert_eq!(least_allocated_score([5000, GIB], [4000, 8 * GIB]), 43);
         assert_eq!(least_allocated_score([0, 0], [0, 8 * GIB]), 50);
     }
@@ -708,7 +729,472 @@ mod tests {
             "nodes: 1\nnode_cpu_millicores: 1\nnode_memory_bytes: 1\nevents:\n- {kind: drain, step: 5, node: node-1, force: true}\n"
         )
         .is_err());
+        let drain = |node: &str, step| NodeEvent::Drain {
+            step,
+            node: node.into(),
+        };
+        let mut c = ClusterConfig::uniform(2, 1, 1);
+        c.events = vec![drain("node-2", 3)];
+        assert!(c.validate().unwrap_err().to_string().contains("node-2"));
+        c.events.push(NodeEvent::Add {
+            step: 1,
+            cpu_millicores: 1,
+            memory_bytes: 1,
+        });
+        assert!(c.validate().is_ok(), "added before the drain");
+        c.events.push(drain("node-02", 3));
+        assert!(c.validate().is_err());
         assert!(ClusterConfig::uniform(2, 0, 1).validate().is_err());
         assert!(ClusterConfig::uniform(2, 1, 1).validate().is_ok());
+    }
+}
+
+/// The shared cluster through the environment.
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+    use crate::app::{Allocation, AppSpec, Bounds, SegmentSpec, Slo, VerticalMode, MIB};
+    use crate::env::{Observation, SimConfig, SimEnv, TargetAction};
+    use crate::load::LoadSpec;
+    use crate::segments::SegmentKind;
+    use aware_mdp::{ControlledValues, CpuLimit, LimitsPolicy};
+
+    const GIB: u64 = 1024 * MIB;
+
+    fn alloc(replicas: u32, cpu_millicores: u32, mem_mib: u64) -> Allocation {
+        Allocation {
+            replicas,
+            cpu_millicores,
+            memory_bytes: mem_mib * MIB,
+        }
+    }
+
+    /// A float-ops app (0.101 core-s per request, one core per request) at `rps`.
+    fn app(name: &str, initial: Allocation, rps: f64) -> AppSpec {
+        AppSpec {
+            name: name.into(),
+            namespace: "sim".into(),
+            segments: vec![SegmentSpec {
+                kind: SegmentKind::FloatOps,
+                payload: SegmentKind::FloatOps.default_payload(),
+            }],
+            slo: Slo {
+                latency_p99_ms: Some(500.0),
+                throughput_rps: None,
+                objective: None,
+            },
+            alpha: 0.5,
+            bounds: Bounds::default(),
+            initial,
+            vertical: VerticalMode::InPlace,
+            timeout_s: 30.0,
+            load: LoadSpec::constant(rps),
+        }
+    }
+
+    fn env(apps: Vec<AppSpec>, cluster: Option<ClusterConfig>) -> SimEnv {
+        SimEnv::new(
+            apps,
+            SimConfig {
+                seed: 5,
+                cluster,
+                ..SimConfig::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn nodes_of(e: &SimEnv, i: usize) -> Vec<Option<usize>> {
+        e.target(i)
+            .unwrap()
+            .replicas()
+            .iter()
+            .map(|r| r.node)
+            .collect()
+    }
+
+    /// Hand-computed (module `tests` above has the scores): A (1000 m, 512 MiB) goes to node-0
+    /// (tie, lowest index); B (500 m, 3072 MiB) scores 37 on node-0 and 56 on node-1: node-1; C
+    /// (1000 m, 512 MiB) scores 62 on node-0 and 37 on node-1: node-0, although node-1 has more
+    /// free CPU (3500 m against 3000 m).
+    #[test]
+    fn placement_picks_the_least_allocated_node() {
+        let e = env(
+            vec![
+                app("a", alloc(1, 1000, 512), 1.0),
+                app("b", alloc(1, 500, 3072), 1.0),
+                app("c", alloc(1, 1000, 512), 1.0),
+            ],
+            Some(ClusterConfig::uniform(2, 4000, 4 * GIB)),
+        );
+        assert_eq!(nodes_of(&e, 0), vec![Some(0)]);
+        assert_eq!(nodes_of(&e, 1), vec![Some(1)]);
+        assert_eq!(nodes_of(&e, 2), vec![Some(0)]);
+        // node-0: [2000, 1024 MiB] → (50 + 75) / 2 = 62; node-1: [1500, 3584 MiB] → (62 + 12) / 2
+        assert_eq!(
+            least_allocated_score([2000, 1024 * MIB], [4000, 4 * GIB]),
+            62
+        );
+        assert_eq!(
+            least_allocated_score([1500, 3584 * MIB], [4000, 4 * GIB]),
+            37
+        );
+        let o = e.cluster_occupancy().unwrap();
+        assert_eq!(o.nodes[0].cpu_requested_millicores, 2000);
+        assert_eq!(o.nodes[1].memory_requested_bytes, 3072 * MIB);
+    }
+
+    /// One 2-core node: scaled to 4 replicas of 1 core, 2 are Pending: never ready, serving
+    /// nothing (the throughput of 2 replicas), and their wait grows by 2 × 10 s a step; a new
+    /// node takes them, ready after the cold start.
+    #[test]
+    fn a_replica_that_fits_nowhere_is_pending_and_its_wait_grows() {
+        let a = app("a", alloc(1, 1000, 512), 40.0);
+        let mut e = env(
+            vec![a.clone()],
+            Some(ClusterConfig::uniform(1, 2000, 4 * GIB)),
+        );
+        let four = TargetAction::Desired(alloc(4, 1000, 512));
+        let mut reference = env(vec![a], None);
+        let two = TargetAction::Desired(alloc(2, 1000, 512));
+        let mut last = None;
+        for k in 1..=3u32 {
+            let o = e.step(&[four]).unwrap().remove(0);
+            let r = reference.step(&[two]).unwrap().remove(0);
+            let occ = e.cluster_occupancy().unwrap();
+            assert_eq!(o.metrics.replicas, 4);
+            assert_eq!(o.metrics.pending_replicas, 2, "{o:?}");
+            assert_eq!(occ.pending_replicas, 2);
+            assert_eq!(occ.pending_by_target, vec![2]);
+            assert!((occ.pending_replica_seconds - 20.0 * f64::from(k)).abs() < 1e-9);
+            assert_eq!(
+                occ.pending_replica_seconds_by_target,
+                vec![20.0 * f64::from(k)]
+            );
+            assert!((occ.cpu_requested_share - 1.0).abs() < 1e-12);
+            assert!(o.metrics.ready_replicas <= 2);
+            // the 2 bound replicas serve what 2 replicas serve alone
+            assert_eq!(o.metrics.throughput_rps, r.metrics.throughput_rps);
+            assert_eq!(o.metrics.p99_ms, r.metrics.p99_ms);
+            last = Some(o);
+        }
+        let pending_ids: Vec<u64> = e
+            .target(0)
+            .unwrap()
+            .replicas()
+            .iter()
+            .filter(|r| r.pending_since.is_some())
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(pending_ids.len(), 2);
+        // the longest-waiting first: a 1-core node takes one of them
+        let name = e.add_node(1000, 4 * GIB).unwrap();
+        assert_eq!(name, "node-1");
+        let t = e.target(0).unwrap();
+        assert_eq!(t.replicas().iter().filter(|r| r.node == Some(1)).count(), 1);
+        assert_eq!(e.cluster_occupancy().unwrap().pending_replicas, 1);
+        let o = e.step(&[four]).unwrap().remove(0);
+        // bound at the start of the step: ready after the cold start (2 s of a 10 s step)
+        assert_eq!(o.metrics.ready_replicas, 3);
+        assert!(o.metrics.throughput_rps > last.unwrap().metrics.throughput_rps);
+        assert!((e.cluster_occupancy().unwrap().pending_replica_seconds - 70.0).abs() < 1e-9);
+        // scaling down deletes the Pending replica first
+        let _ = e
+            .step(&[TargetAction::Desired(alloc(3, 1000, 512))])
+            .unwrap();
+        assert!(e
+            .target(0)
+            .unwrap()
+            .replicas()
+            .iter()
+            .all(|r| r.pending_since.is_none() && r.node.is_some()));
+    }
+
+    /// Draining node-0 (from the config at step 3, and from code) evicts its replicas: new
+    /// pods, not ready for the cold start, on the nodes left; what fits nowhere is Pending.
+    #[test]
+    fn a_drain_evicts_and_reschedules() {
+        let mut cfg = ClusterConfig::uniform(3, 4000, 8 * GIB);
+        cfg.events.push(NodeEvent::Drain {
+            step: 3,
+            node: "node-0".into(),
+        });
+        let apps = vec![
+            app("a", alloc(3, 1000, 512), 20.0),
+            app("b", alloc(3, 1000, 512), 20.0),
+        ];
+        let mut e = env(apps, Some(cfg));
+        // spread: 2 replicas per node
+        let per_node = |e: &SimEnv| -> Vec<u32> {
+            e.cluster_occupancy()
+                .unwrap()
+                .nodes
+                .iter()
+                .map(|n| n.replicas)
+                .collect()
+        };
+        assert_eq!(per_node(&e), vec![2, 2, 2]);
+        let hold = [TargetAction::Hold, TargetAction::Hold];
+        for _ in 0..3 {
+            let _ = e.step(&hold).unwrap();
+        }
+        let on0: Vec<(usize, u64)> = (0..2)
+            .flat_map(|i| {
+                e.target(i)
+                    .unwrap()
+                    .replicas()
+                    .iter()
+                    .filter(|r| r.node == Some(0))
+                    .map(move |r| (i, r.id))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(on0.len(), 2);
+        let obs = e.step(&hold).unwrap();
+        assert_eq!(per_node(&e), vec![0, 3, 3]);
+        let occ = e.cluster_occupancy().unwrap();
+        assert!(!occ.nodes[0].schedulable);
+        assert_eq!(occ.pending_replicas, 0);
+        // requested share over the two schedulable nodes: 6 cores of 8
+        assert!((occ.cpu_requested_share - 0.75).abs() < 1e-12);
+        for (i, id) in &on0 {
+            assert!(e.target(*i).unwrap().replicas().iter().all(|r| r.id != *id));
+        }
+        let ready: u32 = obs.iter().map(|o| o.metrics.ready_replicas).sum();
+        assert_eq!(ready, 6, "restarted within the step");
+        let started: f64 = (0..2)
+            .flat_map(|i| e.target(i).unwrap().replicas().to_vec())
+            .filter(|r| r.ready_at > 0.0)
+            .map(|r| r.ready_at)
+            .sum();
+        // the two new pods started at 30 s, ready after the 2 s cold start
+        assert!((started - 2.0 * 32.0).abs() < 1e-9, "{started}");
+        // draining node-1 from code: its 3 replicas fit on node-2 only by 1 core: 2 Pending
+        e.drain_node("node-1").unwrap();
+        let occ = e.cluster_occupancy().unwrap();
+        assert_eq!(per_node(&e), vec![0, 0, 4]);
+        assert_eq!(occ.pending_replicas, 2);
+        assert!(e.drain_node("node-9").is_err());
+        let mut plain = env(vec![app("a", alloc(1, 1000, 512), 1.0)], None);
+        assert!(plain.drain_node("node-0").is_err());
+        assert!(plain.cluster_occupancy().is_none());
+    }
+
+    /// Two apps without a CPU limit (headroom 1: each may use 2 cores on a 1-core request) on
+    /// one 3-core node share its 1 unrequested core: each gets 1.5 cores and serves less, at a
+    /// higher p99, than alone on the same node, where it gets both cores (and exactly what it
+    /// gets without a shared cluster).
+    #[test]
+    fn co_located_bursting_apps_get_less_cpu_than_each_alone() {
+        let cfg = |cluster| SimConfig {
+            seed: 9,
+            cluster,
+            node_share: crate::cluster::NodeShare {
+                burst_headroom: 1.0,
+                ..crate::cluster::NodeShare::default()
+            },
+            limits: LimitsPolicy {
+                controlled_values: ControlledValues::RequestsAndLimits,
+                cpu_limit: CpuLimit::Unset,
+            },
+            ..SimConfig::default()
+        };
+        let node = || Some(ClusterConfig::uniform(1, 3000, 8 * GIB));
+        let a = app("a", alloc(1, 1000, 1024), 25.0);
+        let b = app("b", alloc(1, 1000, 1024), 25.0);
+        let run = |apps: Vec<AppSpec>, cluster| {
+            let mut e = SimEnv::new(apps.clone(), cfg(cluster)).unwrap();
+            let hold = vec![TargetAction::Hold; apps.len()];
+            let mut last = Vec::new();
+            for _ in 0..5 {
+                last = e.step(&hold).unwrap();
+            }
+            let caps: Vec<f64> = e
+                .targets()
+                .iter()
+                .map(|t| t.replicas()[0].burst_cap)
+                .collect();
+            (last, caps)
+        };
+        let (alone, cap_alone) = run(vec![a.clone()], node());
+        let (unlimited, _) = run(vec![a.clone()], None);
+        let (shared, caps) = run(vec![a, b], node());
+        assert_eq!(cap_alone, vec![f64::INFINITY]);
+        assert_eq!(caps, vec![0.5, 0.5]);
+        let m = |o: &Observation| o.metrics;
+        assert_eq!(m(&alone[0]), m(&unlimited[0]), "alone = no shared cluster");
+        for o in &shared {
+            assert!(
+                m(o).throughput_rps < 0.8 * m(&alone[0]).throughput_rps,
+                "{:?} vs {:?}",
+                m(o),
+                m(&alone[0])
+            );
+            assert!(m(o).p99_ms > m(&alone[0]).p99_ms);
+            assert!((m(o).cpu_usage_cores - 1.5).abs() < 0.05, "{:?}", m(o));
+        }
+        assert!((m(&alone[0]).cpu_usage_cores - 2.0).abs() < 0.05);
+    }
+
+    /// A bursting app takes the idle one's share: only when its need exceeds its request does a
+    /// replica count as bursting; the pool goes to it first.
+    #[test]
+    fn an_idle_neighbour_leaves_the_burst_to_the_busy_one() {
+        let cfg = SimConfig {
+            seed: 9,
+            cluster: Some(ClusterConfig::uniform(1, 3000, 8 * GIB)),
+            node_share: crate::cluster::NodeShare {
+                burst_headroom: 1.0,
+                ..crate::cluster::NodeShare::default()
+            },
+            limits: LimitsPolicy {
+                controlled_values: ControlledValues::RequestsAndLimits,
+                cpu_limit: CpuLimit::Unset,
+            },
+            ..SimConfig::default()
+        };
+        let apps = vec![
+            app("busy", alloc(1, 1000, 1024), 25.0),
+            app("idle", alloc(1, 1000, 1024), 1.0),
+        ];
+        let mut e = SimEnv::new(apps, cfg).unwrap();
+        let _ = e.step(&[TargetAction::Hold; 2]).unwrap();
+        let caps: Vec<f64> = e
+            .targets()
+            .iter()
+            .map(|t| t.replicas()[0].burst_cap)
+            .collect();
+        // the busy one's whole burst (1 core) is met: no cap; the idle one gets nothing
+        assert_eq!(caps, vec![f64::INFINITY, 0.0]);
+    }
+
+    /// Per-node and cluster figures are the sums of the replicas' requests.
+    #[test]
+    fn occupancy_matches_hand_sums() {
+        let apps = vec![
+            app("a", alloc(3, 700, 300), 5.0),
+            app("b", alloc(5, 300, 1000), 5.0),
+            app("c", alloc(2, 1500, 2000), 5.0),
+        ];
+        let mut e = env(apps, Some(ClusterConfig::uniform(3, 2000, 3 * GIB)));
+        for k in 0..6u32 {
+            let acts = [
+                TargetAction::Desired(alloc(1 + k % 4, 700, 300)),
+                TargetAction::Hold,
+                TargetAction::Desired(alloc(2 + k % 3, 1500, 2000)),
+            ];
+            let obs = e.step(&acts).unwrap();
+            let occ = e.cluster_occupancy().unwrap().clone();
+            let mut cpu = [0u64; 3];
+            let mut mem = [0u64; 3];
+            let mut pending = 0u32;
+            for i in 0..3 {
+                for r in e.target(i).unwrap().replicas() {
+                    match r.node {
+                        Some(n) => {
+                            cpu[n] += (r.cpu_request * 1000.0).round() as u64;
+                            mem[n] += r.mem_request as u64;
+                        }
+                        None => pending += 1,
+                    }
+                }
+            }
+            for n in 0..3 {
+                assert_eq!(occ.nodes[n].cpu_requested_millicores, cpu[n]);
+                assert_eq!(occ.nodes[n].memory_requested_bytes, mem[n]);
+                assert!(cpu[n] <= 2000 && mem[n] <= 3 * GIB);
+            }
+            let want_cpu = cpu.iter().sum::<u64>() as f64 / 6000.0;
+            let want_mem = mem.iter().sum::<u64>() as f64 / (9 * GIB) as f64;
+            assert!((occ.cpu_requested_share - want_cpu).abs() < 1e-12);
+            assert!((occ.memory_requested_share - want_mem).abs() < 1e-12);
+            assert_eq!(occ.pending_replicas, pending);
+            let from_metrics: u32 = obs.iter().map(|o| o.metrics.pending_replicas).sum();
+            assert_eq!(from_metrics, pending);
+            assert_eq!(occ.step, u64::from(k));
+        }
+        // 3 of "c" at 1.5 cores need 3 nodes' worth of CPU with "a" and "b" there: some wait
+        assert!(e.cluster_occupancy().unwrap().pending_replica_seconds > 0.0);
+    }
+
+    /// A vertical scale-up that does not fit its node is deferred (the replica keeps what was
+    /// admitted) and applied once the node has room.
+    #[test]
+    fn a_resize_that_does_not_fit_waits_for_room() {
+        let apps = vec![
+            app("a", alloc(1, 1000, 512), 5.0),
+            app("b", alloc(1, 1000, 512), 5.0),
+        ];
+        let mut e = env(apps, Some(ClusterConfig::uniform(1, 2500, 4 * GIB)));
+        let big = TargetAction::Desired(alloc(1, 2000, 512));
+        let _ = e.step(&[big, TargetAction::Hold]).unwrap();
+        let r = &e.target(0).unwrap().replicas()[0];
+        assert_eq!(r.cpu_request, 1.0, "deferred");
+        assert!(r.deferred.is_some());
+        assert_eq!(e.cluster_occupancy().unwrap().deferred_resizes, 1);
+        // b shrinks: room for a's resize at the next step
+        let _ = e
+            .step(&[
+                TargetAction::Hold,
+                TargetAction::Desired(alloc(1, 500, 512)),
+            ])
+            .unwrap();
+        let r = &e.target(0).unwrap().replicas()[0];
+        assert_eq!(r.cpu_request, 2.0);
+        assert!(r.deferred.is_none());
+        assert_eq!(
+            e.cluster_occupancy().unwrap().nodes[0].cpu_requested_millicores,
+            2500
+        );
+    }
+
+    /// Same seed, same cluster: the same trajectories and occupancy, bit for bit.
+    #[test]
+    fn the_shared_cluster_is_deterministic() {
+        let run = || {
+            let mut cfg = ClusterConfig::uniform(2, 3000, 4 * GIB);
+            cfg.events = vec![
+                NodeEvent::Drain {
+                    step: 4,
+                    node: "node-1".into(),
+                },
+                NodeEvent::Add {
+                    step: 8,
+                    cpu_millicores: 4000,
+                    memory_bytes: 8 * GIB,
+                },
+            ];
+            let apps = vec![
+                app("a", alloc(2, 800, 512), 15.0),
+                app("b", alloc(2, 800, 512), 15.0),
+            ];
+            let mut e = SimEnv::new(
+                apps,
+                SimConfig {
+                    seed: 3,
+                    cluster: Some(cfg),
+                    node_share: crate::cluster::NodeShare {
+                        burst_headroom: 0.5,
+                        ..crate::cluster::NodeShare::default()
+                    },
+                    ..SimConfig::default()
+                },
+            )
+            .unwrap();
+            (0..12u32)
+                .map(|k| {
+                    let a = TargetAction::Desired(alloc(1 + k % 5, 800, 512));
+                    let o = e.step(&[a, TargetAction::Hold]).unwrap();
+                    (o, e.cluster_occupancy().unwrap().clone())
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = run();
+        assert_eq!(a, run());
+        assert!(
+            a.iter().any(|(_, o)| o.pending_replicas > 0),
+            "the drain leaves some Pending"
+        );
+        assert_eq!(a.last().unwrap().1.nodes.len(), 3);
     }
 }
