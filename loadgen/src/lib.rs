@@ -52,6 +52,6 @@ pub use bench::{bench_sim, SimBenchOptions, SimBenchReport};
 pub use env::{Observation, SimConfig, SimEnv, TargetAction, ACTION_DIM, STATE_DIM, STATE_NAMES};
 pub use error::SimError;
 pub use nodes::{ClusterConfig, ClusterOccupancy, NodeEvent};
-pub use run::{run_sim, AppSource, PolicySpec, RunSimOptions, RunSimReport};
+pub use run::{run_sim, AppSource, ClusterSummary, PolicySpec, RunSimOptions, RunSimReport};
 pub use scenario::{Injection, Scenario};
 pub use segments::SegmentKind;
