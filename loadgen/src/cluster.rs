@@ -1050,7 +1050,7 @@ impl TargetSim {
                 } else {
                     r.resize(d);
                 }
-                r.reserved = r.reservation();
+                r.reserved = r.reservation(t);
                 r.admitted = Some(r.sizing());
             }
         }
@@ -1091,10 +1091,12 @@ impl Replica {
         }
     }
 
-    /// What it needs on its node: its requests, or during a rolling restart the larger of the
-    /// old and the new pod's (the new pod runs beside the old one until it is ready).
-    pub(crate) fn reservation(&self) -> [u64; 2] {
+    /// What it needs on its node at time `t`: its requests, or during a rolling restart the
+    /// larger of the old and the new pod's (the new pod runs beside the old one until it is
+    /// ready; from then on, the new pod's alone).
+    pub(crate) fn reservation(&self, t: f64) -> [u64; 2] {
         match self.pending {
+            Some((n, at)) if at <= t => reservation_of(n.cpu_request, n.mem_request),
             Some((n, _)) => reservation_of(
                 self.cpu_request.max(n.cpu_request),
                 self.mem_request.max(n.mem_request),

@@ -398,7 +398,7 @@ impl Cluster {
         for (i, t) in targets.iter_mut().enumerate() {
             for (j, r) in t.replicas_mut().iter_mut().enumerate() {
                 let Some(n) = r.node else { continue };
-                let want = r.reservation();
+                let want = r.reservation(t0);
                 if want == r.reserved {
                     continue;
                 }
@@ -421,7 +421,7 @@ impl Cluster {
             let Some(r) = t.replicas().get(j) else {
                 continue;
             };
-            let (old, want) = (r.reserved, r.reservation());
+            let (old, want) = (r.reserved, r.reservation(t0));
             let Some(u) = self.used.get(n).copied() else {
                 continue;
             };
@@ -435,7 +435,7 @@ impl Cluster {
             } else {
                 t.defer(j);
                 // what it holds now (its admitted sizing, or the old pod alone)
-                let now = t.replicas().get(j).map_or(old, |r| r.reservation());
+                let now = t.replicas().get(j).map_or(old, |r| r.reservation(t0));
                 self.used[n] = [u[0] - old[0] + now[0], u[1] - old[1] + now[1]];
                 if let Some(r) = t.replicas_mut().get_mut(j) {
                     r.reserved = now;
@@ -483,7 +483,7 @@ impl Cluster {
             let Some(tgt) = targets.get_mut(i) else {
                 continue;
             };
-            let Some(req) = tgt.replicas().get(j).map(|r| r.reservation()) else {
+            let Some(req) = tgt.replicas().get(j).map(|r| r.reservation(t)) else {
                 continue;
             };
             match self.pick(req) {
@@ -1146,6 +1146,47 @@ mod env_tests {
             e.cluster_occupancy().unwrap().nodes[0].cpu_requested_millicores,
             2500
         );
+    }
+
+    /// `restart` mode: the rolling update's new pod is counted beside the old one on the node
+    /// until it is ready, then alone; one that does not fit waits while the old pod serves.
+    #[test]
+    fn a_rolling_restart_holds_both_pods_and_waits_for_room() {
+        let mut a = app("a", alloc(1, 1000, 512), 5.0);
+        a.vertical = VerticalMode::Restart;
+        let mut e = env(
+            vec![a.clone(), app("b", alloc(1, 500, 512), 5.0)],
+            Some(ClusterConfig::uniform(1, 2500, 4 * GIB)),
+        );
+        let cpu_on_node =
+            |e: &SimEnv| e.cluster_occupancy().unwrap().nodes[0].cpu_requested_millicores;
+        // 1000 → 1500 m: the node holds 1500 + 500 during the restart (cold start 2 s: ready
+        // within the step), then 1500 + 500
+        let _ = e
+            .step(&[
+                TargetAction::Desired(alloc(1, 1500, 512)),
+                TargetAction::Hold,
+            ])
+            .unwrap();
+        assert_eq!(cpu_on_node(&e), 2000);
+        let r = &e.target(0).unwrap().replicas()[0];
+        assert!(r.pending.is_some() && r.deferred.is_none());
+        let _ = e.step(&[TargetAction::Hold; 2]).unwrap();
+        assert_eq!(e.target(0).unwrap().replicas()[0].cpu_request, 1.5);
+        assert_eq!(cpu_on_node(&e), 2000);
+        // 1500 → 2048 m (the bound) does not fit beside b's 500 m: deferred, the old pod keeps serving
+        let o = e
+            .step(&[
+                TargetAction::Desired(alloc(1, 2048, 512)),
+                TargetAction::Hold,
+            ])
+            .unwrap();
+        let r = &e.target(0).unwrap().replicas()[0];
+        assert!(r.pending.is_none());
+        assert_eq!(r.deferred.map(|d| d.cpu_request), Some(2.048));
+        assert_eq!(r.cpu_request, 1.5);
+        assert_eq!(o[0].metrics.ready_replicas, 1);
+        assert_eq!(cpu_on_node(&e), 2000);
     }
 
     /// Same seed, same cluster: the same trajectories and occupancy, bit for bit.
