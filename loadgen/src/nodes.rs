@@ -1174,7 +1174,8 @@ mod env_tests {
         let _ = e.step(&[TargetAction::Hold; 2]).unwrap();
         assert_eq!(e.target(0).unwrap().replicas()[0].cpu_request, 1.5);
         assert_eq!(cpu_on_node(&e), 2000);
-        // 1500 → 2048 m (the bound) does not fit beside b's 500 m: deferred, the old pod keeps serving
+        // 1500 → 2048 m (the bound) does not fit beside b's 500 m: deferred, the old pod keeps
+        // serving
         let o = e
             .step(&[
                 TargetAction::Desired(alloc(1, 2048, 512)),
@@ -1187,6 +1188,81 @@ mod env_tests {
         assert_eq!(r.cpu_request, 1.5);
         assert_eq!(o[0].metrics.ready_replicas, 1);
         assert_eq!(cpu_on_node(&e), 2000);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Whatever the apps do and the nodes undergo: no node holds more than its allocatable,
+        /// a Pending replica is unbound and never ready, the occupancy is the sum of the
+        /// replicas, and the metrics stay in range.
+        #[test]
+        fn nodes_never_overcommit_and_pending_replicas_never_serve(
+            seed in 0u64..500, n_apps in 1usize..5, nodes in 1u32..4,
+            cpu in 1000u64..8000, mem_gib in 1u64..8, headroom in 0.0f64..1.0,
+            acts in proptest::collection::vec((0u32..8, 128u32..2048, 256u64..3072, proptest::bool::ANY), 12),
+            drain_at in 0u64..12, add_at in 0u64..12,
+        ) {
+            let apps = crate::app::generate_apps(n_apps, seed, &crate::app::GeneratorOptions::default());
+            let mut cfg = ClusterConfig::uniform(nodes, cpu, mem_gib * GIB);
+            cfg.events = vec![
+                NodeEvent::Drain { step: drain_at, node: "node-0".into() },
+                NodeEvent::Add { step: add_at, cpu_millicores: cpu, memory_bytes: mem_gib * GIB },
+            ];
+            let mut e = SimEnv::new(apps, SimConfig {
+                seed,
+                cluster: Some(cfg),
+                node_share: crate::cluster::NodeShare { burst_headroom: headroom, ..crate::cluster::NodeShare::default() },
+                ..SimConfig::default()
+            }).unwrap();
+            for (k, (r, c, m, hold)) in acts.into_iter().enumerate() {
+                let a: Vec<TargetAction> = (0..n_apps).map(|i| if hold && i % 2 == 0 {
+                    TargetAction::Hold
+                } else {
+                    TargetAction::Desired(alloc(1 + (r + i as u32 * 3) % 8, c, m))
+                }).collect();
+                let obs = e.step(&a).unwrap();
+                let occ = e.cluster_occupancy().unwrap();
+                let mut used = vec![[0u64; 2]; occ.nodes.len()];
+                let mut pending = 0;
+                for i in 0..n_apps {
+                    for rep in e.target(i).unwrap().replicas() {
+                        match rep.node {
+                            Some(n) => {
+                                used[n][0] += (rep.cpu_request * 1000.0).round() as u64;
+                                used[n][1] += rep.mem_request as u64;
+                                proptest::prop_assert!(rep.pending_since.is_none());
+                            }
+                            None => {
+                                pending += 1;
+                                proptest::prop_assert!(rep.pending_since.is_some());
+                                proptest::prop_assert!(rep.ready_at.is_infinite() && rep.ready_at > 0.0);
+                                proptest::prop_assert_eq!(rep.working_set, 0.0);
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(occ.pending_replicas, pending);
+                for (n, a) in occ.nodes.iter().enumerate() {
+                    // a rolling restart holds the larger of its two pods: at least the requests
+                    proptest::prop_assert!(a.cpu_requested_millicores >= used[n][0]);
+                    proptest::prop_assert!(a.cpu_requested_millicores <= a.cpu_allocatable_millicores, "{:?}", a);
+                    proptest::prop_assert!(a.memory_requested_bytes <= a.memory_allocatable_bytes, "{:?}", a);
+                    if !a.schedulable {
+                        proptest::prop_assert_eq!(a.replicas, 0);
+                    }
+                }
+                proptest::prop_assert!((0.0..=1.0).contains(&occ.cpu_requested_share));
+                for o in &obs {
+                    let m = o.metrics;
+                    proptest::prop_assert!(m.ready_replicas + m.pending_replicas <= m.replicas, "{:?}", m);
+                    for u in [m.cpu_util, m.memory_util, m.io_util, m.network_util, m.slo_preservation] {
+                        proptest::prop_assert!((0.0..=1.0).contains(&u), "{:?}", m);
+                    }
+                }
+                proptest::prop_assert_eq!(occ.step, k as u64);
+            }
+        }
     }
 
     /// Same seed, same cluster: the same trajectories and occupancy, bit for bit.
