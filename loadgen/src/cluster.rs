@@ -530,9 +530,26 @@ impl TargetSim {
             cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
             memory_limit_bytes: self.alloc.memory_bytes as f64,
             replicas: self.alloc.replicas,
-            ready_replicas: self.alloc.replicas,
+            ready_replicas: self
+                .replicas
+                .iter()
+                .filter(|r| r.ready_at <= self.now)
+                .count() as u32,
             slo_preservation: 1.0,
+            pending_replicas: self
+                .replicas
+                .iter()
+                .filter(|r| r.pending_since.is_some())
+                .count() as u32,
             ..SimMetrics::default()
+        }
+    }
+
+    /// Before the first step: recompute the idle metrics (after a shared cluster's initial
+    /// placement left some replicas Pending).
+    pub(crate) fn refresh_idle_metrics(&mut self) {
+        if self.step == 0 {
+            self.last = self.idle_metrics();
         }
     }
 

@@ -210,6 +210,9 @@ impl SimEnv {
             Some(c) => {
                 let mut cluster = Cluster::new(c, self.targets.len())?;
                 cluster.place_initial(&mut self.targets);
+                for t in &mut self.targets {
+                    t.refresh_idle_metrics();
+                }
                 Some(cluster)
             }
             None => None,

@@ -828,6 +828,8 @@ mod env_tests {
             Some(ClusterConfig::uniform(2, 4000, 4 * GIB)),
         );
         assert_eq!(nodes_of(&e, 0), vec![Some(0)]);
+        // nothing waits at reset
+        assert!((0..3).all(|i| e.observe(i).unwrap().metrics.ready_replicas == 1));
         assert_eq!(nodes_of(&e, 1), vec![Some(1)]);
         assert_eq!(nodes_of(&e, 2), vec![Some(0)]);
         // node-0: [2000, 1024 MiB] → (50 + 75) / 2 = 62; node-1: [1500, 3584 MiB] → (62 + 12) / 2
@@ -1077,6 +1079,17 @@ mod env_tests {
             app("c", alloc(2, 1500, 2000), 5.0),
         ];
         let mut e = env(apps, Some(ClusterConfig::uniform(3, 2000, 3 * GIB)));
+        // at reset: 3 × 0.7 + 5 × 0.3 + 2 × 1.5 = 6.6 cores asked of 6; the reset observation
+        // shows who waits
+        let at_reset: u32 = (0..3)
+            .map(|i| e.observe(i).unwrap().metrics.pending_replicas)
+            .sum();
+        assert_eq!(at_reset, e.cluster_occupancy().unwrap().pending_replicas);
+        assert!(at_reset > 0);
+        let ready: u32 = (0..3)
+            .map(|i| e.observe(i).unwrap().metrics.ready_replicas)
+            .sum();
+        assert_eq!(ready + at_reset, 10);
         for k in 0..6u32 {
             let acts = [
                 TargetAction::Desired(alloc(1 + k % 4, 700, 300)),
