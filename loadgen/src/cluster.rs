@@ -1010,7 +1010,7 @@ impl TargetSim {
             }
             r.node = Some(node);
             r.reserved = reserved;
-            r.admitted = Some(r.sizing());
+            r.admitted = Some(r.sizing_at(t));
         }
     }
 
@@ -1068,7 +1068,7 @@ impl TargetSim {
                     r.resize(d);
                 }
                 r.reserved = r.reservation(t);
-                r.admitted = Some(r.sizing());
+                r.admitted = Some(r.sizing_at(t));
             }
         }
     }
@@ -1105,6 +1105,15 @@ impl Replica {
             mem: self.mem,
             cpu_limited: self.cpu_limited,
             mem_limited: self.mem_limited,
+        }
+    }
+
+    /// Its sizing at time `t`: a rolling restart's new pod's once that is ready (the swap
+    /// itself happens when the step is computed), else its current one.
+    pub(crate) fn sizing_at(&self, t: f64) -> Sizing {
+        match self.pending {
+            Some((n, at)) if at <= t => n,
+            _ => self.sizing(),
         }
     }
 

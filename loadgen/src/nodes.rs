@@ -408,7 +408,7 @@ impl Cluster {
                         u[1] -= r.reserved[1] - want[1];
                     }
                     r.reserved = want;
-                    r.admitted = Some(r.sizing());
+                    r.admitted = Some(r.sizing_at(t0));
                 } else {
                     growing.push((i, j, n));
                 }
@@ -430,7 +430,7 @@ impl Cluster {
                 self.used[n] = after;
                 if let Some(r) = t.replicas_mut().get_mut(j) {
                     r.reserved = want;
-                    r.admitted = Some(r.sizing());
+                    r.admitted = Some(r.sizing_at(t0));
                 }
             } else {
                 t.defer(j);
