@@ -745,6 +745,9 @@ mod tests {
             })
             .collect();
         assert_eq!(got, GOLDEN, "{got:#x?}");
+        // the configuration's JSON (hashed into meta-training fingerprints) is unchanged too
+        let json = serde_json::to_string(&SimConfig::default()).unwrap();
+        assert!(!json.contains("cluster"), "{json}");
     }
 
     /// A shared cluster too large for anything to wait or contend (one huge node, or 60
