@@ -24,6 +24,9 @@
 //! `aware-mdp`, re-exported here where the simulator's modules used to define it.
 //! [`env::LockStep`] advances virtual time as soon as every target's action has arrived.
 //! [`oracle::oracle_step`] is the per-step upper bound.
+//! With [`env::SimConfig::cluster`] the apps share a cluster of nodes ([`nodes`]): placement by
+//! requests, Pending replicas, contention for the nodes' unrequested CPU, drains and additions,
+//! and the occupancy of every step ([`env::SimEnv::cluster_occupancy`]).
 //!
 //! # As a service (metrics source and scaling sink)
 //!
