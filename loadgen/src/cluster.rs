@@ -228,6 +228,26 @@ pub struct Replica {
     pub restarts: u32,
     /// Consecutive crashes without a clean step in between (drives CrashLoopBackOff).
     pub crash_streak: u32,
+    /// Node it is bound to in a shared cluster ([`crate::nodes`], index into its nodes); `None`
+    /// without a shared cluster, and while Pending.
+    pub node: Option<usize>,
+    /// In a shared cluster, when it became Pending (no node fitted its requests); `None` when
+    /// bound, and without a shared cluster. A Pending replica is not ready and serves nothing;
+    /// its `ready_at` is +∞ until it is bound (then ready after the cold start).
+    pub pending_since: Option<f64>,
+    /// CPU above its request it may use in this step, cores: its share of its node's
+    /// unrequested CPU ([`crate::nodes`]); +∞ without a shared cluster or without contention
+    /// (then only its limit, or the burst headroom, bounds it).
+    pub burst_cap: f64,
+    /// A vertical change its node had no room for: the sizing it waits for (Kubernetes'
+    /// Deferred in-place resize; in `restart` mode the rolling update's new pod waits). Retried
+    /// at every step, cleared by the next vertical change.
+    pub deferred: Option<Sizing>,
+    /// What it holds on its node: [CPU millicores, memory bytes] (its requests, or during a
+    /// rolling restart the larger of the old and the new pod's).
+    pub(crate) reserved: [u64; 2],
+    /// The sizing its node admitted (what a deferred in-place resize reverts to).
+    pub(crate) admitted: Option<Sizing>,
 }
 
 /// What the simulator reports for one target and step: the measurements a metrics collector
@@ -280,6 +300,14 @@ pub struct SimMetrics {
     pub slo_preservation: f64,
     /// p99 > latency SLO, or throughput < min(throughput SLO, offered).
     pub slo_violation: bool,
+    /// Replicas Pending through the step in a shared cluster (no node fitted their requests):
+    /// counted in `replicas`, never ready. Absent from the JSON when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_replicas: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SimMetrics {
@@ -486,6 +514,12 @@ impl TargetSim {
             working_set: 0.0,
             restarts: 0,
             crash_streak: 0,
+            node: None,
+            pending_since: None,
+            burst_cap: f64::INFINITY,
+            deferred: None,
+            reserved: [0, 0],
+            admitted: None,
         }
     }
 
@@ -496,9 +530,26 @@ impl TargetSim {
             cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
             memory_limit_bytes: self.alloc.memory_bytes as f64,
             replicas: self.alloc.replicas,
-            ready_replicas: self.alloc.replicas,
+            ready_replicas: self
+                .replicas
+                .iter()
+                .filter(|r| r.ready_at <= self.now)
+                .count() as u32,
             slo_preservation: 1.0,
+            pending_replicas: self
+                .replicas
+                .iter()
+                .filter(|r| r.pending_since.is_some())
+                .count() as u32,
             ..SimMetrics::default()
+        }
+    }
+
+    /// Before the first step: recompute the idle metrics (after a shared cluster's initial
+    /// placement left some replicas Pending).
+    pub(crate) fn refresh_idle_metrics(&mut self) {
+        if self.step == 0 {
+            self.last = self.idle_metrics();
         }
     }
 
@@ -594,6 +645,9 @@ impl TargetSim {
             self.replicas.truncate(want);
         }
         if vertical_changed {
+            for r in &mut self.replicas {
+                r.deferred = None;
+            }
             match self.app.vertical {
                 VerticalMode::InPlace => {
                     for r in &mut self.replicas {
@@ -603,7 +657,11 @@ impl TargetSim {
                 }
                 VerticalMode::Restart => {
                     for r in &mut self.replicas {
-                        if r.ready_at > t0 {
+                        if r.pending_since.is_some() {
+                            // Pending (not started): its pod is simply created with the new spec
+                            r.resize(sizing);
+                            r.pending = None;
+                        } else if r.ready_at > t0 {
                             // not serving yet: just restart it with the new spec
                             r.resize(sizing);
                             r.ready_at = t0 + cold;
@@ -677,18 +735,22 @@ impl TargetSim {
             }
             let start = r.ready_at.max(t0);
             let f = ((t1 - start) / dt).clamp(0.0, 1.0);
+            // what it may use: its limit (or burst headroom), within its share of the node's
+            // unrequested CPU in a shared cluster (+∞ otherwise: exactly `cpu`)
+            let cpu_old = r.cpu.min(r.cpu_request + r.burst_cap);
             let (c_avg, c_end, mem_end, req_avg, mem_req_end) = match r.pending {
                 Some((n, at)) if at < t1 => {
                     let w = (t1 - at) / dt;
+                    let cpu_new = n.cpu.min(n.cpu_request + r.burst_cap);
                     (
-                        r.cpu * (1.0 - w) + n.cpu * w,
-                        n.cpu,
+                        cpu_old * (1.0 - w) + cpu_new * w,
+                        cpu_new,
                         n.mem,
                         r.cpu_request * (1.0 - w) + n.cpu_request * w,
                         n.mem_request,
                     )
                 }
-                _ => (r.cpu, r.cpu, r.mem, r.cpu_request, r.mem_request),
+                _ => (cpu_old, cpu_old, r.mem, r.cpu_request, r.mem_request),
             };
             alloc_cores += req_avg;
             alloc_mem += mem_req_end;
@@ -698,6 +760,7 @@ impl TargetSim {
                 c_end,
                 mem: mem_end,
                 serving: r.ready_at < t1,
+                running: r.pending_since.is_none(),
                 killed: false,
             });
         }
@@ -716,7 +779,7 @@ impl TargetSim {
         let base_now = m.mem_base_bytes * mem_noise;
         let mut any_serving_killed = 0u32;
         for s in &mut self.scratch {
-            if (s.serving && ws_ready > s.mem) || (!s.serving && base_now > s.mem) {
+            if (s.serving && ws_ready > s.mem) || (!s.serving && s.running && base_now > s.mem) {
                 s.killed = true;
                 if s.serving {
                     any_serving_killed += 1;
@@ -750,7 +813,15 @@ impl TargetSim {
                     // Kubernetes' 10 minutes of running)
                     r.crash_streak = 0;
                 }
-                r.working_set = if s.serving { ws_ready } else { ws_starting }.min(s.mem);
+                r.working_set = if s.serving {
+                    ws_ready
+                } else if s.running {
+                    ws_starting
+                } else {
+                    // Pending: no container
+                    0.0
+                }
+                .min(s.mem);
             }
             ws_total += r.working_set;
             if cap_cores > 0.0 {
@@ -819,6 +890,11 @@ impl TargetSim {
             backlog: pass.b1,
             slo_preservation: sp,
             slo_violation: violation,
+            pending_replicas: self
+                .replicas
+                .iter()
+                .filter(|r| r.pending_since.is_some())
+                .count() as u32,
         };
         self.prev_offered = (self.step > 0).then_some(self.last.offered_rps);
         self.step += 1;
@@ -891,7 +967,180 @@ impl TargetSim {
     }
 }
 
+/// What a shared cluster ([`crate::nodes`]) does to a target's replicas.
+impl TargetSim {
+    pub(crate) fn replicas_mut(&mut self) -> &mut [Replica] {
+        &mut self.replicas
+    }
+
+    /// Evict replica `j` at time `t` (its node was drained): its ReplicaSet creates a new pod
+    /// with the latest spec (a pending rolling restart's or deferred resize's), which is Pending
+    /// until it is bound.
+    pub(crate) fn evict(&mut self, j: usize, t: f64) {
+        self.next_id += 1;
+        let id = self.next_id;
+        if let Some(r) = self.replicas.get_mut(j) {
+            if let Some((n, _)) = r.pending.take() {
+                r.resize(n);
+            }
+            if let Some(d) = r.deferred.take() {
+                r.resize(d);
+            }
+            r.id = id;
+            r.cpu_seconds_total = 0.0;
+            r.working_set = 0.0;
+            r.restarts = 0;
+            r.crash_streak = 0;
+            r.node = None;
+            r.reserved = [0, 0];
+            r.admitted = None;
+            r.burst_cap = f64::INFINITY;
+            r.pending_since = Some(t);
+            r.ready_at = f64::INFINITY;
+        }
+    }
+
+    /// Bind replica `j` to `node` at time `t`, holding `reserved`: a replica that was Pending
+    /// starts now and is ready after the cold start; a new one already starts now.
+    pub(crate) fn bind(&mut self, j: usize, node: usize, reserved: [u64; 2], t: f64) {
+        let cold = self.model.cold_start_seconds;
+        if let Some(r) = self.replicas.get_mut(j) {
+            if r.pending_since.take().is_some() {
+                r.ready_at = t + cold;
+            }
+            r.node = Some(node);
+            r.reserved = reserved;
+            r.admitted = Some(r.sizing_at(t));
+        }
+    }
+
+    /// Replica `j` found no node at time `t`: Pending (since its first failed attempt).
+    pub(crate) fn mark_pending(&mut self, j: usize, t: f64) {
+        if let Some(r) = self.replicas.get_mut(j) {
+            r.node = None;
+            r.reserved = [0, 0];
+            r.admitted = None;
+            r.burst_cap = f64::INFINITY;
+            r.ready_at = f64::INFINITY;
+            r.pending_since.get_or_insert(t);
+        }
+    }
+
+    /// The vertical change of bound replica `j` does not fit its node: it waits, and the
+    /// replica keeps what its node admitted.
+    pub(crate) fn defer(&mut self, j: usize) {
+        if let Some(r) = self.replicas.get_mut(j) {
+            if let Some((n, _)) = r.pending.take() {
+                r.deferred = Some(n);
+            } else if let Some(a) = r.admitted {
+                r.deferred = Some(r.sizing());
+                r.resize(a);
+            }
+        }
+    }
+
+    /// What replica `j` would hold on its node with its deferred sizing applied.
+    pub(crate) fn deferred_reservation(&self, j: usize) -> Option<[u64; 2]> {
+        let r = self.replicas.get(j)?;
+        let d = r.deferred?;
+        Some(
+            if self.app.vertical == VerticalMode::Restart && r.ready_at <= self.now {
+                // the new pod runs beside the old one until it is ready
+                reservation_of(
+                    r.cpu_request.max(d.cpu_request),
+                    r.mem_request.max(d.mem_request),
+                )
+            } else {
+                reservation_of(d.cpu_request, d.mem_request)
+            },
+        )
+    }
+
+    /// Apply the deferred sizing of replica `j` at time `t` (its node has room now).
+    pub(crate) fn admit_deferred(&mut self, j: usize, t: f64) {
+        let cold = self.model.cold_start_seconds;
+        let restart = self.app.vertical == VerticalMode::Restart;
+        if let Some(r) = self.replicas.get_mut(j) {
+            if let Some(d) = r.deferred.take() {
+                if restart && r.ready_at <= t {
+                    r.pending = Some((d, t + cold));
+                } else {
+                    r.resize(d);
+                }
+                r.reserved = r.reservation(t);
+                r.admitted = Some(r.sizing_at(t));
+            }
+        }
+    }
+
+    /// CPU each serving replica needs in the coming step to serve the backlog and the step's
+    /// arrivals at the mean demand, cores (action-independent arrivals; decides which replicas
+    /// are bursting on a contended node).
+    pub(crate) fn cpu_need_per_replica(&mut self) -> f64 {
+        let (arrivals, _) = self.arrivals_for_step();
+        let t1 = self.now + self.dt;
+        let serving = self.replicas.iter().filter(|r| r.ready_at < t1).count();
+        if serving == 0 {
+            return 0.0;
+        }
+        (self.backlog + arrivals.max(0.0)) * self.model.cpu_seconds / self.dt / serving as f64
+    }
+}
+
+/// A request in whole millicores and bytes, as the scheduler counts it.
+pub(crate) fn reservation_of(cpu_cores: f64, mem_bytes: f64) -> [u64; 2] {
+    [
+        (cpu_cores * 1000.0).round().max(0.0) as u64,
+        mem_bytes.round().max(0.0) as u64,
+    ]
+}
+
 impl Replica {
+    /// Its current sizing.
+    pub fn sizing(&self) -> Sizing {
+        Sizing {
+            cpu_request: self.cpu_request,
+            cpu: self.cpu,
+            mem_request: self.mem_request,
+            mem: self.mem,
+            cpu_limited: self.cpu_limited,
+            mem_limited: self.mem_limited,
+        }
+    }
+
+    /// Its sizing at time `t`: a rolling restart's new pod's once that is ready (the swap
+    /// itself happens when the step is computed), else its current one.
+    pub(crate) fn sizing_at(&self, t: f64) -> Sizing {
+        match self.pending {
+            Some((n, at)) if at <= t => n,
+            _ => self.sizing(),
+        }
+    }
+
+    /// What it needs on its node at time `t`: its requests, or during a rolling restart the
+    /// larger of the old and the new pod's (the new pod runs beside the old one until it is
+    /// ready; from then on, the new pod's alone).
+    pub(crate) fn reservation(&self, t: f64) -> [u64; 2] {
+        match self.pending {
+            Some((n, at)) if at <= t => reservation_of(n.cpu_request, n.mem_request),
+            Some((n, _)) => reservation_of(
+                self.cpu_request.max(n.cpu_request),
+                self.mem_request.max(n.mem_request),
+            ),
+            None => reservation_of(self.cpu_request, self.mem_request),
+        }
+    }
+
+    /// CPU above its request it could use (its limit or burst headroom), cores: the larger of
+    /// the old and the new pod's during a rolling restart.
+    pub(crate) fn burst_want(&self) -> f64 {
+        let own = (self.cpu - self.cpu_request).max(0.0);
+        match self.pending {
+            Some((n, _)) => own.max(n.cpu - n.cpu_request),
+            None => own,
+        }
+    }
+
     fn resize(&mut self, s: Sizing) {
         self.cpu = s.cpu;
         self.mem = s.mem;
@@ -915,6 +1164,8 @@ struct ReplicaStep {
     mem: f64,
     /// Serving at some point in the step.
     serving: bool,
+    /// Has a container (bound to a node, or no shared cluster): not Pending.
+    running: bool,
     /// OOM-killed in this step.
     killed: bool,
 }

@@ -21,6 +21,7 @@ use crate::app::{Allocation, AppSpec};
 use crate::cluster::{NodeShare, SimMetrics, TargetSim};
 use crate::error::SimError;
 use crate::load::LoadModel;
+use crate::nodes::{Cluster, ClusterConfig, ClusterOccupancy, Node};
 use crate::scenario::Injection;
 
 /// What a target is told to do at a step.
@@ -92,6 +93,12 @@ pub struct SimConfig {
     /// objective). The default keeps limits equal to requests.
     #[serde(default)]
     pub limits: LimitsPolicy,
+    /// A cluster the apps share ([`crate::nodes`]): nodes with allocatable CPU and memory,
+    /// replicas placed by their requests, Pending when nothing fits, contention for the nodes'
+    /// unrequested CPU, node events. `None` (the default): every app has an unlimited cluster to
+    /// itself. Absent from the JSON when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for SimConfig {
@@ -103,6 +110,7 @@ impl Default for SimConfig {
             node_share: NodeShare::default(),
             injections: Vec::new(),
             limits: LimitsPolicy::default(),
+            cluster: None,
         }
     }
 }
@@ -116,6 +124,7 @@ pub struct SimEnv {
     refs: Vec<TargetRef>,
     cfg: SimConfig,
     step: u64,
+    cluster: Option<Cluster>,
 }
 
 impl SimEnv {
@@ -168,6 +177,7 @@ impl SimEnv {
             refs,
             step: 0,
             cfg,
+            cluster: None,
         };
         env.reset(env.cfg.seed)?;
         Ok(env)
@@ -196,6 +206,17 @@ impl SimEnv {
                 Ok(t)
             })
             .collect::<Result<_, SimError>>()?;
+        self.cluster = match &self.cfg.cluster {
+            Some(c) => {
+                let mut cluster = Cluster::new(c, self.targets.len())?;
+                cluster.place_initial(&mut self.targets);
+                for t in &mut self.targets {
+                    t.refresh_idle_metrics();
+                }
+                Some(cluster)
+            }
+            None => None,
+        };
         (0..self.targets.len()).map(|i| self.observe(i)).collect()
     }
 
@@ -243,6 +264,68 @@ impl SimEnv {
         &self.targets
     }
 
+    /// The shared cluster's occupancy during the last step (at reset: after the initial
+    /// placement); `None` without a shared cluster.
+    pub fn cluster_occupancy(&self) -> Option<&ClusterOccupancy> {
+        self.cluster.as_ref().map(Cluster::occupancy)
+    }
+
+    /// The shared cluster's nodes (drained ones included, not schedulable); empty without one.
+    pub fn nodes(&self) -> &[Node] {
+        self.cluster.as_ref().map_or(&[], Cluster::nodes)
+    }
+
+    /// Drain node `name` now, between steps: cordon it, evict its replicas and reschedule them
+    /// (Pending if nothing fits). Errors without a shared cluster or for an unknown node.
+    pub fn drain_node(&mut self, name: &str) -> Result<(), SimError> {
+        let t = self.now();
+        let step = self.step;
+        let cluster = self.cluster.as_mut().ok_or_else(no_cluster)?;
+        cluster.drain(&mut self.targets, name, t, step)
+    }
+
+    /// Add a node now, between steps, and place what is Pending; returns its name. Errors
+    /// without a shared cluster.
+    pub fn add_node(&mut self, cpu_millicores: u64, memory_bytes: u64) -> Result<String, SimError> {
+        let t = self.now();
+        let step = self.step;
+        let cluster = self.cluster.as_mut().ok_or_else(no_cluster)?;
+        cluster.add(&mut self.targets, cpu_millicores, memory_bytes, t, step)
+    }
+
+    /// Simulated time (that of the targets, which advance together).
+    fn now(&self) -> f64 {
+        self.targets.first().map_or(0.0, TargetSim::now)
+    }
+
+    /// With a shared cluster: apply every target's action, then the cluster's step start
+    /// (events, admission, scheduling, CPU shares), then advance every target; `each` sees
+    /// every advanced target with its clamp report.
+    fn step_shared(
+        &mut self,
+        actions: &[TargetAction],
+        mut each: impl FnMut(usize, &TargetSim, ClampReport),
+    ) -> Result<(), SimError> {
+        let map = self.cfg.action_map;
+        let mut clamps = Vec::with_capacity(self.targets.len());
+        for (t, a) in self.targets.iter_mut().zip(actions) {
+            let (alloc, clamp) = resolve(t, a, &map);
+            if alloc != t.allocation() {
+                t.apply(alloc);
+            }
+            clamps.push(clamp);
+        }
+        let t0 = self.now();
+        if let Some(c) = self.cluster.as_mut() {
+            c.begin_step(&mut self.targets, self.step, t0, self.cfg.step_seconds)?;
+        }
+        for (i, (t, clamp)) in self.targets.iter_mut().zip(clamps).enumerate() {
+            t.advance();
+            each(i, t, clamp);
+        }
+        Ok(())
+    }
+
     /// The latest observation of target `i` (reward recomputed from its last metrics; at reset
     /// idle metrics and reward 0).
     pub fn observe(&self, i: usize) -> Result<Observation, SimError> {
@@ -273,10 +356,21 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
-        let map = self.cfg.action_map;
         let mut out = Vec::with_capacity(self.targets.len());
-        for ((t, a), r) in self.targets.iter_mut().zip(actions).zip(&self.refs) {
-            out.push(step_target(t, r, a, &map));
+        if self.cluster.is_some() {
+            let refs = std::mem::take(&mut self.refs);
+            let r = self.step_shared(actions, |i, t, clamp| {
+                if let Some(r) = refs.get(i) {
+                    out.push(observation(r, t, clamp));
+                }
+            });
+            self.refs = refs;
+            r?;
+        } else {
+            let map = self.cfg.action_map;
+            for ((t, a), r) in self.targets.iter_mut().zip(actions).zip(&self.refs) {
+                out.push(step_target(t, r, a, &map));
+            }
         }
         self.step += 1;
         Ok(out)
@@ -296,8 +390,21 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
-        let map = self.cfg.action_map;
         rewards.clear();
+        if self.cluster.is_some() {
+            self.step_shared(actions, |_, t, _| {
+                let m = t.last_metrics();
+                rewards.push(reward(
+                    t.app().alpha,
+                    m.slo_preservation,
+                    m.cpu_util,
+                    m.memory_util,
+                ));
+            })?;
+            self.step += 1;
+            return Ok(());
+        }
+        let map = self.cfg.action_map;
         for (t, a) in self.targets.iter_mut().zip(actions) {
             let (alloc, _) = resolve(t, a, &map);
             if alloc != t.allocation() {
@@ -330,6 +437,10 @@ impl SimEnv {
         inject_due_into(&self.cfg, self.step, &self.refs[i].name, i, &mut t)?;
         Ok(t)
     }
+}
+
+fn no_cluster() -> SimError {
+    SimError::Config("no shared cluster (`SimConfig::cluster` is not set)".into())
 }
 
 fn inject_due_into(
@@ -530,6 +641,180 @@ mod tests {
         e.reset(11).unwrap();
         assert_eq!(e.step(&actions(6, 0)).unwrap(), a[0]);
     }
+
+    /// FNV-1a over 64-bit words.
+    fn fnv(words: impl IntoIterator<Item = u64>) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for w in words {
+            for b in w.to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    /// Every number of the observations, bit for bit.
+    fn bits_of(obs: &[Vec<Observation>]) -> u64 {
+        let mut w = Vec::new();
+        for o in obs.iter().flatten() {
+            let m = &o.metrics;
+            w.push(o.step);
+            w.extend(o.state.iter().map(|x| u64::from(x.to_bits())));
+            w.push(o.reward.to_bits());
+            w.extend([
+                u64::from(o.allocation.replicas),
+                u64::from(o.allocation.cpu_millicores),
+                o.allocation.memory_bytes,
+            ]);
+            w.extend(
+                [
+                    m.time_s,
+                    m.cpu_limit_cores,
+                    m.memory_limit_bytes,
+                    m.cpu_usage_cores,
+                    m.memory_working_set_bytes,
+                    m.cpu_util,
+                    m.memory_util,
+                    m.io_util,
+                    m.network_util,
+                    m.p50_ms,
+                    m.p99_ms,
+                    m.throughput_rps,
+                    m.offered_rps,
+                    m.failed_requests,
+                    m.backlog,
+                    m.slo_preservation,
+                ]
+                .map(f64::to_bits),
+            );
+            w.extend([
+                m.step,
+                u64::from(m.replicas),
+                u64::from(m.ready_replicas),
+                u64::from(m.oom_kills),
+                u64::from(m.slo_violation),
+            ]);
+        }
+        fnv(w)
+    }
+
+    /// The JSON of the observations (what `aware sim` writes), hashed.
+    fn json_of(obs: &[Vec<Observation>]) -> u64 {
+        let s = serde_json::to_string(obs).unwrap();
+        fnv(s.bytes().map(u64::from))
+    }
+
+    /// A fixed run: 6 generated apps, 80 steps of mixed actions; `bursting` drops the CPU limit
+    /// of every app with a node burst headroom of 0.5 (replicas use more than they request).
+    fn golden_run(cfg: SimConfig) -> Vec<Vec<Observation>> {
+        let apps = generate_apps(6, 21, &GeneratorOptions::default());
+        let mut e = SimEnv::new(apps, cfg).unwrap();
+        (0..80).map(|k| e.step(&actions(6, k)).unwrap()).collect()
+    }
+
+    fn golden_configs() -> [SimConfig; 2] {
+        let plain = SimConfig {
+            seed: 21,
+            ..SimConfig::default()
+        };
+        let bursting = SimConfig {
+            seed: 22,
+            node_share: NodeShare {
+                burst_headroom: 0.5,
+                ..NodeShare::default()
+            },
+            limits: LimitsPolicy {
+                controlled_values: aware_mdp::ControlledValues::RequestsAndLimits,
+                cpu_limit: aware_mdp::CpuLimit::Unset,
+            },
+            ..SimConfig::default()
+        };
+        [plain, bursting]
+    }
+
+    /// The simulator's outputs without a shared cluster, recorded from the code before the
+    /// shared cluster existed: any change to the single-app model shows here.
+    #[test]
+    fn outputs_without_a_shared_cluster_match_the_recorded_golden_values() {
+        let got: Vec<(u64, u64)> = golden_configs()
+            .into_iter()
+            .map(|c| {
+                let obs = golden_run(c);
+                (bits_of(&obs), json_of(&obs))
+            })
+            .collect();
+        assert_eq!(got, GOLDEN, "{got:#x?}");
+        // the configuration's JSON (hashed into meta-training fingerprints) is unchanged too
+        let json = serde_json::to_string(&SimConfig::default()).unwrap();
+        assert!(!json.contains("cluster"), "{json}");
+    }
+
+    /// A shared cluster too large for anything to wait or contend (one huge node, or 60
+    /// 32-core nodes the least-allocated scorer spreads the replicas over) reproduces the
+    /// recorded outputs bit for bit, through `step` and `step_rewards`.
+    #[test]
+    fn a_cluster_nothing_contends_on_reproduces_the_golden_values() {
+        use crate::nodes::ClusterConfig;
+        for cluster in [
+            ClusterConfig::uniform(1, 1 << 40, 1 << 60),
+            ClusterConfig::uniform(60, 32_000, 128 << 30),
+        ] {
+            let got: Vec<(u64, u64)> = golden_configs()
+                .into_iter()
+                .map(|c| {
+                    let obs = golden_run(SimConfig {
+                        cluster: Some(cluster.clone()),
+                        ..c
+                    });
+                    (bits_of(&obs), json_of(&obs))
+                })
+                .collect();
+            assert_eq!(got, GOLDEN, "{cluster:?}");
+        }
+        // and the comparison sees a cluster that does contend: 2 nodes of 8 cores
+        for c in golden_configs() {
+            let seed = c.seed;
+            let tight = golden_run(SimConfig {
+                cluster: Some(ClusterConfig::uniform(2, 8000, 32 << 30)),
+                ..c
+            });
+            let i = usize::from(seed == 22);
+            assert_ne!(bits_of(&tight), GOLDEN[i].0);
+            assert!(tight
+                .iter()
+                .flatten()
+                .any(|o| o.metrics.pending_replicas > 0));
+        }
+        for c in golden_configs() {
+            let apps = generate_apps(6, 21, &GeneratorOptions::default());
+            let mut plain = SimEnv::new(apps.clone(), c.clone()).unwrap();
+            let mut shared = SimEnv::new(
+                apps,
+                SimConfig {
+                    cluster: Some(ClusterConfig::uniform(60, 32_000, 128 << 30)),
+                    ..c
+                },
+            )
+            .unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for k in 0..80 {
+                plain.step_rewards(&actions(6, k), &mut a).unwrap();
+                shared.step_rewards(&actions(6, k), &mut b).unwrap();
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "step {k}");
+            }
+            assert_eq!(
+                shared.cluster_occupancy().unwrap().pending_replica_seconds,
+                0.0
+            );
+        }
+    }
+
+    const GOLDEN: [(u64, u64); 2] = [
+        (0x4291_7270_71e5_5843, 0xe881_f915_717a_9f3b),
+        (0x6fb6_1467_07f9_5ae2, 0x6f6d_41b3_488d_30e0),
+    ];
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]

@@ -24,6 +24,9 @@
 //! `aware-mdp`, re-exported here where the simulator's modules used to define it.
 //! [`env::LockStep`] advances virtual time as soon as every target's action has arrived.
 //! [`oracle::oracle_step`] is the per-step upper bound.
+//! With [`env::SimConfig::cluster`] the apps share a cluster of nodes ([`nodes`]): placement by
+//! requests, Pending replicas, contention for the nodes' unrequested CPU, drains and additions,
+//! and the occupancy of every step ([`env::SimEnv::cluster_occupancy`]).
 //!
 //! # As a service (metrics source and scaling sink)
 //!
@@ -40,6 +43,7 @@ pub mod cluster;
 pub mod env;
 pub mod error;
 pub mod load;
+pub mod nodes;
 pub mod oracle;
 pub mod run;
 pub mod scenario;
@@ -50,6 +54,7 @@ pub use app::{Allocation, AppSet, AppSpec, Bounds, Slo, VerticalMode};
 pub use bench::{bench_sim, SimBenchOptions, SimBenchReport};
 pub use env::{Observation, SimConfig, SimEnv, TargetAction, ACTION_DIM, STATE_DIM, STATE_NAMES};
 pub use error::SimError;
-pub use run::{run_sim, AppSource, PolicySpec, RunSimOptions, RunSimReport};
+pub use nodes::{ClusterConfig, ClusterOccupancy, NodeEvent};
+pub use run::{run_sim, AppSource, ClusterSummary, PolicySpec, RunSimOptions, RunSimReport};
 pub use scenario::{Injection, Scenario};
 pub use segments::SegmentKind;

@@ -160,6 +160,24 @@ pub struct RunSimReport {
     pub policy: PolicySpec,
     /// Per app.
     pub apps: Vec<AppSummary>,
+    /// The shared cluster's totals (`config.cluster`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSummary>,
+}
+
+/// The shared cluster over a run ([`crate::nodes::ClusterOccupancy`] of every step).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ClusterSummary {
+    /// Mean over the steps of the requested share of the schedulable nodes' allocatable CPU.
+    pub mean_cpu_requested_share: f64,
+    /// The same for memory.
+    pub mean_memory_requested_share: f64,
+    /// Most replicas Pending in one step.
+    pub max_pending_replicas: u32,
+    /// Pending replica-seconds of the run, cluster-wide.
+    pub pending_replica_seconds: f64,
+    /// Pending replica-seconds of the run per app (app order).
+    pub pending_replica_seconds_by_target: Vec<f64>,
 }
 
 fn policy_actions(
@@ -233,6 +251,7 @@ pub fn run_sim(opts: &RunSimOptions, out: &mut dyn Write) -> Result<RunSimReport
     for (s, r) in sums.iter_mut().zip(env.target_refs()) {
         s.target = format!("{}/{}", r.namespace, r.name);
     }
+    let mut cluster = env.cluster_occupancy().map(|_| ClusterSummary::default());
     for _ in 0..opts.steps {
         let actions = policy_actions(&opts.policy, &env, &last, &mut rng, &opts.oracle_grid)?;
         let oracle: Vec<Option<(f64, Allocation)>> = if opts.with_oracle {
@@ -248,6 +267,13 @@ pub fn run_sim(opts: &RunSimOptions, out: &mut dyn Write) -> Result<RunSimReport
             vec![None; n]
         };
         let obs = env.step(&actions)?;
+        if let (Some(c), Some(o)) = (cluster.as_mut(), env.cluster_occupancy()) {
+            c.mean_cpu_requested_share += o.cpu_requested_share;
+            c.mean_memory_requested_share += o.memory_requested_share;
+            c.max_pending_replicas = c.max_pending_replicas.max(o.pending_replicas);
+            c.pending_replica_seconds = o.pending_replica_seconds;
+            c.pending_replica_seconds_by_target = o.pending_replica_seconds_by_target.clone();
+        }
         for ((o, s), orc) in obs.iter().zip(sums.iter_mut()).zip(oracle) {
             s.total_reward += o.reward;
             s.slo_violations += u64::from(o.metrics.slo_violation);
@@ -277,10 +303,15 @@ pub fn run_sim(opts: &RunSimOptions, out: &mut dyn Write) -> Result<RunSimReport
         s.mean_cpu_util /= steps;
         s.mean_memory_util /= steps;
     }
+    if let Some(c) = cluster.as_mut() {
+        c.mean_cpu_requested_share /= steps;
+        c.mean_memory_requested_share /= steps;
+    }
     Ok(RunSimReport {
         steps: opts.steps,
         policy: opts.policy,
         apps: sums,
+        cluster,
     })
 }
 
@@ -317,6 +348,49 @@ mod tests {
                 "{a:?}"
             );
         }
+    }
+
+    /// With a shared cluster the report has its totals, and the per-step lines the apps'
+    /// Pending replicas; without one neither appears.
+    #[test]
+    fn a_run_on_a_shared_cluster_reports_its_occupancy() {
+        let mut opts = RunSimOptions {
+            apps: AppSource::Generate { count: 4, seed: 2 },
+            steps: 10,
+            policy: PolicySpec::Fixed {
+                allocation: Allocation {
+                    replicas: 6,
+                    cpu_millicores: 1000,
+                    memory_bytes: 512 * MIB,
+                },
+            },
+            ..RunSimOptions::default()
+        };
+        let mut plain = Vec::new();
+        let rep = run_sim(&opts, &mut plain).unwrap();
+        assert!(rep.cluster.is_none());
+        let text = String::from_utf8(plain).unwrap();
+        assert!(!text.contains("pending_replicas"));
+        assert!(!serde_json::to_string(&rep).unwrap().contains("cluster"));
+        // 4 apps × 6 cores on 2 nodes of 8 cores: 8 replicas wait at every step
+        opts.config.cluster = Some(crate::nodes::ClusterConfig::uniform(2, 8000, 64 << 30));
+        let mut buf = Vec::new();
+        let rep = run_sim(&opts, &mut buf).unwrap();
+        let c = rep.cluster.unwrap();
+        assert_eq!(c.max_pending_replicas, 8);
+        assert!((c.mean_cpu_requested_share - 1.0).abs() < 1e-12, "{c:?}");
+        assert!(
+            (c.pending_replica_seconds - 8.0 * 10.0 * 10.0).abs() < 1e-9,
+            "{c:?}"
+        );
+        let pending: u32 = String::from_utf8(buf)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<StepRecord>(l).unwrap())
+            .filter(|r| r.observation.step == 9)
+            .map(|r| r.observation.metrics.pending_replicas)
+            .sum();
+        assert_eq!(pending, 8);
     }
 
     #[test]
