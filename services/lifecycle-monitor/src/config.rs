@@ -103,6 +103,11 @@ pub struct MonitorConfig {
     /// cost retrains when its window uses a share of its requested spend lower than the share
     /// it was served at by more than this fraction (relative). A fraction in [0, 1].
     pub serving_cost_margin: f64,
+    /// Judge probation, ONLINE → SERVING and the retraining trigger by the error budget, then
+    /// the used share of the requested spend, under the constrained objective (default on; see
+    /// `LifecycleMachine::set_slo_first`). Off: the reward comparisons, waived only against a
+    /// fallback over its budget, and `t_serving`.
+    pub cost_judgement: bool,
 }
 
 impl Default for MonitorConfig {
@@ -126,6 +131,7 @@ impl Default for MonitorConfig {
             budget_long_episodes: 10,
             budget_short_episodes: 2,
             serving_cost_margin: 0.10,
+            cost_judgement: true,
         }
     }
 }

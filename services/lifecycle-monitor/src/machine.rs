@@ -239,7 +239,11 @@ impl LifecycleMachine {
     /// of the window an ONLINE or SERVING one that carried its requests. The window's
     /// intervals and mean used share.
     fn constrained_window(&self) -> Option<(Intervals, f64)> {
-        if !(self.slo_first && self.rules.error_budget && self.objective.is_some()) {
+        if !(self.slo_first
+            && self.rules.cost_judgement
+            && self.rules.error_budget
+            && self.objective.is_some())
+        {
             return None;
         }
         if self.judged.is_empty() || self.judged.len() != self.rewards.len() {
@@ -1004,7 +1008,11 @@ impl LifecycleMachine {
     /// the objective's units: SLO first on, an SLO, the guard on, and the fallback's and every
     /// probation episode's share known.
     fn probation_cost(&self) -> Option<(f64, f64)> {
-        if !(self.slo_first && self.rules.error_budget && self.objective.is_some()) {
+        if !(self.slo_first
+            && self.rules.cost_judgement
+            && self.rules.error_budget
+            && self.objective.is_some())
+        {
             return None;
         }
         let f = self.fallback_used_share()?;
@@ -2202,7 +2210,14 @@ pub(crate) mod tests {
         /// episodes of the fallback earning 1.2, violating nothing and using half of its
         /// requested spend, promoted by a model. Returns it and the next episode number.
         fn constrained_online(slo_first: bool) -> (LifecycleMachine, u64) {
-            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
+            constrained_online_with(slo_first, MonitorConfig::default())
+        }
+
+        fn constrained_online_with(
+            slo_first: bool,
+            rules: MonitorConfig,
+        ) -> (LifecycleMachine, u64) {
+            let mut m = LifecycleMachine::with_rules(profile(true), rules);
             m.set_slo(&slo(None));
             m.set_slo_first(slo_first);
             m.start();
@@ -2252,16 +2267,23 @@ pub(crate) mod tests {
             );
             assert!((m.serving_used_share().unwrap() - 0.7).abs() < 1e-12);
 
-            // Without SLO first the reward decides: probation fails (1.0 < 1.2 − 10%).
-            let (mut m, mut n) = constrained_online(false);
-            let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
-            assert_eq!(ts.len(), 1, "{ts:?}");
-            assert_eq!(ts[0].to, Offline);
-            assert!(
-                ts[0].reason.contains("mean reward 1.000"),
-                "{}",
-                ts[0].reason
-            );
+            // Without SLO first, or with the cost judgement off, the reward decides: probation
+            // fails (1.0 < 1.2 − 10%).
+            for (slo_first, cost_judgement) in [(false, true), (true, false)] {
+                let rules = MonitorConfig {
+                    cost_judgement,
+                    ..MonitorConfig::default()
+                };
+                let (mut m, mut n) = constrained_online_with(slo_first, rules);
+                let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
+                assert_eq!(ts.len(), 1, "{ts:?}");
+                assert_eq!(ts[0].to, Offline);
+                assert!(
+                    ts[0].reason.contains("mean reward 1.000"),
+                    "{}",
+                    ts[0].reason
+                );
+            }
         }
 
         /// Within the budget but costlier than the fallback (using 30% of its spend against
