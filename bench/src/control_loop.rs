@@ -186,7 +186,11 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
         "trajectory_store".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
-    let observer = Bus::connect(&cfg.bus, "aware-bench-observer").await?;
+    // The observer buffers a whole step of `obs` and of `action` (each step publishes one per
+    // target at once): a message it dropped would leave the run waiting for it.
+    let mut observer_bus = cfg.bus.clone();
+    observer_bus.channel_capacity = observer_bus.channel_capacity.max(2 * opts.targets);
+    let observer = Bus::connect(&observer_bus, "aware-bench-observer").await?;
     let mut obs_sub = observer
         .subscribe(&subject::kind_filter(EventKind::Obs))
         .await?;
