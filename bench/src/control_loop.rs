@@ -123,9 +123,14 @@ fn recommender_bin(opts: &LoopBenchOptions) -> Result<PathBuf, BenchError> {
 async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let server = NatsServer::start()?;
     let bin = recommender_bin(opts)?;
+    // Every service takes every target, however many the run has (`actors.max_targets`).
+    let max_targets = opts
+        .targets
+        .max(aware_shared::config::ActorsConfig::default().max_targets);
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["--bus", &server.url(), "--http-listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
+        .env("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     let mut child = Child(cmd.spawn().map_err(|source| BenchError::Io {
@@ -166,6 +171,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let mut cfg = AppConfig::default();
     cfg.bus.url = server.url();
     cfg.http.listen = "127.0.0.1:0".into();
+    cfg.actors.max_targets = max_targets;
     let mut collector = CollectorConfig {
         source: SourceKind::Simulator,
         ..CollectorConfig::default()
@@ -180,7 +186,11 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
         "trajectory_store".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
-    let observer = Bus::connect(&cfg.bus, "aware-bench-observer").await?;
+    // The observer buffers a whole step of `obs` and of `action` (each step publishes one per
+    // target at once): a message it dropped would leave the run waiting for it.
+    let mut observer_bus = cfg.bus.clone();
+    observer_bus.channel_capacity = observer_bus.channel_capacity.max(2 * opts.targets);
+    let observer = Bus::connect(&observer_bus, "aware-bench-observer").await?;
     let mut obs_sub = observer
         .subscribe(&subject::kind_filter(EventKind::Obs))
         .await?;

@@ -1,6 +1,12 @@
 //! Per-target actix actors: every managed target is one actor inside the service that owns it.
 //! Events are routed to the target's actor (created on first sight); what actors publish goes
 //! through one ordered [`Outbox`] per service.
+//!
+//! The actors of a service built with [`TargetActors::spread`] run on the process's arbiters
+//! ([`crate::arbiters`]), a target always on the same one: the intake loop sends a target's
+//! events to its one mailbox in the order they arrived, its actor handles them in that order on
+//! one thread and queues what it publishes in that order, so a target's messages keep their
+//! order end to end while different targets run on different cores.
 
 use std::collections::HashMap;
 
@@ -107,7 +113,8 @@ where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
     actors: HashMap<Target, Addr<A>>,
-    factory: Box<dyn FnMut(&Target) -> A>,
+    /// Makes a target's actor and starts it (here, or on its arbiter).
+    starter: Starter<A>,
     gauge: prometheus::IntGauge,
     retiring: Option<Retiring>,
     late: LateEvents,
@@ -124,6 +131,9 @@ where
     configured: std::collections::HashSet<Target>,
     refusals: prometheus::IntCounterVec,
 }
+
+/// Makes a target's actor and starts it ([`TargetActors::new`], [`TargetActors::spread`]).
+type Starter<A> = Box<dyn FnMut(&Target) -> Addr<A>>;
 
 /// What becomes of the events of a retired target ([`TargetActors`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,11 +181,16 @@ where
 {
     /// The actors of the service of `ctx`, retiring deregistered targets as `ctx.config.actors`
     /// says.
-    pub fn new(ctx: &ServiceContext, factory: impl FnMut(&Target) -> A + 'static) -> Self {
+    /// Every actor runs on the service's own thread (see [`TargetActors::spread`]).
+    pub fn new(ctx: &ServiceContext, mut factory: impl FnMut(&Target) -> A + 'static) -> Self {
+        Self::with_starter(ctx, Box::new(move |t: &Target| factory(t).start()))
+    }
+
+    fn with_starter(ctx: &ServiceContext, starter: Starter<A>) -> Self {
         let after = ctx.config.actors.retire_after_secs;
         TargetActors {
             actors: HashMap::new(),
-            factory: Box::new(factory),
+            starter,
             gauge: ctx.metrics.targets.clone(),
             retiring: (after > 0).then(|| Retiring {
                 after_ms: secs_ms(after),
@@ -239,8 +254,8 @@ where
     /// The actor of `target`, started on first use (must run inside an actix system).
     pub fn get_or_start(&mut self, target: &Target) -> &Addr<A> {
         if !self.actors.contains_key(target) {
-            let actor = (self.factory)(target);
-            self.actors.insert(target.clone(), actor.start());
+            let addr = (self.starter)(target);
+            self.actors.insert(target.clone(), addr);
             self.set_gauge();
             tracing::debug!(%target, "target actor started");
         }
@@ -407,6 +422,28 @@ where
 
     pub fn is_empty(&self) -> bool {
         self.actors.is_empty()
+    }
+}
+
+impl<A> TargetActors<A>
+where
+    A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire> + Send,
+{
+    /// [`TargetActors::new`] with the actors spread over the process's arbiters
+    /// (`ctx.arbiters`, `actors.arbiters`), each target's on the arbiter of its key
+    /// ([`crate::arbiters::ArbiterPool::arbiter_of`]); without arbiters, as `new`. The actor is
+    /// made here and moved to its arbiter, where it starts.
+    pub fn spread(ctx: &ServiceContext, mut factory: impl FnMut(&Target) -> A + 'static) -> Self {
+        match ctx.arbiters.clone() {
+            Some(pool) => Self::with_starter(
+                ctx,
+                Box::new(move |t: &Target| {
+                    let actor = factory(t);
+                    A::start_in_arbiter(pool.arbiter_of(t), move |_| actor)
+                }),
+            ),
+            None => Self::new(ctx, factory),
+        }
     }
 }
 
@@ -880,6 +917,321 @@ mod tests {
             a.route_at(obs_of(&t), 2_000_000_000);
             assert_eq!(a.len(), 1);
             assert_eq!(ctx.metrics.retired_target_events.get(), 0);
+        });
+    }
+
+    /// Records, per handled event, its target, its step and the thread that handled it, and
+    /// queues the event on the outbox, if it has one; counts its own drops.
+    struct Spot {
+        log: Arc<Mutex<Vec<(Target, u32, std::thread::ThreadId)>>>,
+        outbox: Option<Outbox>,
+        dropped: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Actor for Spot {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Deliver> for Spot {
+        type Result = ();
+        fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+            // A little work, so that the arbiters run side by side.
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_micros(20) {
+                std::hint::spin_loop();
+            }
+            let entry = (ev.target().clone(), ev.step(), std::thread::current().id());
+            self.log.lock().unwrap().push(entry);
+            if let Some(outbox) = &self.outbox {
+                outbox.send(ev);
+            }
+        }
+    }
+
+    impl Handler<Retire> for Spot {
+        type Result = ();
+        fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+            ctx.stop();
+        }
+    }
+
+    impl Drop for Spot {
+        fn drop(&mut self) {
+            self.dropped
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    type SpotLog = Arc<Mutex<Vec<(Target, u32, std::thread::ThreadId)>>>;
+
+    /// Spread actors of a context with `arbiters` arbiters, on an in-process bus.
+    fn spots(
+        arbiters: usize,
+    ) -> (
+        TargetActors<Spot>,
+        ServiceContext,
+        crate::arbiters::ArbiterPool,
+        SpotLog,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let pool = crate::arbiters::ArbiterPool::start(arbiters).unwrap();
+        let ctx = ServiceContext::new(
+            "probe",
+            Bus::in_process(64),
+            Arc::new(AppConfig::default()),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap()
+        .with_arbiters(Some(pool.clone()));
+        let (outbox, publisher) = spawn_publisher(ctx.clone());
+        let log: SpotLog = Arc::default();
+        let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (l, d) = (log.clone(), dropped.clone());
+        let actors = TargetActors::spread(&ctx, move |_: &Target| Spot {
+            log: l.clone(),
+            outbox: Some(outbox.clone()),
+            dropped: d.clone(),
+        });
+        (actors, ctx, pool, log, dropped, publisher)
+    }
+
+    fn obs_at(target: &Target, step: u32) -> Event {
+        let mut ev = obs_of(target);
+        if let Event::Obs(o) = &mut ev {
+            o.step = step;
+        }
+        ev
+    }
+
+    /// Waits until `log` holds `n` entries (or ten seconds passed); its length.
+    async fn wait_for(log: &SpotLog, n: usize) -> usize {
+        for _ in 0..1_000 {
+            if log.lock().unwrap().len() >= n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        log.lock().unwrap().len()
+    }
+
+    /// With two arbiters the actors of different targets run on two threads other than the
+    /// intake's, each target's always on the thread of its arbiter; every target's events are
+    /// handled, and published through the outbox, in the order they were routed, while the
+    /// targets' events were interleaved.
+    #[test]
+    fn spread_actors_run_on_their_targets_arbiter_and_keep_each_targets_order() {
+        actix_rt::System::new().block_on(async {
+            let (mut a, ctx, pool, log, _, publisher) = spots(2);
+            let mut sub = ctx
+                .bus
+                .subscribe(&aware_bus_schemas::subject::kind_filter(
+                    aware_bus_schemas::EventKind::Obs,
+                ))
+                .await
+                .unwrap();
+            let targets: Vec<Target> = (0..40)
+                .map(|i| Target::new("shop", format!("t-{i}")))
+                .collect();
+            let steps = 100u32;
+            for step in 0..steps {
+                for t in &targets {
+                    a.route(obs_at(t, step));
+                }
+            }
+            let total = targets.len() * steps as usize;
+            assert_eq!(wait_for(&log, total).await, total);
+            let log = log.lock().unwrap().clone();
+            let here = std::thread::current().id();
+            let mut thread_of: HashMap<Target, std::thread::ThreadId> = HashMap::new();
+            let mut next: HashMap<Target, u32> = HashMap::new();
+            for (t, step, thread) in &log {
+                assert_ne!(*thread, here, "an actor ran on the intake's thread");
+                assert_eq!(
+                    *thread_of.entry(t.clone()).or_insert(*thread),
+                    *thread,
+                    "{t} moved"
+                );
+                let want = next.entry(t.clone()).or_insert(0);
+                assert_eq!(*step, *want, "{t} out of order");
+                *want += 1;
+            }
+            // One thread per arbiter: targets of the same arbiter share it, the others do not.
+            let mut by_arbiter: HashMap<usize, std::collections::HashSet<std::thread::ThreadId>> =
+                HashMap::new();
+            for (t, thread) in &thread_of {
+                by_arbiter
+                    .entry(crate::arbiters::arbiter_index(t, pool.len()))
+                    .or_default()
+                    .insert(*thread);
+            }
+            assert_eq!(by_arbiter.len(), 2, "the targets use both arbiters");
+            assert!(by_arbiter.values().all(|s| s.len() == 1));
+            assert_ne!(by_arbiter[&0], by_arbiter[&1]);
+            // The outbox publishes each target's events in its order.
+            let mut published: HashMap<Target, u32> = HashMap::new();
+            for _ in 0..total {
+                let m = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let ev = aware_bus_schemas::decode_any(&m.payload).unwrap();
+                let want = published.entry(ev.target().clone()).or_insert(0);
+                assert_eq!(ev.step(), *want, "{} published out of order", ev.target());
+                *want += 1;
+            }
+            assert!(published.values().all(|n| *n == steps));
+            ctx.shutdown.cancel();
+            drop(a);
+            join_publisher(publisher).await.unwrap();
+            assert!(pool.stop(std::time::Duration::from_secs(10)).await);
+        });
+    }
+
+    /// Stopping the arbiters ends their threads and drops every actor on them (with what they
+    /// hold), also while they are still alive and addressed; a second stop is a no-op, and an
+    /// event routed afterwards reaches no actor (and blocks nothing).
+    #[test]
+    fn stopping_the_arbiters_drops_every_actor_and_ends_their_threads() {
+        actix_rt::System::new().block_on(async {
+            let (mut a, ctx, pool, log, dropped, publisher) = spots(3);
+            let targets: Vec<Target> = (0..30)
+                .map(|i| Target::new("shop", format!("s-{i}")))
+                .collect();
+            for t in &targets {
+                a.route(obs_at(t, 0));
+            }
+            assert_eq!(wait_for(&log, targets.len()).await, targets.len());
+            assert_eq!(pool.alive(), 3);
+            assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 0);
+            assert!(pool.stop(std::time::Duration::from_secs(10)).await);
+            assert_eq!(pool.alive(), 0, "every arbiter thread ended");
+            assert_eq!(
+                dropped.load(std::sync::atomic::Ordering::SeqCst),
+                targets.len(),
+                "every actor dropped with its arbiter"
+            );
+            assert!(pool.stop(std::time::Duration::from_secs(1)).await);
+            a.route(obs_at(&targets[0], 1));
+            assert_eq!(log.lock().unwrap().len(), targets.len());
+            ctx.shutdown.cancel();
+            drop(a);
+            join_publisher(publisher).await.unwrap();
+        });
+    }
+
+    /// What the launched probe service's actors handled: (target, step, thread).
+    static LAUNCHED: std::sync::OnceLock<SpotLog> = std::sync::OnceLock::new();
+
+    /// A service whose per-target actors are spread ([`TargetActors::spread`]): the recommender's
+    /// and the actuator's intake, with actors that record where they ran.
+    fn probe_service(
+        ctx: ServiceContext,
+    ) -> futures::future::LocalBoxFuture<'static, Result<(), crate::service::ServiceError>> {
+        Box::pin(async move {
+            let (_outbox, publisher) = spawn_publisher(ctx.clone());
+            let log = LAUNCHED.get_or_init(Arc::default).clone();
+            let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut actors = TargetActors::spread(&ctx, move |_: &Target| Spot {
+                log: log.clone(),
+                outbox: None,
+                dropped: dropped.clone(),
+            });
+            run_actors(
+                &ctx,
+                &[aware_bus_schemas::EventKind::Obs],
+                false,
+                &mut actors,
+            )
+            .await?;
+            drop(actors);
+            join_publisher(publisher).await
+        })
+    }
+
+    /// The launcher starts `actors.arbiters` arbiters for the services of its process, their
+    /// actors run there (not on the services' thread), and once the services have ended at
+    /// shutdown the arbiters' threads have ended too.
+    #[test]
+    fn the_launcher_spreads_actors_over_its_arbiters_and_stops_them_at_shutdown() {
+        actix_rt::System::new().block_on(async {
+            let mut cfg = AppConfig::default();
+            cfg.actors.arbiters = 2;
+            cfg.http.listen = "127.0.0.1:0".into();
+            let bus = Bus::in_process(256);
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let entry = crate::launcher::ServiceEntry {
+                name: "probe",
+                main: probe_service,
+                notice: None,
+            };
+            let running =
+                crate::launcher::start_on(bus.clone(), Arc::new(cfg), &[entry], shutdown.clone())
+                    .await
+                    .unwrap();
+            let pool = running.arbiters().cloned().unwrap();
+            assert_eq!((pool.len(), pool.alive()), (2, 2));
+            for _ in 0..500 {
+                if running.contexts[0].ready.get() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let targets: Vec<Target> = (0..20)
+                .map(|i| Target::new("shop", format!("l-{i}")))
+                .collect();
+            for t in &targets {
+                let Event::Obs(o) = obs_at(t, 0) else {
+                    unreachable!()
+                };
+                let subj =
+                    aware_bus_schemas::subject::subject(aware_bus_schemas::EventKind::Obs, t)
+                        .unwrap();
+                bus.publish(&subj, aware_bus_schemas::encode(&o).unwrap().into())
+                    .await
+                    .unwrap();
+            }
+            let log = LAUNCHED.get_or_init(Arc::default).clone();
+            assert_eq!(wait_for(&log, targets.len()).await, targets.len());
+            let here = std::thread::current().id();
+            let threads: std::collections::HashSet<_> =
+                log.lock().unwrap().iter().map(|(_, _, th)| *th).collect();
+            assert!(
+                !threads.contains(&here),
+                "an actor ran on the services' thread"
+            );
+            assert_eq!(threads.len(), 2, "both arbiters ran actors");
+            shutdown.cancel();
+            running.join().await.unwrap();
+            assert_eq!(pool.alive(), 0, "the arbiters stopped with the services");
+        });
+    }
+
+    /// Outside the launcher (no arbiters) `spread` starts the actors on the caller's thread.
+    #[test]
+    fn without_arbiters_spread_actors_run_on_the_callers_thread() {
+        actix_rt::System::new().block_on(async {
+            let ctx = ServiceContext::new(
+                "probe",
+                Bus::in_process(16),
+                Arc::new(AppConfig::default()),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let (outbox, _publisher) = spawn_publisher(ctx.clone());
+            let log: SpotLog = Arc::default();
+            let (l, dropped) = (
+                log.clone(),
+                Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            );
+            let mut a = TargetActors::spread(&ctx, move |_: &Target| Spot {
+                log: l.clone(),
+                outbox: Some(outbox.clone()),
+                dropped: dropped.clone(),
+            });
+            a.route(obs_at(&Target::new("shop", "cart"), 0));
+            assert_eq!(wait_for(&log, 1).await, 1);
+            assert_eq!(log.lock().unwrap()[0].2, std::thread::current().id());
         });
     }
 

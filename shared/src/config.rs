@@ -548,6 +548,10 @@ pub struct ActorsConfig {
     /// lifecycle monitor); events of any other target are refused and counted
     /// (`reason="unregistered"`). For deployments whose targets all come from the controller.
     pub require_registration: bool,
+    /// The per-target actors of a process run on this many arbiters (threads with their own event
+    /// loop), a target always on the same one (a stable hash of its key); 0: one per core the
+    /// process may use (available parallelism). Shared by the services of one process.
+    pub arbiters: usize,
 }
 
 impl Default for ActorsConfig {
@@ -556,6 +560,7 @@ impl Default for ActorsConfig {
             retire_after_secs: 3600,
             max_targets: 10_000,
             require_registration: false,
+            arbiters: 0,
         }
     }
 }
@@ -663,6 +668,22 @@ impl Default for LifecycleProfile {
     }
 }
 
+/// The configured targets' specs by target ([`AppConfig::spec_index`]).
+#[derive(Debug, Clone, Default)]
+pub struct SpecIndex {
+    specs: std::collections::HashMap<Target, crate::spec::TargetSpec>,
+}
+
+impl SpecIndex {
+    /// The configured spec of `target`, or the defaults for a target known only from the bus.
+    pub fn spec_for(&self, target: &Target) -> crate::spec::TargetSpec {
+        self.specs
+            .get(target)
+            .cloned()
+            .unwrap_or_else(|| crate::spec::TargetSpec::new(target))
+    }
+}
+
 impl AppConfig {
     /// The configured spec of `target`, or the defaults for a target known only from the bus.
     pub fn spec_for(&self, target: &Target) -> crate::spec::TargetSpec {
@@ -671,6 +692,17 @@ impl AppConfig {
             .find(|s| s.namespace == target.namespace && s.name == target.name)
             .cloned()
             .unwrap_or_else(|| crate::spec::TargetSpec::new(target))
+    }
+
+    /// [`AppConfig::spec_for`] in O(1) per target, for a service that starts an actor per
+    /// target (a scan of `targets` for each would be quadratic in the targets).
+    pub fn spec_index(&self) -> SpecIndex {
+        let mut specs = std::collections::HashMap::with_capacity(self.targets.len());
+        for s in &self.targets {
+            // The first of a target's specs wins, as in `spec_for`.
+            specs.entry(s.target()).or_insert_with(|| s.clone());
+        }
+        SpecIndex { specs }
     }
 
     /// Sets section `name` to `value` (as [`AppConfig::section`] reads it back): configuration
@@ -1138,6 +1170,15 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
         let other = cfg.spec_for(&Target::new("shop", "other"));
         assert_eq!(other.alpha, 0.5);
         assert_eq!(other.name, "other");
+        // The index answers the same, the first of two specs of a target winning.
+        let mut second = spec.clone();
+        second.alpha = 0.1;
+        cfg.targets.push(second);
+        let index = cfg.spec_index();
+        for t in [Target::new("shop", "cart"), Target::new("shop", "other")] {
+            assert_eq!(index.spec_for(&t), cfg.spec_for(&t));
+        }
+        assert_eq!(index.spec_for(&Target::new("shop", "cart")).alpha, 0.9);
     }
 
     #[test]

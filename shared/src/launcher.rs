@@ -1,11 +1,13 @@
 //! Starts one or more services in this process: one bus connection, one actix system, one HTTP
-//! endpoint for all of them, graceful shutdown on SIGINT/SIGTERM.
+//! endpoint for all of them, one pool of arbiters for their per-target actors
+//! ([`crate::arbiters`], `actors.arbiters`), graceful shutdown on SIGINT/SIGTERM.
 
 use std::sync::Arc;
 
 use futures::future::LocalBoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::arbiters::{arbiters_for, ArbiterError, ArbiterPool};
 use crate::bus::Bus;
 use crate::config::AppConfig;
 use crate::service::{ServiceContext, ServiceError};
@@ -30,13 +32,18 @@ pub struct Running {
     pub http_addr: std::net::SocketAddr,
     pub contexts: Vec<ServiceContext>,
     tasks: Vec<tokio::task::JoinHandle<Result<(), ServiceError>>>,
+    arbiters: Option<ArbiterPool>,
 }
+
+/// How long [`Running::join`] waits for the actor arbiters' threads once every service ended:
+/// an arbiter ends at once unless a blocking task it spawned is still running.
+const ARBITERS_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Running {
     /// Waits for every service to end (after `shutdown` is cancelled). A service that fails,
     /// at start-up or later, stops the others at once (each waited for concurrently, so a
     /// failure of any service is seen, not only of the first): the first failure wins, naming
-    /// its service.
+    /// its service. The actor arbiters are stopped once every service has ended.
     pub async fn join(self) -> Result<(), ServiceError> {
         use futures::StreamExt as _;
         let mut pending: futures::stream::FuturesUnordered<_> = self
@@ -68,15 +75,23 @@ impl Running {
                 }
             }
         }
+        if let Some(arbiters) = &self.arbiters {
+            arbiters.stop(ARBITERS_STOP_TIMEOUT).await;
+        }
         if let Err(e) = self.bus.flush().await {
             tracing::warn!(error = %e, "final bus flush failed");
         }
         first
     }
+
+    /// The actor arbiters of the process, if it has any.
+    pub fn arbiters(&self) -> Option<&ArbiterPool> {
+        self.arbiters.as_ref()
+    }
 }
 
-/// Connects the bus, serves HTTP and spawns every service as a local task of the current actix
-/// system. Services stop when `shutdown` is cancelled.
+/// Connects the bus, serves HTTP, starts the actor arbiters and spawns every service as a local
+/// task of the current actix system. Services stop when `shutdown` is cancelled.
 pub async fn start(
     config: Arc<AppConfig>,
     entries: &[ServiceEntry],
@@ -97,9 +112,24 @@ pub async fn start_on(
     entries: &[ServiceEntry],
     shutdown: CancellationToken,
 ) -> Result<Running, ServiceError> {
+    let arbiters = match ArbiterPool::start(arbiters_for(config.actors.arbiters)) {
+        Ok(pool) => {
+            tracing::info!(
+                arbiters = pool.len(),
+                "per-target actors spread over arbiters"
+            );
+            Some(pool)
+        }
+        // Outside an actix system (never for the service binaries): actors on the caller's thread.
+        Err(ArbiterError::NoSystem) => None,
+        Err(e) => return Err(ServiceError::resource("actors.arbiters", e)),
+    };
     let contexts = entries
         .iter()
-        .map(|e| ServiceContext::new(e.name, bus.clone(), config.clone(), shutdown.clone()))
+        .map(|e| {
+            ServiceContext::new(e.name, bus.clone(), config.clone(), shutdown.clone())
+                .map(|c| c.with_arbiters(arbiters.clone()))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let state = HttpState {
         metrics: contexts.iter().map(|c| c.metrics.clone()).collect(),
@@ -123,6 +153,7 @@ pub async fn start_on(
         http_addr,
         contexts,
         tasks,
+        arbiters,
     })
 }
 

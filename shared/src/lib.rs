@@ -4,6 +4,7 @@
 //! Feature `testing` (tests and benchmarks only): `testkit`, `probe` and `kube_mock`.
 
 pub mod agents;
+pub mod arbiters;
 pub mod bus;
 pub mod cli;
 pub mod config;

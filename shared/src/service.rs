@@ -119,6 +119,9 @@ pub struct ServiceContext {
     pub metrics: ServiceMetrics,
     pub ready: Readiness,
     pub shutdown: CancellationToken,
+    /// The process's actor arbiters ([`crate::arbiters`]), set by the launcher; without them
+    /// (a context made outside the launcher) every actor runs on the service's own thread.
+    pub arbiters: Option<crate::arbiters::ArbiterPool>,
 }
 
 impl ServiceContext {
@@ -135,7 +138,14 @@ impl ServiceContext {
             metrics: ServiceMetrics::new(name)?,
             ready: Readiness::default(),
             shutdown,
+            arbiters: None,
         })
+    }
+
+    /// The same context, its actors spread over `arbiters` ([`crate::agents::TargetActors::spread`]).
+    pub fn with_arbiters(mut self, arbiters: Option<crate::arbiters::ArbiterPool>) -> Self {
+        self.arbiters = arbiters;
+        self
     }
 
     /// Encodes and publishes a message on its subject, counting it (or the failure).

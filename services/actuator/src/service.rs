@@ -617,13 +617,13 @@ pub async fn run_with_sink(
     let publishing = CancellationToken::new();
     let (outbox, publisher) = spawn_publisher_until(ctx.clone(), publishing.clone());
     let in_flight = InFlight::default();
-    let config = ctx.config.clone();
+    let specs = ctx.config.spec_index();
     // Cancelled with the service's shutdown, or when the intake fails.
     let stopping = ctx.shutdown.child_token();
     let (shutdown, calls) = (stopping.clone(), in_flight.clone());
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+    let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         TargetActuator::new(
-            config.spec_for(t),
+            specs.spec_for(t),
             guards.clone(),
             sink.clone(),
             outbox.clone(),

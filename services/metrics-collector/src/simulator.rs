@@ -156,11 +156,58 @@ pub fn to_obs(
     obs
 }
 
+/// The decisions received for the step awaited, one slot per target, and how many slots are
+/// filled: whether the step is complete is known in O(1) per `applied`.
+#[derive(Debug)]
+struct Pending {
+    slots: Vec<Option<TargetAction>>,
+    filled: usize,
+}
+
+impl Pending {
+    fn new(n: usize) -> Self {
+        Pending {
+            slots: vec![None; n],
+            filled: 0,
+        }
+    }
+
+    fn is_filled(&self, i: usize) -> bool {
+        self.slots[i].is_some()
+    }
+
+    /// Sets target `i`'s decision (a repeat replaces it); whether every slot is now filled.
+    fn fill(&mut self, i: usize, action: TargetAction) -> bool {
+        if self.slots[i].replace(action).is_none() {
+            self.filled += 1;
+        }
+        self.is_complete()
+    }
+
+    fn is_complete(&self) -> bool {
+        self.filled == self.slots.len()
+    }
+
+    /// The targets without a decision.
+    fn missing(&self) -> usize {
+        self.slots.len() - self.filled
+    }
+
+    /// Every slot's decision (`Hold` for the missing), emptying them for the next step.
+    fn take(&mut self) -> Vec<TargetAction> {
+        self.filled = 0;
+        self.slots
+            .iter_mut()
+            .map(|p| p.take().unwrap_or(TargetAction::Hold))
+            .collect()
+    }
+}
+
 struct Sim {
     env: SimEnv,
     targets: Vec<Target>,
     index: HashMap<Target, usize>,
-    pending: Vec<Option<TargetAction>>,
+    pending: Pending,
     last: Vec<Observation>,
     spe: u32,
     base_ms: i64,
@@ -197,29 +244,27 @@ impl Sim {
             tracing::debug!(target = %a.target, step = g, current = self.global_step(), "stale applied ignored");
             return false;
         }
-        if a.outcome == aware_bus_schemas::Outcome::Rejected && self.pending[i].is_some() {
+        if a.outcome == aware_bus_schemas::Outcome::Rejected && self.pending.is_filled(i) {
             // A rejected duplicate must not undo the decision already taken for this step.
             return false;
         }
         // Only an applied decision changes the cluster: a rejection or a recommendation keeps
         // the allocation in force whatever allocation it reports.
-        self.pending[i] = Some(match a.outcome {
-            aware_bus_schemas::Outcome::Applied => TargetAction::Desired(a.applied),
-            _ => TargetAction::Hold,
-        });
-        self.pending.iter().all(Option::is_some)
+        self.pending.fill(
+            i,
+            match a.outcome {
+                aware_bus_schemas::Outcome::Applied => TargetAction::Desired(a.applied),
+                _ => TargetAction::Hold,
+            },
+        )
     }
 
     fn step(&mut self, metrics: &CollectorMetrics) -> Result<(), ServiceError> {
-        let late = self.pending.iter().filter(|p| p.is_none()).count();
+        let late = self.pending.missing();
         if late > 0 {
             metrics.late_targets.inc_by(late as u64);
         }
-        let actions: Vec<TargetAction> = self
-            .pending
-            .iter_mut()
-            .map(|p| p.take().unwrap_or(TargetAction::Hold))
-            .collect();
+        let actions = self.pending.take();
         self.advance(&actions, metrics)
     }
 
@@ -311,7 +356,7 @@ pub async fn run(
             .map(|(i, t)| (t, i))
             .collect(),
         targets,
-        pending: vec![None; n],
+        pending: Pending::new(n),
         last,
         spe: ctx.config.learning.steps_per_episode,
         base_ms: aware_bus_schemas::now_ms(),
@@ -369,7 +414,7 @@ pub async fn run(
             },
             _ = tokio::time::sleep_until(deadline) => {
                 if cfg.clock == ClockMode::Lockstep {
-                    tracing::warn!(step = sim.global_step(), missing = sim.pending.iter().filter(|p| p.is_none()).count(), "step timeout: stepping with late targets unchanged");
+                    tracing::warn!(step = sim.global_step(), missing = sim.pending.missing(), "step timeout: stepping with late targets unchanged");
                 }
                 true
             }
@@ -535,6 +580,124 @@ mod tests {
         bad.reward = f64::NAN;
         let obs = to_obs(&bad, &t, 1, 10, 0);
         assert!(!obs.complete && obs.missing == ["reward"]);
+    }
+
+    /// The slots of a step: a repeat replaces a decision without counting twice, the step is
+    /// complete only once every target has one, and `take` empties them for the next step.
+    #[test]
+    fn pending_counts_each_target_once_and_resets_at_each_step() {
+        let mut p = Pending::new(3);
+        assert!(!p.fill(0, TargetAction::Hold));
+        assert!(
+            !p.fill(0, TargetAction::Raw([0.5; 3])),
+            "a repeat is no new slot"
+        );
+        assert_eq!(p.missing(), 2);
+        assert!(!p.fill(2, TargetAction::Hold));
+        assert!(p.fill(1, TargetAction::Hold));
+        assert!(p.fill(1, TargetAction::Hold), "still complete");
+        assert_eq!(
+            p.take(),
+            vec![
+                TargetAction::Raw([0.5; 3]),
+                TargetAction::Hold,
+                TargetAction::Hold
+            ]
+        );
+        assert_eq!(p.missing(), 3);
+        assert!(!p.fill(1, TargetAction::Hold), "the next step starts empty");
+        assert_eq!(p.take()[0], TargetAction::Hold, "missing: held");
+        assert!(Pending::new(0).is_complete());
+    }
+
+    /// `accept` through a real simulated cluster: duplicates, a rejected duplicate, a stale
+    /// `applied` and one for an unknown target do not complete a step; the last target's does;
+    /// the next step counts again from zero, and a timed-out step counts its late targets.
+    #[test]
+    fn accept_completes_a_step_once_per_target_whatever_the_repeats() {
+        let cfg = source(vec![]);
+        let apps = build_apps(&cfg).unwrap();
+        let targets: Vec<Target> = apps
+            .iter()
+            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
+            .collect();
+        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
+        env.reset(cfg.seed).unwrap();
+        let n = targets.len();
+        let last = env.step(&vec![TargetAction::Hold; n]).unwrap();
+        let mut sim = Sim {
+            env,
+            index: targets
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, t)| (t, i))
+                .collect(),
+            targets: targets.clone(),
+            pending: Pending::new(n),
+            last,
+            spe: 10,
+            base_ms: 0,
+        };
+        let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
+        let metrics = CollectorMetrics::new(&sm).unwrap();
+        let Some(Event::Applied(proto)) = aware_bus_schemas::generated::samples()
+            .into_iter()
+            .find(|e| e.kind() == EventKind::Applied)
+        else {
+            panic!("no applied sample")
+        };
+        let applied = |t: &Target, g: u64, outcome| Applied {
+            target: t.clone(),
+            episode: g / 10,
+            step: u32::try_from(g % 10).unwrap(),
+            outcome,
+            ..proto.clone()
+        };
+        use aware_bus_schemas::Outcome::{Applied as Done, Rejected};
+        for g in [0u64, 1] {
+            assert_eq!(sim.global_step(), g);
+            for t in &targets[..n - 1] {
+                assert!(!sim.accept(&applied(t, g, Done), &metrics));
+                assert!(!sim.accept(&applied(t, g, Done), &metrics), "duplicate");
+                assert!(
+                    !sim.accept(&applied(t, g, Rejected), &metrics),
+                    "rejected duplicate"
+                );
+            }
+            assert!(
+                !sim.accept(&applied(&targets[n - 1], g + 1, Done), &metrics),
+                "future"
+            );
+            assert!(!sim.accept(&applied(&Target::new("x", "y"), g, Done), &metrics));
+            if g > 0 {
+                assert!(
+                    !sim.accept(&applied(&targets[n - 1], g - 1, Done), &metrics),
+                    "stale"
+                );
+            }
+            assert_eq!(sim.pending.missing(), 1);
+            assert!(sim.accept(&applied(&targets[n - 1], g, Rejected), &metrics));
+            // The rejected duplicates kept the applied decisions; the rejection holds.
+            let kept = sim
+                .pending
+                .slots
+                .iter()
+                .filter(|s| matches!(s, Some(TargetAction::Desired(_))))
+                .count();
+            assert_eq!(kept, n - 1);
+            sim.step(&metrics).unwrap();
+            assert_eq!(sim.pending.missing(), n);
+        }
+        assert_eq!(
+            metrics.stale_applied.get(),
+            3,
+            "a future one each step, a stale one in the second"
+        );
+        assert_eq!(metrics.late_targets.get(), 0);
+        assert!(!sim.accept(&applied(&targets[0], 2, Done), &metrics));
+        sim.step(&metrics).unwrap();
+        assert_eq!(metrics.late_targets.get(), n as u64 - 1);
     }
 
     /// The collector's cluster shows a scheduled load rise in the observation of exactly the

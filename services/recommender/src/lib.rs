@@ -708,9 +708,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .map_err(|e| ServiceError::resource("model_store", e))?;
     let metrics = RecommenderMetrics::new(&ctx.metrics, &ctx.config.shard)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
-    let config = ctx.config.clone();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
-        let spec = config.spec_for(t);
+    let specs = ctx.config.spec_index();
+    let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
+        let spec = specs.spec_for(t);
         let mut decider = Decider::new(
             spec,
             prototype.clone(),
