@@ -270,12 +270,13 @@ impl LifecycleMachine {
     /// when the episodes carry their requests (`episode/1`'s requested means). Probation,
     /// within the budget, passes when its episodes used at least the fallback's share of
     /// their requested spend less `probation_margin`. The ONLINE window
-    /// must burn the error budget no faster than allowed, then use at least the fallback's
-    /// share of its requested spend less `probation_margin` (when the fallback met the budget;
-    /// [`Prices::used_share`] compares cost across loads), with the reward's std within
-    /// `t_var` (converged); `t_serving` is not used. A SERVING target so promoted retrains when
-    /// its window burns faster than allowed, uses a share lower than it was served at by more
-    /// than `serving_cost_margin`, or its std exceeds `t_var`.
+    /// must meet the error budget (burn it no faster than it lasts, whatever the fallback
+    /// burned), then use at least the fallback's share of its requested spend less
+    /// `probation_margin` (when the fallback met the budget; [`Prices::used_share`] compares
+    /// cost across loads), with the reward's std within `t_var` (converged); `t_serving` is not
+    /// used. A SERVING target so promoted retrains when its window burns the budget faster
+    /// than it lasts, uses a share lower than it was served at by more than
+    /// `serving_cost_margin`, or its std exceeds `t_var`.
     pub fn set_slo_first(&mut self, on: bool) {
         self.slo_first = on;
     }
@@ -846,16 +847,17 @@ impl LifecycleMachine {
 
 impl LifecycleMachine {
     /// ONLINE with a full window judged in the objective's units (see
-    /// [`LifecycleMachine::set_slo_first`]): SERVING when it burns the error budget no faster
-    /// than allowed, uses at least the fallback's share of its spend (less `probation_margin`)
-    /// and has converged; otherwise it keeps learning (re-baselining may still serve it).
+    /// [`LifecycleMachine::set_slo_first`]): SERVING when it meets the error budget (burns it
+    /// no faster than it lasts: a fallback that burned faster does not lower the bar for
+    /// serving, only for returning to it), uses at least the fallback's share of its spend
+    /// (less `probation_margin`) and has converged; otherwise it keeps learning (re-baselining
+    /// may still serve it).
     fn constrained_online(&mut self, mean: f64, std: f64) -> Option<Transition> {
         let (intervals, used) = self.constrained_window()?;
         let burn = intervals.burn(self.objective?)?;
-        let allowed = self.allowed_burn();
         let n = self.rewards.len();
         let t_var = self.profile.t_var;
-        if burn > allowed || std > t_var {
+        if burn > 1.0 || std > t_var {
             return self.try_rebaseline(std);
         }
         let fallback = self.fallback_used_share();
@@ -879,7 +881,7 @@ impl LifecycleMachine {
             None => "the fallback's unknown".to_string(),
         };
         let reason = format!(
-            "SLO first, then cost: the last {n} ONLINE episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), within the allowed {allowed:.2}x ({}), used {:.1}% of their requested spend against {fallback_words}, reward std {std:.3} <= t_var {t_var}",
+            "SLO first, then cost: the last {n} ONLINE episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), within the budget ({}), used {:.1}% of their requested spend against {fallback_words}, reward std {std:.3} <= t_var {t_var}",
             100.0 * intervals.share(),
             self.fallback_words(),
             100.0 * used,
@@ -891,19 +893,19 @@ impl LifecycleMachine {
     }
 
     /// SERVING, promoted in the objective's units, with a full window: retrains when it burns
-    /// the error budget faster than allowed, uses a share of its spend lower than it was served
-    /// at by more than `serving_cost_margin`, or its std exceeds `t_var`.
+    /// the error budget faster than it lasts, uses a share of its spend lower than it was
+    /// served at by more than `serving_cost_margin`, or its std exceeds `t_var`. (Burning faster
+    /// than the fallback did, on both of the guard's windows, returns it to OFFLINE first.)
     fn constrained_serving(&mut self, mean: f64, std: f64) -> Option<Transition> {
         let (intervals, used) = self.constrained_window()?;
         let burn = intervals.burn(self.objective?)?;
-        let allowed = self.allowed_burn();
         let level = self.serving_used?;
         let n = self.rewards.len();
         let t_var = self.profile.t_var;
         let floor = level * (1.0 - self.rules.serving_cost_margin);
-        let why = if burn > allowed {
+        let why = if burn > 1.0 {
             format!(
-                "the last {n} SERVING episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), faster than the allowed {allowed:.2}x",
+                "the last {n} SERVING episodes burned the SLO's error budget at {burn:.2}x ({:.1}% of intervals violating), faster than it lasts",
                 100.0 * intervals.share()
             )
         } else if used < floor {
@@ -2284,6 +2286,41 @@ pub(crate) mod tests {
                     ts[0].reason
                 );
             }
+        }
+
+        /// A fallback over its budget lowers the bar for returning to it, not for serving: a
+        /// window within the allowed burn (the fallback's 20x) but over the budget (5x) passes
+        /// probation and keeps learning; it goes SERVING once a window meets the budget.
+        #[test]
+        fn slo_first_serves_only_a_window_that_meets_the_budget() {
+            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
+            m.set_slo(&slo(None));
+            m.set_slo_first(true);
+            m.start();
+            for n in 1..=3 {
+                assert!(m
+                    .observe(&ep_cost(n, Offline, 1.2, 20, false, 0.5))
+                    .is_none());
+            }
+            assert_eq!(
+                m.observe_model(&model(1, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            let mut n = 4;
+            let ts = feed_cost(&mut m, &mut n, &[(5, 0.7); 3]);
+            assert!(ts.is_empty(), "{ts:?}");
+            assert_eq!(m.stage(), Online);
+            let ts = feed_cost(&mut m, &mut n, &[(0, 0.7); 3]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].from, ts[0].to), (Online, Serving));
+            assert!(
+                ts[0]
+                    .reason
+                    .contains("within the budget (the fallback burned 20.00x)"),
+                "{}",
+                ts[0].reason
+            );
         }
 
         /// Within the budget but costlier than the fallback (using 30% of its spend against
