@@ -78,6 +78,9 @@ pub struct QuestDbServerOptions {
     /// column and per symbol map, 1 MiB per WAL column), which take gigabytes of disk for the
     /// many small tables of a test run.
     pub append_page_kib: Option<u32>,
+    /// QuestDB's development mode (`dev.mode.enabled`), which allows `ALTER TABLE … SUSPEND WAL`
+    /// (a test's way to suspend a table as a failed WAL apply does).
+    pub dev_mode: bool,
 }
 
 impl Default for QuestDbServerOptions {
@@ -88,6 +91,7 @@ impl Default for QuestDbServerOptions {
             workers: 2,
             log_levels: "INFO,ERROR,CRITICAL,ADVISORY",
             append_page_kib: Some(256),
+            dev_mode: false,
         }
     }
 }
@@ -184,6 +188,9 @@ fn server_conf(ports: QuestDbPorts, o: &QuestDbServerOptions) -> String {
         "ram.usage.limit.bytes={}",
         u64::from(o.ram_limit_mb) << 20
     );
+    if o.dev_mode {
+        s.push_str("dev.mode.enabled=true\n");
+    }
     s
 }
 
@@ -203,7 +210,8 @@ fn log_path(root: &Path) -> PathBuf {
     root.join("log/questdb.log")
 }
 
-/// The last `lines` lines of the server's log and of the JVM's own output.
+/// The last `lines` lines of the server's log and of the JVM's own output, after the last 20
+/// critical and error lines before them (the cause of a failure is often older than the tail).
 fn log_tail(root: &Path, lines: usize) -> String {
     let mut out = String::new();
     for path in [root.join("log/jvm.log"), log_path(root)] {
@@ -211,6 +219,20 @@ fn log_tail(root: &Path, lines: usize) -> String {
             let all: Vec<&str> = text.lines().collect();
             let from = all.len().saturating_sub(lines);
             let _ = writeln!(out, "--- {}", path.display());
+            let serious: Vec<&&str> = all[..from]
+                .iter()
+                .filter(|l| {
+                    let mut words = l.split(' ');
+                    matches!(words.nth(1), Some("C" | "E"))
+                })
+                .collect();
+            if !serious.is_empty() {
+                let _ = writeln!(out, "(critical and error lines before the tail)");
+                for l in &serious[serious.len().saturating_sub(20)..] {
+                    let _ = writeln!(out, "{l}");
+                }
+                let _ = writeln!(out, "(tail)");
+            }
             for l in &all[from..] {
                 let _ = writeln!(out, "{l}");
             }

@@ -152,8 +152,13 @@ pub enum QueryError {
     DatasetNotArray(Value),
     #[error("unexpected answer {0:?}")]
     Unexpected(Vec<Vec<Value>>),
-    #[error("the table is suspended (see wal_tables() and the server log)")]
-    Suspended,
+    #[error("the table is suspended{}{} (see wal_tables() and the server log)", if *.resumed { " again after RESUME WAL" } else { "" }, if message.is_empty() { String::new() } else { format!(": {message}") })]
+    Suspended {
+        /// QuestDB's `errorTag` and `errorMessage` of the failed apply, as one line.
+        message: String,
+        /// Whether this store had already resumed the table once in this wait.
+        resumed: bool,
+    },
 }
 
 /// Why a cell of an `/exec` row cannot be read as the column's type; names the column.
@@ -796,6 +801,13 @@ impl QuestDbStore {
     }
 
     /// Waits until `table` has applied every committed WAL transaction.
+    ///
+    /// A table whose WAL apply failed is *suspended*: QuestDB keeps accepting (and durably
+    /// committing) writes but applies none. The causes QuestDB names (`errorTag`: out of memory,
+    /// mmap area or file handles, a full disk) are mostly transient, and the failed transaction
+    /// is still in the WAL, so the wait resumes the table once (`ALTER TABLE … RESUME WAL`, which
+    /// retries from the failed transaction and loses nothing) and fails with QuestDB's error if
+    /// the table is suspended again.
     fn wait_visible(&self, table: &str, op: &'static str) -> Result<(), StoreError> {
         let timeout = self.cfg.visibility_timeout;
         if timeout.is_zero() {
@@ -803,8 +815,10 @@ impl QuestDbStore {
         }
         let start = Instant::now();
         let mut pause = Duration::from_millis(5);
+        let mut resumed = false;
         let sql = format!(
-            "SELECT writerTxn, sequencerTxn, suspended FROM wal_tables() WHERE name = {}",
+            "SELECT writerTxn, sequencerTxn, suspended, errorTag, errorMessage FROM wal_tables() \
+             WHERE name = {}",
             lit(table)
         );
         loop {
@@ -814,13 +828,31 @@ impl QuestDbStore {
                 let writer = c.i64(0, "writerTxn");
                 let sequencer = c.i64(1, "sequencerTxn");
                 if c.bool(2, "suspended").unwrap_or(false) {
-                    return Err(StoreError::QuestDbQuery {
+                    let message = format!(
+                        "{} {}",
+                        c.str(3, "errorTag").unwrap_or_default(),
+                        c.str(4, "errorMessage").unwrap_or_default()
+                    )
+                    .trim()
+                    .to_owned();
+                    if resumed {
+                        return Err(StoreError::QuestDbQuery {
+                            op,
+                            table: table.to_owned(),
+                            url: self.base.clone(),
+                            query: sql.clone(),
+                            source: Box::new(QueryError::Suspended { message, resumed }),
+                        });
+                    }
+                    tracing::warn!(
+                        table = %table,
                         op,
-                        table: table.to_owned(),
-                        url: self.base.clone(),
-                        query: sql.clone(),
-                        source: Box::new(QueryError::Suspended),
-                    });
+                        error = %message,
+                        "questdb suspended the table's WAL apply; resuming it once"
+                    );
+                    self.exec(&format!("ALTER TABLE {table} RESUME WAL"), op, table, None)?;
+                    resumed = true;
+                    continue;
                 }
                 if let (Ok(w), Ok(s)) = (writer, sequencer) {
                     if w >= s {
@@ -1265,6 +1297,43 @@ mod tests {
         assert_eq!(reader.count(&a).unwrap(), 20_000, "{}", server.log_tail(40));
         let last = reader.transitions(&a, 39..40).unwrap();
         assert!(last == batches[39], "the last batch read back differs");
+    }
+
+    /// A table whose WAL apply is suspended (here by `SUSPEND WAL`, as QuestDB does itself when
+    /// an apply fails for lack of memory, mmap area or disk) is resumed by the next write's wait,
+    /// and the rows written while it was suspended are read back.
+    #[test]
+    fn a_suspended_table_is_resumed_and_loses_nothing() {
+        let server = QuestDbServer::start_with(crate::testkit::QuestDbServerOptions {
+            dev_mode: true,
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("starting QuestDB: {e}"));
+        let a = Target::new("suspend", "a-app");
+        let store = QuestDbStore::open(QuestDbConfig::new(server.url())).unwrap();
+        let first: Vec<Transition> = (0..10).map(|s| conformance::transition(&a, 0, s)).collect();
+        store.append(&first).unwrap();
+        for table in [&store.transitions_table, &store.episodes_table] {
+            store
+                .exec(
+                    &format!("ALTER TABLE {table} SUSPEND WAL"),
+                    "test",
+                    table,
+                    None,
+                )
+                .unwrap();
+        }
+        let second: Vec<Transition> = (0..10).map(|s| conformance::transition(&a, 1, s)).collect();
+        store
+            .append(&second)
+            .unwrap_or_else(|e| panic!("{e}\n{}", server.log_tail(40)));
+        let ep = conformance::episode(&a, 1, 3.5);
+        store
+            .put_episode(&ep)
+            .unwrap_or_else(|e| panic!("{e}\n{}", server.log_tail(40)));
+        assert_eq!(store.count(&a).unwrap(), 20);
+        assert!(store.transitions(&a, 1..2).unwrap() == second);
+        assert_eq!(store.episodes(&a, 1).unwrap().len(), 1);
     }
 
     /// The same seed draws the same minibatch from QuestDB as from SQLite on the same rows, with
