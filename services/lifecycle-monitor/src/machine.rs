@@ -539,18 +539,13 @@ impl LifecycleMachine {
     /// level the last ONLINE episodes settled at; `std` is the decision window's.
     fn try_rebaseline(&mut self, std: f64) -> Option<Transition> {
         let n = self.rules.rebaseline_after_episodes;
-        if n < 2 || self.online_rewards.len() < n || self.probation.is_some() {
-            return None;
-        }
         let p = &self.profile;
         if std > p.t_var {
             return None;
         }
-        let half = n / 2;
-        let len = self.online_rewards.len();
-        let older = self.online_rewards.iter().take(half).sum::<f64>() / half as f64;
-        let newer = self.online_rewards.iter().skip(len - half).sum::<f64>() / half as f64;
-        if newer - older > self.rules.rebaseline_tolerance * older.abs() || newer < p.t_online {
+        let (older, newer) = self.settled()?;
+        let p = &self.profile;
+        if newer < p.t_online {
             return None;
         }
         if let Some(fallback) = self.below_fallback(newer) {
@@ -850,15 +845,25 @@ impl LifecycleMachine {
     /// [`LifecycleMachine::set_slo_first`]): SERVING when it meets the error budget (burns it
     /// no faster than it lasts: a fallback that burned faster does not lower the bar for
     /// serving, only for returning to it), uses at least the fallback's share of its spend
-    /// (less `probation_margin`) and has converged; otherwise it keeps learning (re-baselining
-    /// may still serve it).
+    /// (less `probation_margin`) and has converged. Re-baselining, which serves the reward
+    /// level a policy settled at, does not apply in these units: a window over the budget is
+    /// never served (the error-budget guard returns the target to the fallback when it burns
+    /// faster than the fallback did), and a policy that settled within the budget but costlier
+    /// than the fallback hands back to the fallback (see
+    /// [`LifecycleMachine::settled_costlier`]).
     fn constrained_online(&mut self, mean: f64, std: f64) -> Option<Transition> {
         let (intervals, used) = self.constrained_window()?;
         let burn = intervals.burn(self.objective?)?;
         let n = self.rewards.len();
         let t_var = self.profile.t_var;
         if burn > 1.0 || std > t_var {
-            return self.try_rebaseline(std);
+            tracing::debug!(
+                burn,
+                std,
+                t_var,
+                "not served: over the error budget or not converged"
+            );
+            return None;
         }
         let fallback = self.fallback_used_share();
         // Cost second, against the fallback when it met the budget too (and not while
@@ -873,7 +878,7 @@ impl LifecycleMachine {
                     fallback = f,
                     "not served: costlier than the fallback"
                 );
-                return self.try_rebaseline(std);
+                return self.settled_costlier(burn, used, f, (mean, std));
             }
         }
         let fallback_words = match fallback {
@@ -890,6 +895,45 @@ impl LifecycleMachine {
         let t = self.go(Stage::Serving, reason, Some((mean, std)));
         self.serving_used = Some(used);
         Some(t)
+    }
+
+    /// Whether the ONLINE policy has stopped improving: the last `rebaseline_after_episodes`
+    /// ONLINE episodes are in, none on probation, and their newer half's mean reward gains no
+    /// more than `rebaseline_tolerance` on the older half's. (The reward serves here only as the
+    /// learning curve's slope; what a settled policy is worth is judged in the objective's
+    /// units.) `None` when not settled, else the two halves' means.
+    fn settled(&self) -> Option<(f64, f64)> {
+        let n = self.rules.rebaseline_after_episodes;
+        if n < 2 || self.online_rewards.len() < n || self.probation.is_some() {
+            return None;
+        }
+        let half = n / 2;
+        let len = self.online_rewards.len();
+        let older = self.online_rewards.iter().take(half).sum::<f64>() / half as f64;
+        let newer = self.online_rewards.iter().skip(len - half).sum::<f64>() / half as f64;
+        (newer - older <= self.rules.rebaseline_tolerance * older.abs()).then_some((older, newer))
+    }
+
+    /// ONLINE within the error budget but using a smaller share of its requested spend than
+    /// the fallback did (less `probation_margin`), with the fallback within the budget too:
+    /// once the policy has [settled](LifecycleMachine::settled), the fallback, which meets the
+    /// same budget more cheaply, drives again (readmission waits as after a failed probation).
+    fn settled_costlier(
+        &mut self,
+        burn: f64,
+        used: f64,
+        fallback: f64,
+        stats: (f64, f64),
+    ) -> Option<Transition> {
+        self.settled()?;
+        let n = self.rules.rebaseline_after_episodes;
+        let reason = format!(
+            "settled costlier than the fallback: the last {n} ONLINE episodes stopped improving within the SLO's error budget ({burn:.2}x) but used {:.1}% of their requested spend against the fallback's {:.1}% (less {:.0}%); the fallback drives again",
+            100.0 * used,
+            100.0 * fallback,
+            100.0 * self.rules.probation_margin
+        );
+        Some(self.demote(reason, stats, n))
     }
 
     /// SERVING, promoted in the objective's units, with a full window: retrains when it burns
@@ -2237,6 +2281,26 @@ pub(crate) mod tests {
             (m, 4)
         }
 
+        /// Like [`constrained_online`], with a fallback that violated 20 intervals of 100 in each
+        /// of its episodes (20x the 99% SLO's budget, so the guard allows the policy as much).
+        fn online_after_a_fallback_over_its_budget(slo_first: bool) -> (LifecycleMachine, u64) {
+            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
+            m.set_slo(&slo(None));
+            m.set_slo_first(slo_first);
+            m.start();
+            for n in 1..=3 {
+                assert!(m
+                    .observe(&ep_cost(n, Offline, 1.2, 20, false, 0.5))
+                    .is_none());
+            }
+            assert_eq!(
+                m.observe_model(&model(1, Some(1.3), Some(1.2)))
+                    .map(|t| t.to),
+                Some(Online)
+            );
+            (m, 4)
+        }
+
         /// Feeds RL episodes in the machine's stage at reward 1.0, each `(violating, util)`.
         fn feed_cost(m: &mut LifecycleMachine, n: &mut u64, eps: &[(u32, f64)]) -> Vec<Transition> {
             let mut out = Vec::new();
@@ -2293,21 +2357,7 @@ pub(crate) mod tests {
         /// probation and keeps learning; it goes SERVING once a window meets the budget.
         #[test]
         fn slo_first_serves_only_a_window_that_meets_the_budget() {
-            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
-            m.set_slo(&slo(None));
-            m.set_slo_first(true);
-            m.start();
-            for n in 1..=3 {
-                assert!(m
-                    .observe(&ep_cost(n, Offline, 1.2, 20, false, 0.5))
-                    .is_none());
-            }
-            assert_eq!(
-                m.observe_model(&model(1, Some(1.3), Some(1.2)))
-                    .map(|t| t.to),
-                Some(Online)
-            );
-            let mut n = 4;
+            let (mut m, mut n) = online_after_a_fallback_over_its_budget(true);
             let ts = feed_cost(&mut m, &mut n, &[(5, 0.7); 3]);
             assert!(ts.is_empty(), "{ts:?}");
             assert_eq!(m.stage(), Online);
@@ -2348,6 +2398,75 @@ pub(crate) mod tests {
                 ts[0]
                     .reason
                     .contains("probation failed on the error budget"),
+                "{}",
+                ts[0].reason
+            );
+        }
+
+        /// Feeds RL episodes in the machine's stage, each `(reward, violating, util)`.
+        fn feed_full(
+            m: &mut LifecycleMachine,
+            n: &mut u64,
+            eps: &[(f64, u32, f64)],
+        ) -> Vec<Transition> {
+            let mut out = Vec::new();
+            for &(r, v, u) in eps {
+                let stage = m.stage();
+                out.extend(m.observe(&ep_cost(*n, stage, r, v, true, u)));
+                *n += 1;
+            }
+            out
+        }
+
+        /// A policy that settled over the error budget (5x, with a fallback that burned 20x so
+        /// the guard allows it) is not re-baselined in the objective's units: it keeps
+        /// learning. Judged by the reward, the same episodes are served at the level they
+        /// settled at.
+        #[test]
+        fn slo_first_never_re_baselines_a_window_over_the_budget() {
+            let run = |slo_first: bool| {
+                let (mut m, mut n) = online_after_a_fallback_over_its_budget(slo_first);
+                let ts = feed_full(&mut m, &mut n, &[(1.2, 5, 0.7); 14]);
+                (m, ts)
+            };
+            let (m, ts) = run(true);
+            assert!(ts.is_empty(), "{ts:?}");
+            assert_eq!(m.stage(), Online);
+            let (m, ts) = run(false);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!((ts[0].from, ts[0].to), (Online, Serving));
+            assert!(ts[0].reason.starts_with("re-baselined"), "{}", ts[0].reason);
+            assert!(m.rebaselined());
+        }
+
+        /// Within the budget, a policy that passed probation and then settled using a smaller
+        /// share of its spend than the fallback (30% against 50%, beyond the 10% margin) hands
+        /// back to the fallback once it has stopped improving, not before.
+        #[test]
+        fn slo_first_settled_costlier_than_the_fallback_hands_back() {
+            let (mut m, mut n) = constrained_online(true);
+            // Probation passes on the budget and cost; the rewards' spread keeps it from serving.
+            let ts = feed_full(
+                &mut m,
+                &mut n,
+                &[(1.0, 0, 0.5), (1.3, 0, 0.5), (0.7, 0, 0.5)],
+            );
+            assert!(ts.is_empty(), "{ts:?}");
+            assert!(!m.on_probation());
+            // Six costlier episodes: not settled yet (fewer than 10 ONLINE episodes).
+            let ts = feed_full(&mut m, &mut n, &[(1.0, 0, 0.3); 6]);
+            assert!(ts.is_empty(), "{ts:?}");
+            assert_eq!(m.stage(), Online);
+            let ts = feed_full(&mut m, &mut n, &[(1.0, 0, 0.3)]);
+            assert_eq!(ts.len(), 1, "{ts:?}");
+            assert_eq!(
+                (ts[0].from, ts[0].to, ts[0].budget_return),
+                (Online, Offline, false)
+            );
+            assert!(
+                ts[0].reason.contains("settled costlier than the fallback")
+                    && ts[0].reason.contains("used 30.0%")
+                    && ts[0].reason.contains("the fallback's 50.0%"),
                 "{}",
                 ts[0].reason
             );
