@@ -214,6 +214,32 @@ struct Sim {
 }
 
 impl Sim {
+    /// A simulated cluster over `env` after its warm-up step (`last`), one target per app in
+    /// `targets`' order.
+    fn new(
+        env: SimEnv,
+        targets: Vec<Target>,
+        last: Vec<Observation>,
+        spe: u32,
+        base_ms: i64,
+    ) -> Self {
+        let n = targets.len();
+        Self {
+            env,
+            index: targets
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, t)| (t, i))
+                .collect(),
+            targets,
+            pending: Pending::new(n),
+            last,
+            spe,
+            base_ms,
+        }
+    }
+
     /// The step whose action is awaited. The cluster runs one warm-up step (allocation
     /// unchanged) before the first `obs`, so every published state comes from real metrics.
     fn global_step(&self) -> u64 {
@@ -347,20 +373,13 @@ pub async fn run(
     let last = env
         .step(&vec![TargetAction::Hold; n])
         .map_err(|e| ServiceError::resource("simulator warm-up step", e))?;
-    let mut sim = Sim {
+    let mut sim = Sim::new(
         env,
-        index: targets
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, t)| (t, i))
-            .collect(),
         targets,
-        pending: Pending::new(n),
         last,
-        spe: ctx.config.learning.steps_per_episode,
-        base_ms: aware_bus_schemas::now_ms(),
-    };
+        ctx.config.learning.steps_per_episode,
+        aware_bus_schemas::now_ms(),
+    );
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
     let captured = crate::captured_obs(&ctx).await;
@@ -625,20 +644,7 @@ mod tests {
         env.reset(cfg.seed).unwrap();
         let n = targets.len();
         let last = env.step(&vec![TargetAction::Hold; n]).unwrap();
-        let mut sim = Sim {
-            env,
-            index: targets
-                .iter()
-                .cloned()
-                .enumerate()
-                .map(|(i, t)| (t, i))
-                .collect(),
-            targets: targets.clone(),
-            pending: Pending::new(n),
-            last,
-            spe: 10,
-            base_ms: 0,
-        };
+        let mut sim = Sim::new(env, targets.clone(), last, 10, 0);
         let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
         let metrics = CollectorMetrics::new(&sm).unwrap();
         let Some(Event::Applied(proto)) = aware_bus_schemas::generated::samples()
