@@ -109,35 +109,17 @@ async fn publish(bus: &Bus, ev: &Event) -> Result<(), BenchError> {
 
 /// Targets whose newest `kind` message the capture `stream` holds.
 async fn in_capture(url: &str, stream: &str, kind: EventKind) -> Result<usize, BenchError> {
-    use futures::StreamExt;
     let client = async_nats::connect(url).await.map_err(super::fail)?;
     let js = async_nats::jetstream::new(client);
-    let s = js.get_stream(stream).await.map_err(super::fail)?;
-    let mut consumer = s
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: subject::kind_filter(kind),
-            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
-            ..Default::default()
-        })
-        .await
-        .map_err(super::fail)?;
-    let pending = consumer.info().await.map_err(super::fail)?.num_pending;
-    let mut subjects = HashSet::new();
-    if pending == 0 {
-        return Ok(0);
-    }
-    let mut messages = consumer.messages().await.map_err(super::fail)?;
-    while let Some(m) = tokio::time::timeout(Duration::from_secs(10), messages.next())
-        .await
-        .map_err(super::fail)?
-    {
-        let m = m.map_err(super::fail)?;
-        subjects.insert(m.subject.to_string());
-        if m.info().map(|i| i.pending).unwrap_or(0) == 0 {
-            break;
-        }
-    }
-    Ok(subjects.len())
+    let last =
+        aware_shared::service::read_last_per_subject(&js, stream, &subject::kind_filter(kind))
+            .await
+            .map_err(super::fail)?;
+    Ok(last
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect::<HashSet<_>>()
+        .len())
 }
 
 pub async fn run(opts: &StateBenchOptions) -> Result<StateReport, BenchError> {

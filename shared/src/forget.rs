@@ -36,6 +36,12 @@ pub trait Forgetting: Send + Sync + 'static {
     /// Deletes everything kept of `target`, its mark included; how many items (rows, versions)
     /// went. Nothing to delete is not an error.
     fn forget(&self, target: &Target) -> Result<u64, Self::Error>;
+    /// The state kinds this service publishes whose current state ([`crate::bus::Bus::forget_state`])
+    /// goes with the target's data: forgotten first, so a restarted service never reads a
+    /// forgotten target's model back. None by default.
+    fn state_kinds(&self) -> &'static [aware_bus_schemas::EventKind] {
+        &[]
+    }
 }
 
 /// A failed operation of [`run`] on the blocking pool.
@@ -209,6 +215,13 @@ pub async fn run<F: Forgetting>(
         save_marks(&ctx, &backend, &metrics, &mut d).await;
         let now = aware_bus_schemas::now_ms();
         for target in d.due(now) {
+            if let Err(e) = forget_state(&ctx, backend.state_kinds(), &target).await {
+                metrics.errors.with_label_values(&["forget_state"]).inc();
+                d.retry_at
+                    .insert(target.clone(), now.saturating_add(RETRY_MS));
+                tracing::warn!(service = ctx.name, target = %target, error = %e, "cannot forget the target's current state; retrying later");
+                continue;
+            }
             let (b, t) = (backend.clone(), target.clone());
             match blocking(move || b.forget(&t)).await {
                 Ok(items) => {
@@ -229,6 +242,25 @@ pub async fn run<F: Forgetting>(
             }
         }
     }
+}
+
+/// Forgets `target`'s current state of each of `kinds` (idempotent: done again when the
+/// forgetting is retried).
+async fn forget_state(
+    ctx: &ServiceContext,
+    kinds: &[aware_bus_schemas::EventKind],
+    target: &Target,
+) -> Result<(), crate::bus::BusError> {
+    for &kind in kinds {
+        let Ok(subject) = aware_bus_schemas::subject::subject(kind, target) else {
+            continue; // a target whose names form no subject never had state on the bus
+        };
+        ctx.bus.forget_state(&subject).await?;
+    }
+    if !kinds.is_empty() {
+        ctx.bus.flush().await?;
+    }
+    Ok(())
 }
 
 /// Stores the marks not yet stored; a failed write is counted and kept for the next check.

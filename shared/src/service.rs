@@ -17,7 +17,7 @@ use crate::telemetry::{Readiness, ServiceMetrics, TelemetryError};
 /// the service is not ready meanwhile).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot {step}{}: {source}", stream.as_ref().map(|s| format!(" of the JetStream stream `{s}`")).unwrap_or_default())]
-struct CaptureError {
+pub struct CaptureError {
     step: &'static str,
     stream: Option<String>,
     #[source]
@@ -275,18 +275,20 @@ impl ServiceContext {
     async fn last_per_target(&self, kind: EventKind) -> Option<Vec<(String, Bytes)>> {
         let key = format!("state:{kind}");
         let mut delay = STATE_READ_RETRY_MIN;
+        let mut failures = 0u32;
         loop {
             match self.read_last_per_target(kind).await {
                 Ok(out) => {
-                    if self.ready.blockers().iter().any(|(k, _)| *k == key) {
+                    if failures > 0 {
                         tracing::info!(
                             service = self.name,
                             event = kind.as_str(),
                             targets = out.len(),
+                            failures,
                             "current state read after failures"
                         );
+                        self.ready.unblock(&key);
                     }
-                    self.ready.unblock(&key);
                     self.metrics
                         .state_unread
                         .with_label_values(&[kind.as_str()])
@@ -294,6 +296,7 @@ impl ServiceContext {
                     return Some(out);
                 }
                 Err(e) => {
+                    failures = failures.saturating_add(1);
                     self.metrics
                         .state_read_failures
                         .with_label_values(&[kind.as_str()])
@@ -342,21 +345,29 @@ impl ServiceContext {
         }
         let js = async_nats::jetstream::new(nats.client().clone());
         let filter = subject::kind_filter(kind);
-        let captured = self.read_stream_last(&js, &js_cfg.stream, &filter).await?;
         if !kind.is_state() {
-            return Ok(captured);
+            return read_last_per_subject(&js, &js_cfg.stream, &filter).await;
         }
-        // The state bucket holds the newest message of every state subject whatever its age; the
-        // capture fills in subjects it does not have (state published before the bucket existed).
+        // The state bucket holds the newest message of every state subject whatever its age.
         let bucket = &js_cfg.state_bucket;
+        let kv_stream = format!("KV_{bucket}");
         let prefix = crate::bus::state_key_subject(bucket, "");
-        let kept = self
-            .read_stream_last(&js, &format!("KV_{bucket}"), &format!("{prefix}{filter}"))
-            .await?;
+        let kept = read_last_per_subject(&js, &kv_stream, &format!("{prefix}{filter}")).await?;
         let kept: Vec<(String, Bytes)> = kept
             .into_iter()
             .filter_map(|(s, p)| Some((s.strip_prefix(&prefix)?.to_string(), p)))
             .collect();
+        // The capture fills in subjects the bucket lacks: state published before the bucket
+        // existed. Every publish since writes both, so a capture whose oldest message is not
+        // older than the bucket has nothing to add and is not read (at 100,000 targets that
+        // read is as long as the bucket's).
+        // A purged key (a forgotten target, `Bus::forget_state`) holds an empty marker: known,
+        // so the capture does not bring its state back, and not delivered.
+        let forgotten = |(_, p): &(String, Bytes)| p.is_empty();
+        if !capture_predates(&js, &js_cfg.stream, &kv_stream).await? {
+            return Ok(kept.into_iter().filter(|m| !forgotten(m)).collect());
+        }
+        let captured = read_last_per_subject(&js, &js_cfg.stream, &filter).await?;
         let known: std::collections::HashSet<&str> = kept.iter().map(|(s, _)| s.as_str()).collect();
         let mut out: Vec<(String, Bytes)> = captured
             .into_iter()
@@ -365,69 +376,7 @@ impl ServiceContext {
         if !out.is_empty() {
             tracing::info!(service = self.name, event = kind.as_str(), targets = out.len(), bucket = %bucket, "current state of targets missing from the state bucket taken from the capture");
         }
-        out.extend(kept);
-        Ok(out)
-    }
-
-    /// The newest message of every subject matching `filter` in the stream `stream_name`, in
-    /// stream order. Each step must make progress within [`STATE_READ_IDLE`].
-    async fn read_stream_last(
-        &self,
-        js: &async_nats::jetstream::Context,
-        stream_name: &str,
-        filter: &str,
-    ) -> Result<Vec<(String, Bytes)>, CaptureError> {
-        use futures::StreamExt;
-        let stream = idle(js.get_stream(stream_name))
-            .await
-            .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?
-            .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?;
-        let mut consumer = idle(stream.create_consumer(
-            async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: filter.to_string(),
-                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            },
-        ))
-        .await
-        .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?
-        .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?;
-        let pending = idle(consumer.info())
-            .await
-            .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
-            .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
-            .num_pending;
-        let mut out = Vec::new();
-        if pending == 0 {
-            return Ok(out);
-        }
-        let mut messages = idle(consumer.messages())
-            .await
-            .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?
-            .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?;
-        loop {
-            let m = idle(messages.next())
-                .await
-                .map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
-            let Some(m) = m else {
-                break;
-            };
-            let m = m.map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
-            let remaining = m.info().map(|i| i.pending).unwrap_or(0);
-            out.push((m.subject.to_string(), m.payload.clone()));
-            if remaining == 0 {
-                break;
-            }
-        }
-        if !out.is_empty() {
-            tracing::info!(
-                service = self.name,
-                stream = stream_name,
-                filter,
-                messages = out.len(),
-                "current state read from JetStream"
-            );
-        }
+        out.extend(kept.into_iter().filter(|m| !forgotten(m)));
         Ok(out)
     }
 
@@ -769,4 +718,87 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Whether the stream `capture` holds a message older than the stream `kv` was created (both
+/// by the server's clock).
+async fn capture_predates(
+    js: &async_nats::jetstream::Context,
+    capture: &str,
+    kv: &str,
+) -> Result<bool, CaptureError> {
+    let info = |name: &str| {
+        let name = name.to_string();
+        async move {
+            let stream = idle(js.get_stream(&name))
+                .await
+                .map_err(|e| CaptureError::in_stream("get the stream", &name, e))?
+                .map_err(|e| CaptureError::in_stream("get the stream", &name, e))?;
+            Ok::<_, CaptureError>(stream.cached_info().clone())
+        }
+    };
+    let (c, k) = (info(capture).await?, info(kv).await?);
+    Ok(c.state.messages > 0 && c.state.first_timestamp < k.created)
+}
+
+/// The newest message of every subject matching `filter` in the stream `stream_name`, in
+/// stream order (a JetStream ordered consumer delivering the last message per subject).
+/// Each step must make progress within 10 s; a long read that keeps receiving messages is
+/// never cut short.
+pub async fn read_last_per_subject(
+    js: &async_nats::jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+) -> Result<Vec<(String, Bytes)>, CaptureError> {
+    use futures::StreamExt;
+    let stream = idle(js.get_stream(stream_name))
+        .await
+        .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?
+        .map_err(|e| CaptureError::in_stream("get the stream", stream_name, e))?;
+    let mut consumer = idle(stream.create_consumer(
+        async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: filter.to_string(),
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        },
+    ))
+    .await
+    .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?
+    .map_err(|e| CaptureError::in_stream("create a consumer", stream_name, e))?;
+    let pending = idle(consumer.info())
+        .await
+        .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
+        .map_err(|e| CaptureError::in_stream("read the consumer's info", stream_name, e))?
+        .num_pending;
+    let mut out = Vec::new();
+    if pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = idle(consumer.messages())
+        .await
+        .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?
+        .map_err(|e| CaptureError::in_stream("read the messages", stream_name, e))?;
+    loop {
+        let m = idle(messages.next())
+            .await
+            .map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
+        let Some(m) = m else {
+            break;
+        };
+        let m = m.map_err(|e| CaptureError::in_stream("read a message", stream_name, e))?;
+        let remaining = m.info().map(|i| i.pending).unwrap_or(0);
+        out.push((m.subject.to_string(), m.payload.clone()));
+        if remaining == 0 {
+            break;
+        }
+    }
+    if !out.is_empty() {
+        tracing::info!(
+            stream = stream_name,
+            filter,
+            messages = out.len(),
+            "current state read from JetStream"
+        );
+    }
+    Ok(out)
 }

@@ -283,6 +283,34 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
                 .unwrap();
         }
     }
+    // Each target's newest `model` as the bus keeps it: the state a restarted service reads.
+    let Some(Event::Model(sample_model)) = aware_bus_schemas::generated::samples()
+        .into_iter()
+        .find(|e| e.kind() == aware_bus_schemas::EventKind::Model)
+    else {
+        unreachable!()
+    };
+    for t in &targets {
+        let ev: Event = aware_bus_schemas::Model {
+            target: t.clone(),
+            ..sample_model.clone()
+        }
+        .into();
+        let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+        bus.publish(&subj, aware_bus_schemas::encode_event(&ev).unwrap().into())
+            .await
+            .unwrap();
+    }
+    let kept_models = || -> Vec<String> {
+        bus.retained(&subject::kind_filter(aware_bus_schemas::EventKind::Model))
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|m| m.subject.to_string())
+            .collect()
+    };
+    let model_subject =
+        |t: &Target| subject::subject(aware_bus_schemas::EventKind::Model, t).unwrap();
     crate::wait_for_metric(
         &trainer,
         "aware_targets",
@@ -331,6 +359,15 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     assert_eq!(reader.count(gone).unwrap(), 0, "{gone} forgotten");
     assert!(reader.episodes(gone, 10).unwrap().is_empty());
     assert!(model_keys(&models, gone).is_empty(), "{gone}'s checkpoints");
+    let kept = kept_models();
+    assert!(
+        !kept.contains(&model_subject(gone)),
+        "{gone}'s model state: {kept:?}"
+    );
+    assert!(
+        kept.contains(&model_subject(back)),
+        "{back}'s model state: {kept:?}"
+    );
     crate::wait_for_metric(
         &trainer,
         "aware_targets",

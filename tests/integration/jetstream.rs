@@ -390,3 +390,139 @@ async fn the_current_state_outlives_the_captures_retention() {
     // A kind that is not state is not kept: the aged-out capture has nothing.
     assert!(ctx.current_state(EventKind::Obs).await.is_empty());
 }
+
+/// The capture fills in the current state of targets the state bucket lacks (state published
+/// before the bucket existed), and only then: while the bucket is older than everything the
+/// capture holds, every publish wrote both and the capture is not read. Here a stage written to
+/// the capture alone after the bucket was made (a raw publish, not through the bus) is not
+/// taken; once the bucket is made again after it, it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capture_fills_in_only_state_older_than_the_bucket() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-fill").await.unwrap();
+    publish(&bus, lifecycle("a", 3, Stage::Online)).await;
+    let raw = async_nats::connect(server.url()).await.unwrap();
+    let c = lifecycle("c", 5, Stage::Offline);
+    raw.publish(
+        subject::subject(c.kind(), c.target()).unwrap(),
+        Bytes::from(encode_event(&c).unwrap()),
+    )
+    .await
+    .unwrap();
+    raw.flush().await.unwrap();
+    aware_tests::wait_captured(&server.url(), "AWARE", 2).await;
+
+    let read = || async {
+        let app = AppConfig {
+            bus: bus_cfg.clone(),
+            ..AppConfig::default()
+        };
+        let late = Bus::connect(&bus_cfg, "js-fill-late").await.unwrap();
+        let ctx = ServiceContext::new(
+            "late",
+            late,
+            std::sync::Arc::new(app),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        let mut names: Vec<(String, u64)> = ctx
+            .current_state(EventKind::Lifecycle)
+            .await
+            .into_iter()
+            .map(|ev| match ev {
+                Event::Lifecycle(l) => (l.target.name.clone(), l.episode),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        read().await,
+        vec![("a".into(), 3)],
+        "the capture is not read"
+    );
+
+    // The bucket made again (empty) after the capture's messages: both come from the capture.
+    let js = async_nats::jetstream::new(raw.clone());
+    js.delete_stream("KV_AWARE_STATE").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let aware_shared::bus::Bus::Nats(nats) = &bus else {
+        panic!("a NATS bus")
+    };
+    nats.ensure_stream(&bus_cfg).await.unwrap();
+    assert_eq!(
+        read().await,
+        vec![("a".into(), 3), ("c".into(), 5)],
+        "state older than the bucket is filled in from the capture"
+    );
+}
+
+/// A forgotten target's state (`Bus::forget_state`: a purge of its key) is not read back at
+/// start, not even from a capture older than the bucket, which still holds its messages; `nats
+/// kv` sees the key as purged. Other targets are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_targets_state_is_not_read_back() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-forget").await.unwrap();
+    publish(&bus, lifecycle("a", 3, Stage::Online)).await;
+    publish(&bus, lifecycle("b", 4, Stage::Offline)).await;
+    let subject_a = subject::subject(
+        EventKind::Lifecycle,
+        &aware_bus_schemas::Target::new("shop", "a"),
+    )
+    .unwrap();
+    bus.forget_state(&subject_a).await.unwrap();
+    bus.flush().await.unwrap();
+    aware_tests::wait_captured(&server.url(), "AWARE", 2).await;
+
+    let raw = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let kv = js.get_key_value("AWARE_STATE").await.unwrap();
+    assert!(kv.get(&subject_a).await.unwrap().is_none(), "purged");
+    let read = || async {
+        let app = AppConfig {
+            bus: bus_cfg.clone(),
+            ..AppConfig::default()
+        };
+        let late = Bus::connect(&bus_cfg, "js-forget-late").await.unwrap();
+        let ctx = ServiceContext::new(
+            "late",
+            late,
+            std::sync::Arc::new(app),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        ctx.current_state(EventKind::Lifecycle)
+            .await
+            .into_iter()
+            .map(|ev| match ev {
+                Event::Lifecycle(l) => (l.target.name.clone(), l.episode),
+                other => panic!("{other:?}"),
+            })
+            .collect::<Vec<(String, u64)>>()
+    };
+    assert_eq!(read().await, vec![("b".into(), 4)]);
+
+    // With the capture older than the bucket (made again, then `a` forgotten again): the
+    // capture fills in `b`, not `a`.
+    js.delete_stream("KV_AWARE_STATE").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let aware_shared::bus::Bus::Nats(nats) = &bus else {
+        panic!("a NATS bus")
+    };
+    nats.ensure_stream(&bus_cfg).await.unwrap();
+    bus.forget_state(&subject_a).await.unwrap();
+    bus.flush().await.unwrap();
+    assert_eq!(read().await, vec![("b".into(), 4)]);
+}

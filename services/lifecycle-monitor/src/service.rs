@@ -339,7 +339,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let registrations = ctx.metrics.registrations.clone();
     let metrics = LifecycleMetrics::new(&ctx.metrics)?;
     let config = ctx.config.clone();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+    let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         // The configured SLO until a registration brings the target's own.
         machine.set_slo(&config.spec_for(t).slo);

@@ -163,9 +163,9 @@ impl TrainerMetrics {
                 )?,
                 errors: m.counter_vec(
                     "trainer_forget_errors_total",
-                    "Failed model-store operations of forgetting (retried), by op",
+                    "Failed operations of forgetting (retried), by op: the model store's marks, mark and forget, the state bucket's forget_state",
                     &["op"],
-                    &[&["marks"], &["mark"], &["forget"]],
+                    &[&["marks"], &["mark"], &["forget"], &["forget_state"]],
                 )?,
             },
         })
@@ -196,6 +196,11 @@ pub enum ModelForgetError {
 
 impl Forgetting for ModelForgetting {
     type Error = ModelForgetError;
+
+    /// The target's newest `model` and `embedding` go with its checkpoints.
+    fn state_kinds(&self) -> &'static [EventKind] {
+        &[EventKind::Model, EventKind::Embedding]
+    }
 
     fn marks(&self) -> Result<Vec<(Target, i64)>, ModelForgetError> {
         let mut marks = Vec::new();
@@ -553,7 +558,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
     let shutdown = ctx.shutdown.clone();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+    let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let spec = config.spec_for(t);
         let bounds = spec.bounds;
         let cancel = shutdown.child_token();

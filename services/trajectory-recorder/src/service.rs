@@ -836,7 +836,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let spe = ctx.config.learning.steps_per_episode;
     let writes = tx.clone();
     let silent_after = cfg.release_silent_after();
-    let mut actors = TargetActors::new(&ctx, move |t: &Target| {
+    let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         TargetRecorder::new(
             t,
             spe,

@@ -92,6 +92,18 @@ impl InProcBus {
         Ok(out.into_iter().map(|(_, m)| m).collect())
     }
 
+    /// Drops the retained message of `subject` (a target forgotten: its state is not read at
+    /// the next start). Nothing retained is not an error.
+    pub fn forget_retained(&self, subject: &str) -> Result<(), BusError> {
+        validate_subject(subject)?;
+        self.inner
+            .last
+            .lock()
+            .map_err(|_| BusError::Poisoned)?
+            .remove(subject);
+        Ok(())
+    }
+
     pub async fn publish(&self, subject: &str, payload: Bytes) -> Result<(), BusError> {
         validate_subject(subject)?;
         let subject: Arc<str> = Arc::from(subject);
@@ -220,5 +232,19 @@ mod tests {
         assert_eq!(sub.next().await.unwrap().payload, b("1"));
         assert!(plain.last_per_subject(">").unwrap().is_empty());
         assert!(InProcBus::with_retained(4, &["a.>.b".to_string()]).is_err());
+        // A forgotten subject's message is dropped; the others stay; forgetting twice is fine.
+        bus.forget_retained("s.a.x").unwrap();
+        bus.forget_retained("s.a.x").unwrap();
+        let left: Vec<String> = bus
+            .last_per_subject("s.*.*")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.subject.to_string())
+            .collect();
+        assert_eq!(left, vec!["s.b.x".to_string()]);
+        assert!(
+            bus.forget_retained("s.*.x").is_err(),
+            "a subject, not a pattern"
+        );
     }
 }

@@ -90,6 +90,17 @@ impl Bus {
         }
     }
 
+    /// Forgets the current state kept under the state subject `subject` (a deleted target's
+    /// stage, model or embedding, once the service that publishes it has forgotten the target):
+    /// on NATS a purge of its key in the state bucket, on the embedded bus its retained message.
+    /// A later start-up read does not restore it. Live subscribers see nothing.
+    pub async fn forget_state(&self, subject: &str) -> Result<(), BusError> {
+        match self {
+            Bus::InProc(b) => b.forget_retained(subject),
+            Bus::Nats(b) => b.forget_state(subject).await,
+        }
+    }
+
     pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
         match self {
             Bus::InProc(b) => Ok(Subscription::InProc(b.subscribe(pattern)?)),

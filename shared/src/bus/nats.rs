@@ -349,6 +349,35 @@ impl NatsBus {
         Ok(())
     }
 
+    /// Purges the state bucket's key of the state subject `subject` (see
+    /// [`super::Bus::forget_state`]): a publish to the key's subject with no payload and the
+    /// headers `KV-Operation: PURGE` and `Nats-Rollup: sub`, which makes the stream drop every
+    /// earlier value of the key and keep only this marker (what `nats kv purge` does). The
+    /// start-up read takes a purged key as known and empty, so the capture does not fill it in.
+    /// Without the capture (no bucket) or for a subject that is not state, nothing to do.
+    pub async fn forget_state(&self, subject: &str) -> Result<(), BusError> {
+        validate_subject(subject)?;
+        let Some(cfg) = self
+            .state
+            .capture
+            .as_ref()
+            .filter(|_| is_state_subject(subject))
+        else {
+            return Ok(());
+        };
+        let key = state_key_subject(&cfg.jetstream.state_bucket, subject);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("KV-Operation", "PURGE");
+        headers.insert("Nats-Rollup", "sub");
+        self.client
+            .publish_with_headers(key, headers, Bytes::new())
+            .await
+            .map_err(|e| BusError::Publish {
+                subject: subject.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
     pub async fn subscribe(&self, pattern: &str) -> Result<async_nats::Subscriber, BusError> {
         Pattern::parse(pattern)?;
         self.client
