@@ -359,8 +359,8 @@ impl ServiceContext {
             .collect();
         // The capture fills in subjects the bucket lacks: state published before the bucket
         // existed. Every publish since writes both, so a capture whose oldest message is not
-        // older than the bucket has nothing to add and is not read (at 100,000 targets that
-        // read is as long as the bucket's).
+        // older than the bucket has nothing to add and is not read (while the capture still
+        // holds every target's state, that read would be as long as the bucket's).
         // A purged key (a forgotten target, `Bus::forget_state`) holds an empty marker: known,
         // so the capture does not bring its state back, and not delivered.
         let forgotten = |(_, p): &(String, Bytes)| p.is_empty();
