@@ -398,9 +398,7 @@ async fn the_current_state_outlives_the_captures_retention() {
 /// taken; once the bucket is made again after it, it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_capture_fills_in_only_state_older_than_the_bucket() {
-    use aware_bus_schemas::{Event, EventKind, Stage};
-    use aware_shared::config::AppConfig;
-    use aware_shared::service::ServiceContext;
+    use aware_bus_schemas::Stage;
 
     let server = NatsServer::start().unwrap();
     let bus_cfg = cfg(server.url(), 120);
@@ -417,31 +415,7 @@ async fn the_capture_fills_in_only_state_older_than_the_bucket() {
     raw.flush().await.unwrap();
     aware_tests::wait_captured(&server.url(), "AWARE", 2).await;
 
-    let read = || async {
-        let app = AppConfig {
-            bus: bus_cfg.clone(),
-            ..AppConfig::default()
-        };
-        let late = Bus::connect(&bus_cfg, "js-fill-late").await.unwrap();
-        let ctx = ServiceContext::new(
-            "late",
-            late,
-            std::sync::Arc::new(app),
-            tokio_util::sync::CancellationToken::new(),
-        )
-        .unwrap();
-        let mut names: Vec<(String, u64)> = ctx
-            .current_state(EventKind::Lifecycle)
-            .await
-            .into_iter()
-            .map(|ev| match ev {
-                Event::Lifecycle(l) => (l.target.name.clone(), l.episode),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        names.sort();
-        names
-    };
+    let read = || late_stages(&bus_cfg);
     assert_eq!(
         read().await,
         vec![("a".into(), 3)],
@@ -468,9 +442,7 @@ async fn the_capture_fills_in_only_state_older_than_the_bucket() {
 /// kv` sees the key as purged. Other targets are untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forgotten_targets_state_is_not_read_back() {
-    use aware_bus_schemas::{Event, EventKind, Stage};
-    use aware_shared::config::AppConfig;
-    use aware_shared::service::ServiceContext;
+    use aware_bus_schemas::{EventKind, Stage};
 
     let server = NatsServer::start().unwrap();
     let bus_cfg = cfg(server.url(), 120);
@@ -490,28 +462,7 @@ async fn a_forgotten_targets_state_is_not_read_back() {
     let js = async_nats::jetstream::new(raw);
     let kv = js.get_key_value("AWARE_STATE").await.unwrap();
     assert!(kv.get(&subject_a).await.unwrap().is_none(), "purged");
-    let read = || async {
-        let app = AppConfig {
-            bus: bus_cfg.clone(),
-            ..AppConfig::default()
-        };
-        let late = Bus::connect(&bus_cfg, "js-forget-late").await.unwrap();
-        let ctx = ServiceContext::new(
-            "late",
-            late,
-            std::sync::Arc::new(app),
-            tokio_util::sync::CancellationToken::new(),
-        )
-        .unwrap();
-        ctx.current_state(EventKind::Lifecycle)
-            .await
-            .into_iter()
-            .map(|ev| match ev {
-                Event::Lifecycle(l) => (l.target.name.clone(), l.episode),
-                other => panic!("{other:?}"),
-            })
-            .collect::<Vec<(String, u64)>>()
-    };
+    let read = || late_stages(&bus_cfg);
     assert_eq!(read().await, vec![("b".into(), 4)]);
 
     // With the capture older than the bucket (made again, then `a` forgotten again): the
@@ -525,4 +476,35 @@ async fn a_forgotten_targets_state_is_not_read_back() {
     bus.forget_state(&subject_a).await.unwrap();
     bus.flush().await.unwrap();
     assert_eq!(read().await, vec![("b".into(), 4)]);
+}
+
+/// The stages a service starting now reads as its current state (`current_state`), as
+/// (target name, episode), sorted.
+async fn late_stages(bus_cfg: &BusConfig) -> Vec<(String, u64)> {
+    use aware_bus_schemas::{Event, EventKind};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+    let app = AppConfig {
+        bus: bus_cfg.clone(),
+        ..AppConfig::default()
+    };
+    let late = Bus::connect(bus_cfg, "js-late").await.unwrap();
+    let ctx = ServiceContext::new(
+        "late",
+        late,
+        std::sync::Arc::new(app),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    let mut stages: Vec<(String, u64)> = ctx
+        .current_state(EventKind::Lifecycle)
+        .await
+        .into_iter()
+        .map(|ev| match ev {
+            Event::Lifecycle(l) => (l.target.name.clone(), l.episode),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    stages.sort();
+    stages
 }

@@ -2263,34 +2263,33 @@ pub(crate) mod tests {
             slo_first: bool,
             rules: MonitorConfig,
         ) -> (LifecycleMachine, u64) {
+            let (m, n) = promoted_after_the_fallback(slo_first, rules, 0);
+            assert_eq!(m.fallback_used_share(), Some(0.5));
+            (m, n)
+        }
+
+        /// Like [`constrained_online`], with a fallback that violated 20 intervals of 100 in each
+        /// of its episodes (20x the 99% SLO's budget, so the guard allows the policy as much).
+        fn online_after_a_fallback_over_its_budget(slo_first: bool) -> (LifecycleMachine, u64) {
+            promoted_after_the_fallback(slo_first, MonitorConfig::default(), 20)
+        }
+
+        /// A machine with `rules` holding a 99% SLO (first, with `slo_first`) after three
+        /// OFFLINE episodes of the fallback earning 1.2, violating `violating` intervals of 100
+        /// and using half of its requested spend, promoted by a model. Returns it and the next
+        /// episode number.
+        fn promoted_after_the_fallback(
+            slo_first: bool,
+            rules: MonitorConfig,
+            violating: u32,
+        ) -> (LifecycleMachine, u64) {
             let mut m = LifecycleMachine::with_rules(profile(true), rules);
             m.set_slo(&slo(None));
             m.set_slo_first(slo_first);
             m.start();
             for n in 1..=3 {
                 assert!(m
-                    .observe(&ep_cost(n, Offline, 1.2, 0, false, 0.5))
-                    .is_none());
-            }
-            assert_eq!(m.fallback_used_share(), Some(0.5));
-            assert_eq!(
-                m.observe_model(&model(1, Some(1.3), Some(1.2)))
-                    .map(|t| t.to),
-                Some(Online)
-            );
-            (m, 4)
-        }
-
-        /// Like [`constrained_online`], with a fallback that violated 20 intervals of 100 in each
-        /// of its episodes (20x the 99% SLO's budget, so the guard allows the policy as much).
-        fn online_after_a_fallback_over_its_budget(slo_first: bool) -> (LifecycleMachine, u64) {
-            let mut m = LifecycleMachine::with_rules(profile(true), MonitorConfig::default());
-            m.set_slo(&slo(None));
-            m.set_slo_first(slo_first);
-            m.start();
-            for n in 1..=3 {
-                assert!(m
-                    .observe(&ep_cost(n, Offline, 1.2, 20, false, 0.5))
+                    .observe(&ep_cost(n, Offline, 1.2, violating, false, 0.5))
                     .is_none());
             }
             assert_eq!(
@@ -2303,13 +2302,8 @@ pub(crate) mod tests {
 
         /// Feeds RL episodes in the machine's stage at reward 1.0, each `(violating, util)`.
         fn feed_cost(m: &mut LifecycleMachine, n: &mut u64, eps: &[(u32, f64)]) -> Vec<Transition> {
-            let mut out = Vec::new();
-            for &(v, u) in eps {
-                let stage = m.stage();
-                out.extend(m.observe(&ep_cost(*n, stage, 1.0, v, true, u)));
-                *n += 1;
-            }
-            out
+            let full: Vec<(f64, u32, f64)> = eps.iter().map(|&(v, u)| (1.0, v, u)).collect();
+            feed_full(m, n, &full)
         }
 
         /// SLO first with episodes that carry their requests: a policy earning less reward than
