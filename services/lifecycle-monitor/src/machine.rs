@@ -539,8 +539,7 @@ impl LifecycleMachine {
     /// level the last ONLINE episodes settled at; `std` is the decision window's.
     fn try_rebaseline(&mut self, std: f64) -> Option<Transition> {
         let n = self.rules.rebaseline_after_episodes;
-        let p = &self.profile;
-        if std > p.t_var {
+        if std > self.profile.t_var {
             return None;
         }
         let (older, newer) = self.settled()?;
