@@ -4,8 +4,15 @@
 //! obs(t) carries s_t; action(t) and applied(t) the decision for step t; obs(t+1) carries
 //! r_{t+1} (the reward of that decision) and s_{t+1}. A transition is emitted when obs(t+1)
 //! arrives and the action of step t is known (a step without an action — incomplete metrics —
-//! produces none). Without an `applied`, the allocation in force is the action's `current`
-//! (nothing was applied). An episode's summary is emitted with the transition of its last step.
+//! produces none). An episode's summary is emitted with the transition of its last step.
+//!
+//! The transition's `applied` is the allocation in force: the actuator's `applied` for the step.
+//! The actuator publishes it after the write to the cluster, which can take longer than a step,
+//! so on a bus read in order it may follow obs(t+1). Once a target's actions have had an
+//! `applied`, a transition whose `applied` has not come yet waits for it, until obs(t+2) at most
+//! (or [`Joiner::flush`]); only then does it take the action's `current`, the collector's view,
+//! which during a rollout can mix the old pods' requests with the new replica count. A target
+//! whose actions never had an `applied` (no actuator, recommend-only tooling) waits for none.
 
 use std::collections::BTreeMap;
 
@@ -46,14 +53,34 @@ pub struct Joiner {
     prev: Option<Obs>,
     action: Option<Action>,
     applied: Option<Applied>,
+    /// A transition joined but for its `applied` (see the module documentation).
+    pending: Option<Pending>,
+    /// Whether an `applied` has been seen for this target: only then is one waited for.
+    expects_applied: bool,
     episodes: BTreeMap<u64, EpisodeAcc>,
 }
 
-/// What one event produced.
+/// A transition waiting for the actuator's `applied`, with what its fold needs.
+#[derive(Debug, Clone)]
+struct Pending {
+    transition: Transition,
+    exploring: bool,
+    ts_ms: i64,
+}
+
+/// What one event produced, in order: at most two transitions (one that waited for its
+/// `applied` and the step just closed) and the summaries of the episodes they completed.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Joined {
-    pub transition: Option<Transition>,
-    pub episode: Option<Episode>,
+    pub transitions: Vec<Transition>,
+    pub episodes: Vec<Episode>,
+}
+
+impl Joined {
+    fn emit(&mut self, t: Transition, episode: Option<Episode>) {
+        self.transitions.push(t);
+        self.episodes.extend(episode);
+    }
 }
 
 impl Joiner {
@@ -64,8 +91,26 @@ impl Joiner {
             prev: None,
             action: None,
             applied: None,
+            pending: None,
+            expects_applied: false,
             episodes: BTreeMap::new(),
         }
+    }
+
+    /// Whether a transition waits for its `applied`.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Emits the transition waiting for its `applied` with the action's `current` (the target
+    /// retires, or its observations stopped).
+    pub fn flush(&mut self) -> Joined {
+        let mut out = Joined::default();
+        if let Some(p) = self.pending.take() {
+            let episode = self.fold(&p.transition, p.exploring, p.ts_ms);
+            out.emit(p.transition, episode);
+        }
+        out
     }
 
     fn prev_global(&self) -> Option<u64> {
@@ -81,22 +126,40 @@ impl Joiner {
         }
     }
 
-    /// An applied decision: kept when it is for the step of the latest obs.
-    pub fn on_applied(&mut self, a: Applied) {
-        if self.prev_global() == Some(global(a.episode, a.step, self.spe)) {
+    /// An applied decision: kept when it is for the step of the latest obs; completes the
+    /// transition waiting for it.
+    pub fn on_applied(&mut self, a: Applied) -> Joined {
+        self.expects_applied = true;
+        let g = global(a.episode, a.step, self.spe);
+        let waits = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| global(p.transition.episode, p.transition.step, self.spe) == g);
+        if waits {
+            if let Some(mut p) = self.pending.take() {
+                p.transition.applied = a.applied;
+                let episode = self.fold(&p.transition, p.exploring, p.ts_ms);
+                let mut out = Joined::default();
+                out.emit(p.transition, episode);
+                return out;
+            }
+        }
+        if self.prev_global() == Some(g) {
             self.applied = Some(a);
         }
+        Joined::default()
     }
 
     /// An obs: closes the previous step's transition when it directly follows it.
     pub fn on_obs(&mut self, o: Obs) -> Joined {
         let g = global(o.episode, o.step, self.spe);
-        let mut out = Joined::default();
+        let mut out = self.flush();
         if let (Some(prev), Some(action)) = (&self.prev, &self.action) {
             let follows = self.prev_global().map(|p| p + 1) == Some(g);
             let reward = o.reward.filter(|r| r.is_finite());
             if let (true, Some(reward)) = (follows, reward) {
-                let applied = self.applied.as_ref().map_or(action.current, |a| a.applied);
+                let known = self.applied.as_ref().map(|a| a.applied);
+                let applied = known.unwrap_or(action.current);
                 let exploring = action.exploration;
                 let t = Transition {
                     target: self.target.clone(),
@@ -115,8 +178,16 @@ impl Joiner {
                     cpu_util: o.metrics.cpu_util,
                     memory_util: o.metrics.memory_util,
                 };
-                out.episode = self.fold(&t, exploring, o.ts_ms);
-                out.transition = Some(t);
+                if known.is_none() && self.expects_applied {
+                    self.pending = Some(Pending {
+                        transition: t,
+                        exploring,
+                        ts_ms: o.ts_ms,
+                    });
+                } else {
+                    let episode = self.fold(&t, exploring, o.ts_ms);
+                    out.emit(t, episode);
+                }
             }
         }
         self.prev = Some(o);
@@ -231,13 +302,15 @@ mod tests {
         j.on_action(action(0, 0, DecisionSource::Fallback));
         j.on_applied(applied(0, 0, 7));
         let out = j.on_obs(obs(0, 1, Some(1.5), 0.2));
-        let t = out.transition.unwrap();
+        let [t] = &out.transitions[..] else {
+            panic!("{out:?}")
+        };
         assert_eq!((t.episode, t.step), (0, 0));
         assert_eq!(t.state[0], 0.1);
         assert_eq!(t.next_state[0], 0.2);
         assert_eq!(t.reward, 1.5);
         assert_eq!(t.applied.replicas, 7);
-        assert!(out.episode.is_none());
+        assert!(out.episodes.is_empty());
     }
 
     #[test]
@@ -245,28 +318,90 @@ mod tests {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
         j.on_obs(obs(0, 0, None, 0.1));
         assert!(
-            j.on_obs(obs(0, 1, Some(1.0), 0.2)).transition.is_none(),
+            j.on_obs(obs(0, 1, Some(1.0), 0.2)).transitions.is_empty(),
             "no action"
         );
         j.on_action(action(0, 1, DecisionSource::Fallback));
         assert!(
-            j.on_obs(obs(0, 3, Some(1.0), 0.2)).transition.is_none(),
+            j.on_obs(obs(0, 3, Some(1.0), 0.2)).transitions.is_empty(),
             "gap"
         );
         // An action for an old step is ignored.
         j.on_action(action(0, 1, DecisionSource::Fallback));
-        assert!(j.on_obs(obs(0, 4, Some(1.0), 0.2)).transition.is_none());
+        assert!(j.on_obs(obs(0, 4, Some(1.0), 0.2)).transitions.is_empty());
     }
 
     #[test]
-    fn missing_applied_means_nothing_applied() {
+    fn without_an_actuator_the_allocation_in_force_is_the_actions_current() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
         j.on_obs(obs(0, 0, None, 0.1));
         let a = action(0, 0, DecisionSource::Fallback);
         let current = a.current;
         j.on_action(a);
-        let t = j.on_obs(obs(0, 1, Some(1.0), 0.2)).transition.unwrap();
-        assert_eq!(t.applied, current);
+        let out = j.on_obs(obs(0, 1, Some(1.0), 0.2));
+        assert_eq!(
+            out.transitions.len(),
+            1,
+            "no applied was ever seen: none is waited for"
+        );
+        assert_eq!(out.transitions[0].applied, current);
+    }
+
+    /// The actuator's `applied` for step t arrives after obs(t+1): the transition waits for it
+    /// and stores what the actuator put in force, not the collector's view.
+    #[test]
+    fn a_late_applied_is_waited_for_until_the_next_obs() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
+        j.on_obs(obs(0, 0, None, 0.0));
+        j.on_action(action(0, 0, DecisionSource::Fallback));
+        assert_eq!(j.on_applied(applied(0, 0, 4)).transitions.len(), 0);
+        assert_eq!(j.on_obs(obs(0, 1, Some(1.0), 0.0)).transitions.len(), 1);
+        // Step 1: the applied comes after obs(0, 2).
+        j.on_action(action(0, 1, DecisionSource::Fallback));
+        let out = j.on_obs(obs(0, 2, Some(2.0), 0.0));
+        assert!(out.transitions.is_empty() && j.has_pending(), "{out:?}");
+        let out = j.on_applied(applied(0, 1, 5));
+        let [t] = &out.transitions[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!((t.step, t.applied.replicas), (1, 5));
+        assert!(!j.has_pending());
+        // Step 2, the episode's last: no applied before obs(1, 0), nor before obs(1, 1). The
+        // transition is stored then with the action's `current`, and closes the episode.
+        let a = action(0, 2, DecisionSource::Rl);
+        let current = a.current;
+        j.on_action(a);
+        assert!(j.on_obs(obs(1, 0, Some(3.0), 0.0)).transitions.is_empty());
+        j.on_action(action(1, 0, DecisionSource::Rl));
+        j.on_applied(applied(1, 0, 6));
+        // An applied of another step does not complete it.
+        assert!(j.on_applied(applied(0, 1, 9)).transitions.is_empty());
+        let out = j.on_obs(obs(1, 1, Some(4.0), 0.0));
+        assert_eq!(
+            out.transitions
+                .iter()
+                .map(|t| (t.episode, t.step, t.applied.replicas))
+                .collect::<Vec<_>>(),
+            vec![(0, 2, current.replicas), (1, 0, 6)],
+            "the waiting transition first, then the step just closed"
+        );
+        let [e] = &out.episodes[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!((e.episode, e.steps, e.total_reward), (0, 3, 6.0));
+    }
+
+    #[test]
+    fn a_flush_stores_the_waiting_transition() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        j.on_obs(obs(0, 0, None, 0.0));
+        j.on_action(action(0, 0, DecisionSource::Fallback));
+        j.on_applied(applied(0, 0, 4));
+        j.on_obs(obs(0, 1, Some(1.0), 0.0));
+        j.on_action(action(0, 1, DecisionSource::Fallback));
+        assert!(j.on_obs(obs(0, 2, Some(1.0), 0.0)).transitions.is_empty());
+        assert_eq!(j.flush().transitions.len(), 1);
+        assert!(!j.has_pending() && j.flush().transitions.is_empty());
     }
 
     #[test]
@@ -296,9 +431,9 @@ mod tests {
             let mut o = obs(e, s, Some(rewards[i]), 0.0);
             o.slo_violation = i == 1;
             let out = j.on_obs(o);
-            assert!(out.transition.is_some());
-            if out.episode.is_some() {
-                episode = out.episode;
+            assert_eq!(out.transitions.len(), 1);
+            if let Some(e) = out.episodes.into_iter().next() {
+                episode = Some(e);
             }
         }
         let ep = episode.expect("episode 0 closes with the transition of step 2");

@@ -5,7 +5,8 @@
 //! On NATS the recorder reads the JetStream stream in order (an ordered consumer) rather than live
 //! subscriptions, and after every stored batch it persists the *resume point*: the stream sequence
 //! of the oldest message it may still need, i.e. the first `obs` of each target's current episode
-//! (the minimum over targets). A restarted recorder replays from there, rebuilds its joins and
+//! (the minimum over targets; the previous episode's while its last transition waits for a late
+//! `applied`, see [`crate::join`]). A restarted recorder replays from there, rebuilds its joins and
 //! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
 //! crash or restart loses no transition and never duplicates a row or an `episode` message.
 //!
@@ -337,6 +338,9 @@ pub struct TargetRecorder {
     /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen
     /// since the floor was last released).
     floor: Option<u64>,
+    /// A new episode's floor held back while the previous episode's last transition waits for
+    /// its `applied`: a replay from it would not see that transition's `obs`.
+    next_floor: Option<u64>,
     /// Release the floor after this long without an `obs` (`recorder.release_silent_after_secs`).
     silent_after: Option<Duration>,
     /// When the last `obs` arrived (wall clock of this process: replayed events count as arriving
@@ -363,6 +367,8 @@ impl Handler<Retire> for TargetRecorder {
     /// The target was deregistered `actors.retire_after_secs` ago: what the actor still joins is
     /// of a deleted workload, so its floor stops holding the resume point back.
     fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        let out = self.joiner.flush();
+        self.write(out);
         if self.floor.is_some() {
             let _ = self.writes.send(Write::Release(self.target.clone()));
         }
@@ -384,6 +390,7 @@ impl TargetRecorder {
             joiner: Joiner::new(target.clone(), steps_per_episode),
             writes,
             floor: None,
+            next_floor: None,
             silent_after,
             last_obs: std::time::Instant::now(),
             silent_releases,
@@ -410,10 +417,29 @@ impl TargetRecorder {
         if self.floor.is_none() || now.saturating_duration_since(self.last_obs) < after {
             return;
         }
+        let out = self.joiner.flush();
+        self.write(out);
         self.floor = None;
+        self.next_floor = None;
         self.silent_releases.inc();
         tracing::info!(target = %self.target, silent_secs = after.as_secs(), "no observations: the open episode no longer holds the resume point back");
         let _ = self.writes.send(Write::Release(self.target.clone()));
+    }
+
+    /// Sends what the join produced to the writer, then the floor it held back, if any.
+    fn write(&mut self, out: crate::join::Joined) {
+        for t in out.transitions {
+            let _ = self.writes.send(Write::Transition(Box::new(t)));
+        }
+        for e in out.episodes {
+            let _ = self.writes.send(Write::Episode(Box::new(e)));
+        }
+        if !self.joiner.has_pending() {
+            if let Some(seq) = self.next_floor.take() {
+                self.floor = Some(seq);
+                let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
+            }
+        }
     }
 
     fn take(&mut self, ev: Event, seq: Option<u64>) {
@@ -428,26 +454,28 @@ impl TargetRecorder {
                     tracing::warn!(target = %o.target, episode = o.episode, step = o.step, field, "observation refused: a value is not finite");
                     return;
                 }
-                let target = o.target.clone();
                 let first_of_episode = o.step == 0;
                 let out = self.joiner.on_obs(o);
-                if let Some(t) = out.transition {
-                    let _ = self.writes.send(Write::Transition(Box::new(t)));
-                }
-                if let Some(e) = out.episode {
-                    let _ = self.writes.send(Write::Episode(Box::new(e)));
-                }
+                self.write(out);
                 if let Some(seq) = seq {
                     // A lower sequence than the floor: the stream was recreated and numbers
                     // from 1 again.
                     if first_of_episode || self.floor.is_none_or(|f| seq < f) {
-                        self.floor = Some(seq);
-                        let _ = self.writes.send(Write::Floor(target, seq));
+                        if self.joiner.has_pending() && self.floor.is_some() {
+                            self.next_floor = Some(seq);
+                        } else {
+                            self.floor = Some(seq);
+                            self.next_floor = None;
+                            let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
+                        }
                     }
                 }
             }
             Event::Action(a) => self.joiner.on_action(a),
-            Event::Applied(a) => self.joiner.on_applied(a),
+            Event::Applied(a) => {
+                let out = self.joiner.on_applied(a);
+                self.write(out);
+            }
             _ => {}
         }
     }
@@ -1115,6 +1143,70 @@ mod tests {
             RecorderConfig::default().release_silent_after(),
             Some(Duration::from_secs(3600))
         );
+    }
+
+    /// The last transition of an episode waits for its late `applied`: the new episode's floor
+    /// is held back until it is written, so a restart in between replays that transition's obs.
+    #[test]
+    fn a_new_episodes_floor_waits_for_the_last_transition_of_the_previous() {
+        use aware_bus_schemas::generated::samples;
+        let target = Target::new("ns", "late");
+        let event = |kind: EventKind, episode: u64, step: u32| {
+            let mut ev = samples().into_iter().find(|e| e.kind() == kind).unwrap();
+            match &mut ev {
+                Event::Obs(o) => {
+                    (o.target, o.episode, o.step) = (target.clone(), episode, step);
+                    o.reward = Some(1.0);
+                }
+                Event::Action(a) => (a.target, a.episode, a.step) = (target.clone(), episode, step),
+                Event::Applied(a) => {
+                    (a.target, a.episode, a.step) = (target.clone(), episode, step)
+                }
+                _ => unreachable!(),
+            }
+            ev
+        };
+        let drain = |rx: &mut mpsc::UnboundedReceiver<Write>| {
+            let mut out = Vec::new();
+            while let Ok(w) = rx.try_recv() {
+                match w {
+                    Write::Floor(_, seq) => out.push(format!("floor {seq}")),
+                    Write::Transition(t) => out.push(format!("step {}/{}", t.episode, t.step)),
+                    Write::Episode(e) => out.push(format!("episode {}", e.episode)),
+                    Write::Release(_) => out.push("release".into()),
+                    _ => {}
+                }
+            }
+            out
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut r = TargetRecorder::new(
+            &target,
+            2,
+            tx,
+            None,
+            IntCounter::new("s", "s").unwrap(),
+            IntCounter::new("n", "n").unwrap(),
+        );
+        r.take(event(EventKind::Obs, 0, 0), Some(1));
+        r.take(event(EventKind::Action, 0, 0), Some(2));
+        r.take(event(EventKind::Applied, 0, 0), Some(3));
+        r.take(event(EventKind::Obs, 0, 1), Some(4));
+        r.take(event(EventKind::Action, 0, 1), Some(5));
+        assert_eq!(drain(&mut rx), ["floor 1", "step 0/0"]);
+        // obs(1, 0) before the applied of step (0, 1): the episode's floor stays.
+        r.take(event(EventKind::Obs, 1, 0), Some(6));
+        assert!(drain(&mut rx).is_empty());
+        assert_eq!((r.floor, r.next_floor), (Some(1), Some(6)));
+        r.take(event(EventKind::Applied, 0, 1), Some(7));
+        assert_eq!(drain(&mut rx), ["step 0/1", "episode 0", "floor 6"]);
+        // A flush (the target retires or falls silent) stores a transition still waiting.
+        r.take(event(EventKind::Action, 1, 0), Some(8));
+        r.take(event(EventKind::Obs, 1, 1), Some(9));
+        assert!(drain(&mut rx).is_empty());
+        let out = r.joiner.flush();
+        r.write(out);
+        assert_eq!(drain(&mut rx), ["step 1/0"]);
     }
 
     /// An observation with a NaN or an infinite reward, state or utilization is refused whole
