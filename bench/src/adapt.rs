@@ -63,7 +63,8 @@ use serde::Serialize;
 use self::features::TlPlusFeatures;
 use super::{fail, first, median, BenchError};
 use aware_harness::train_meta::{
-    self, bundle_of, fallback_action, keep_top, TrainLog, TrainMetaOptions, STATE_DIM,
+    self, bundle_of, fallback_action, keep_top, MetaObjective, TrainLog, TrainMetaOptions,
+    STATE_DIM,
 };
 
 /// The arms, in report order.
@@ -200,6 +201,8 @@ impl Default for AdaptBenchOptions {
                 apps: 20,
                 iterations: 60,
                 progress_every: 0,
+                // The paper's reward, which this benchmark measures in.
+                objective: MetaObjective::Weighted,
                 ..TrainMetaOptions::default()
             },
         }
@@ -248,6 +251,8 @@ impl EpisodeOut {
             fallback,
             steps: self.rows.clone(),
             last_state: self.last_state.clone(),
+            // Used for the bundle (the embedding reads the paper's reward), not trained on.
+            constrained: Vec::new(),
         }
     }
 }
@@ -1770,6 +1775,8 @@ mod tests {
                 meta: aware_harness::train_meta::tiny_meta(),
                 base_hidden: vec![16, 16],
                 progress_every: 0,
+                // The paper's reward, which this benchmark measures in.
+                objective: MetaObjective::Weighted,
                 ..TrainMetaOptions::default()
             },
             ..AdaptBenchOptions::default()

@@ -22,7 +22,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use aware_harness::train_meta::{self, bundle_of, keep_top, run_episode, Driver, TrainMetaOptions};
+use aware_harness::train_meta::{
+    self, bundle_of, keep_top, run_episode, Driver, MetaObjective, TrainMetaOptions,
+};
 
 use super::BenchError;
 
@@ -72,6 +74,8 @@ impl Default for EmbedBenchOptions {
                 apps: 20,
                 iterations: 60,
                 progress_every: 0,
+                // The paper's reward, which this benchmark measures in.
+                objective: MetaObjective::Weighted,
                 ..TrainMetaOptions::default()
             },
         }
@@ -624,6 +628,8 @@ mod tests {
                 },
                 base_hidden: vec![16, 16],
                 progress_every: 0,
+                // The paper's reward, which this benchmark measures in.
+                objective: MetaObjective::Weighted,
                 ..TrainMetaOptions::default()
             },
             ..EmbedBenchOptions::default()

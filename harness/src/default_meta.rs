@@ -84,9 +84,10 @@ pub struct FingerprintInputs {
     /// SHA-256 of the generated pool (its JSON, numbers to 6 significant digits).
     pub pool_sha256: String,
     /// SHA-256 of one fallback episode on each of the first pool apps: the states, actions and
-    /// rewards to 5 significant digits. Catches a change of the simulator's dynamics or of the
-    /// reward that its configuration does not show. Rounded so that the last bits of a platform's
-    /// `exp`/`ln` do not count.
+    /// rewards to 5 significant digits (with the constrained objective's rewards too, when the
+    /// training learns it). Catches a change of the simulator's dynamics, of the reward or of the
+    /// objective's prices and initial multiplier that its configuration does not show. Rounded
+    /// so that the last bits of a platform's `exp`/`ln` do not count.
     pub probe_sha256: String,
 }
 
@@ -113,6 +114,13 @@ impl FingerprintInputs {
             )?;
             for v in ep.steps.iter().chain(&ep.last_state) {
                 probe.push_str(&format!("{:.4e};", f64::from(*v)));
+            }
+            // The objective's rewards (prices, initial multiplier) when the base-learner learns
+            // it; a weighted training's probe is the paper's reward alone, as before.
+            if opts.objective == train_meta::MetaObjective::Constrained {
+                for v in &ep.constrained {
+                    probe.push_str(&format!("c{:.4e};", f64::from(*v)));
+                }
             }
             probe.push_str(&format!("{:.4e}\n", ep.reward));
         }
@@ -182,10 +190,13 @@ fn option_changes(a: &TrainMetaOptions, b: &TrainMetaOptions) -> Vec<String> {
     else {
         return vec!["?".into()];
     };
-    a.iter()
-        .filter_map(|(k, va)| {
+    // Both sides' keys: an option left out of one side (a weighted objective) is `null` there.
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter_map(|k| {
+            let va = a.get(k).cloned().unwrap_or(serde_json::Value::Null);
             let vb = b.get(k).cloned().unwrap_or(serde_json::Value::Null);
-            (va != &vb).then(|| format!("{k} {va} → {vb}"))
+            (va != vb).then(|| format!("{k} {va} → {vb}"))
         })
         .collect()
 }
@@ -486,6 +497,17 @@ mod tests {
         })
         .unwrap();
         assert!(base.differences(&shape)[0].contains("base_hidden"));
+
+        // The objective: an option, and the probe's objective rewards (a weighted training's
+        // probe is the paper's reward alone, as before the option existed).
+        let constrained = FingerprintInputs::of(&TrainMetaOptions {
+            objective: train_meta::MetaObjective::Constrained,
+            ..small.clone()
+        })
+        .unwrap();
+        let why = base.differences(&constrained).join("; ");
+        assert!(why.contains("objective"), "{why}");
+        assert!(why.contains("probe episodes"), "{why}");
     }
 
     /// A manifest is current only for its own inputs and its own checkpoint files.

@@ -170,6 +170,41 @@ pub struct TrainMetaOptions {
     #[serde(default)]
     #[arg(skip = TrainMetaOptions::default().restart)]
     pub restart: u64,
+    /// The reward the base-learner learns ([`MetaObjective`]). A manifest or resume file
+    /// written before the option existed was trained on the paper's.
+    #[serde(
+        default = "weighted",
+        skip_serializing_if = "MetaObjective::is_weighted"
+    )]
+    #[arg(long, value_enum, default_value_t = TrainMetaOptions::default().objective, help = "The reward the base-learner learns: weighted (the paper's) or constrained (the services' default objective, at the multiplier's initial λ; docs/adr/0020-meta-training-on-the-objective.md)")]
+    pub objective: MetaObjective,
+}
+
+/// The reward the base-learner is trained on. The embedding reads the paper's reward in
+/// either case, as it does in the services (the recorder stores the paper's reward; the
+/// constrained objective is recomputed by the trainer, ADR 0016).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MetaObjective {
+    /// The paper's reward (`learning.objective.mode: weighted`).
+    #[default]
+    Weighted,
+    /// The constrained objective's reward at the multiplier's initial λ, from the requested
+    /// cost and the SLO violation: what a target adapting this base-learner starts from
+    /// (`learning.objective.mode: constrained`).
+    Constrained,
+}
+
+impl MetaObjective {
+    /// Weighted: left out of a manifest, so that one trained before the option keeps its
+    /// fingerprint.
+    pub fn is_weighted(&self) -> bool {
+        *self == MetaObjective::Weighted
+    }
+}
+
+fn weighted() -> MetaObjective {
+    MetaObjective::Weighted
 }
 
 fn one() -> u64 {
@@ -218,6 +253,7 @@ impl Default for TrainMetaOptions {
             progress_every: 10,
             restarts: 1,
             restart: 0,
+            objective: MetaObjective::default(),
         }
     }
 }
@@ -298,10 +334,36 @@ pub struct Episode {
     pub steps: Vec<f32>,
     /// The state after the last step (to rebuild the last transition).
     pub last_state: Vec<f32>,
+    /// Per step, the constrained objective's reward at the multiplier's initial λ (empty in an
+    /// episode recorded before it was kept: the paper's reward stands in).
+    #[serde(default)]
+    pub constrained: Vec<f32>,
 }
 
 impl Episode {
-    /// The episode's transitions.
+    /// The episode's transitions, rewarded by `objective`.
+    pub fn transitions_for(&self, objective: MetaObjective) -> Vec<Transition> {
+        let mut ts = self.transitions();
+        if objective == MetaObjective::Constrained && self.constrained.len() == ts.len() {
+            for (t, r) in ts.iter_mut().zip(&self.constrained) {
+                t.reward = *r;
+            }
+        }
+        ts
+    }
+
+    /// The mean per-step reward under `objective`.
+    pub fn score(&self, objective: MetaObjective) -> f64 {
+        match objective {
+            MetaObjective::Constrained if !self.constrained.is_empty() => {
+                self.constrained.iter().map(|r| f64::from(*r)).sum::<f64>()
+                    / self.constrained.len() as f64
+            }
+            _ => self.reward,
+        }
+    }
+
+    /// The episode's transitions with the paper's reward.
     pub fn transitions(&self) -> Vec<Transition> {
         let w = STATE_DIM + ACTION_DIM + 1;
         let rows: Vec<&[f32]> = self.steps.chunks(w).collect();
@@ -396,6 +458,9 @@ pub fn run_episode(
     env.reset(seed)?;
     let mut obs = first(env.step(&[TargetAction::Hold])?)?;
     let mut out = Vec::with_capacity(steps * (STATE_DIM + ACTION_DIM + 1));
+    let mut constrained = Vec::with_capacity(steps);
+    let prices = aware_mdp::Prices::default();
+    let lambda = aware_mdp::MultiplierConfig::default().initial;
     let mut total = 0.0;
     let mut driver = driver;
     for _ in 0..steps {
@@ -417,6 +482,13 @@ pub fn run_episode(
         let next = first(env.step(&[TargetAction::Raw(a)])?)?;
         let r = next.reward as f32;
         total += next.reward;
+        // As the trainer recomputes a stored row (ADR 0016): the allocation in force during
+        // the step, and whether it missed the app's SLO.
+        let cost = prices
+            .cost_fraction(&next.allocation, &app.bounds)
+            .unwrap_or(1.0);
+        constrained
+            .push(aware_mdp::constrained_reward(lambda, cost, next.metrics.slo_violation) as f32);
         out.extend_from_slice(&EpisodeBundle::step_vector(&s, &a, r));
         obs = next;
     }
@@ -425,6 +497,7 @@ pub fn run_episode(
         fallback: matches!(driver, Driver::Fallback),
         steps: out,
         last_state: obs.state.to_vec(),
+        constrained,
     })
 }
 
@@ -792,7 +865,7 @@ fn run_one(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
         .collect::<Result<_, _>>()?;
     for (buf, eps) in replay.iter_mut().zip(&state.episodes) {
         for e in eps {
-            for t in e.transitions() {
+            for t in e.transitions_for(opts.objective) {
                 buf.push(t)?;
             }
         }
@@ -823,7 +896,7 @@ fn run_one(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
                 for row in ep.steps.chunks(STATE_DIM + ACTION_DIM + 1) {
                     agent.observe(&row[..STATE_DIM])?;
                 }
-                fb_r.push(ep.reward);
+                fb_r.push(ep.score(opts.objective));
                 ep
             } else {
                 let e = agent.embed(&bundle_of(&state.episodes[i], m_max)?)?;
@@ -838,10 +911,10 @@ fn run_one(opts: &TrainMetaOptions) -> Result<TrainLog, TrainMetaError> {
                     },
                     &mut rng,
                 )?;
-                agent_r.push(ep.reward);
+                agent_r.push(ep.score(opts.objective));
                 ep
             };
-            for t in ep.transitions() {
+            for t in ep.transitions_for(opts.objective) {
                 replay[i].push(t)?;
             }
             keep_top(&mut state.episodes[i], ep, m_max);
@@ -971,7 +1044,13 @@ pub fn validate(
             )?;
             keep_top(&mut store, ep, m_max);
         }
-        let fb = mean(&store.iter().map(|e| e.reward).collect::<Vec<_>>()).unwrap_or(0.0);
+        let fb = mean(
+            &store
+                .iter()
+                .map(|e| e.score(opts.objective))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
         let e = agent.embed(&bundle_of(&store, m_max)?)?;
         let mut rewards = Vec::new();
         for k in 0..VALIDATION_AGENT_EPISODES {
@@ -986,7 +1065,7 @@ pub fn validate(
                 },
                 &mut rng,
             )?;
-            rewards.push(ep.reward);
+            rewards.push(ep.score(opts.objective));
         }
         out.push(HeldOutEval {
             app: app.name.clone(),
@@ -1093,6 +1172,64 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..10).collect::<Vec<_>>());
         assert_eq!(split_indices(5, 0).0.len(), 4);
+    }
+
+    /// Under the constrained objective the base-learner's transitions and the validation's
+    /// score are the objective's reward (the cost of the allocation in force and the step's
+    /// violation, at the initial λ); the bundle the embedding reads keeps the paper's reward.
+    #[test]
+    fn the_constrained_objective_rewards_cost_and_violations() {
+        let app = &generate_apps(1, 3, &GeneratorOptions::default())[0];
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let ep = run_episode(app, 8, 1, Driver::Fallback, &mut rng).unwrap();
+        let paper = ep.transitions();
+        let ts = ep.transitions_for(MetaObjective::Constrained);
+        assert_eq!(ts.len(), 8);
+        assert_eq!(ep.transitions_for(MetaObjective::Weighted), paper);
+        let prices = aware_mdp::Prices::default();
+        for (t, p) in ts.iter().zip(&paper) {
+            assert_eq!(
+                (&t.state, &t.action, &t.next_state),
+                (&p.state, &p.action, &p.next_state)
+            );
+            assert!((0.0..=2.0).contains(&t.reward), "{}", t.reward);
+        }
+        assert_ne!(
+            ts.iter().map(|t| t.reward).collect::<Vec<_>>(),
+            paper.iter().map(|t| t.reward).collect::<Vec<_>>()
+        );
+        let mean = ts.iter().map(|t| f64::from(t.reward)).sum::<f64>() / 8.0;
+        assert!((ep.score(MetaObjective::Constrained) - mean).abs() < 1e-5);
+        assert_eq!(ep.score(MetaObjective::Weighted), ep.reward);
+        // The whole bound range and a violation: the lowest reward; nothing and no violation:
+        // the highest.
+        let max = aware_loadgen::Allocation {
+            replicas: app.bounds.max_replicas,
+            cpu_millicores: app.bounds.max_cpu_millicores,
+            memory_bytes: app.bounds.max_memory_bytes,
+        };
+        let cost = prices.cost_fraction(&max, &app.bounds).unwrap();
+        assert_eq!(aware_mdp::constrained_reward(1.0, cost, true), 0.0);
+        // An episode kept before the objective existed: the paper's reward stands in.
+        let mut old = serde_json::to_value(&ep).unwrap();
+        old.as_object_mut().unwrap().remove("constrained");
+        let old: Episode = serde_json::from_value(old).unwrap();
+        assert_eq!(old.transitions_for(MetaObjective::Constrained), paper);
+        assert_eq!(old.score(MetaObjective::Constrained), ep.reward);
+        // A weighted training's options serialize as before the option existed.
+        let w = TrainMetaOptions {
+            objective: MetaObjective::Weighted,
+            ..TrainMetaOptions::default()
+        };
+        let v = serde_json::to_value(&w).unwrap();
+        assert!(v.get("objective").is_none());
+        assert_eq!(serde_json::from_value::<TrainMetaOptions>(v).unwrap(), w);
+        let c = serde_json::to_value(TrainMetaOptions {
+            objective: MetaObjective::Constrained,
+            ..TrainMetaOptions::default()
+        })
+        .unwrap();
+        assert_eq!(c["objective"], "constrained");
     }
 
     #[test]
