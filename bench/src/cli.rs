@@ -17,6 +17,7 @@ use crate::kube::KubeBenchOptions;
 use crate::serve::ServeBenchOptions;
 use crate::state::StateBenchOptions;
 use crate::store::StoreBenchOptions;
+use crate::trainer::TrainerBenchOptions;
 use crate::BenchError;
 
 /// `aware bench <name>`.
@@ -60,6 +61,10 @@ pub enum BenchCommand {
     /// NATS after the telemetry overflowed the capture stream: targets recovered per kind and
     /// read time; writes state.json.
     State(StateArgs),
+    /// The trainer's cost while its targets wait for data: CPU of a trainer process with
+    /// --targets ONLINE targets and an empty store, reading the store at every look against
+    /// reading it after events (the default); writes trainer.json.
+    Trainer(TrainerBenchOptions),
     /// The controller and the actuator at scale on a real API server (etcd, kube-apiserver with
     /// its default priority and fairness, kwok): time until --targets AwareAutoscalers are
     /// registered, reconcile latency, API requests per target in steady state, controller
@@ -235,6 +240,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::State(args) => {
             text_logs()?;
             state(&args)
+        }
+        BenchCommand::Trainer(opts) => {
+            text_logs()?;
+            trainer(&opts)
         }
     }
 }
@@ -666,6 +675,21 @@ fn state(args: &StateArgs) -> Result<(), BenchError> {
         println!("{line}");
     }
     let path = crate::write_json(&args.out, "state.json", &serde_json::to_value(&r)?)?;
+    println!("wrote {path}");
+    Ok(())
+}
+
+fn trainer(opts: &TrainerBenchOptions) -> Result<(), BenchError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)?;
+    let r = rt.block_on(crate::trainer::run(opts))?;
+    for line in crate::trainer::summary(&r) {
+        println!("{line}");
+    }
+    let path = crate::write_json(&opts.out, "trainer.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod serve_bus;
 pub mod state;
 pub mod store;
 pub mod store_compare;
+pub mod trainer;
 
 use std::path::Path;
 

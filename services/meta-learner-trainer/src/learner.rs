@@ -59,8 +59,13 @@ pub struct TrainerConfig {
     pub batch_size: usize,
     /// No training before the target has this many transitions.
     pub min_transitions: u64,
-    /// How often each target's actor checks whether a round is due.
+    /// How often each target's actor looks whether it should check the store: it does when the
+    /// recorder announced a stored episode (`episode`), the stage changed or a round failed since
+    /// the last check, or the last check is `recheck_ms` old.
     pub poll_ms: u64,
+    /// A store check at least this often without any event (rows stored without an `episode`,
+    /// a lost message, the `train_every_ms` time trigger).
+    pub recheck_ms: u64,
     /// Seed of weight initialisation and minibatch sampling (mixed with the target's hash).
     pub seed: u64,
     /// OFFLINE: gradient steps per offline (TD3+BC) round.
@@ -144,6 +149,7 @@ impl Default for TrainerConfig {
             batch_size: 64,
             min_transitions: 64,
             poll_ms: 500,
+            recheck_ms: 30_000,
             seed: 0,
             offline_gradient_steps: 500,
             offline_min_transitions: 300,
@@ -255,6 +261,9 @@ impl TrainerConfig {
         }
         if self.retry_max_delay_ms < self.poll_ms {
             return bad("retry_max_delay_ms", "must be at least poll_ms");
+        }
+        if self.recheck_ms < self.poll_ms {
+            return bad("recheck_ms", "must be at least poll_ms");
         }
         if !(1..=1_000_000).contains(&self.offline_gradient_steps) {
             return bad("offline_gradient_steps", "must be in 1..=1000000");

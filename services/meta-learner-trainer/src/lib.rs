@@ -4,9 +4,11 @@
 //! One actor per target follows the target's lifecycle. At every change it reads what the
 //! trajectory store holds for it (transitions, recorded episodes, the best episode: the data the
 //! meta-learner's top-M bundle will use). While the target is OFFLINE or ONLINE it trains the
-//! base-learner ([`learner`]): every `trainer.poll_ms` it checks whether a round is due
-//! (`train_every_transitions` new transitions or `train_every_ms`), and a round runs on the
-//! blocking pool — OFFLINE: `offline_gradient_steps` TD3+BC updates on the fallback's transitions,
+//! base-learner ([`learner`]). It checks the store whether a round is due
+//! (`train_every_transitions` new transitions or `train_every_ms`) when the recorder announces a
+//! stored episode (`episode`), after a stage change or a failed round, and at least every
+//! `trainer.recheck_ms` ([`Recheck`]); no event, no store read, so idle targets cost nothing but
+//! a timer. A round runs on the blocking pool — OFFLINE: `offline_gradient_steps` TD3+BC updates on the fallback's transitions,
 //! then the off-policy estimate of the policy on the target's recent fallback episodes; ONLINE:
 //! `gradient_steps` DDPG updates (BC term decaying) — and writes the checkpoint to the model
 //! store; then the actor publishes `model` (kind `base_learner`, version increasing per target;
@@ -45,8 +47,47 @@ use crate::learner::{Learner, TrainerConfig, TrainerError};
 
 pub const NAME: &str = "meta-learner-trainer";
 /// Routed to the targets' actors. `target` is read beside them (forgetting and retiring deleted
-/// targets), and the trajectory store rather than the bus supplies the transitions.
-pub const CONSUMES: &[EventKind] = &[EventKind::Lifecycle];
+/// targets), and the trajectory store rather than the bus supplies the transitions: an `episode`
+/// only says that the recorder stored some (a hint: a forged one costs one store read).
+pub const CONSUMES: &[EventKind] = &[EventKind::Lifecycle, EventKind::Episode];
+
+/// When a target's actor reads the store: after an event that may have changed what a round
+/// would find, or once the last read is `every` old.
+#[derive(Debug, Clone)]
+pub struct Recheck {
+    pending: bool,
+    last: Option<std::time::Instant>,
+    every: Duration,
+}
+
+impl Recheck {
+    /// Due at once (nothing read yet).
+    pub fn new(every: Duration) -> Self {
+        Recheck {
+            pending: true,
+            last: None,
+            every,
+        }
+    }
+
+    /// Something changed: the next look reads the store.
+    pub fn notify(&mut self) {
+        self.pending = true;
+    }
+
+    /// Whether to read the store now; if so, the read is counted as done.
+    pub fn take(&mut self, now: std::time::Instant) -> bool {
+        let due = self.pending
+            || self
+                .last
+                .is_none_or(|l| now.saturating_duration_since(l) >= self.every);
+        if due {
+            self.pending = false;
+            self.last = Some(now);
+        }
+        due
+    }
+}
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
@@ -247,6 +288,8 @@ pub struct TargetTrainer {
     store: Arc<dyn TrajectoryStore>,
     models: Arc<dyn ModelStore>,
     poll: Duration,
+    /// When to read the store ([`Recheck`]).
+    recheck: Recheck,
     stage: Stage,
     /// ONLINE entered from SERVING (`Lifecycle::retraining`): rounds take
     /// `trainer.retrain_gradient_steps`.
@@ -282,8 +325,14 @@ impl TargetTrainer {
             return;
         }
         let stage = self.stage;
-        let Some(mut learner) = self.learner.take() else {
+        if self.learner.is_none() {
             return; // a round is running
+        }
+        if !self.recheck.take(std::time::Instant::now()) {
+            return; // nothing new since the last read
+        }
+        let Some(mut learner) = self.learner.take() else {
+            return;
         };
         learner.set_retraining(self.retraining);
         let mut meta = self.meta.take();
@@ -315,6 +364,7 @@ impl TargetTrainer {
             }
             Err(e) => {
                 // The round panicked: the learner is lost; start again from the model store.
+                act.recheck.notify();
                 act.metrics.round_errors.inc();
                 tracing::error!(target = %act.target, error = %e, "training round aborted");
             }
@@ -461,6 +511,8 @@ impl TargetTrainer {
                 tracing::debug!(target = %self.target, "training round cancelled at shutdown");
             }
             Err(e) => {
+                // Tried again at the next looks, after the learner's back-off.
+                self.recheck.notify();
                 self.metrics.round_errors.inc();
                 tracing::warn!(target = %self.target, error = %e, "training round failed");
             }
@@ -490,7 +542,15 @@ impl Handler<Deliver> for TargetTrainer {
     type Result = ();
 
     fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
-        let Event::Lifecycle(l) = ev else { return };
+        let l = match ev {
+            Event::Lifecycle(l) => l,
+            Event::Episode(_) => {
+                self.recheck.notify();
+                return;
+            }
+            _ => return,
+        };
+        self.recheck.notify();
         self.stage = l.stage;
         self.retraining = l.retraining(self.retraining);
         self.prune_due |= l.stage == Stage::Serving;
@@ -557,6 +617,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let assets = load_assets(&trainer, &metrics);
     let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
+    let recheck = Duration::from_millis(trainer.recheck_ms);
     let shutdown = ctx.shutdown.clone();
     let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let spec = config.spec_for(t);
@@ -567,6 +628,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             store: store.clone(),
             models: models.clone(),
             poll,
+            recheck: Recheck::new(recheck),
             stage: Stage::Initialized,
             retraining: false,
             rollback: None,
@@ -685,6 +747,28 @@ mod tests {
         models.put(&mark_key(&b), b"yesterday").unwrap();
         let e = f.marks().unwrap_err().to_string();
         assert!(e.contains("other/b/deregistered"), "{e}");
+    }
+
+    /// The store is read at once, then only after an event or once the last read is old.
+    #[test]
+    fn the_store_is_read_after_an_event_or_a_recheck_interval() {
+        let t0 = std::time::Instant::now();
+        let every = Duration::from_secs(30);
+        let mut r = Recheck::new(every);
+        assert!(r.take(t0), "the first look reads");
+        assert!(!r.take(t0 + Duration::from_millis(500)), "nothing new");
+        assert!(!r.take(t0 + Duration::from_secs(29)));
+        r.notify();
+        assert!(
+            r.take(t0 + Duration::from_secs(29)),
+            "an episode was stored"
+        );
+        assert!(
+            !r.take(t0 + Duration::from_secs(30)),
+            "counted from the last read"
+        );
+        assert!(r.take(t0 + Duration::from_secs(59)), "the recheck interval");
+        assert!(!r.take(t0 + Duration::from_secs(60)));
     }
 
     #[test]

@@ -104,7 +104,7 @@ const TABLE: [Row; 8] = [
         name: "trainer",
         service: Some("meta-learner-trainer"),
         publishes: &[K::Model, K::Embedding],
-        subscribes: &[K::Lifecycle, K::Target],
+        subscribes: &[K::Lifecycle, K::Episode, K::Target],
         capture: Capture::Read,
         models: Models::Write,
     },
