@@ -139,10 +139,16 @@ fn rss_bytes(pid: u32) -> Result<u64, BenchError> {
         .ok_or_else(|| fail(format!("{path}: no VmRSS")))
 }
 
-/// The value of the unlabelled metric `name` in a Prometheus text exposition.
+/// The value of metric `name` (its first series, labelled or not) in a Prometheus text
+/// exposition.
 fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            return None;
+        }
+        rest.rsplit(' ').next()?.trim().parse().ok()
+    })
 }
 
 /// Publishes an ONLINE `lifecycle` for each target (the state the trainer reads at start-up).
@@ -251,8 +257,9 @@ async fn one_run(
             break;
         }
         if Instant::now() > deadline {
+            let seen: Vec<&str> = text.lines().filter(|l| l.contains("target")).collect();
             return Err(fail(format!(
-                "the trainer has {n} of {} targets after 120 s",
+                "the trainer has {n} of {} targets after 120 s: {seen:?}",
                 opts.targets
             )));
         }
@@ -337,8 +344,10 @@ mod tests {
 
     #[test]
     fn reads_unlabelled_metrics_and_proc_cpu() {
-        let text = "# HELP aware_targets x\naware_targets 42\naware_targets_other 1\n";
+        let text = "# HELP aware_targets x\naware_targets_retired 1\naware_targets 42\n";
         assert_eq!(metric(text, "aware_targets"), Some(42.0));
+        let labelled = "aware_targets_retired{service=\"t\"} 1\naware_targets{service=\"t\"} 7\n";
+        assert_eq!(metric(labelled, "aware_targets"), Some(7.0));
         assert_eq!(metric(text, "aware_missing"), None);
         let me = std::process::id();
         let c = cpu_seconds(me).unwrap();
