@@ -21,11 +21,12 @@ use aware_bus_schemas::{subject, EventKind};
 use aware_metrics_collector::config::{CollectorConfig, SourceKind};
 use aware_shared::bus::Bus;
 use aware_shared::config::AppConfig;
-use aware_shared::probe::{bucket_quantile, histogram_buckets, http_get, wait_ready};
+use aware_shared::probe::{bucket_quantile, histogram_buckets, http_get};
 use aware_shared::testkit::NatsServer;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::process::{rss_bytes, sibling_bin, start_service};
 use super::{median, BenchError};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -76,47 +77,10 @@ pub struct LoopReport {
     pub median_rss_per_target_bytes: f64,
 }
 
-fn rss_bytes(pid: u32) -> Result<u64, BenchError> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|source| {
-        BenchError::Io {
-            path: format!("/proc/{pid}/status"),
-            source,
-        }
-    })?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| BenchError::Failed("no VmRSS in /proc status".into()))
-}
-
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn recommender_bin(opts: &LoopBenchOptions) -> Result<PathBuf, BenchError> {
-    if let Some(b) = &opts.recommender_bin {
-        return Ok(b.clone());
-    }
-    let exe = std::env::current_exe().map_err(|source| BenchError::Io {
-        path: "current executable".into(),
-        source,
-    })?;
-    let bin = exe.with_file_name("aware-recommender");
-    if bin.is_file() {
-        Ok(bin)
-    } else {
-        Err(BenchError::Failed(format!(
-            "{} not found: build it with `cargo build --release --bins`",
-            bin.display()
-        )))
+    match &opts.recommender_bin {
+        Some(b) => Ok(b.clone()),
+        None => sibling_bin("aware-recommender"),
     }
 }
 
@@ -127,44 +91,13 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let max_targets = opts
         .targets
         .max(aware_shared::config::ActorsConfig::default().max_targets);
-    let mut cmd = std::process::Command::new(&bin);
-    cmd.args(["--bus", &server.url(), "--http-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .env("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = Child(cmd.spawn().map_err(|source| BenchError::Io {
-        path: bin.display().to_string(),
-        source,
-    })?);
-    let stdout = child
-        .0
-        .stdout
-        .take()
-        .ok_or_else(|| BenchError::Failed("recommender stdout".into()))?;
-    let addr = tokio::task::spawn_blocking(move || {
-        use std::io::BufRead;
-        std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| {
-                l.rsplit("http://")
-                    .next()
-                    .filter(|_| l.contains("listening on"))
-                    .and_then(|a| a.trim().parse::<std::net::SocketAddr>().ok())
-            })
-    })
-    .await
-    .map_err(|e| BenchError::Failed(e.to_string()))?
-    .ok_or_else(|| BenchError::Failed("the recommender did not announce its address".into()))?;
-    let ready = tokio::task::spawn_blocking(move || wait_ready(addr, Duration::from_secs(20)))
-        .await
-        .map_err(|e| BenchError::Failed(e.to_string()))?;
-    if !ready {
-        return Err(BenchError::Failed(
-            "the recommender never became ready".into(),
-        ));
-    }
+    let (child, addr) = start_service(
+        &bin,
+        &server.url(),
+        &[("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string())],
+        Duration::from_secs(20),
+    )
+    .await?;
     let pid = child.0.id();
     let rss_idle = rss_bytes(pid)?;
 

@@ -10,6 +10,7 @@ pub mod control_loop;
 pub mod cost;
 pub mod embed;
 pub mod kube;
+pub mod process;
 pub mod serve;
 pub mod serve_bus;
 pub mod state;

@@ -21,11 +21,12 @@ use aware_bus_schemas::{
 };
 use aware_shared::bus::Bus;
 use aware_shared::config::BusConfig;
-use aware_shared::probe::{http_get, wait_ready};
+use aware_shared::probe::http_get;
 use aware_shared::testkit::NatsServer;
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::process::{cpu_seconds, rss_bytes, sibling_bin, start_service};
 use super::{fail, median, BenchError};
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -74,69 +75,6 @@ pub struct TrainerReport {
     pub runs: usize,
     pub poll_ms: u64,
     pub arms: Vec<ArmReport>,
-}
-
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn trainer_bin() -> Result<PathBuf, BenchError> {
-    let exe = std::env::current_exe().map_err(|source| BenchError::Io {
-        path: "current executable".into(),
-        source,
-    })?;
-    let bin = exe.with_file_name("aware-meta-learner-trainer");
-    if bin.is_file() {
-        Ok(bin)
-    } else {
-        Err(BenchError::Failed(format!(
-            "{} not found: build it with `cargo build --release --bins`",
-            bin.display()
-        )))
-    }
-}
-
-/// User + system CPU seconds of process `pid` so far.
-fn cpu_seconds(pid: u32) -> Result<f64, BenchError> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    // Fields after the command name (which may hold spaces), from field 3 on: utime and stime
-    // are fields 14 and 15, in clock ticks.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| fail(format!("{path}: no command name")))?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| -> Result<f64, BenchError> {
-        f.get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .ok_or_else(|| fail(format!("{path}: field {}", i + 3)))
-    };
-    // In clock ticks of USER_HZ, 100 on Linux.
-    Ok((tick(11)? + tick(12)?) / 100.0)
-}
-
-fn rss_bytes(pid: u32) -> Result<u64, BenchError> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).map_err(|source| BenchError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| fail(format!("{path}: no VmRSS")))
 }
 
 /// The value of metric `name` (its first series, labelled or not) in a Prometheus text
@@ -199,51 +137,24 @@ async fn one_run(
     let max_targets = opts
         .targets
         .max(aware_shared::config::ActorsConfig::default().max_targets);
-    let mut cmd = std::process::Command::new(bin);
-    cmd.args(["--bus", &server.url(), "--http-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .env("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string())
-        .env("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string())
-        .env(
-            "AWARE_TRAJECTORY_STORE__SQLITE_PATH",
-            dir.join("t.db").display().to_string(),
-        )
-        .env(
-            "AWARE_MODEL_STORE__DIR",
-            dir.join("models").display().to_string(),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = Child(cmd.spawn().map_err(|source| BenchError::Io {
-        path: bin.display().to_string(),
-        source,
-    })?);
-    let stdout = child
-        .0
-        .stdout
-        .take()
-        .ok_or_else(|| fail("trainer stdout"))?;
-    let addr = tokio::task::spawn_blocking(move || {
-        use std::io::BufRead;
-        std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| {
-                l.rsplit("http://")
-                    .next()
-                    .filter(|_| l.contains("listening on"))
-                    .and_then(|a| a.trim().parse::<std::net::SocketAddr>().ok())
-            })
-    })
-    .await
-    .map_err(fail)?
-    .ok_or_else(|| fail("the trainer did not announce its address"))?;
-    let ready = tokio::task::spawn_blocking(move || wait_ready(addr, Duration::from_secs(60)))
-        .await
-        .map_err(fail)?;
-    if !ready {
-        return Err(fail("the trainer never became ready"));
-    }
+    let (child, addr) = start_service(
+        bin,
+        &server.url(),
+        &[
+            ("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string()),
+            ("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string()),
+            (
+                "AWARE_TRAJECTORY_STORE__SQLITE_PATH",
+                dir.join("t.db").display().to_string(),
+            ),
+            (
+                "AWARE_MODEL_STORE__DIR",
+                dir.join("models").display().to_string(),
+            ),
+        ],
+        Duration::from_secs(60),
+    )
+    .await?;
     // Every target's actor started.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -281,7 +192,7 @@ pub async fn run(opts: &TrainerBenchOptions) -> Result<TrainerReport, BenchError
     if opts.targets == 0 || opts.runs == 0 {
         return Err(fail("--targets and --runs must be at least 1"));
     }
-    let bin = trainer_bin()?;
+    let bin = sibling_bin("aware-meta-learner-trainer")?;
     let defaults = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let mut arms = Vec::new();
     for (arm, recheck_ms) in [
@@ -343,7 +254,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_unlabelled_metrics_and_proc_cpu() {
+    fn reads_a_metric_labelled_or_not() {
         let text = "# HELP aware_targets x\naware_targets_retired 1\naware_targets 42\n";
         assert_eq!(metric(text, "aware_targets"), Some(42.0));
         let labelled = "aware_targets_retired{service=\"t\"} 1\naware_targets{service=\"t\"} 7\n";
