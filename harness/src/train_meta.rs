@@ -172,10 +172,7 @@ pub struct TrainMetaOptions {
     pub restart: u64,
     /// The reward the base-learner learns ([`MetaObjective`]). A manifest or resume file
     /// written before the option existed was trained on the paper's.
-    #[serde(
-        default = "weighted",
-        skip_serializing_if = "MetaObjective::is_weighted"
-    )]
+    #[serde(default, skip_serializing_if = "MetaObjective::is_weighted")]
     #[arg(long, value_enum, default_value_t = TrainMetaOptions::default().objective, help = "The reward the base-learner learns: weighted (the paper's) or constrained (the services' default objective, at the multiplier's initial λ; docs/adr/0020-meta-training-on-the-objective.md)")]
     pub objective: MetaObjective,
 }
@@ -201,10 +198,6 @@ impl MetaObjective {
     pub fn is_weighted(&self) -> bool {
         *self == MetaObjective::Weighted
     }
-}
-
-fn weighted() -> MetaObjective {
-    MetaObjective::Weighted
 }
 
 fn one() -> u64 {

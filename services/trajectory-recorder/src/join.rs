@@ -130,19 +130,14 @@ impl Joiner {
     /// transition waiting for it.
     pub fn on_applied(&mut self, a: Applied) -> Joined {
         self.expects_applied = true;
-        let g = global(a.episode, a.step, self.spe);
-        let waits = self
+        let (g, spe) = (global(a.episode, a.step, self.spe), self.spe);
+        if let Some(p) = self
             .pending
-            .as_ref()
-            .is_some_and(|p| global(p.transition.episode, p.transition.step, self.spe) == g);
-        if waits {
-            if let Some(mut p) = self.pending.take() {
-                p.transition.applied = a.applied;
-                let episode = self.fold(&p.transition, p.exploring, p.ts_ms);
-                let mut out = Joined::default();
-                out.emit(p.transition, episode);
-                return out;
-            }
+            .as_mut()
+            .filter(|p| global(p.transition.episode, p.transition.step, spe) == g)
+        {
+            p.transition.applied = a.applied;
+            return self.flush();
         }
         if self.prev_global() == Some(g) {
             self.applied = Some(a);
