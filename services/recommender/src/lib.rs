@@ -153,6 +153,12 @@ pub struct RecommenderConfig {
     /// flight, which no later step undoes. The policy's raw action is rewritten to the
     /// allocation sent, so the trainer learns from what ran. Default on.
     pub memory_floor: bool,
+    /// When a target returns to the fallback from ONLINE or SERVING, for up to this many steps
+    /// the fallback asks for at least (per dimension) the last allocation it decided while it
+    /// drove, until that is in force: the policy may hand back pods it starved into a crash
+    /// loop, which report no CPU, so the HPA alone would scale them down and never up again.
+    /// 0: off. Default 12.
+    pub handback_restore_steps: u32,
 }
 
 impl Default for RecommenderConfig {
@@ -164,6 +170,7 @@ impl Default for RecommenderConfig {
             retrain_noise_scale: 0.5,
             slo_unreachable: ReachConfig::default(),
             memory_floor: true,
+            handback_restore_steps: 12,
         }
     }
 }
@@ -234,6 +241,9 @@ pub struct RecommenderMetrics {
     pub lifecycle_refused: prometheus::IntCounter,
     /// RL actions whose memory was raised to the VPA's lower bound (`memory_floor`).
     pub memory_floor: prometheus::IntCounter,
+    /// Fallback actions raised to the fallback's own last allocation after a hand-back
+    /// (`handback_restore_steps`).
+    pub handback_restores: prometheus::IntCounter,
 }
 
 /// Bucket bounds of `decision_seconds`: 1 µs … 50 ms.
@@ -286,6 +296,10 @@ impl RecommenderMetrics {
                 "recommender_memory_floor_total",
                 "RL actions whose memory request was raised to the VPA's lower bound (recommender.memory_floor)",
             )?,
+            handback_restores: m.counter(
+                "recommender_handback_restores_total",
+                "Fallback actions raised to the fallback's own last allocation after the RL policy handed the target back (recommender.handback_restore_steps)",
+            )?,
         })
     }
 }
@@ -314,6 +328,12 @@ pub struct Decider {
     memory_floor: bool,
     /// The HPA target utilization of `recommender.fallback`, for a target whose spec sets none.
     default_hpa_target: f64,
+    /// The last allocation the fallback decided while it drove (INITIALIZED or OFFLINE).
+    fallback_last: Option<Resources>,
+    /// After a hand-back: the allocation restored and the steps the restore may still take.
+    restore: Option<(Resources, u32)>,
+    /// `recommender.handback_restore_steps`.
+    handback_restore_steps: u32,
 }
 
 impl Decider {
@@ -342,6 +362,9 @@ impl Decider {
             reach: SloReach::new(ReachConfig::default()),
             memory_floor: true,
             default_hpa_target,
+            fallback_last: None,
+            restore: None,
+            handback_restore_steps: 0,
         };
         decider.apply_fallback_override();
         decider
@@ -382,6 +405,11 @@ impl Decider {
         self.memory_floor = on;
     }
 
+    /// `recommender.handback_restore_steps` (0: off).
+    pub fn set_handback_restore_steps(&mut self, steps: u32) {
+        self.handback_restore_steps = steps;
+    }
+
     /// Every `k`-th ONLINE episode (episode number k − 1 modulo k) acts without exploration
     /// noise (0: off).
     pub fn set_eval_every(&mut self, k: u32) {
@@ -416,6 +444,52 @@ impl Decider {
         }
     }
 
+    /// A hand-back (ONLINE or SERVING to OFFLINE) arms the restore of the fallback's last own
+    /// allocation; any other move disarms it.
+    fn on_stage_change(&mut self, before: Stage) {
+        let handback =
+            matches!(before, Stage::Online | Stage::Serving) && self.state.stage == Stage::Offline;
+        self.restore = match self.fallback_last {
+            Some(last) if handback && self.handback_restore_steps > 0 => {
+                tracing::info!(target = %self.state.target, replicas = last.replicas, cpu_millicores = last.cpu_millicores, memory_bytes = last.memory_bytes, steps = self.handback_restore_steps, "hand-back: the fallback restores its last own allocation");
+                Some((last, self.handback_restore_steps))
+            }
+            _ => None,
+        };
+    }
+
+    /// The fallback's action while it drives: after a hand-back, raised (per dimension, within
+    /// the bounds) to the fallback's last own allocation until that is in force or the restore's
+    /// steps run out. Raising the replicas releases the HPA's held decision, so between its
+    /// syncs it keeps what is in force instead of undoing the restore.
+    fn fallback_drives(&mut self, action: &mut Action) {
+        if let Some((last, left)) = self.restore {
+            let (floor, _) = self.spec.bounds.clamp_dimensions(last);
+            let in_force = covers(action.current, floor);
+            if in_force || left == 0 {
+                tracing::info!(target = %self.state.target, in_force, "hand-back restore ended");
+                self.restore = None;
+            } else {
+                let d = action.desired;
+                let raised = Resources {
+                    replicas: d.replicas.max(floor.replicas),
+                    cpu_millicores: d.cpu_millicores.max(floor.cpu_millicores),
+                    memory_bytes: d.memory_bytes.max(floor.memory_bytes),
+                };
+                if raised != d {
+                    if raised.replicas != d.replicas {
+                        self.fallback.release();
+                    }
+                    self.metrics.handback_restores.inc();
+                    tracing::debug!(target = %self.state.target, episode = action.episode, step = action.step, rules_replicas = d.replicas, replicas = raised.replicas, cpu_millicores = raised.cpu_millicores, memory_bytes = raised.memory_bytes, "hand-back: the fallback's action raised to its last own allocation");
+                    action.desired = raised;
+                }
+                self.restore = Some((last, left - 1));
+            }
+        }
+        self.fallback_last = Some(action.desired);
+    }
+
     /// The latest embedding received for the target.
     pub fn embedding(&self) -> Option<&[f32]> {
         self.embedding.as_deref()
@@ -438,6 +512,7 @@ impl Decider {
         }
         if self.state.stage != before {
             tracing::info!(target = %self.state.target, from = %before, to = %self.state.stage, retraining = self.state.retraining, "stage changed");
+            self.on_stage_change(before);
         }
         match ev {
             Event::Model(m) => {
@@ -556,6 +631,7 @@ impl Decider {
         let explore = match self.state.stage {
             Stage::Initialized | Stage::Offline => {
                 tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
+                self.fallback_drives(&mut action);
                 return action;
             }
             Stage::Online if is_eval_episode(o.episode, self.eval_every) => None,
@@ -609,6 +685,14 @@ impl Decider {
         }
         action
     }
+}
+
+/// Whether the allocation in force is at least `floor` in every dimension; CPU and memory within
+/// 1% (they are read back as averages over the pods, rounded).
+fn covers(current: Resources, floor: Resources) -> bool {
+    current.replicas >= floor.replicas
+        && f64::from(current.cpu_millicores) >= 0.99 * f64::from(floor.cpu_millicores)
+        && current.memory_bytes as f64 >= 0.99 * floor.memory_bytes as f64
 }
 
 /// `desired` with its memory raised to `floor` (bytes per replica, rounded up to a MiB, within
@@ -722,6 +806,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         decider.set_retrain_noise_scale(cfg.retrain_noise_scale);
         decider.set_reach(cfg.slo_unreachable);
         decider.set_memory_floor(cfg.memory_floor);
+        decider.set_handback_restore_steps(cfg.handback_restore_steps);
         Agent {
             decider,
             outbox: outbox.clone(),
@@ -980,6 +1065,114 @@ mod tests {
                 assert_eq!(a.current.replicas, up, "step {k}: {a:?}");
                 assert_eq!(a.desired.replicas, up, "step {k}: {a:?}");
             }
+        }
+
+        /// A policy that hands back pods it starved into a crash loop (none ready, no CPU
+        /// reported, OOM kills) gets the fallback's own last allocation back until it is in force:
+        /// the HPA alone keeps what is in force while no pod is ready, and the VPA alone would
+        /// leave one replica at the memory ceiling. Once in force the rules drive again, and
+        /// with the restore off the trap is what the fallback does.
+        #[test]
+        fn a_hand_back_restores_the_fallbacks_own_allocation_until_in_force() {
+            let lifecycle = |stage, previous| {
+                Event::Lifecycle(aware_bus_schemas::Lifecycle {
+                    schema: Schema::new(),
+                    target: Target::new("shop", "checkout"),
+                    episode: 0,
+                    step: 0,
+                    ts_ms: 0,
+                    stage,
+                    previous: Some(previous),
+                    reason: String::new(),
+                    reward_mean: None,
+                    reward_std: None,
+                    window: 0,
+                    rollback_to: None,
+                })
+            };
+            let healthy = |step: u32| {
+                let mut o = obs(vec![0.5; 9]);
+                o.step = step;
+                o.ts_ms = 1_000_000 + 10_000 * i64::from(step);
+                o.metrics.replicas = 4;
+                o.metrics.ready_replicas = 4;
+                o.metrics.spec_replicas = Some(4);
+                o.metrics.cpu_limit_cores = 0.5;
+                o.metrics.cpu_usage_cores = 1.4;
+                o.metrics.memory_limit_bytes = 512.0 * 1024.0 * 1024.0;
+                o.metrics.memory_working_set_bytes = 4.0 * 200.0 * 1024.0 * 1024.0;
+                o.metrics.oom_kills = 0;
+                o
+            };
+            // One replica left by the policy, crash-looping: nothing ready, no CPU, OOM kills.
+            let starved = |step: u32| {
+                let mut o = healthy(step);
+                o.metrics.replicas = 1;
+                o.metrics.ready_replicas = 0;
+                o.metrics.spec_replicas = Some(1);
+                o.metrics.cpu_limit_cores = 0.25;
+                o.metrics.cpu_usage_cores = 0.0;
+                o.metrics.memory_limit_bytes = 256.0 * 1024.0 * 1024.0;
+                o.metrics.memory_working_set_bytes = 250.0 * 1024.0 * 1024.0;
+                o.metrics.oom_kills = 1;
+                o
+            };
+            let run = |restore_steps: u32| {
+                let mut f = fixture();
+                f.decider.set_handback_restore_steps(restore_steps);
+                f.decider
+                    .handle(&lifecycle(Stage::Offline, Stage::Initialized));
+                let mut own = None;
+                for step in 0..6 {
+                    own = f.decider.handle(&Event::Obs(healthy(step)));
+                }
+                let own = own.unwrap().desired;
+                assert_eq!(own.replicas, 4, "{own:?}");
+                // ONLINE without a model: the fallback acts, but does not drive as its own.
+                f.decider.handle(&lifecycle(Stage::Online, Stage::Offline));
+                for step in 6..12 {
+                    f.decider.handle(&Event::Obs(starved(step)));
+                }
+                f.decider.handle(&lifecycle(Stage::Offline, Stage::Online));
+                let first = f.decider.handle(&Event::Obs(starved(12))).unwrap();
+                (f, own, first)
+            };
+
+            let (mut f, own, first) = run(12);
+            assert_eq!(first.source, DecisionSource::Fallback);
+            assert!(first.desired.replicas >= own.replicas, "{first:?}");
+            assert!(
+                first.desired.cpu_millicores >= own.cpu_millicores,
+                "{first:?}"
+            );
+            assert!(first.desired.memory_bytes >= own.memory_bytes, "{first:?}");
+            assert_eq!(
+                counter(&f.registry, "recommender_handback_restores_total", None),
+                1.0
+            );
+            // Not in force yet (the pods are still starting): the restore holds, and the HPA
+            // between syncs does not undo it.
+            let second = f.decider.handle(&Event::Obs(starved(13))).unwrap();
+            assert_eq!(
+                second.desired.replicas, first.desired.replicas,
+                "{second:?}"
+            );
+            // In force and healthy: the rules drive from what is in force, no longer raised.
+            let mut in_force = healthy(14);
+            in_force.metrics.replicas = first.desired.replicas;
+            in_force.metrics.ready_replicas = first.desired.replicas;
+            in_force.metrics.spec_replicas = Some(first.desired.replicas);
+            in_force.metrics.cpu_limit_cores = f64::from(first.desired.cpu_millicores) / 1000.0;
+            in_force.metrics.memory_limit_bytes = first.desired.memory_bytes as f64;
+            f.decider.handle(&Event::Obs(in_force));
+            assert_eq!(
+                counter(&f.registry, "recommender_handback_restores_total", None),
+                2.0
+            );
+
+            // Off: the fallback keeps the starved replica.
+            let (_, _, trapped) = run(0);
+            assert_eq!(trapped.desired.replicas, 1, "{trapped:?}");
         }
 
         /// Under sustained overload at the replica and CPU ceilings with the SLO violated, the
