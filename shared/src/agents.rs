@@ -29,13 +29,47 @@ pub struct Retire;
 /// Ordered publishing from actors (which cannot await) to the bus.
 #[derive(Clone)]
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<Event>,
+    tx: mpsc::UnboundedSender<Outgoing>,
+}
+
+/// What the publisher task does, in the order queued. Nearly every item is a publish: boxing the
+/// event to shrink the rare forget would allocate once per message.
+#[allow(clippy::large_enum_variant)]
+enum Outgoing {
+    Publish(Event),
+    /// [`crate::bus::Bus::forget_state`] of a state subject.
+    Forget(String),
 }
 
 impl Outbox {
     /// Queues an event for publishing; returns false when the service is shutting down.
     pub fn send(&self, ev: impl Into<Event>) -> bool {
-        self.tx.send(ev.into()).is_ok()
+        self.tx.send(Outgoing::Publish(ev.into())).is_ok()
+    }
+
+    /// Queues forgetting `target`'s current state of `kind` (after everything queued before it,
+    /// so an earlier publish cannot bring it back); false when the service is shutting down.
+    /// Nothing is queued for a target whose names form no subject (it never had state).
+    pub fn forget_state(&self, kind: aware_bus_schemas::EventKind, target: &Target) -> bool {
+        match aware_bus_schemas::subject::subject(kind, target) {
+            Ok(subject) => self.tx.send(Outgoing::Forget(subject)).is_ok(),
+            Err(_) => true,
+        }
+    }
+}
+
+/// Publishes or forgets one queued item; failures are counted (publishes) and logged.
+async fn deliver(ctx: &ServiceContext, item: Outgoing) {
+    match item {
+        Outgoing::Publish(ev) => {
+            let _ = ctx.publish_event(&ev).await;
+        }
+        Outgoing::Forget(subject) => match ctx.bus.forget_state(&subject).await {
+            Ok(()) => tracing::info!(service = ctx.name, %subject, "current state forgotten"),
+            Err(e) => {
+                tracing::warn!(service = ctx.name, %subject, error = %e, "cannot forget the current state")
+            }
+        },
     }
 }
 
@@ -65,19 +99,18 @@ pub fn spawn_publisher_until(
     ctx: ServiceContext,
     stop: tokio_util::sync::CancellationToken,
 ) -> (Outbox, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let handle = tokio::spawn(async move {
         loop {
             tokio::select! {
                 biased;
-                ev = rx.recv() => match ev {
-                    // Failures are counted and logged by `publish_event`.
-                    Some(ev) => { let _ = ctx.publish_event(&ev).await; }
+                item = rx.recv() => match item {
+                    Some(item) => deliver(&ctx, item).await,
                     None => break,
                 },
                 _ = stop.cancelled() => {
-                    while let Ok(ev) = rx.try_recv() {
-                        let _ = ctx.publish_event(&ev).await;
+                    while let Ok(item) = rx.try_recv() {
+                        deliver(&ctx, item).await;
                     }
                     break;
                 }
@@ -117,6 +150,8 @@ where
     starter: Starter<A>,
     gauge: prometheus::IntGauge,
     retiring: Option<Retiring>,
+    /// Called once for every target that becomes retired, with or without an actor.
+    on_retired: Option<RetiredHook>,
     late: LateEvents,
     /// Targets whose latest registration registers them, and the gauges that report them.
     registered: std::collections::HashSet<Target>,
@@ -134,6 +169,9 @@ where
 
 /// Makes a target's actor and starts it ([`TargetActors::new`], [`TargetActors::spread`]).
 type Starter<A> = Box<dyn FnMut(&Target) -> Addr<A>>;
+
+/// What a service does when one of its targets becomes retired ([`TargetActors::with_on_retired`]).
+type RetiredHook = Box<dyn FnMut(&Target)>;
 
 /// What becomes of the events of a retired target ([`TargetActors`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +238,7 @@ where
                 retired_total: ctx.metrics.targets_retired.clone(),
                 dropped: ctx.metrics.retired_target_events.clone(),
             }),
+            on_retired: None,
             late: LateEvents::Drop,
             registered: std::collections::HashSet::new(),
             registered_gauge: ctx.metrics.registered_targets.clone(),
@@ -243,6 +282,14 @@ where
         }
         refused.inc();
         false
+    }
+
+    /// The same, calling `f` once for every target that becomes retired — its actor stopped by
+    /// [`TargetActors::sweep`], or an old deregistration read at start-up retiring it without
+    /// one — so the service can forget the state it published for it.
+    pub fn with_on_retired(mut self, f: impl FnMut(&Target) + 'static) -> Self {
+        self.on_retired = Some(Box::new(f));
+        self
     }
 
     /// The same, with `late` for the events of retired targets.
@@ -329,6 +376,9 @@ where
                     // the sender's time trusted: a forged old stamp for a configured or
                     // registered target must not drop its events at once.
                     r.mark_retired(target.clone(), reg.ts_ms);
+                    if let Some(f) = self.on_retired.as_mut() {
+                        f(target);
+                    }
                     return false;
                 }
                 // The delay runs on this service's clock from receipt: a deregistration stamped
@@ -375,6 +425,9 @@ where
             }
         }
         for t in &due {
+            if let Some(f) = self.on_retired.as_mut() {
+                f(t);
+            }
             if self.retire(t) {
                 if let Some(r) = &self.retiring {
                     r.retired_total.inc();
@@ -830,6 +883,78 @@ mod tests {
                 by_actor(&log),
                 vec![(3, "target".to_string()), (3, "obs".into())]
             );
+        });
+    }
+
+    /// The retirement hook runs once per retired target, whether its actor was stopped after
+    /// the delay or an old deregistration (a restart's retained state) retired it without one;
+    /// not for a target registered again in time, nor for a repeated deregistration.
+    #[test]
+    fn the_retirement_hook_runs_once_for_every_target_retired() {
+        actix_rt::System::new().block_on(async {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let (a, ctx) = actors(10, &log);
+            let hooked = Arc::new(Mutex::new(Vec::new()));
+            let seen = hooked.clone();
+            let mut a = a.with_on_retired(move |t: &Target| seen.lock().unwrap().push(t.clone()));
+            let (live, back, old) = (
+                Target::new("shop", "live"),
+                Target::new("shop", "back"),
+                Target::new("shop", "old"),
+            );
+            let spec = crate::registry::to_registered(&ctx.config.spec_for(&back), None);
+            let t0 = 1_000_000;
+            for t in [&live, &back] {
+                a.route_at(obs_of(t), t0);
+                a.route_at(registration(t, t0, None).into(), t0);
+            }
+            a.route_at(registration(&back, t0 + 1, Some(spec)).into(), t0 + 1);
+            a.route_at(registration(&old, t0 - 10_000, None).into(), t0);
+            assert_eq!(
+                *hooked.lock().unwrap(),
+                vec![old.clone()],
+                "at once, no actor"
+            );
+            assert!(a.sweep(t0 + 9_999).is_empty());
+            assert_eq!(a.sweep(t0 + 10_000), vec![live.clone()]);
+            a.route_at(registration(&live, t0 + 11_000, None).into(), t0 + 11_000);
+            a.route_at(registration(&old, t0 + 11_000, None).into(), t0 + 11_000);
+            a.sweep(t0 + 20_000);
+            assert_eq!(*hooked.lock().unwrap(), vec![old, live]);
+        });
+    }
+
+    /// A forget queued in the outbox runs after what was queued before it: the target's current
+    /// state is gone for a later start-up read, and a publish queued after it is kept again.
+    #[test]
+    fn the_outbox_forgets_state_in_order() {
+        actix_rt::System::new().block_on(async {
+            let ctx = ServiceContext::new(
+                "probe",
+                Bus::in_process(16),
+                Arc::new(AppConfig::default()),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let lifecycle = samples()
+                .into_iter()
+                .find(|e| e.kind() == aware_bus_schemas::EventKind::Lifecycle)
+                .unwrap();
+            let target = lifecycle.target().clone();
+            let kind = aware_bus_schemas::EventKind::Lifecycle;
+            let stages = |ctx: ServiceContext| async move { ctx.current_state(kind).await.len() };
+            let (outbox, publisher) = spawn_publisher(ctx.clone());
+            assert!(outbox.send(lifecycle.clone()));
+            assert!(outbox.forget_state(kind, &target));
+            drop(outbox);
+            publisher.await.unwrap();
+            assert_eq!(stages(ctx.clone()).await, 0, "forgotten after the publish");
+            let (outbox, publisher) = spawn_publisher(ctx.clone());
+            assert!(outbox.forget_state(kind, &target));
+            assert!(outbox.send(lifecycle));
+            drop(outbox);
+            publisher.await.unwrap();
+            assert_eq!(stages(ctx).await, 1, "published after the forget");
         });
     }
 

@@ -818,6 +818,52 @@ async fn the_lifecycle_monitor_restores_stages_and_honours_registered_profiles()
     running.join().await.unwrap();
 }
 
+/// A deleted target's stage goes with it: once the lifecycle monitor retires a deregistered
+/// target (`actors.retire_after_secs`) it purges the target's `lifecycle` key, so a monitor
+/// restarted later does not resume a target created again under the same name at the stage of
+/// the deleted one (whose model the trainer forgets); it bootstraps afresh, as it would have
+/// without the restart.
+#[actix_rt::test]
+async fn a_retired_targets_stage_is_forgotten_so_a_recreated_target_starts_afresh_after_a_restart()
+{
+    use aware_bus_schemas::Stage;
+    let server = NatsServer::start().unwrap();
+    let mut cfg = AppConfig::default();
+    cfg.bus.url = server.url();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.actors.retire_after_secs = 1;
+    let bus = Bus::connect(&cfg.bus, "lifecycle-forget-test")
+        .await
+        .unwrap();
+    publish_serving_before_start(&bus, &server).await;
+    let spec = TargetSpec::new(&target());
+
+    let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;
+    publish(&bus, registration(Some(&spec), 1).into()).await;
+    publish(&bus, obs(1).into()).await;
+    publish(&bus, registration(None, 2).into()).await;
+    // Retired a second after the deregistration (swept every 100 ms), then the key is purged.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let m = crate::labelled_metrics_of(&running, aware_lifecycle_monitor::NAME);
+    assert_eq!(m("aware_targets_retired_total", &[]), Some(1.0));
+    shutdown.cancel();
+    running.join().await.unwrap();
+
+    // Created again, then the monitor restarts: it starts the target afresh (OFFLINE, announced)
+    // instead of resuming the deleted target's SERVING.
+    let mut lifecycle = bus.subscribe("aware.v1.lifecycle.>").await.unwrap();
+    let (running, shutdown) = start_ready(&cfg, &[aware_lifecycle_monitor::ENTRY]).await;
+    publish(&bus, registration(Some(&spec), 3).into()).await;
+    publish(&bus, obs(2).into()).await;
+    let l = next_lifecycle(&mut lifecycle).await;
+    assert_eq!(
+        (l.target, l.stage, l.previous),
+        (target(), Stage::Offline, Some(Stage::Initialized))
+    );
+    shutdown.cancel();
+    running.join().await.unwrap();
+}
+
 /// Re-baselining over NATS: with `[lifecycle_monitor] rebaseline_after_episodes` set, a target
 /// whose ONLINE rewards settle below `t_serving` is published SERVING at the settled level, and
 /// published ONLINE again when its rewards fall below that level by more than the margin.

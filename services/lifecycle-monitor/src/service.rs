@@ -320,7 +320,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     })?;
     // A restart resumes every target at the stage the previous run published (NATS with the
     // JetStream capture; the embedded bus's retained messages).
-    let mut restored: std::collections::HashMap<Target, Stage> = ctx
+    let restored: std::collections::HashMap<Target, Stage> = ctx
         .current_state(EventKind::Lifecycle)
         .await
         .into_iter()
@@ -332,6 +332,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     if !restored.is_empty() {
         tracing::info!(targets = restored.len(), "stages restored from the capture");
     }
+    // Shared by the actors' factory and the retirement hook, both called on the intake's thread.
+    let restored = std::rc::Rc::new(std::cell::RefCell::new(restored));
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
@@ -339,6 +341,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let registrations = ctx.metrics.registrations.clone();
     let metrics = LifecycleMetrics::new(&ctx.metrics)?;
     let config = ctx.config.clone();
+    let resume = restored.clone();
+    let retiring_outbox = outbox.clone();
     let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let mut machine = LifecycleMachine::with_rules(profile.clone(), rules.clone());
         // The configured SLO until a registration brings the target's own.
@@ -348,7 +352,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         machine.set_prices(config.learning.objective.prices);
         // Only the target's first actor resumes there: one started again after a retirement is
         // for a target deleted and created again.
-        if let Some(stage) = restored.remove(t) {
+        if let Some(stage) = resume.borrow_mut().remove(t) {
             machine.restore(stage);
         }
         LifecycleAgent {
@@ -361,6 +365,13 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             counted: None,
             models: models.clone(),
         }
+    })
+    // A retired target (deleted, and not created again within `actors.retire_after_secs`) has
+    // its stage forgotten on the bus and here: created again after a restart, it starts afresh
+    // as it would in this run, not at a stage whose model the trainer forgets.
+    .with_on_retired(move |t: &Target| {
+        restored.borrow_mut().remove(t);
+        retiring_outbox.forget_state(EventKind::Lifecycle, t);
     });
     for spec in &ctx.config.targets {
         actors.get_or_start(&spec.target());
