@@ -88,7 +88,9 @@ pub struct MonitorConfig {
     /// over its last `budget_long_episodes` OFFLINE episodes when that is higher — on two
     /// windows of the policy's episodes (those its actions drove, since its last promotion):
     /// the last `budget_long_episodes` with their worst episode left out, and the last
-    /// `budget_short_episodes` (it is still burning). One bad episode never decides. The
+    /// `budget_short_episodes` (it is still burning), judged from the policy's
+    /// (`budget_short_episodes` + 1)-th episode on, the long window holding the episodes there
+    /// are until it is full. One bad episode never decides. The
     /// readmission waits as after a failed probation (a newer model, `readmit_after_episodes`
     /// doubled per failure). Probation's verdict also fails on the budget (over its episodes,
     /// against the same allowed burn) before it looks at the reward. Off, or without an SLO:

@@ -315,7 +315,11 @@ impl LifecycleMachine {
     pub fn budget_burn(&self) -> Option<BudgetBurn> {
         let objective = self.objective.filter(|_| self.rules.error_budget)?;
         let n = self.rules.budget_long_episodes;
-        if self.policy_slo.len() < n {
+        let k = self.rules.budget_short_episodes.min(n);
+        // Judged from the first episode past the short window on: the long window holds what
+        // there is (up to n), so a policy burning from its promotion on is not left to burn
+        // until n episodes have passed; one bad episode still never decides.
+        if self.policy_slo.len() < (k + 1).min(n) {
             return None;
         }
         let all: Vec<Intervals> = self.policy_slo.iter().map(|(i, _)| *i).collect();
@@ -335,7 +339,6 @@ impl LifecycleMachine {
                 .filter(|(k, _)| Some(*k) != worst)
                 .map(|(_, i)| i),
         );
-        let k = self.rules.budget_short_episodes.min(n);
         let short = Intervals::sum(&all[all.len() - k..]);
         Some(BudgetBurn {
             long: long.burn(objective)?,
@@ -1076,8 +1079,9 @@ impl LifecycleMachine {
         if !b.burning() {
             return None;
         }
-        let r = &self.rules;
-        let (n, k) = (r.budget_long_episodes, r.budget_short_episodes);
+        // The long window: the RL episodes there are, up to `budget_long_episodes`.
+        let n = self.policy_slo.len();
+        let k = self.rules.budget_short_episodes.min(n);
         let what = match self.stage {
             Stage::Serving if self.serving_floor.is_some() => "SERVING (re-baselined)",
             Stage::Serving => "SERVING",
@@ -2563,21 +2567,23 @@ pub(crate) mod tests {
             assert_eq!(m.fallback_burn(), Some(0.0));
             // 5% of intervals violating: 5x the budget, while the reward (1.5) is above
             // t_serving: rewards alone keep it SERVING.
-            let ts = feed_rl(&mut m, &mut n, &[5; 6]);
-            assert!(ts.is_empty(), "the long window is not full: {ts:?}");
+            let ts = feed_rl(&mut m, &mut n, &[5]);
+            assert!(ts.is_empty(), "one bad episode never decides: {ts:?}");
             assert_eq!(m.stage(), Serving);
+            // The second decides, long before the long window (10) is full: it holds the RL
+            // episodes there are.
             let ts = feed_rl(&mut m, &mut n, &[5]);
             assert_eq!(ts.len(), 1, "{ts:?}");
             let t = &ts[0];
-            assert_eq!((t.from, t.to, t.window), (Serving, Offline, 10));
+            assert_eq!((t.from, t.to, t.window), (Serving, Offline, 5));
             assert!(t.budget_return);
-            // 3 clean ONLINE and 7 SERVING episodes at 5%: 3.5x, 3.33x without the worst,
+            // 3 clean ONLINE and 2 SERVING episodes at 5%: 2x, 1.25x without the worst,
             // 5x over the last 2; the fallback burned nothing.
             for part in [
                 "error budget",
                 "SERVING",
-                "3.50x over the last 10 RL episodes",
-                "3.33x without the worst one",
+                "2.00x over the last 5 RL episodes",
+                "1.25x without the worst one",
                 "5.00x over the last 2",
                 "allowed 1.00x",
                 "objective 0.99",
@@ -2641,16 +2647,43 @@ pub(crate) mod tests {
             );
             assert!(feed_rl(&mut m, &mut n, &[0; 12]).is_empty());
             assert_eq!(m.stage(), Serving);
-            // A burn that has stopped: three bad episodes leave the long window burning, but
-            // the short one is clean by the time they would decide.
+            // Bad episodes apart, each diluted by the clean ones around it, never make both
+            // windows burn at once.
             let (mut m, mut n) = serving(MonitorConfig::default(), 0);
-            assert!(feed_rl(&mut m, &mut n, &[6, 6, 6, 0, 0, 0, 0]).is_empty());
-            let b = m.budget_burn().unwrap();
-            assert!(b.long_trimmed > 1.0 && b.short == 0.0, "{b:?}");
+            assert!(feed_rl(&mut m, &mut n, &[0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 2, 0]).is_empty());
             assert_eq!(m.stage(), Serving);
+            // A burn that has stopped (the short window clean) does not decide either.
+            let stopped = BudgetBurn {
+                long: 3.0,
+                long_trimmed: 2.0,
+                short: 0.0,
+                fallback: Some(0.0),
+                allowed: 1.0,
+            };
+            assert!(!stopped.burning());
             // Two bad episodes in a row are no longer one episode's doing.
-            let ts = feed_rl(&mut m, &mut n, &[0, 0, 0, 0, 0, 0, 30, 30]);
+            let ts = feed_rl(&mut m, &mut n, &[30, 30]);
             assert_eq!(ts.iter().map(|t| t.to).collect::<Vec<_>>(), [Offline]);
+            // From the first episode past the short window on: probation (3 episodes) aside, a
+            // policy burning from its promotion is returned at its third RL episode.
+            let mut m = LifecycleMachine::with_rules(
+                profile(true),
+                MonitorConfig {
+                    budget_short_episodes: 1,
+                    ..MonitorConfig::default()
+                },
+            );
+            m.set_slo(&slo(None));
+            m.start();
+            assert!(m.observe(&ep(1, Offline, 1.2, 0, false)).is_none());
+            m.observe_model(&model(1, Some(1.3), Some(1.2))).unwrap();
+            let mut n = 2;
+            assert!(feed_rl(&mut m, &mut n, &[20]).is_empty());
+            let ts = feed_rl(&mut m, &mut n, &[20]);
+            assert_eq!(
+                ts.iter().map(|t| (t.to, t.window)).collect::<Vec<_>>(),
+                [(Offline, 2)]
+            );
         }
 
         #[test]
@@ -2788,7 +2821,7 @@ pub(crate) mod tests {
                     .collect::<Vec<_>>(),
                 [Serving]
             );
-            let ts = feed_rl(&mut m, &mut n, &[20; 7]);
+            let ts = feed_rl(&mut m, &mut n, &[20; 2]);
             assert_eq!(
                 ts.iter().map(|t| (t.from, t.to)).collect::<Vec<_>>(),
                 [(Serving, Offline)]
