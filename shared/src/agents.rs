@@ -689,18 +689,23 @@ mod tests {
         actors_with(cfg, log)
     }
 
-    /// The actors of a service configured by `cfg`; each new actor logs under the next id.
-    fn actors_with(
-        cfg: AppConfig,
-        log: &Arc<Mutex<Vec<(usize, String)>>>,
-    ) -> (TargetActors<Probe>, ServiceContext) {
-        let ctx = ServiceContext::new(
+    /// A service context on an in-process bus, configured by `cfg`.
+    fn probe_ctx(cfg: AppConfig) -> ServiceContext {
+        ServiceContext::new(
             "probe",
             Bus::in_process(16),
             Arc::new(cfg),
             tokio_util::sync::CancellationToken::new(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// The actors of a service configured by `cfg`; each new actor logs under the next id.
+    fn actors_with(
+        cfg: AppConfig,
+        log: &Arc<Mutex<Vec<(usize, String)>>>,
+    ) -> (TargetActors<Probe>, ServiceContext) {
+        let ctx = probe_ctx(cfg);
         let (log, mut next) = (log.clone(), 0);
         let actors = TargetActors::new(&ctx, move |_: &Target| {
             next += 1;
@@ -929,13 +934,7 @@ mod tests {
     #[test]
     fn the_outbox_forgets_state_in_order() {
         actix_rt::System::new().block_on(async {
-            let ctx = ServiceContext::new(
-                "probe",
-                Bus::in_process(16),
-                Arc::new(AppConfig::default()),
-                tokio_util::sync::CancellationToken::new(),
-            )
-            .unwrap();
+            let ctx = probe_ctx(AppConfig::default());
             let lifecycle = samples()
                 .into_iter()
                 .find(|e| e.kind() == aware_bus_schemas::EventKind::Lifecycle)
@@ -1336,13 +1335,7 @@ mod tests {
     #[test]
     fn without_arbiters_spread_actors_run_on_the_callers_thread() {
         actix_rt::System::new().block_on(async {
-            let ctx = ServiceContext::new(
-                "probe",
-                Bus::in_process(16),
-                Arc::new(AppConfig::default()),
-                tokio_util::sync::CancellationToken::new(),
-            )
-            .unwrap();
+            let ctx = probe_ctx(AppConfig::default());
             let (outbox, _publisher) = spawn_publisher(ctx.clone());
             let log: SpotLog = Arc::default();
             let (l, dropped) = (

@@ -873,26 +873,29 @@ mod tests {
         assert_eq!(s.last_obs, Some((7, 42)));
     }
 
+    /// A `lifecycle` of shop/checkout moving to `stage` after `previous`.
+    fn lifecycle_event(previous: Option<Stage>, stage: Stage) -> Event {
+        Event::Lifecycle(aware_bus_schemas::Lifecycle {
+            schema: Schema::new(),
+            target: Target::new("shop", "checkout"),
+            episode: 0,
+            step: 0,
+            ts_ms: 0,
+            stage,
+            previous,
+            reason: String::new(),
+            reward_mean: None,
+            reward_std: None,
+            window: 0,
+            rollback_to: None,
+        })
+    }
+
     /// A `lifecycle` that is no move of the lifecycle monitor (forged with the bus's permissions
     /// off) changes nothing: a target known OFFLINE is not switched to the policy by a SERVING.
     #[test]
     fn lifecycle_messages_the_monitor_never_sends_are_refused() {
-        let msg = |previous: Option<Stage>, stage: Stage| {
-            Event::Lifecycle(aware_bus_schemas::Lifecycle {
-                schema: Schema::new(),
-                target: Target::new("shop", "checkout"),
-                episode: 0,
-                step: 0,
-                ts_ms: 0,
-                stage,
-                previous,
-                reason: String::new(),
-                reward_mean: None,
-                reward_std: None,
-                window: 0,
-                rollback_to: None,
-            })
-        };
+        let msg = lifecycle_event;
         let mut s = AgentState::new(Target::new("shop", "checkout"));
         assert!(s.apply(&msg(Some(Stage::Initialized), Stage::Offline)));
         for forged in [
@@ -1074,22 +1077,7 @@ mod tests {
         /// with the restore off the trap is what the fallback does.
         #[test]
         fn a_hand_back_restores_the_fallbacks_own_allocation_until_in_force() {
-            let lifecycle = |stage, previous| {
-                Event::Lifecycle(aware_bus_schemas::Lifecycle {
-                    schema: Schema::new(),
-                    target: Target::new("shop", "checkout"),
-                    episode: 0,
-                    step: 0,
-                    ts_ms: 0,
-                    stage,
-                    previous: Some(previous),
-                    reason: String::new(),
-                    reward_mean: None,
-                    reward_std: None,
-                    window: 0,
-                    rollback_to: None,
-                })
-            };
+            let lifecycle = |stage, previous| lifecycle_event(Some(previous), stage);
             let healthy = |step: u32| {
                 let mut o = obs(vec![0.5; 9]);
                 o.step = step;
@@ -1714,22 +1702,7 @@ mod tests {
 
         #[test]
         fn retraining_after_serving_explores_with_the_scaled_noise() {
-            let lifecycle = |stage, previous| {
-                Event::Lifecycle(aware_bus_schemas::Lifecycle {
-                    schema: Schema::new(),
-                    target: Target::new("shop", "checkout"),
-                    episode: 0,
-                    step: 0,
-                    ts_ms: 0,
-                    stage,
-                    previous: Some(previous),
-                    reason: String::new(),
-                    reward_mean: None,
-                    reward_std: None,
-                    window: 0,
-                    rollback_to: None,
-                })
-            };
+            let lifecycle = |stage, previous| lifecycle_event(Some(previous), stage);
             let s = vec![0.3, 0.6, 0.9, 0.2, 0.1, 0.0, 1.0, 0.1, 0.2];
             // One exploring action after `events`, and the policy's own action on the same
             // normalizer (SERVING).
