@@ -265,6 +265,17 @@ impl ServiceContext {
             .collect()
     }
 
+    /// One read of the current state of `kind` (as [`Self::current_state`]), without its
+    /// retries and without touching readiness: for a periodic task that tries again later.
+    pub async fn read_state_once(&self, kind: EventKind) -> Result<Vec<Event>, CaptureError> {
+        Ok(self
+            .read_last_per_target(kind)
+            .await?
+            .into_iter()
+            .filter_map(|(subj, payload)| self.decode(kind, &subj, &payload))
+            .collect())
+    }
+
     /// The newest captured message of `kind` for every target (subject, payload), in stream
     /// order (the embedded bus: its retained messages); empty with the capture off. A read that
     /// fails is retried, with a backoff from 1 s to 30 s, until it succeeds or the service

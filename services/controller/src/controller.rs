@@ -70,6 +70,12 @@ pub struct ControllerConfig {
     pub max_concurrent_reconciles: u16,
     /// Leader election among replicas (`[controller.leader_election]`).
     pub leader_election: LeaderElectionConfig,
+    /// A deleted object's deregistration stays the target's current state (the state bucket's
+    /// key) this long, seconds, then the key is purged: the services have retired the target and
+    /// forgotten its data by then (`actors.retire_after_secs`, `trainer.forget_after_secs`,
+    /// `trajectory_store.forget_after_secs`), and the bucket does not grow with every target ever
+    /// deleted. 0: never. Default 8 days.
+    pub forget_deregistered_after_secs: u64,
 }
 
 impl Default for ControllerConfig {
@@ -81,6 +87,7 @@ impl Default for ControllerConfig {
             error_requeue_seconds: 10,
             max_concurrent_reconciles: 16,
             leader_election: LeaderElectionConfig::default(),
+            forget_deregistered_after_secs: 8 * 24 * 3600,
         }
     }
 }
@@ -164,6 +171,8 @@ pub struct ControllerMetrics {
     /// Changes of the `SloUnreachable` condition, by the Event's reason (`SloUnreachable`,
     /// `SloReachable`).
     pub slo_reach_changes: prometheus::IntCounterVec,
+    /// Deregistrations purged from the state bucket (`forget_deregistered_after_secs`).
+    pub deregistrations_forgotten: prometheus::IntCounter,
 }
 
 impl ControllerMetrics {
@@ -205,6 +214,10 @@ impl ControllerMetrics {
                 "Changes of the SloUnreachable condition, by reason (SloUnreachable: the SLO cannot be met within the bounds; SloReachable: it can again)",
                 &["reason"],
                 &[&["SloUnreachable"], &["SloReachable"]],
+            )?,
+            deregistrations_forgotten: m.counter(
+                "controller_deregistrations_forgotten_total",
+                "Deregistrations of deleted objects purged from the state bucket after controller.forget_deregistered_after_secs",
             )?,
             reconcile_duration: m.histogram(
                 "controller_reconcile_duration_seconds",
@@ -982,6 +995,66 @@ pub async fn run_with_client(ctx: ServiceContext, client: Client) -> Result<(), 
     }
 }
 
+/// Purges the state bucket's key of every target whose current state is a deregistration
+/// (no spec) published `after_ms` or more before `now_ms`; how many. The time is the
+/// controller's own stamp on its deregistration (only the controller may publish `target`).
+pub async fn forget_old_deregistrations(
+    ctx: &ServiceContext,
+    after_ms: i64,
+    now_ms: i64,
+) -> Result<usize, ServiceError> {
+    let state = ctx
+        .read_state_once(EventKind::Target)
+        .await
+        .map_err(|e| ServiceError::resource("controller.forget_deregistered_after_secs", e))?;
+    let mut forgotten = 0;
+    for ev in state {
+        let Event::Registration(r) = ev else { continue };
+        if r.spec.is_some() || now_ms.saturating_sub(r.ts_ms) < after_ms {
+            continue;
+        }
+        let Ok(subject) = aware_bus_schemas::subject::subject(EventKind::Target, &r.target) else {
+            continue;
+        };
+        ctx.bus
+            .forget_state(&subject)
+            .await
+            .map_err(|e| ServiceError::resource("controller.forget_deregistered_after_secs", e))?;
+        tracing::info!(target = %r.target, deregistered_ms = r.ts_ms, "deregistration forgotten: the target's key is purged from the state bucket");
+        forgotten += 1;
+    }
+    if forgotten > 0 {
+        ctx.bus
+            .flush()
+            .await
+            .map_err(|e| ServiceError::resource("controller.forget_deregistered_after_secs", e))?;
+    }
+    Ok(forgotten)
+}
+
+/// While leading: [`forget_old_deregistrations`] every tenth of the delay (between a minute
+/// and an hour); a failed pass is logged and tried again at the next.
+async fn run_forgetting(shared: Arc<Shared>) {
+    let secs = shared.config.forget_deregistered_after_secs;
+    if secs == 0 {
+        return;
+    }
+    let after_ms = i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let every = Duration::from_secs((secs / 10).clamp(60, 3600));
+    loop {
+        tokio::select! {
+            () = shared.ctx.shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match forget_old_deregistrations(&shared.ctx, after_ms, aware_bus_schemas::now_ms()).await {
+            Ok(n) => shared.metrics.deregistrations_forgotten.inc_by(n as u64),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot purge old deregistrations; trying again later")
+            }
+        }
+    }
+}
+
 /// Runs the controller loop (kube runtime) and the status writer until shutdown.
 async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceError> {
     let ctx = shared.ctx.clone();
@@ -992,6 +1065,9 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
         Api::namespaced(client, &config.namespace)
     };
     let writer = tokio::spawn(run_status_writer(shared.clone()));
+    // Ends at shutdown, or with this future when the lease is lost.
+    let forgetting = tokio::spawn(run_forgetting(shared.clone()));
+    let _abort_forgetting = AbortOnDrop(forgetting);
     ctx.ready.set(true);
     tracing::info!(namespace = %if config.namespace.is_empty() { "*" } else { config.namespace.as_str() }, resync_s = config.resync_seconds, "controller watching AwareAutoscalers");
     let shutdown = ctx.shutdown.clone();
@@ -1039,6 +1115,15 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
         source,
     })??;
     Ok(())
+}
+
+/// Aborts a task when dropped (the forgetting of a replica that stops leading).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs the service with the in-cluster (or kubeconfig) client.
@@ -1332,6 +1417,56 @@ mod tests {
         reconcile(parse(obj), f.shared.clone()).await.unwrap();
         assert!(f.registration().await.is_some(), "re-sent on resync");
         f.finish().await;
+    }
+
+    /// Old deregistrations are purged from the current state; a recent one, and a target
+    /// registered again after its deletion, keep theirs.
+    #[tokio::test]
+    async fn old_deregistrations_are_forgotten_and_recent_ones_and_registrations_kept() {
+        use aware_shared::testkit::registration;
+        let ctx = ServiceContext::new(
+            "controller",
+            Bus::in_process(64),
+            Arc::new(AppConfig::default()),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let now = 1_000_000_000_000;
+        let day = 86_400_000;
+        let (old, recent, back) = (
+            Target::new("shop", "old"),
+            Target::new("shop", "recent"),
+            Target::new("shop", "back"),
+        );
+        let spec = to_registered(&aware_shared::spec::TargetSpec::new(&back), None);
+        for r in [
+            registration(&old, now - 9 * day, None),
+            registration(&recent, now - day, None),
+            registration(&back, now - 20 * day, None),
+            registration(&back, now - 19 * day, Some(spec)),
+        ] {
+            ctx.publish_event(&Event::Registration(r)).await.unwrap();
+        }
+        let forgotten = forget_old_deregistrations(&ctx, 8 * day, now)
+            .await
+            .unwrap();
+        assert_eq!(forgotten, 1);
+        let mut left: Vec<String> = ctx
+            .read_state_once(EventKind::Target)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.target().name.clone())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["back", "recent"]);
+        assert_eq!(
+            forget_old_deregistrations(&ctx, 8 * day, now)
+                .await
+                .unwrap(),
+            0,
+            "nothing left to forget"
+        );
     }
 
     /// Moves the clock past the resync interval, as the queue's requeue would.
