@@ -508,3 +508,64 @@ async fn late_stages(bus_cfg: &BusConfig) -> Vec<(String, u64)> {
     stages.sort();
     stages
 }
+
+/// The controller's purge of old deregistrations on nats-server: the state bucket's key goes, so
+/// a service starting later reads no state for the deleted target; a recent deregistration and a
+/// registered target keep theirs, and the purge holds against the capture.
+#[tokio::test]
+async fn the_controller_forgets_old_deregistrations_in_the_state_bucket() {
+    use aware_bus_schemas::{Event, EventKind, Target};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+    use aware_shared::testkit::registration;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let app = std::sync::Arc::new(AppConfig {
+        bus: bus_cfg.clone(),
+        ..AppConfig::default()
+    });
+    let context = |bus: Bus, name: &'static str| {
+        ServiceContext::new(
+            name,
+            bus,
+            app.clone(),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap()
+    };
+    let controller = context(
+        Bus::connect(&bus_cfg, "controller").await.unwrap(),
+        "controller",
+    );
+    let now = aware_bus_schemas::now_ms();
+    let day = 86_400_000;
+    let (old, recent, kept) = (
+        Target::new("shop", "old"),
+        Target::new("shop", "recent"),
+        Target::new("shop", "kept"),
+    );
+    let spec =
+        aware_shared::registry::to_registered(&aware_shared::spec::TargetSpec::new(&kept), None);
+    for r in [
+        registration(&old, now - 9 * day, None),
+        registration(&recent, now - day, None),
+        registration(&kept, now - 30 * day, Some(spec)),
+    ] {
+        publish(&controller.bus, Event::Registration(r)).await;
+    }
+    aware_tests::wait_captured(&server.url(), "AWARE", 3).await;
+    let n = aware_controller::controller::forget_old_deregistrations(&controller, 8 * day, now)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let late = context(Bus::connect(&bus_cfg, "late").await.unwrap(), "late");
+    let mut left: Vec<String> = late
+        .current_state(EventKind::Target)
+        .await
+        .iter()
+        .map(|e| e.target().name.clone())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["kept", "recent"]);
+}
