@@ -37,8 +37,8 @@ pub struct Outbox {
 #[allow(clippy::large_enum_variant)]
 enum Outgoing {
     Publish(Event),
-    /// [`crate::bus::Bus::forget_state`] of a state subject.
-    Forget(String),
+    /// [`crate::bus::Bus::forget_target_state`].
+    Forget(aware_bus_schemas::EventKind, Target),
 }
 
 impl Outbox {
@@ -49,12 +49,8 @@ impl Outbox {
 
     /// Queues forgetting `target`'s current state of `kind` (after everything queued before it,
     /// so an earlier publish cannot bring it back); false when the service is shutting down.
-    /// Nothing is queued for a target whose names form no subject (it never had state).
     pub fn forget_state(&self, kind: aware_bus_schemas::EventKind, target: &Target) -> bool {
-        match aware_bus_schemas::subject::subject(kind, target) {
-            Ok(subject) => self.tx.send(Outgoing::Forget(subject)).is_ok(),
-            Err(_) => true,
-        }
+        self.tx.send(Outgoing::Forget(kind, target.clone())).is_ok()
     }
 }
 
@@ -64,10 +60,12 @@ async fn deliver(ctx: &ServiceContext, item: Outgoing) {
         Outgoing::Publish(ev) => {
             let _ = ctx.publish_event(&ev).await;
         }
-        Outgoing::Forget(subject) => match ctx.bus.forget_state(&subject).await {
-            Ok(()) => tracing::info!(service = ctx.name, %subject, "current state forgotten"),
+        Outgoing::Forget(kind, target) => match ctx.bus.forget_target_state(kind, &target).await {
+            Ok(()) => {
+                tracing::info!(service = ctx.name, event = %kind, %target, "current state forgotten")
+            }
             Err(e) => {
-                tracing::warn!(service = ctx.name, %subject, error = %e, "cannot forget the current state")
+                tracing::warn!(service = ctx.name, event = %kind, %target, error = %e, "cannot forget the current state")
             }
         },
     }

@@ -252,10 +252,7 @@ async fn forget_state(
     target: &Target,
 ) -> Result<(), crate::bus::BusError> {
     for &kind in kinds {
-        let Ok(subject) = aware_bus_schemas::subject::subject(kind, target) else {
-            continue; // a target whose names form no subject never had state on the bus
-        };
-        ctx.bus.forget_state(&subject).await?;
+        ctx.bus.forget_target_state(kind, target).await?;
     }
     if !kinds.is_empty() {
         ctx.bus.flush().await?;

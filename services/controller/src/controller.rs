@@ -1013,11 +1013,8 @@ pub async fn forget_old_deregistrations(
         if r.spec.is_some() || now_ms.saturating_sub(r.ts_ms) < after_ms {
             continue;
         }
-        let Ok(subject) = aware_bus_schemas::subject::subject(EventKind::Target, &r.target) else {
-            continue;
-        };
         ctx.bus
-            .forget_state(&subject)
+            .forget_target_state(EventKind::Target, &r.target)
             .await
             .map_err(|e| ServiceError::resource("controller.forget_deregistered_after_secs", e))?;
         tracing::info!(target = %r.target, deregistered_ms = r.ts_ms, "deregistration forgotten: the target's key is purged from the state bucket");
@@ -1065,9 +1062,8 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
         Api::namespaced(client, &config.namespace)
     };
     let writer = tokio::spawn(run_status_writer(shared.clone()));
-    // Ends at shutdown, or with this future when the lease is lost.
-    let forgetting = tokio::spawn(run_forgetting(shared.clone()));
-    let _abort_forgetting = AbortOnDrop(forgetting);
+    // Ends at shutdown (also cancelled when the lease is lost).
+    tokio::spawn(run_forgetting(shared.clone()));
     ctx.ready.set(true);
     tracing::info!(namespace = %if config.namespace.is_empty() { "*" } else { config.namespace.as_str() }, resync_s = config.resync_seconds, "controller watching AwareAutoscalers");
     let shutdown = ctx.shutdown.clone();
@@ -1115,15 +1111,6 @@ async fn run_leading(shared: Arc<Shared>, client: Client) -> Result<(), ServiceE
         source,
     })??;
     Ok(())
-}
-
-/// Aborts a task when dropped (the forgetting of a replica that stops leading).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Runs the service with the in-cluster (or kubeconfig) client.

@@ -464,7 +464,7 @@ impl Decider {
     /// syncs it keeps what is in force instead of undoing the restore.
     fn fallback_drives(&mut self, action: &mut Action) {
         if let Some((last, left)) = self.restore {
-            let (floor, _) = self.spec.bounds.clamp_dimensions(last);
+            let (floor, _) = self.spec.bounds.clamp(last);
             let in_force = covers(action.current, floor);
             if in_force || left == 0 {
                 tracing::info!(target = %self.state.target, in_force, "hand-back restore ended");

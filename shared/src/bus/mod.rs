@@ -101,6 +101,19 @@ impl Bus {
         }
     }
 
+    /// [`Bus::forget_state`] of `target`'s current state of `kind`; nothing to do for a target
+    /// whose names form no subject (it never had state on the bus).
+    pub async fn forget_target_state(
+        &self,
+        kind: aware_bus_schemas::EventKind,
+        target: &aware_bus_schemas::Target,
+    ) -> Result<(), BusError> {
+        match aware_bus_schemas::subject::subject(kind, target) {
+            Ok(subject) => self.forget_state(&subject).await,
+            Err(_) => Ok(()),
+        }
+    }
+
     pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
         match self {
             Bus::InProc(b) => Ok(Subscription::InProc(b.subscribe(pattern)?)),
