@@ -16,10 +16,10 @@ trap 'rm -rf "$tmp"' EXIT
 i=0
 for kind in obs action applied episode lifecycle embedding model target; do
   { printf "\\x$(printf %02x $i)"; cat "bus-schemas/fixtures/$kind.msgpack"; } > "$C/bus_message/$kind"
-  printf 'aware.v1.%s.prod.api_v2' "$kind" > "$C/bus_subject/$kind"
+  printf 'aware.v1.%s.203.prod.api_v2' "$kind" > "$C/bus_subject/$kind"
   i=$((i + 1))
 done
-printf 'aware.v1.*.*.*' > "$C/bus_subject/filter"
+printf 'aware.v1.*.*.*.*' > "$C/bus_subject/filter"
 printf 'aware.v1.>' > "$C/bus_subject/all"
 
 # config_file: selector 0 TOML, 1 YAML, 2 JSON.

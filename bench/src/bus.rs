@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::{median, BenchError};
 
-const SUBJECT: &str = "aware.v1.obs.bench.app";
+const SUBJECT: &str = "aware.v1.obs.225.bench.app";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BusBenchOptions {

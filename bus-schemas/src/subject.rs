@@ -1,8 +1,11 @@
 //! Subject builders and parsers (docs/design.md §2, contract).
 //!
-//! Every event travels on `aware.v1.<event>.<namespace>.<target>`. Kubernetes object names may
-//! contain `.` (DNS-1123 subdomains) which is the NATS token separator, so a `.` in a namespace or
-//! name is written as `_` in the subject. `_` never occurs in a Kubernetes name, so the mapping is
+//! Every event travels on `aware.v1.<event>.<slot>.<namespace>.<target>`. The slot is the
+//! sharding key ([`slot`]: FNV-1a of `namespace/name` modulo [`SLOTS`], in decimal): an instance
+//! of a per-target service subscribes only to the slots of its shard, so the server, not the
+//! instance, drops the other shards' messages (ADR 0021). Kubernetes object names may contain
+//! `.` (DNS-1123 subdomains) which is the NATS token separator, so a `.` in a namespace or name
+//! is written as `_` in the subject. `_` never occurs in a Kubernetes name, so the mapping is
 //! reversible.
 
 use crate::{EventKind, Target};
@@ -11,14 +14,35 @@ use crate::{EventKind, Target};
 pub const PREFIX: &str = "aware.v1";
 /// Filter matching every AWARE event (used by the JetStream stream and `aware watch`).
 pub const ALL: &str = "aware.v1.>";
+/// The slots subjects carry: shards own slots, so at most this many shards.
+pub const SLOTS: u32 = 256;
+
+/// FNV-1a (64-bit) of `s`: stable across builds and platforms, unlike `std`'s hasher.
+pub fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The slot of `target`'s subjects: FNV-1a of `namespace/name` modulo [`SLOTS`].
+pub fn slot(target: &Target) -> u32 {
+    // The remainder is below SLOTS, so it fits.
+    (stable_hash(&target.key()) % u64::from(SLOTS)) as u32
+}
 
 /// Errors from building or parsing subjects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubjectError {
     #[error(
-        "subject `{0}` is not an AWARE v1 subject (expected aware.v1.<event>.<namespace>.<target>)"
+        "subject `{0}` is not an AWARE v1 subject (expected aware.v1.<event>.<slot>.<namespace>.<target>)"
     )]
     NotAware(String),
+    #[error("subject `{subject}` carries slot `{token}`, but its target's slot is {expected}")]
+    WrongSlot {
+        subject: String,
+        token: String,
+        expected: u32,
+    },
     #[error("subject `{subject}` has unknown event `{event}`")]
     UnknownEvent { subject: String, event: String },
     #[error("invalid {field} `{value}`: {reason}")]
@@ -69,14 +93,16 @@ pub fn subject(kind: EventKind, target: &Target) -> Result<String, SubjectError>
     validate_name("namespace", &target.namespace)?;
     validate_name("name", &target.name)?;
     Ok(format!(
-        "{PREFIX}.{}.{}.{}",
+        "{PREFIX}.{}.{}.{}.{}",
         kind.as_str(),
+        slot(target),
         encode_token(&target.namespace),
         encode_token(&target.name)
     ))
 }
 
-/// A subscription filter: `None` parts become the `*` wildcard.
+/// A subscription filter: `None` parts become the `*` wildcard; the slot is a wildcard unless
+/// both names are given.
 pub fn filter(
     kind: Option<EventKind>,
     namespace: Option<&str>,
@@ -88,8 +114,12 @@ pub fn filter(
     if let Some(n) = name {
         validate_name("name", n)?;
     }
+    let slot = match (namespace, name) {
+        (Some(ns), Some(n)) => slot(&Target::new(ns, n)).to_string(),
+        _ => "*".to_string(),
+    };
     Ok(format!(
-        "{PREFIX}.{}.{}.{}",
+        "{PREFIX}.{}.{slot}.{}.{}",
         kind.map_or("*", EventKind::as_str),
         namespace.map_or_else(|| "*".to_string(), encode_token),
         name.map_or_else(|| "*".to_string(), encode_token),
@@ -98,7 +128,12 @@ pub fn filter(
 
 /// The filter for every event of one kind, for every target.
 pub fn kind_filter(kind: EventKind) -> String {
-    format!("{PREFIX}.{}.*.*", kind.as_str())
+    format!("{PREFIX}.{}.*.*.*", kind.as_str())
+}
+
+/// The filter for every event of one kind, for the targets of one slot (`slot` < [`SLOTS`]).
+pub fn slot_filter(kind: EventKind, slot: u32) -> String {
+    format!("{PREFIX}.{}.{slot}.*.*", kind.as_str())
 }
 
 /// A parsed AWARE subject.
@@ -108,8 +143,36 @@ pub struct ParsedSubject {
     pub target: Target,
 }
 
-/// Parses `aware.v1.<event>.<namespace>.<target>`.
+/// Parses `aware.v1.<event>.<slot>.<namespace>.<target>`. The slot must be the target's, in
+/// canonical decimal: one target has one subject per kind, whatever a publisher claims.
 pub fn parse(subject: &str) -> Result<ParsedSubject, SubjectError> {
+    let mut parts = subject.split('.');
+    let (Some("aware"), Some("v1"), Some(event), Some(slot_token), Some(ns), Some(name), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return Err(SubjectError::NotAware(subject.to_string()));
+    };
+    let parsed = parsed(subject, event, ns, name)?;
+    let expected = slot(&parsed.target);
+    if slot_token != expected.to_string() {
+        return Err(SubjectError::WrongSlot {
+            subject: subject.to_string(),
+            token: slot_token.to_string(),
+            expected,
+        });
+    }
+    Ok(parsed)
+}
+
+/// Parses the layout before the slot token, `aware.v1.<event>.<namespace>.<target>`: the keys
+/// an older release left in the state bucket, read once so an upgrade keeps every target's state.
+pub fn parse_unslotted(subject: &str) -> Result<ParsedSubject, SubjectError> {
     let mut parts = subject.split('.');
     let (Some("aware"), Some("v1"), Some(event), Some(ns), Some(name), None) = (
         parts.next(),
@@ -121,6 +184,27 @@ pub fn parse(subject: &str) -> Result<ParsedSubject, SubjectError> {
     ) else {
         return Err(SubjectError::NotAware(subject.to_string()));
     };
+    parsed(subject, event, ns, name)
+}
+
+/// `target`'s subject of `kind` in [`parse_unslotted`]'s layout (to purge an old state key).
+pub fn unslotted_subject(kind: EventKind, target: &Target) -> Result<String, SubjectError> {
+    validate_name("namespace", &target.namespace)?;
+    validate_name("name", &target.name)?;
+    Ok(format!(
+        "{PREFIX}.{}.{}.{}",
+        kind.as_str(),
+        encode_token(&target.namespace),
+        encode_token(&target.name)
+    ))
+}
+
+/// The filter of [`parse_unslotted`]'s layout for every event of one kind.
+pub fn unslotted_kind_filter(kind: EventKind) -> String {
+    format!("{PREFIX}.{}.*.*", kind.as_str())
+}
+
+fn parsed(subject: &str, event: &str, ns: &str, name: &str) -> Result<ParsedSubject, SubjectError> {
     let kind = EventKind::from_token(event).ok_or_else(|| SubjectError::UnknownEvent {
         subject: subject.to_string(),
         event: event.to_string(),
@@ -139,10 +223,62 @@ mod tests {
     fn builds_and_parses_round_trip() {
         let t = Target::new("prod", "api.v2");
         let s = subject(EventKind::Obs, &t).unwrap();
-        assert_eq!(s, "aware.v1.obs.prod.api_v2");
+        // FNV-1a("prod/api.v2") mod 256 = 203: the slot is part of the contract, stable.
+        assert_eq!(s, "aware.v1.obs.203.prod.api_v2");
         let p = parse(&s).unwrap();
         assert_eq!(p.kind, EventKind::Obs);
         assert_eq!(p.target, t);
+        assert_eq!(
+            filter(Some(EventKind::Obs), Some("prod"), Some("api.v2")).unwrap(),
+            s
+        );
+    }
+
+    #[test]
+    fn a_subject_whose_slot_is_not_its_targets_is_refused() {
+        for bad in [
+            "aware.v1.obs.204.prod.api_v2",
+            "aware.v1.obs.0203.prod.api_v2",
+            "aware.v1.obs.+203.prod.api_v2",
+            "aware.v1.obs.*.prod.api_v2",
+        ] {
+            assert!(
+                matches!(
+                    parse(bad),
+                    Err(SubjectError::WrongSlot { expected: 203, .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_unslotted_layout_parses_for_the_upgrade_read() {
+        let t = Target::new("prod", "api.v2");
+        let old = unslotted_subject(EventKind::Lifecycle, &t).unwrap();
+        assert_eq!(old, "aware.v1.lifecycle.prod.api_v2");
+        let p = parse_unslotted(&old).unwrap();
+        assert_eq!(p.kind, EventKind::Lifecycle);
+        assert_eq!(p.target, Target::new("prod", "api.v2"));
+        assert!(parse("aware.v1.lifecycle.prod.api_v2").is_err());
+        assert!(parse_unslotted("aware.v1.lifecycle.203.prod.api_v2").is_err());
+        assert_eq!(
+            unslotted_kind_filter(EventKind::Lifecycle),
+            "aware.v1.lifecycle.*.*"
+        );
+    }
+
+    #[test]
+    fn targets_spread_over_every_slot() {
+        let mut per_slot = vec![0u32; SLOTS as usize];
+        for i in 0..25_600 {
+            per_slot[slot(&Target::new("ns", format!("app-{i}"))) as usize] += 1;
+        }
+        // 100 per slot expected; a binomial's spread stays well inside these bounds.
+        assert!(
+            per_slot.iter().all(|&n| (50..=150).contains(&n)),
+            "{per_slot:?}"
+        );
     }
 
     #[test]
@@ -156,12 +292,13 @@ mod tests {
 
     #[test]
     fn filters_use_wildcards() {
-        assert_eq!(filter(None, None, None).unwrap(), "aware.v1.*.*.*");
+        assert_eq!(filter(None, None, None).unwrap(), "aware.v1.*.*.*.*");
         assert_eq!(
             filter(Some(EventKind::Action), Some("ns"), None).unwrap(),
-            "aware.v1.action.ns.*"
+            "aware.v1.action.*.ns.*"
         );
-        assert_eq!(kind_filter(EventKind::Model), "aware.v1.model.*.*");
+        assert_eq!(kind_filter(EventKind::Model), "aware.v1.model.*.*.*");
+        assert_eq!(slot_filter(EventKind::Model, 7), "aware.v1.model.7.*.*");
     }
 
     #[test]
@@ -175,15 +312,15 @@ mod tests {
             Err(SubjectError::NotAware(_))
         ));
         assert!(matches!(
-            parse("aware.v1.obs.ns.a.b"),
+            parse("aware.v1.obs.0.ns.a.b"),
             Err(SubjectError::NotAware(_))
         ));
         assert!(matches!(
-            parse("aware.v1.nope.ns.a"),
+            parse("aware.v1.nope.0.ns.a"),
             Err(SubjectError::UnknownEvent { .. })
         ));
         assert!(matches!(
-            parse("other.v1.obs.ns.a"),
+            parse("other.v1.obs.0.ns.a"),
             Err(SubjectError::NotAware(_))
         ));
     }

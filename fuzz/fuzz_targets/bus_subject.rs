@@ -2,8 +2,8 @@
 //! (`aware_shared::bus::pattern`), which both bus implementations use.
 //!
 //! Invariants: a parsed AWARE subject is rebuilt exactly from its kind and target, is a valid
-//! subject to publish on, and is matched by its kind's filter and by the all-events filter; a
-//! valid publish subject is matched by itself as a pattern.
+//! subject to publish on, and is matched by its kind's filter, its slot's filter and by the
+//! all-events filter; a valid publish subject is matched by itself as a pattern.
 #![no_main]
 
 use aware_bus_schemas::subject;
@@ -30,6 +30,8 @@ fuzz_target!(|data: &[u8]| {
             panic!("parsed AWARE subject `{s}` cannot be published: {e}");
         }
         assert!(pattern(&subject::kind_filter(parsed.kind)).matches(s));
+        let slot = subject::slot(&parsed.target);
+        assert!(pattern(&subject::slot_filter(parsed.kind, slot)).matches(s));
         assert!(pattern(subject::ALL).matches(s));
         let exact = subject::filter(
             Some(parsed.kind),

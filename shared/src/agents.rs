@@ -556,19 +556,19 @@ enum Intake {
     Tick,
 }
 
-/// The intake loop of a service: routes every decoded event of `consumes` to its target's actor
-/// until shutdown, retiring deregistered targets ([`TargetActors::sweep`]). With `sharded`,
-/// events of targets outside this instance's shard are skipped.
+/// The intake loop of a service: routes every decoded event of `consumes` for the targets of
+/// this instance's shard (its subscriptions carry only their slots,
+/// [`ServiceContext::subscribe_events`]) to its target's actor until shutdown, retiring
+/// deregistered targets ([`TargetActors::sweep`]).
 pub async fn run_actors<A>(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
-    sharded: bool,
     actors: &mut TargetActors<A>,
 ) -> Result<(), crate::service::ServiceError>
 where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
-    run(ctx, consumes, sharded, actors, None).await
+    run(ctx, consumes, actors, None).await
 }
 
 /// [`run_actors`], also stopping the actor of every target received on `retire`
@@ -576,20 +576,18 @@ where
 pub async fn run_actors_retiring<A>(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
-    sharded: bool,
     actors: &mut TargetActors<A>,
     retire: mpsc::UnboundedReceiver<Target>,
 ) -> Result<(), crate::service::ServiceError>
 where
     A: Actor<Context = Context<A>> + Handler<Deliver> + Handler<Retire>,
 {
-    run(ctx, consumes, sharded, actors, Some(retire)).await
+    run(ctx, consumes, actors, Some(retire)).await
 }
 
 async fn run<A>(
     ctx: &ServiceContext,
     consumes: &[aware_bus_schemas::EventKind],
-    sharded: bool,
     actors: &mut TargetActors<A>,
     retire: Option<mpsc::UnboundedReceiver<Target>>,
 ) -> Result<(), crate::service::ServiceError>
@@ -599,11 +597,7 @@ where
     let tick = actors.sweep_every();
     actors.follow_registrations(consumes.contains(&aware_bus_schemas::EventKind::Target));
     intake(ctx, consumes, retire, tick, |i| match i {
-        Intake::Event(ev) => {
-            if !sharded || ctx.config.shard.owns(ev.target()) {
-                actors.route(ev);
-            }
-        }
+        Intake::Event(ev) => actors.route(ev),
         Intake::Retire(t) => {
             actors.retire(&t);
         }
@@ -1259,13 +1253,7 @@ mod tests {
                 outbox: None,
                 dropped: dropped.clone(),
             });
-            run_actors(
-                &ctx,
-                &[aware_bus_schemas::EventKind::Obs],
-                false,
-                &mut actors,
-            )
-            .await?;
+            run_actors(&ctx, &[aware_bus_schemas::EventKind::Obs], &mut actors).await?;
             drop(actors);
             join_publisher(publisher).await
         })

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aware_bus_schemas::Target;
+use aware_bus_schemas::{subject, EventKind, Target};
 use serde::{Deserialize, Serialize};
 
 /// Errors loading or validating configuration.
@@ -516,6 +516,16 @@ impl ShardConfig {
         if self.count == 0 {
             return Err(invalid("shard.count", "must be at least 1"));
         }
+        if self.count > subject::SLOTS {
+            return Err(invalid(
+                "shard.count",
+                format!(
+                    "{} is above {}, the slots a subject carries (a shard owns slots)",
+                    self.count,
+                    subject::SLOTS
+                ),
+            ));
+        }
         if self.index >= self.count {
             return Err(invalid(
                 "shard.index",
@@ -525,9 +535,27 @@ impl ShardConfig {
         Ok(())
     }
 
-    /// Whether this shard owns `target` (FNV-1a of `namespace/name`, stable across builds).
+    /// Whether this shard owns `target`: its subjects' slot ([`subject::slot`], FNV-1a of
+    /// `namespace/name` modulo [`subject::SLOTS`]) modulo the count is the index.
     pub fn owns(&self, target: &Target) -> bool {
-        stable_hash(&target.key()) % u64::from(self.count.max(1)) == u64::from(self.index)
+        subject::slot(target) % self.count.max(1) == self.index
+    }
+
+    /// The slots this shard owns: every `count`-th from `index`.
+    pub fn slots(&self) -> impl Iterator<Item = u32> {
+        (self.index..subject::SLOTS).step_by(self.count.max(1) as usize)
+    }
+
+    /// The subscription filters of `kind` for this shard's targets: one per owned slot, or the
+    /// whole kind when there is one shard.
+    pub fn filters(&self, kind: EventKind) -> Vec<String> {
+        if self.count <= 1 {
+            vec![subject::kind_filter(kind)]
+        } else {
+            self.slots()
+                .map(|s| subject::slot_filter(kind, s))
+                .collect()
+        }
     }
 }
 
@@ -633,12 +661,9 @@ fn culprit<T: serde::de::DeserializeOwned>(v: &serde_json::Value, error: &str) -
         .map(|(path, _)| path.clone())
 }
 
-/// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher).
-pub fn stable_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
+/// 64-bit FNV-1a: stable across processes, builds and platforms (unlike `std`'s hasher); the
+/// hash of the subjects' slot.
+pub use aware_bus_schemas::subject::stable_hash;
 
 /// The lifecycle profile of Algorithm 1. Rewards are per-step means of an episode
 /// (r_t ∈ [0, 2] with the reward of docs/design.md §3), so thresholds do not depend on episode length.
@@ -1513,10 +1538,40 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
         assert!(ShardConfig::parse("3/3").is_err());
         assert!(ShardConfig::parse("x/3").is_err());
         assert!(ShardConfig::parse("13").is_err());
+        assert!(ShardConfig::parse("0/257")
+            .unwrap_err()
+            .to_string()
+            .contains("shard.count"));
+        assert!(ShardConfig::parse("255/256").is_ok());
         let shards: Vec<_> = (0..3).map(|i| ShardConfig { index: i, count: 3 }).collect();
         for n in 0..300 {
             let t = Target::new("ns", format!("app-{n}"));
             assert_eq!(shards.iter().filter(|s| s.owns(&t)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn a_shard_subscribes_to_the_slots_of_the_targets_it_owns() {
+        let one = ShardConfig::default();
+        assert_eq!(one.filters(EventKind::Obs), vec!["aware.v1.obs.*.*.*"]);
+        let shards: Vec<_> = (0..3).map(|i| ShardConfig { index: i, count: 3 }).collect();
+        let slots: Vec<Vec<u32>> = shards.iter().map(|s| s.slots().collect()).collect();
+        assert_eq!(slots.iter().map(Vec::len).sum::<usize>(), 256);
+        assert_eq!(
+            (slots[0].len(), slots[1].len(), slots[2].len()),
+            (86, 85, 85)
+        );
+        for n in 0..300 {
+            let t = Target::new("ns", format!("app-{n}"));
+            let subj = subject::subject(EventKind::Obs, &t).unwrap();
+            for s in &shards {
+                let matched = s.filters(EventKind::Obs).iter().any(|f| {
+                    crate::bus::pattern::Pattern::parse(f)
+                        .unwrap()
+                        .matches(&subj)
+                });
+                assert_eq!(matched, s.owns(&t), "{subj} shard {}", s.index);
+            }
         }
     }
 

@@ -182,8 +182,9 @@ impl ServiceContext {
         }
     }
 
-    /// Subscribes to `kinds` for every target and yields decoded events. Malformed messages are
-    /// counted (`decode_errors_total`) and dropped with a warning; they never end the intake.
+    /// Subscribes to `kinds` for every target of this instance's shard (`shard`, all targets with
+    /// one shard) and yields decoded events. Malformed messages are counted
+    /// (`decode_errors_total`) and dropped with a warning; they never end the intake.
     ///
     /// For the kinds that carry a target's current state ([`EventKind::is_state`]: `lifecycle`,
     /// `model`, `embedding`, `target`) on NATS with the JetStream capture on, or on the embedded
@@ -196,10 +197,27 @@ impl ServiceContext {
         &self,
         kinds: &[EventKind],
     ) -> Result<mpsc::Receiver<Event>, ServiceError> {
+        self.subscribe_events_of(kinds, self.config.shard).await
+    }
+
+    /// [`Self::subscribe_events`] for the targets of `shard` (`ShardConfig::default()`: every
+    /// target, for a service that serves the whole cluster, like the controller).
+    pub async fn subscribe_events_of(
+        &self,
+        kinds: &[EventKind],
+        shard: crate::config::ShardConfig,
+    ) -> Result<mpsc::Receiver<Event>, ServiceError> {
         let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
         for &kind in kinds {
-            let mut sub = self.bus.subscribe(&subject::kind_filter(kind)).await?;
-            self.count_slow_consumer(&sub, kind);
+            // One subscription per slot of this shard: the server drops the other shards'
+            // messages (subject::slot, ADR 0021).
+            let mut subs = Vec::new();
+            for filter in shard.filters(kind) {
+                let sub = self.bus.subscribe(&filter).await?;
+                self.count_slow_consumer(&sub, kind);
+                subs.push(sub.into_stream());
+            }
+            let mut live = futures::stream::select_all(subs);
             let snapshot = if kind.is_state() {
                 self.last_per_target(kind).await.unwrap_or_default()
             } else {
@@ -208,10 +226,14 @@ impl ServiceContext {
             let tx = tx.clone();
             let ctx = self.clone();
             tokio::spawn(async move {
+                use futures::StreamExt;
                 for (subj, payload) in snapshot {
                     let Some(ev) = ctx.decode(kind, &subj, &payload) else {
                         continue;
                     };
+                    if !shard.owns(ev.target()) {
+                        continue;
+                    }
                     if tx.send(ev).await.is_err() {
                         return;
                     }
@@ -219,7 +241,7 @@ impl ServiceContext {
                 loop {
                     let msg = tokio::select! {
                         _ = ctx.shutdown.cancelled() => break,
-                        m = sub.next() => match m { Some(m) => m, None => break },
+                        m = live.next() => match m { Some(m) => m, None => break },
                     };
                     let Some(ev) = ctx.decode(kind, &msg.subject, &msg.payload) else {
                         continue;
@@ -255,18 +277,22 @@ impl ServiceContext {
     /// what a restarted service reads to restore state before it takes messages. On NATS this
     /// is the JetStream capture (empty with the capture off); on the embedded bus, the newest
     /// message of each state subject published on it so far. A failed read is retried until it
-    /// succeeds, the service not ready meanwhile; empty when the service shuts down first.
+    /// succeeds, the service not ready meanwhile; empty when the service shuts down first. Only
+    /// the targets of this instance's shard.
     pub async fn current_state(&self, kind: EventKind) -> Vec<Event> {
+        let shard = self.config.shard;
         self.last_per_target(kind)
             .await
             .unwrap_or_default()
             .into_iter()
             .filter_map(|(subj, payload)| self.decode(kind, &subj, &payload))
+            .filter(|ev| shard.owns(ev.target()))
             .collect()
     }
 
-    /// One read of the current state of `kind` (as [`Self::current_state`]), without its
-    /// retries and without touching readiness: for a periodic task that tries again later.
+    /// One read of the current state of `kind` for every target, whatever the shard (as
+    /// [`Self::current_state`]), without its retries and without touching readiness: for a
+    /// periodic task that tries again later.
     pub async fn read_state_once(&self, kind: EventKind) -> Result<Vec<Event>, CaptureError> {
         Ok(self
             .read_last_per_target(kind)
@@ -364,10 +390,26 @@ impl ServiceContext {
         let kv_stream = format!("KV_{bucket}");
         let prefix = crate::bus::state_key_subject(bucket, "");
         let kept = read_last_per_subject(&js, &kv_stream, &format!("{prefix}{filter}")).await?;
-        let kept: Vec<(String, Bytes)> = kept
+        let mut kept: Vec<(String, Bytes)> = kept
             .into_iter()
             .filter_map(|(s, p)| Some((s.strip_prefix(&prefix)?.to_string(), p)))
             .collect();
+        // Keys a release before the slot token wrote (`aware.v1.<kind>.<ns>.<name>`, ADR 0021)
+        // stand for their targets until a newer message or a purge replaces them: an upgrade
+        // keeps every stage, model and registration.
+        let unslotted = subject::unslotted_kind_filter(kind);
+        let old = read_last_per_subject(&js, &kv_stream, &format!("{prefix}{unslotted}")).await?;
+        if !old.is_empty() {
+            let known: std::collections::HashSet<String> =
+                kept.iter().map(|(s, _)| s.clone()).collect();
+            let before = kept.len();
+            kept.extend(old.into_iter().filter_map(|(s, p)| {
+                let parsed = subject::parse_unslotted(s.strip_prefix(&prefix)?).ok()?;
+                let s = subject::subject(kind, &parsed.target).ok()?;
+                (!known.contains(&s)).then_some((s, p))
+            }));
+            tracing::info!(service = self.name, event = kind.as_str(), targets = kept.len() - before, bucket = %bucket, "current state of targets taken from keys of the layout before the slot token");
+        }
         // The capture fills in subjects the bucket lacks: state published before the bucket
         // existed. Every publish since writes both, so a capture whose oldest message is not
         // older than the bucket has nothing to add and is not read (while the capture still
@@ -429,6 +471,7 @@ impl ServiceContext {
             let _ = tx.send(Replayed::Reset(reason)).await;
         }
         let kinds: Vec<EventKind> = kinds.to_vec();
+        let shard = self.config.shard;
         let ctx = self.clone();
         tokio::spawn(async move {
             let mut check = tokio::time::interval(REPLAY_RESET_CHECK);
@@ -473,7 +516,8 @@ impl ServiceContext {
                 let Ok(parsed) = subject::parse(m.subject.as_str()) else {
                     continue;
                 };
-                if !kinds.contains(&parsed.kind) {
+                // The stream holds every shard's messages: this instance's only, before decoding.
+                if !kinds.contains(&parsed.kind) || !shard.owns(&parsed.target) {
                     continue;
                 }
                 let seq = m.info().ok().map(|i| i.stream_sequence);

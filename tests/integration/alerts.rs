@@ -191,7 +191,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     );
     let bus = Bus::in_process(1024);
     let (_all, running, shutdown) =
-        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*").await;
+        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*.*").await;
     crate::wait_ready(&running).await;
     let addr = running.http_addr;
 
@@ -302,7 +302,7 @@ async fn a_real_prometheus_loads_the_rules_and_alerts_on_the_services_metrics() 
     // and the alert fires for them.
     for _ in 0..3 {
         bus.publish(
-            "aware.v1.episode.shop.cart",
+            "aware.v1.episode.184.shop.cart",
             Bytes::from_static(b"\xc1garbage"),
         )
         .await

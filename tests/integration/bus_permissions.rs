@@ -338,7 +338,7 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
     // Nor writes a state kind's key it does not publish.
     collector
         .publish(
-            "$KV.AWARE_STATE.aware.v1.lifecycle.sim.forged",
+            "$KV.AWARE_STATE.aware.v1.lifecycle.208.sim.forged",
             Bytes::from_static(b"{}"),
         )
         .await
@@ -355,7 +355,7 @@ async fn forged_publications_are_refused_and_each_service_runs_as_its_own_identi
         "$JS.API.STREAM.DELETE.AWARE".to_string(),
         format!("$JS.API.STREAM.DELETE.OBJ_{BUCKET}"),
         format!("$O.{BUCKET}.M.forged"),
-        "$KV.AWARE_STATE.aware.v1.lifecycle.sim.forged".to_string(),
+        "$KV.AWARE_STATE.aware.v1.lifecycle.208.sim.forged".to_string(),
         format!("{}.>", Identity::Recorder.inbox_prefix()),
     ] {
         assert!(v.contains(&refused), "{refused} not refused: {v}");

@@ -137,7 +137,7 @@ async fn retention_keeps_each_targets_newest_whole_episodes() {
     );
     let bus = Bus::in_process(65_536);
     let (mut eps, running, shutdown) =
-        crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
+        crate::start_services(bus, cfg, "aware.v1.episode.*.*.*").await;
     let counter = crate::metrics_of(&running, "trajectory-recorder");
     every_episode(&mut eps, apps as u64 * episodes).await;
     shutdown.cancel();
@@ -265,7 +265,7 @@ async fn a_deleted_targets_data_is_forgotten_after_its_grace_period() {
     );
     let bus = Bus::in_process(65_536);
     let (mut eps, running, shutdown) =
-        crate::start_services(bus.clone(), cfg.clone(), "aware.v1.episode.*.*").await;
+        crate::start_services(bus.clone(), cfg.clone(), "aware.v1.episode.*.*.*").await;
     let metric = crate::metrics_of(&running, "trajectory-recorder");
     let trainer = crate::metrics_of(&running, "meta-learner-trainer");
     every_episode(&mut eps, apps as u64 * episodes).await;
@@ -475,7 +475,7 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
         serde_json::json!({ "sqlite_path": dir.path().join("t.db").display().to_string() }),
     );
     let bus = Bus::in_process(65_536);
-    let mut actions = bus.subscribe("aware.v1.action.*.*").await.unwrap();
+    let mut actions = bus.subscribe("aware.v1.action.*.*.*").await.unwrap();
     let shutdown = CancellationToken::new();
     // The shards first, so they are subscribed before the collector publishes its first obs.
     let mut running = Vec::new();

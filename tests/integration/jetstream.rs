@@ -339,7 +339,11 @@ async fn the_current_state_outlives_the_captures_retention() {
 
     let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
     let kv = js.get_key_value("AWARE_STATE").await.unwrap();
-    let newest = kv.get("aware.v1.lifecycle.shop.a").await.unwrap().unwrap();
+    let newest = kv
+        .get("aware.v1.lifecycle.233.shop.a")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         msgpack_field(&newest, "episode").unwrap().as_u64(),
         Some(20)
@@ -476,6 +480,86 @@ async fn a_forgotten_targets_state_is_not_read_back() {
     bus.forget_state(&subject_a).await.unwrap();
     bus.flush().await.unwrap();
     assert_eq!(read().await, vec![("b".into(), 4)]);
+}
+
+/// An upgrade across the slot token (ADR 0021): a state key an older release wrote
+/// (`aware.v1.lifecycle.<ns>.<name>`) is read at start for a target without a key in the new
+/// layout, a newer key wins over it, and forgetting the target purges both, so neither comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_keys_of_the_layout_before_the_slot_are_read_and_forgotten() {
+    use aware_bus_schemas::{EventKind, Stage, Target};
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-upgrade").await.unwrap();
+    // The bucket exists (made by the first publish); `b` has a key in the new layout.
+    publish(&bus, lifecycle("b", 4, Stage::Offline)).await;
+    let raw = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let kv = js.get_key_value("AWARE_STATE").await.unwrap();
+    // What an older release left: `a` only in the old layout, `b` in both (the old one older).
+    for (name, episode, stage) in [("a", 7, Stage::Serving), ("b", 1, Stage::Online)] {
+        let ev = lifecycle(name, episode, stage);
+        let old = subject::unslotted_subject(EventKind::Lifecycle, ev.target()).unwrap();
+        kv.put(&old, Bytes::from(encode_event(&ev).unwrap()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        late_stages(&bus_cfg).await,
+        vec![("a".into(), 7), ("b".into(), 4)]
+    );
+    bus.forget_target_state(EventKind::Lifecycle, &Target::new("shop", "a"))
+        .await
+        .unwrap();
+    bus.flush().await.unwrap();
+    assert_eq!(late_stages(&bus_cfg).await, vec![("b".into(), 4)]);
+    let old_a =
+        subject::unslotted_subject(EventKind::Lifecycle, &Target::new("shop", "a")).unwrap();
+    assert!(kv.get(&old_a).await.unwrap().is_none(), "purged");
+}
+
+/// A sharded service reads only its own targets' state at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_reads_only_its_targets_state_at_start() {
+    use aware_bus_schemas::{Event, EventKind, Stage};
+    use aware_shared::config::{AppConfig, ShardConfig};
+    use aware_shared::service::ServiceContext;
+
+    let server = NatsServer::start().unwrap();
+    let bus_cfg = cfg(server.url(), 120);
+    let bus = Bus::connect(&bus_cfg, "js-shards").await.unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("app-{i}")).collect();
+    for n in &names {
+        publish(&bus, lifecycle(n, 1, Stage::Offline)).await;
+    }
+    let mut seen = Vec::new();
+    for index in 0..3 {
+        let shard = ShardConfig { index, count: 3 };
+        let app = AppConfig {
+            bus: bus_cfg.clone(),
+            shard,
+            ..AppConfig::default()
+        };
+        let ctx = ServiceContext::new(
+            "late",
+            Bus::connect(&bus_cfg, "js-shard").await.unwrap(),
+            std::sync::Arc::new(app),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        for ev in ctx.current_state(EventKind::Lifecycle).await {
+            let Event::Lifecycle(l) = ev else {
+                panic!("{ev:?}")
+            };
+            assert!(shard.owns(&l.target), "{} in shard {index}", l.target);
+            seen.push(l.target.name);
+        }
+    }
+    seen.sort();
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(seen, want, "every target read by exactly one shard");
 }
 
 /// The stages a service starting now reads as its current state (`current_state`), as

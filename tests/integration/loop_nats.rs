@@ -75,7 +75,7 @@ fn in_process_run(db: &std::path::Path) {
     system.block_on(async move {
         let bus = Bus::in_process(65_536);
         let (mut eps, running, shutdown) =
-            crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
+            crate::start_services(bus, cfg, "aware.v1.episode.*.*.*").await;
         for _ in 0..APPS as u64 * EPISODES {
             tokio::time::timeout(Duration::from_secs(120), eps.next())
                 .await

@@ -25,6 +25,7 @@ mod registration;
 mod rl_loop;
 mod run_all;
 mod service_http;
+mod shards;
 mod wire_schemas;
 
 /// Sets the `[recorder]` and `[trajectory_store]` sections from one map of `settings`: the

@@ -151,12 +151,12 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
         announced,
         vec![
             (
-                "aware.v1.lifecycle.shop.api_v2".to_string(),
-                "api.v2".to_string()
+                "aware.v1.lifecycle.184.shop.cart".to_string(),
+                "cart".to_string()
             ),
             (
-                "aware.v1.lifecycle.shop.cart".to_string(),
-                "cart".to_string()
+                "aware.v1.lifecycle.24.shop.api_v2".to_string(),
+                "api.v2".to_string()
             ),
         ]
     );
@@ -165,14 +165,14 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     for n in 1..=2 {
         client
             .publish(
-                "aware.v1.episode.shop.cart",
+                "aware.v1.episode.184.shop.cart",
                 foreign_episode("shop", "cart", n, "offline", 0.5, Some(1.2)).into(),
             )
             .await
             .unwrap();
     }
     client.flush().await.unwrap();
-    let m = next_on(&mut all, "aware.v1.lifecycle.shop.cart").await;
+    let m = next_on(&mut all, "aware.v1.lifecycle.184.shop.cart").await;
     assert_eq!(
         msgpack_field(&m.payload, "stage").unwrap().as_str(),
         Some("online")
@@ -208,7 +208,7 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     for n in 3..=4 {
         client
             .publish(
-                "aware.v1.episode.shop.cart",
+                "aware.v1.episode.184.shop.cart",
                 foreign_episode("shop", "cart", n, "online", 1.5, None).into(),
             )
             .await
@@ -224,7 +224,7 @@ async fn run_all_over_nats_speaks_plain_messagepack() {
     let (line, werr) = line;
     let line = line.unwrap_or_else(|| panic!("watch printed nothing; stderr: {werr}"));
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["subject"], "aware.v1.lifecycle.shop.cart");
+    assert_eq!(v["subject"], "aware.v1.lifecycle.184.shop.cart");
     assert_eq!(v["event"]["stage"], "serving");
     assert_eq!(v["event"]["previous"], "online");
     assert_eq!(v["event"]["target"]["namespace"], "shop");

@@ -41,7 +41,7 @@ async fn metrics_health_and_malformed_messages() {
     );
     let bus = Bus::in_process(1024);
     let (mut lifecycle, running, shutdown) =
-        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*").await;
+        crate::start_services(bus.clone(), cfg, "aware.v1.lifecycle.*.*.*").await;
     let addr = running.http_addr;
 
     // Readiness: every service subscribed.
@@ -73,7 +73,7 @@ async fn metrics_health_and_malformed_messages() {
     );
 
     // Garbage, a wrong schema and a target mismatch are counted and dropped...
-    let subj = "aware.v1.episode.shop.cart";
+    let subj = "aware.v1.episode.184.shop.cart";
     bus.publish(subj, Bytes::from_static(b"\xc1garbage"))
         .await
         .unwrap();

@@ -123,7 +123,7 @@ async fn a_real_runs_messages_on_nats_read_in_python_match_the_schemas() {
         .insert("trainer".into(), crate::bootstrap_loop::quick_trainer());
     let bus = Bus::connect(&cfg.bus, "wire-schemas").await.unwrap();
     let (_episodes, running, shutdown) =
-        crate::start_services(bus, cfg, "aware.v1.episode.*.*").await;
+        crate::start_services(bus, cfg, "aware.v1.episode.*.*.*").await;
 
     // Up to 25 messages of every kind seen, and up to 25 RL actions.
     let mut kept: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();

@@ -637,7 +637,7 @@ pub async fn run_with_sink(
     for ev in ctx.current_state(EventKind::Obs).await {
         actors.route(ev);
     }
-    let ran = run_actors(&ctx, crate::CONSUMES, false, &mut actors).await;
+    let ran = run_actors(&ctx, crate::CONSUMES, &mut actors).await;
     // No new action from here on (the actors see the cancellation); the calls in flight finish.
     stopping.cancel();
     let timeout = std::time::Duration::from_millis(cfg.shutdown_timeout_ms);

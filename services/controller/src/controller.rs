@@ -900,9 +900,13 @@ async fn publish_events(shared: &Shared) {
 /// The status writer: folds `lifecycle`, `action` and `applied` events into the held status and
 /// flushes it every `status_interval_ms`, until shutdown.
 pub async fn run_status_writer(shared: Arc<Shared>) -> Result<(), ServiceError> {
+    // The status of every target, whatever `shard` says: one leader serves the cluster.
     let mut rx = shared
         .ctx
-        .subscribe_events(&[EventKind::Lifecycle, EventKind::Action, EventKind::Applied])
+        .subscribe_events_of(
+            &[EventKind::Lifecycle, EventKind::Action, EventKind::Applied],
+            aware_shared::config::ShardConfig::default(),
+        )
         .await?;
     let mut tick = tokio::time::interval(Duration::from_millis(shared.config.status_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1218,7 +1222,7 @@ mod tests {
                 .await
                 .ok()??;
             let ev = aware_bus_schemas::decode_event(EventKind::Target, &msg.payload).unwrap();
-            assert_eq!(&*msg.subject, "aware.v1.target.shop.web");
+            assert_eq!(&*msg.subject, "aware.v1.target.196.shop.web");
             match ev {
                 Event::Registration(r) => Some(r),
                 other => panic!("not a registration: {other:?}"),

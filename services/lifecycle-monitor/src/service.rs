@@ -376,7 +376,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     for spec in &ctx.config.targets {
         actors.get_or_start(&spec.target());
     }
-    run_actors(&ctx, CONSUMES, false, &mut actors).await?;
+    run_actors(&ctx, CONSUMES, &mut actors).await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
 }

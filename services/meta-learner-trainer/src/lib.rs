@@ -670,7 +670,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             },
         )))
     };
-    run_actors_retiring(&ctx, CONSUMES, false, &mut actors, retire).await?;
+    run_actors_retiring(&ctx, CONSUMES, &mut actors, retire).await?;
     drop(actors);
     if let Some(task) = forget_task {
         task.await.map_err(|source| ServiceError::Task {

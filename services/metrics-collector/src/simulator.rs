@@ -354,7 +354,14 @@ pub async fn run(
     cfg: SimulatorSourceConfig,
     metrics: CollectorMetrics,
 ) -> Result<(), ServiceError> {
-    let apps = build_apps(&cfg)?;
+    let mut apps = build_apps(&cfg)?;
+    let mut sim_cfg = sim_config(&cfg, &apps)?;
+    // A sharded collector simulates the apps of its shard: their `applied` is all it receives.
+    let shard = ctx.config.shard;
+    apps.retain(|a| shard.owns(&Target::new(a.namespace.clone(), a.name.clone())));
+    sim_cfg
+        .injections
+        .retain(|i| apps.iter().any(|a| a.name == i.target));
     let targets: Vec<Target> = apps
         .iter()
         .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
@@ -362,7 +369,6 @@ pub async fn run(
     for t in &targets {
         aware_bus_schemas::subject::subject(EventKind::Obs, t)?;
     }
-    let sim_cfg = sim_config(&cfg, &apps)?;
     for inj in &sim_cfg.injections {
         tracing::info!(target = %inj.target, step = inj.step, scenario = ?inj.scenario, "instability scenario scheduled");
     }

@@ -813,7 +813,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             metrics: metrics.clone(),
         }
     });
-    run_actors(&ctx, CONSUMES, true, &mut actors).await?;
+    run_actors(&ctx, CONSUMES, &mut actors).await?;
     drop(actors);
     aware_shared::agents::join_publisher(publisher).await
 }

@@ -76,7 +76,10 @@ pub struct RecorderConfig {
     /// reads it too), filled in by [`RecorderConfig::read`].
     #[serde(skip)]
     pub store: StoreConfig,
-    /// Where the JetStream resume point is kept (default: `<trajectory_store.sqlite_path>.resume`).
+    /// Where the JetStream resume point is kept (default: `<trajectory_store.sqlite_path>.resume`,
+    /// with shards `<…>.shard-<index>-of-<count>.resume`: each shard has its own, and a new
+    /// shard count starts from the oldest message the stream keeps, the store's upserts
+    /// absorbing what is recorded twice).
     pub resume_path: Option<PathBuf>,
     /// Transitions per write batch.
     pub batch: usize,
@@ -149,9 +152,12 @@ impl RecorderConfig {
             .then(|| Duration::from_secs(self.release_silent_after_secs))
     }
 
-    pub fn resume_path(&self) -> PathBuf {
+    pub fn resume_path(&self, shard: &aware_shared::config::ShardConfig) -> PathBuf {
         self.resume_path.clone().unwrap_or_else(|| {
             let mut p = self.store.sqlite_path.clone().into_os_string();
+            if shard.count > 1 {
+                p.push(format!(".shard-{}-of-{}", shard.index, shard.count));
+            }
             p.push(".resume");
             PathBuf::from(p)
         })
@@ -819,7 +825,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let store = open_store(&cfg.store, "trajectory_store")
         .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let metrics = RecorderMetrics::new(&ctx)?;
-    let resume_path = cfg.resume_path();
+    let resume_path = cfg.resume_path(&ctx.config.shard);
     let start_seq =
         read_resume(&resume_path).map_err(|e| ServiceError::resource("recorder.resume_path", e))?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -927,7 +933,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         ctx.ready.set(false);
     } else {
         // No stream sequences, so no floors: registrations only retire actors.
-        run_actors(&ctx, crate::CONSUMES, false, &mut actors).await?;
+        run_actors(&ctx, crate::CONSUMES, &mut actors).await?;
     }
     drop(actors);
     drop(tx);
@@ -1013,7 +1019,15 @@ mod tests {
             },
             ..Default::default()
         };
-        assert_eq!(cfg.resume_path(), PathBuf::from("/x/t.db.resume"));
+        let shard = |index, count| aware_shared::config::ShardConfig { index, count };
+        assert_eq!(
+            cfg.resume_path(&shard(0, 1)),
+            PathBuf::from("/x/t.db.resume")
+        );
+        assert_eq!(
+            cfg.resume_path(&shard(1, 3)),
+            PathBuf::from("/x/t.db.shard-1-of-3.resume")
+        );
     }
 
     #[test]

@@ -101,17 +101,25 @@ impl Bus {
         }
     }
 
-    /// [`Bus::forget_state`] of `target`'s current state of `kind`; nothing to do for a target
-    /// whose names form no subject (it never had state on the bus).
+    /// [`Bus::forget_state`] of `target`'s current state of `kind`, under its subject and under
+    /// the unslotted one of older releases; nothing to do for a target whose names form no
+    /// subject (it never had state on the bus).
     pub async fn forget_target_state(
         &self,
         kind: aware_bus_schemas::EventKind,
         target: &aware_bus_schemas::Target,
     ) -> Result<(), BusError> {
-        match aware_bus_schemas::subject::subject(kind, target) {
-            Ok(subject) => self.forget_state(&subject).await,
-            Err(_) => Ok(()),
-        }
+        use aware_bus_schemas::subject;
+        let (Ok(slotted), Ok(unslotted)) = (
+            subject::subject(kind, target),
+            subject::unslotted_subject(kind, target),
+        ) else {
+            return Ok(());
+        };
+        // The key of a release before the slot token too, which the start-up read still takes
+        // (ADR 0021): purged, it cannot bring the target back.
+        self.forget_state(&slotted).await?;
+        self.forget_state(&unslotted).await
     }
 
     pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
@@ -167,5 +175,12 @@ impl Subscription {
             Subscription::InProc(s) => s.next().await,
             Subscription::Nats(s) => nats::next(s).await,
         }
+    }
+
+    /// The messages as a stream, ending when the bus is closed (to merge subscriptions).
+    pub fn into_stream(self) -> impl futures::Stream<Item = Message> + Send + Unpin {
+        Box::pin(futures::stream::unfold(self, |mut s| async move {
+            s.next().await.map(|m| (m, s))
+        }))
     }
 }

@@ -263,11 +263,12 @@ impl Identity {
                         publish.push(format!("{api}.STREAM.UPDATE.{s}"));
                     }
                 }
-                publish.extend(
-                    row.publishes.iter().filter(|k| k.is_state()).map(|k| {
-                        format!("$KV.{}.{}", names.state_bucket, subject::kind_filter(*k))
-                    }),
-                );
+                // Its keys in both layouts: a forgotten target's key from a release before the
+                // slot token is purged too (ADR 0021).
+                publish.extend(row.publishes.iter().filter(|k| k.is_state()).flat_map(|k| {
+                    [subject::kind_filter(*k), subject::unslotted_kind_filter(*k)]
+                        .map(|f| format!("$KV.{}.{f}", names.state_bucket))
+                }));
             }
         }
         let objects = format!("OBJ_{}", names.bucket);
@@ -420,7 +421,12 @@ mod tests {
                 .publishes()
                 .iter()
                 .filter(|k| k.is_state())
-                .map(|k| format!("$KV.AWARE_STATE.aware.v1.{k}.*.*"))
+                .flat_map(|k| {
+                    [
+                        format!("$KV.AWARE_STATE.aware.v1.{k}.*.*.*"),
+                        format!("$KV.AWARE_STATE.aware.v1.{k}.*.*"),
+                    ]
+                })
                 .collect();
             assert_eq!(
                 keys.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
@@ -442,7 +448,10 @@ mod tests {
                 .iter()
                 .filter(|s| s.starts_with("$KV."))
                 .collect::<Vec<_>>(),
-            ["$KV.AWARE_STATE.aware.v1.lifecycle.*.*"]
+            [
+                "$KV.AWARE_STATE.aware.v1.lifecycle.*.*.*",
+                "$KV.AWARE_STATE.aware.v1.lifecycle.*.*"
+            ]
         );
     }
 
@@ -463,7 +472,7 @@ mod tests {
         }
         assert!(
             conf.contains(
-                r#"publish: { allow: ["aware.v1.target.*.*", "$JS.API.STREAM.INFO.AWARE""#
+                r#"publish: { allow: ["aware.v1.target.*.*.*", "$JS.API.STREAM.INFO.AWARE""#
             ),
             "{conf}"
         );

@@ -1,0 +1,295 @@
+//! Every per-target service sharded by the slot its subjects carry (ADR 0021), as separate
+//! processes on a real nats-server, resharded from 2 to 3 mid-run: each instance receives only
+//! its own shard's messages (the server filters by slot, nothing is decoded and thrown away),
+//! every observation is decided at most once and, with both shard counts, exactly once, every
+//! target keeps its stage, and every decided step is stored.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use aware_bus_schemas::{Event, Stage, Target};
+use aware_shared::config::ShardConfig;
+use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
+use aware_tests::{scrape, wait_ready, NatsServer, Proc};
+use futures::StreamExt;
+
+const APPS: usize = 8;
+const SPE: u32 = 10;
+const STEPS: u64 = 150;
+/// The collector gives up on a step's missing `applied` after this long: while no shard runs
+/// (the reshard), it moves on instead of waiting for the new instances.
+const STEP_TIMEOUT_MS: u64 = 1_500;
+/// The per-target services, each run once per shard.
+const SHARDED: [&str; 5] = [
+    "aware-recommender",
+    "aware-actuator",
+    "aware-trajectory-recorder",
+    "aware-lifecycle-monitor",
+    "aware-meta-learner-trainer",
+];
+/// The services that consume `obs`, and their names in the metrics.
+const OBS_CONSUMERS: [(&str, &str); 3] = [
+    ("aware-recommender", "recommender"),
+    ("aware-actuator", "actuator"),
+    ("aware-lifecycle-monitor", "lifecycle-monitor"),
+];
+
+/// What the capture holds for one target.
+#[derive(Default)]
+struct Captured {
+    /// (episode, step) → stream sequence of its first `obs`.
+    obs: BTreeMap<(u64, u32), u64>,
+    /// (episode, step) → `action`s published for it.
+    actions: BTreeMap<(u64, u32), u32>,
+    /// (stage, previous) of every `lifecycle`.
+    stages: Vec<(Stage, Option<Stage>)>,
+}
+
+async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let mut stream = js.get_stream("AWARE").await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: "aware.v1.>".to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut out: BTreeMap<Target, Captured> = BTreeMap::new();
+    while let Some(m) = messages.next().await {
+        let m = m.unwrap();
+        let seq = m.info().unwrap().stream_sequence;
+        let parsed = aware_bus_schemas::subject::parse(&m.subject).unwrap();
+        let c = out.entry(parsed.target.clone()).or_default();
+        match aware_bus_schemas::decode_event(parsed.kind, &m.payload).unwrap() {
+            Event::Obs(o) => {
+                c.obs.entry((o.episode, o.step)).or_insert(seq);
+            }
+            Event::Action(a) => *c.actions.entry((a.episode, a.step)).or_default() += 1,
+            Event::Lifecycle(l) => c.stages.push((l.stage, l.previous)),
+            _ => {}
+        }
+        if seq >= last {
+            break;
+        }
+    }
+    out
+}
+
+async fn last_sequence(url: &str) -> u64 {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let mut stream = js.get_stream("AWARE").await.unwrap();
+    stream.info().await.unwrap().state.last_sequence
+}
+
+/// One shard of every per-target service: (binary, process, HTTP address).
+fn start_shard(cfg: &str, shard: ShardConfig) -> Vec<(&'static str, Proc, std::net::SocketAddr)> {
+    let flag = format!("{}/{}", shard.index, shard.count);
+    let procs: Vec<_> = SHARDED
+        .iter()
+        .map(|&bin| {
+            let p = Proc::spawn(bin, &["--config", cfg, "--shard", &flag], &[]);
+            let addr = p.http_addr();
+            (bin, p, addr)
+        })
+        .collect();
+    for (_, _, addr) in &procs {
+        wait_ready(*addr);
+    }
+    procs
+}
+
+#[test]
+fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_nothing() {
+    let server = NatsServer::start().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let config = dir.path().join("aware.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [lifecycle]\nt_online = 1e9\n\
+             [learning]\nsteps_per_episode = {SPE}\n\
+             [collector]\nsource = \"simulator\"\n\
+             [collector.simulator]\napps = {APPS}\nseed = 11\nmax_steps = {STEPS}\n\
+             step_timeout_ms = {STEP_TIMEOUT_MS}\n\
+             [trajectory_store]\nsqlite_path = \"{db}\"\n\
+             [model_store]\ndir = \"{models}\"\n",
+            url = server.url(),
+            db = db.display(),
+            models = dir.path().join("models").display(),
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+
+    // Two shards of every per-target service first, then the collector (one instance: it owns
+    // the simulated cluster).
+    let mut two: Vec<_> = (0..2)
+        .flat_map(|index| start_shard(cfg, ShardConfig { index, count: 2 }))
+        .collect();
+    let collector = Proc::spawn("aware-metrics-collector", &["--config", cfg], &[]);
+    let col = collector.http_addr();
+    wait_ready(col);
+    let sim_steps = || scrape(col, "aware_collector_sim_steps_total", &[]).unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sim_steps() < STEPS as f64 / 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the loop stalled at {}",
+            sim_steps()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Each instance received only the `obs` of its own targets: the sum over the shards of
+    // what each consumer took in is what the collector published, not twice that.
+    let published = || scrape(col, "aware_messages_out_total", &[("event", "obs")]).unwrap_or(0.0);
+    let took_in = |procs: &[(&str, Proc, std::net::SocketAddr)], bin: &str, service: &str| {
+        procs
+            .iter()
+            .filter(|(b, _, _)| *b == bin)
+            .map(|(_, _, a)| {
+                scrape(
+                    *a,
+                    "aware_messages_in_total",
+                    &[("service", service), ("event", "obs")],
+                )
+                .unwrap_or(0.0)
+            })
+            .collect::<Vec<f64>>()
+    };
+    let before = published();
+    let per_shard: Vec<Vec<f64>> = OBS_CONSUMERS
+        .iter()
+        .map(|(bin, service)| took_in(&two, bin, service))
+        .collect();
+    let after = published();
+    for ((bin, _), took) in OBS_CONSUMERS.iter().zip(&per_shard) {
+        assert!(took.iter().all(|&n| n > 0.0), "{bin}: {took:?}");
+        let sum: f64 = took.iter().sum();
+        assert!(
+            sum <= after && sum >= before - APPS as f64,
+            "{bin}: shards took in {took:?} of {before}..{after} obs published"
+        );
+    }
+
+    // The reshard: every 2-shard instance stops, then 3 shards start.
+    let stop_seq = rt.block_on(last_sequence(&server.url()));
+    for (bin, p, _) in &mut two {
+        let status = p.terminate(Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{bin} did not stop cleanly: {status:?}\n{}",
+            p.stderr()
+        );
+    }
+    drop(two);
+    let three: Vec<_> = (0..3)
+        .flat_map(|index| start_shard(cfg, ShardConfig { index, count: 3 }))
+        .collect();
+    let resumed_seq = rt.block_on(last_sequence(&server.url()));
+
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while sim_steps() < STEPS as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the loop stalled at {}",
+            sim_steps()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let captured = rt.block_on(read_capture(&server.url()));
+    assert_eq!(captured.len(), APPS);
+
+    // Decided at most once ever, and exactly once under either shard count: every `obs`
+    // published before the stop (but each target's last, which may have been in flight) and
+    // every one published after the 3 shards were ready has exactly one `action`.
+    let (mut decided, mut checked) = (0u64, 0u64);
+    for (t, c) in &captured {
+        assert!(c.actions.values().all(|&n| n == 1), "{t}: {:?}", c.actions);
+        let last_before_stop = c.obs.values().filter(|&&s| s <= stop_seq).max().copied();
+        for (key, &seq) in &c.obs {
+            let must = (seq <= stop_seq && Some(seq) != last_before_stop) || seq > resumed_seq;
+            if must {
+                checked += 1;
+                assert_eq!(c.actions.get(key), Some(&1), "{t} step {key:?} (seq {seq})");
+            }
+            decided += u64::from(c.actions.contains_key(key));
+        }
+        assert!(
+            c.actions.keys().all(|k| c.obs.contains_key(k)),
+            "{t}: an action without its obs"
+        );
+        // The stage survived the reshard: the target started once (from nothing) and stayed
+        // OFFLINE (no promotion in this run).
+        let fresh = c
+            .stages
+            .iter()
+            .filter(|(_, previous)| matches!(previous, None | Some(Stage::Initialized)))
+            .count();
+        assert_eq!(fresh, 1, "{t}: {:?}", c.stages);
+        assert!(
+            c.stages.iter().all(|(s, _)| *s == Stage::Offline),
+            "{t}: {:?}",
+            c.stages
+        );
+    }
+    assert!(checked > APPS as u64 * STEPS / 2, "{checked} checked");
+
+    // The 3 shards split the targets between them, each counting only its own.
+    for (bin, service) in OBS_CONSUMERS {
+        let took = took_in(&three, bin, service);
+        assert!(took.iter().all(|&n| n > 0.0), "{bin}: {took:?}");
+    }
+    let owned: f64 = three
+        .iter()
+        .filter(|(b, _, _)| *b == "aware-lifecycle-monitor")
+        .map(|(_, _, a)| scrape(*a, "aware_targets", &[("service", "lifecycle-monitor")]).unwrap())
+        .sum();
+    assert_eq!(owned, APPS as f64);
+
+    // Every decided step is stored, once: the new recorders replay the stream from its start
+    // (their resume points are new) and the store's upserts absorb what was recorded twice.
+    let store = || SqliteStore::open_path(&db).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let missing = |store: &SqliteStore| -> Vec<String> {
+        let mut missing = Vec::new();
+        for (t, c) in &captured {
+            let stored: BTreeSet<(u64, u32)> = store
+                .transitions(t, 0..u64::MAX)
+                .unwrap()
+                .iter()
+                .map(|r| (r.episode, r.step))
+                .collect();
+            let last = c.actions.keys().next_back().copied();
+            missing.extend(
+                c.actions
+                    .keys()
+                    .filter(|k| Some(**k) != last && !stored.contains(k))
+                    .map(|k| format!("{t} {k:?}")),
+            );
+        }
+        missing
+    };
+    loop {
+        let m = missing(&store());
+        if m.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not stored: {m:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = store();
+    let stored: u64 = captured.keys().map(|t| s.count(t).unwrap()).sum();
+    assert!(
+        stored >= decided - APPS as u64,
+        "{stored} stored, {decided} decided"
+    );
+    drop(three);
+    drop(collector);
+}
