@@ -721,12 +721,18 @@ def main() -> int:
             ok(f"render({name}): {valid}/{len(docs)} documents valid for Kubernetes {', '.join(K8S_VERSIONS)}")
         if "values-full.yaml" in renders:
             docs = [d for _, d in docs_of(renders["values-full.yaml"], "full")]
-            sts = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-recommender")]
-            secret = [d for d in docs if d["kind"] == "Secret"]
-            env = {e["name"]: e for e in sts[0]["spec"]["template"]["spec"]["containers"][0]["env"]} if sts else {}
-            if not sts or sts[0]["spec"]["replicas"] != full["recommender"]["shards"] \
-                    or env.get("AWARE_SHARD__COUNT", {}).get("value") != str(full["recommender"]["shards"]):
-                fail("values-full.yaml: the recommender StatefulSet does not run `shards` shards")
+            # Every per-target service is a StatefulSet of `<service>.shards` pods, each told the count.
+            for key, component in (("collector", "metrics-collector"), ("recommender", "recommender"),
+                                   ("actuator", "actuator"), ("recorder", "trajectory-recorder"),
+                                   ("lifecycleMonitor", "lifecycle-monitor"), ("trainer", "meta-learner-trainer")):
+                shards = full.get(key, {}).get("shards", 1)
+                sts = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith(f"-{component}")]
+                env = {e["name"]: e for e in sts[0]["spec"]["template"]["spec"]["containers"][0]["env"]} if sts else {}
+                index = env.get("AWARE_SHARD__INDEX", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                if not sts or sts[0]["spec"]["replicas"] != shards \
+                        or env.get("AWARE_SHARD__COUNT", {}).get("value") != str(shards) \
+                        or index != "metadata.labels['apps.kubernetes.io/pod-index']":
+                    fail(f"values-full.yaml: the {component} StatefulSet does not run `{key}.shards` shards")
             check_nats_identities(docs, full)
             for d in docs:
                 if d["kind"] not in ("Deployment", "StatefulSet") or \

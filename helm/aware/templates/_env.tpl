@@ -49,13 +49,18 @@
   value: {{ .Values.modelStore.backend | quote }}
 {{- end }}
 
-{{- define "aware.env.recommender" -}}
+{{- /* This pod's shard of a per-target service (`.` = the service's values): its index from the
+StatefulSet pod-index label, the count from `shards`. */ -}}
+{{- define "aware.shardEnv" -}}
 - name: AWARE_SHARD__INDEX
   valueFrom:
     fieldRef:
       fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
 - name: AWARE_SHARD__COUNT
-  value: {{ .Values.recommender.shards | quote }}
+  value: {{ .shards | quote }}
+{{- end }}
+
+{{- define "aware.env.recommender" -}}
 - name: AWARE_MODEL_STORE__BACKEND
   value: {{ .Values.modelStore.backend | quote }}
 {{- end }}

@@ -344,6 +344,11 @@ async fn helm_install_and_uninstall_of_the_chart() {
         "deployment.apps/aware-controller",
         "statefulset.apps/aware-nats",
         "statefulset.apps/aware-recommender",
+        "statefulset.apps/aware-metrics-collector",
+        "statefulset.apps/aware-actuator",
+        "statefulset.apps/aware-trajectory-recorder",
+        "statefulset.apps/aware-lifecycle-monitor",
+        "statefulset.apps/aware-meta-learner-trainer",
         "networkpolicy.networking.k8s.io/aware-default-deny",
         "poddisruptionbudget.policy/aware-nats",
     ] {
