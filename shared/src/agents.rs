@@ -1274,6 +1274,7 @@ mod tests {
                 name: "probe",
                 main: probe_service,
                 notice: None,
+                sharded: true,
             };
             let running =
                 crate::launcher::start_on(bus.clone(), Arc::new(cfg), &[entry], shutdown.clone())

@@ -24,6 +24,10 @@ pub struct ServiceEntry {
     /// What the service says at start about its configuration, before anything runs (e.g. the
     /// collector with no source: nothing to manage); `None` when it has nothing to say.
     pub notice: Option<fn(&AppConfig) -> Option<String>>,
+    /// A per-target service: it serves the targets of its shard (`shard`, ADR 0021) and reports
+    /// `aware_shards{shard}` (the count, labelled by its index) for the alerting rules, which find
+    /// a missing shard, one run twice and instances that split the targets differently.
+    pub sharded: bool,
 }
 
 /// Handle on services started by [`start`].
@@ -127,8 +131,12 @@ pub async fn start_on(
     let contexts = entries
         .iter()
         .map(|e| {
-            ServiceContext::new(e.name, bus.clone(), config.clone(), shutdown.clone())
-                .map(|c| c.with_arbiters(arbiters.clone()))
+            let ctx = ServiceContext::new(e.name, bus.clone(), config.clone(), shutdown.clone())?
+                .with_arbiters(arbiters.clone());
+            if e.sharded {
+                ctx.report_shard()?;
+            }
+            Ok::<_, ServiceError>(ctx)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let state = HttpState {

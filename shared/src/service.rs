@@ -142,6 +142,20 @@ impl ServiceContext {
         })
     }
 
+    /// Reports this instance's shard: `aware_shards{shard="<index>"}` = the count (ADR 0021).
+    pub fn report_shard(&self) -> Result<(), TelemetryError> {
+        let shard = self.config.shard;
+        self.metrics
+            .gauge_vec(
+                "shards",
+                "Shards the targets are split into (shard.count), labelled by this instance's shard (shard.index)",
+                &["shard"],
+            )?
+            .with_label_values(&[&shard.index.to_string()])
+            .set(i64::from(shard.count));
+        Ok(())
+    }
+
     /// The same context, its actors spread over `arbiters` ([`crate::agents::TargetActors::spread`]).
     pub fn with_arbiters(mut self, arbiters: Option<crate::arbiters::ArbiterPool>) -> Self {
         self.arbiters = arbiters;

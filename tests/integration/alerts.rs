@@ -372,9 +372,9 @@ async fn a_real_prometheus_finds_misdeployed_recommender_shards() {
     .unwrap()
     .unwrap();
     let want = [
-        "AwareRecommenderShardCountsDiffer",
-        "AwareRecommenderShardDuplicated",
-        "AwareRecommenderShardsMissing",
+        "AwareShardCountsDiffer",
+        "AwareShardDuplicated",
+        "AwareShardsMissing",
     ];
     let shard_alerts = poll(&prom, "/api/v1/alerts", "the shard rules pending", |a| {
         let mut shard: Vec<serde_json::Value> = a["alerts"]
@@ -384,7 +384,7 @@ async fn a_real_prometheus_finds_misdeployed_recommender_shards() {
             .filter(|a| {
                 a["labels"]["alertname"]
                     .as_str()
-                    .is_some_and(|n| n.starts_with("AwareRecommenderShard"))
+                    .is_some_and(|n| n.starts_with("AwareShard"))
             })
             .cloned()
             .collect();
@@ -412,7 +412,7 @@ async fn a_real_prometheus_finds_misdeployed_recommender_shards() {
             .unwrap()
             .split(" different shard counts")
             .next(),
-        Some("Recommender instances have run with 2")
+        Some("recommender instances have run with 2")
     );
     assert_eq!(
         shard_alerts[2]["annotations"]["summary"],

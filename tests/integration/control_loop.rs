@@ -532,7 +532,7 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
     assert_eq!(targets.len(), apps);
     // Each shard owns at least one target and their metrics add up to all of them.
     // Each shard names itself and the count for the alerting rules
-    // (`AwareRecommenderShardsMissing` and the others).
+    // (`AwareShardsMissing` and the others).
     let mut owned = 0.0;
     for (i, r) in running[..3].iter().enumerate() {
         let (_, text) = tokio::task::spawn_blocking({
@@ -550,7 +550,7 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
         assert_eq!(
             aware_tests::metric(
                 &parsed,
-                "aware_recommender_shards",
+                "aware_shards",
                 &[("service", "recommender"), ("shard", shard.as_str())],
             ),
             Some(3.0),
@@ -559,7 +559,7 @@ async fn three_recommender_shards_serve_every_target_exactly_once() {
         let shards = parsed
             .samples
             .iter()
-            .filter(|s| s.metric == "aware_recommender_shards")
+            .filter(|s| s.metric == "aware_shards")
             .count();
         assert_eq!(shards, 1, "one series per instance");
     }

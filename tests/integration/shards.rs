@@ -241,6 +241,16 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     }
     assert!(checked > APPS as u64 * STEPS / 2, "{checked} checked");
 
+    // Each instance reports its shard for the alerting rules (`aware_shards`).
+    for (i, (bin, _, addr)) in three.iter().enumerate() {
+        let shard = (i / SHARDED.len()).to_string();
+        assert_eq!(
+            scrape(*addr, "aware_shards", &[("shard", shard.as_str())]),
+            Some(3.0),
+            "{bin} shard {shard}"
+        );
+    }
+
     // The 3 shards split the targets between them, each counting only its own.
     for (bin, service) in OBS_CONSUMERS {
         let took = took_in(&three, bin, service);

@@ -16,4 +16,6 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(controller::run(ctx)),
     notice: None,
+    // One leader serves the whole cluster.
+    sharded: false,
 };

@@ -52,4 +52,5 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
     notice: None,
+    sharded: true,
 };

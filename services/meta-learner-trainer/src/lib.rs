@@ -92,6 +92,7 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
     notice: None,
+    sharded: true,
 };
 
 /// What the store holds for a target.

@@ -23,6 +23,7 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
     notice: Some(config::nothing_to_manage),
+    sharded: true,
 };
 
 /// The names of the measurements of `m` that cannot be used: non-finite or negative values, and

@@ -24,7 +24,7 @@ use aware_bus_schemas::{
     Action, DecisionSource, Event, EventKind, Obs, Resources, Schema, Stage, Target,
 };
 use aware_shared::agents::{run_actors, spawn_publisher, Deliver, Outbox, Retire, TargetActors};
-use aware_shared::config::{stable_hash, ConfigError, ShardConfig};
+use aware_shared::config::{stable_hash, ConfigError};
 use aware_shared::launcher::ServiceEntry;
 use aware_shared::model_store::{open_model_store, ModelStore, ModelStoreConfig};
 use aware_shared::registry::{log_change, Change, Registered};
@@ -51,6 +51,7 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
     notice: None,
+    sharded: true,
 };
 
 /// What the recommender knows about one target.
@@ -252,17 +253,8 @@ pub const DECISION_BUCKETS: [f64; 16] = [
 ];
 
 impl RecommenderMetrics {
-    /// The metrics of an instance running `shard`, in the service's registry.
-    pub fn new(m: &ServiceMetrics, shard: &ShardConfig) -> Result<Self, TelemetryError> {
-        // The shard count this instance runs with, labelled by its shard: the alerting rules
-        // find a missing shard, one run twice and instances that split the targets differently.
-        m.gauge_vec(
-            "recommender_shards",
-            "Shards the targets are split into (shard.count), labelled by this instance's shard (shard.index)",
-            &["shard"],
-        )?
-        .with_label_values(&[&shard.index.to_string()])
-        .set(i64::from(shard.count));
+    /// The metrics of an instance, in the service's registry.
+    pub fn new(m: &ServiceMetrics) -> Result<Self, TelemetryError> {
         Ok(RecommenderMetrics {
             decision_seconds: m.histogram(
                 "recommender_decision_seconds",
@@ -790,7 +782,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
         .map_err(|e| ServiceError::resource("model_store", e))?;
-    let metrics = RecommenderMetrics::new(&ctx.metrics, &ctx.config.shard)?;
+    let metrics = RecommenderMetrics::new(&ctx.metrics)?;
     let (outbox, publisher) = spawn_publisher(ctx.clone());
     let specs = ctx.config.spec_index();
     let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
@@ -943,7 +935,7 @@ mod tests {
             let store = Arc::new(LocalDirStore::open(dir.path()).unwrap());
             let service = ServiceMetrics::new("recommender").unwrap();
             let registry = service.registry().clone();
-            let metrics = RecommenderMetrics::new(&service, &ShardConfig::default()).unwrap();
+            let metrics = RecommenderMetrics::new(&service).unwrap();
             let t = Target::new("shop", "checkout");
             let decider = Decider::new(
                 TargetSpec::new(&t),

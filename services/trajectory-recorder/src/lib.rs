@@ -23,6 +23,7 @@ pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
     notice: None,
+    sharded: true,
 };
 
 /// Runs the service until shutdown.
