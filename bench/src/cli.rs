@@ -27,6 +27,11 @@ pub enum BenchCommand {
     Sim(SimArgs),
     /// The control loop end to end over NATS: target-steps/s, decision latency, memory per target.
     Loop(LoopArgs),
+    /// Every per-target service in --shards shards, each a process, on one NATS: target-steps/s,
+    /// obs→action p99, whether every obs was decided exactly once, resident memory per target
+    /// over all processes, the trainers' CPU and time to a first model (--rl), store bytes per
+    /// transition; writes scale.json.
+    Scale(ScaleArgs),
     /// Offline bootstrapping (paper §5.4): fallback vs bootstrapped vs no-bootstrap RL over the
     /// early window on held-out generated apps; writes bootstrap.json.
     #[command(after_help = BOOTSTRAP_KNOBS)]
@@ -122,6 +127,15 @@ pub struct LoopArgs {
     pub options: LoopBenchOptions,
 }
 
+/// `aware bench scale`.
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub options: crate::scale::ScaleBenchOptions,
+}
+
 /// `aware bench bootstrap`: the options, their work directory under `--out`.
 #[derive(Debug, Args)]
 pub struct BootstrapArgs {
@@ -208,6 +222,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
             text_logs()?;
             control_loop(&args)
         }
+        BenchCommand::Scale(args) => {
+            text_logs()?;
+            scale(&args)
+        }
         BenchCommand::Bootstrap(args) => {
             text_logs()?;
             bootstrap(&args)
@@ -263,6 +281,46 @@ fn sim(args: &SimArgs) -> Result<(), BenchError> {
         r.observed_target_steps_per_sec_median,
     );
     println!("wrote {}", r.json.display());
+    Ok(())
+}
+
+fn scale(args: &ScaleArgs) -> Result<(), BenchError> {
+    let opts = args.options.clone();
+    let system = actix_rt::System::new();
+    let r = system.block_on(async move { crate::scale::run(&opts).await })?;
+    for (i, x) in r.runs.iter().enumerate() {
+        println!(
+            "run {i}: {:.0} target-steps/s; obs→action p50 {:.1} ms p99 {:.1} ms; decided exactly once: {} ({} not); {:.0} B resident per target ({:.1} MiB idle → {:.1} MiB); trainer {:.1} CPU-s ({:.3} per target-hour), first model p50 {}; {} transitions stored, {:.0} B each",
+            x.target_steps_per_s,
+            x.obs_to_action_p50_ms,
+            x.obs_to_action_p99_ms,
+            x.decided_exactly_once,
+            x.undecided_or_repeated,
+            x.resident_bytes_per_target,
+            x.resident_bytes_idle as f64 / 1048576.0,
+            x.resident_bytes_loaded as f64 / 1048576.0,
+            x.trainer_cpu_s,
+            x.trainer_cpu_s_per_target_hour,
+            x.first_model_after_s_p50
+                .map_or("none".to_string(), |s| format!("{s:.1} s")),
+            x.transitions_stored,
+            x.store_bytes_per_transition,
+        );
+    }
+    println!(
+        "{} targets × {} steps over {} shards ({} processes), medians of {} runs: {:.0} target-steps/s, obs→action p99 {:.1} ms, {:.0} B per target, decided exactly once: {}",
+        r.targets,
+        r.steps,
+        r.shards,
+        r.processes,
+        r.runs.len(),
+        r.target_steps_per_s,
+        r.obs_to_action_p99_ms,
+        r.resident_bytes_per_target,
+        r.decided_exactly_once
+    );
+    let path = crate::write_json(&args.out, "scale.json", &serde_json::to_value(&r)?)?;
+    println!("wrote {path}");
     Ok(())
 }
 

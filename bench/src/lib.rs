@@ -11,6 +11,7 @@ pub mod cost;
 pub mod embed;
 pub mod kube;
 pub mod process;
+pub mod scale;
 pub mod serve;
 pub mod serve_bus;
 pub mod state;

@@ -303,3 +303,35 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     drop(three);
     drop(collector);
 }
+
+/// `aware bench scale` at a tiny size: every per-target service in 2 shards as processes; every
+/// `obs` decided exactly once, every step stored, and every figure filled in.
+#[actix_rt::test]
+async fn bench_scale_at_a_tiny_size_reports_every_figure() {
+    let (targets, steps) = (24usize, 8u64);
+    let opts = aware_bench::scale::ScaleBenchOptions {
+        targets,
+        shards: 2,
+        steps,
+        runs: 1,
+        rl: false,
+        timeout_secs: 120,
+        bin_dir: aware_tests::bin_path("aware-recommender")
+            .parent()
+            .map(std::path::Path::to_path_buf),
+    };
+    let r = aware_bench::scale::run(&opts).await.unwrap();
+    let run = &r.runs[0];
+    assert_eq!(r.processes, 10);
+    assert!(r.decided_exactly_once, "{run:?}");
+    assert_eq!(run.undecided_or_repeated, 0);
+    assert_eq!(run.transitions_stored, targets as u64 * steps, "{run:?}");
+    assert!(
+        r.target_steps_per_s > 0.0 && r.obs_to_action_p99_ms > 0.0,
+        "{run:?}"
+    );
+    assert!(r.resident_bytes_per_target > 0.0, "{run:?}");
+    assert!(r.store_bytes_per_transition > 0.0, "{run:?}");
+    assert_eq!(run.trainer_cpu_s, 0.0, "no trainer without --rl");
+    assert_eq!(r.first_model_after_s_p50, None);
+}
