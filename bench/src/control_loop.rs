@@ -17,15 +17,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{subject, EventKind};
+use aware_bus_schemas::EventKind;
 use aware_metrics_collector::config::{CollectorConfig, SourceKind};
-use aware_shared::bus::Bus;
 use aware_shared::config::AppConfig;
 use aware_shared::probe::{bucket_quantile, histogram_buckets, http_get};
 use aware_shared::testkit::NatsServer;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::observer::{latency_histogram, record_since, step_of, Observer};
 use super::process::{rss_bytes, sibling_bin, start_service};
 use super::{median, BenchError};
 
@@ -119,18 +119,12 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
         "trajectory_store".into(),
         serde_json::json!({ "sqlite_path": dir.join("t.db").display().to_string() }),
     );
-    // The observer buffers a whole step of `obs` and of `action` (each step publishes one per
-    // target at once): a message it dropped would leave the run waiting for it.
-    let mut observer_bus = cfg.bus.clone();
-    observer_bus.channel_capacity = observer_bus.channel_capacity.max(2 * opts.targets);
-    let observer = Bus::connect(&observer_bus, "aware-bench-observer").await?;
-    let mut obs_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Obs))
-        .await?;
-    let mut act_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Action))
-        .await?;
-    observer.flush().await?;
+    let observer =
+        Observer::connect(&cfg.bus, opts.targets, &[EventKind::Obs, EventKind::Action]).await?;
+    let [mut obs_sub, mut act_sub]: [_; 2] = observer
+        .subs
+        .try_into()
+        .map_err(|_| BenchError::Failed("two subscriptions".into()))?;
     let shutdown = CancellationToken::new();
     let others: Vec<_> = aware_harness::SERVICES
         .iter()
@@ -142,18 +136,11 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     let want_obs = opts.targets as u64 * (opts.steps + 1);
     let want_actions = want_obs;
     let mut sent: HashMap<(Arc<str>, u64), Instant> = HashMap::new();
-    let mut lat = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
-        .map_err(|e| BenchError::Failed(e.to_string()))?;
+    let mut lat = latency_histogram()?;
     let (mut n_obs, mut n_act) = (0u64, 0u64);
     let (mut first, mut last) = (None, Instant::now());
     let spe = u64::from(aware_shared::config::LearningConfig::default().steps_per_episode);
-    // (target token pair of the subject, global step) identifies a step of a target.
-    let key = |subj: &str, payload: &[u8]| -> Option<(Arc<str>, u64)> {
-        let ev = aware_bus_schemas::decode_any(payload).ok()?;
-        let target: Arc<str> =
-            Arc::from(subj.rsplitn(3, '.').take(2).collect::<Vec<_>>().join("."));
-        Some((target, ev.episode() * spe + u64::from(ev.step())))
-    };
+    let key = |subj: &str, payload: &[u8]| step_of(subj, payload, spe);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
     while n_obs < want_obs || n_act < want_actions {
         tokio::select! {
@@ -172,7 +159,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
                 n_act += 1;
                 if let Some(k) = key(&m.subject, &m.payload) {
                     if let Some(t0) = sent.remove(&k) {
-                        lat.saturating_record(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
+                        record_since(&mut lat, t0);
                     }
                 }
             }

@@ -10,6 +10,7 @@ pub mod control_loop;
 pub mod cost;
 pub mod embed;
 pub mod kube;
+pub mod observer;
 pub mod process;
 pub mod scale;
 pub mod serve;

@@ -24,13 +24,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{subject, EventKind};
-use aware_shared::bus::Bus;
 use aware_shared::config::BusConfig;
 use aware_shared::probe::http_get;
 use aware_shared::testkit::NatsServer;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use serde::Serialize;
 
+use super::observer::{latency_histogram, record_since, step_of, target_of, Observer};
 use super::process::{cpu_seconds, rss_bytes, sibling_bin, start_service, Child};
 use super::{fail, median, BenchError};
 
@@ -222,27 +222,25 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     };
     let rss_idle = rss_all(&procs)?;
 
-    // The observer buffers a whole step of `obs` and of `action`: a message it dropped would
-    // leave the run waiting for it.
     let observer_cfg = BusConfig {
         url: url.clone(),
-        channel_capacity: BusConfig::default().channel_capacity.max(2 * opts.targets),
         ..BusConfig::default()
     };
-    let observer = Bus::connect(&observer_cfg, "aware-bench-observer").await?;
-    let mut obs_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Obs))
-        .await?;
-    let mut act_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Action))
-        .await?;
-    let mut ep_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Episode))
-        .await?;
-    let mut model_sub = observer
-        .subscribe(&subject::kind_filter(EventKind::Model))
-        .await?;
-    observer.flush().await?;
+    let observer = Observer::connect(
+        &observer_cfg,
+        opts.targets,
+        &[
+            EventKind::Obs,
+            EventKind::Action,
+            EventKind::Episode,
+            EventKind::Model,
+        ],
+    )
+    .await?;
+    let [mut obs_sub, mut act_sub, mut ep_sub, mut model_sub]: [_; 4] = observer
+        .subs
+        .try_into()
+        .map_err(|_| fail("four subscriptions"))?;
     for shard in 0..opts.shards {
         let (child, addr) = start_service(
             &bin(opts, "aware-metrics-collector")?,
@@ -264,17 +262,10 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let mut actions: HashMap<(Arc<str>, u64), u32> = HashMap::new();
     let mut data_ready: HashMap<Arc<str>, Instant> = HashMap::new();
     let mut first_model: HashMap<Arc<str>, Duration> = HashMap::new();
-    let mut lat = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
-        .map_err(|e| fail(e.to_string()))?;
+    let mut lat = latency_histogram()?;
     let (mut n_obs, mut decided) = (0u64, 0u64);
     let (mut first, mut last) = (None, Instant::now());
-    let target_of = |subj: &str| -> Arc<str> {
-        Arc::from(subj.rsplitn(3, '.').take(2).collect::<Vec<_>>().join("."))
-    };
-    let key = |subj: &str, payload: &[u8]| -> Option<(Arc<str>, u64)> {
-        let ev = aware_bus_schemas::decode_any(payload).ok()?;
-        Some((target_of(subj), ev.episode() * spe + u64::from(ev.step())))
-    };
+    let key = |subj: &str, payload: &[u8]| step_of(subj, payload, spe);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(opts.timeout_secs);
     let mut grace: Option<tokio::time::Instant> = None;
     loop {
@@ -302,7 +293,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
                     if *n == 1 {
                         decided += 1;
                         if let Some(t0) = sent.get(&k) {
-                            lat.saturating_record(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
+                            record_since(&mut lat, *t0);
                         }
                     }
                 }

@@ -146,16 +146,7 @@ pub struct ParsedSubject {
 /// Parses `aware.v1.<event>.<slot>.<namespace>.<target>`. The slot must be the target's, in
 /// canonical decimal: one target has one subject per kind, whatever a publisher claims.
 pub fn parse(subject: &str) -> Result<ParsedSubject, SubjectError> {
-    let mut parts = subject.split('.');
-    let (Some("aware"), Some("v1"), Some(event), Some(slot_token), Some(ns), Some(name), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let Some(["aware", "v1", event, slot_token, ns, name]) = tokens(subject) else {
         return Err(SubjectError::NotAware(subject.to_string()));
     };
     let parsed = parsed(subject, event, ns, name)?;
@@ -173,18 +164,20 @@ pub fn parse(subject: &str) -> Result<ParsedSubject, SubjectError> {
 /// Parses the layout before the slot token, `aware.v1.<event>.<namespace>.<target>`: the keys
 /// an older release left in the state bucket, read once so an upgrade keeps every target's state.
 pub fn parse_unslotted(subject: &str) -> Result<ParsedSubject, SubjectError> {
-    let mut parts = subject.split('.');
-    let (Some("aware"), Some("v1"), Some(event), Some(ns), Some(name), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let Some(["aware", "v1", event, ns, name]) = tokens(subject) else {
         return Err(SubjectError::NotAware(subject.to_string()));
     };
     parsed(subject, event, ns, name)
+}
+
+/// The `N` tokens of `subject`, or `None` when it has another number.
+fn tokens<const N: usize>(subject: &str) -> Option<[&str; N]> {
+    let mut out = [""; N];
+    let mut parts = subject.split('.');
+    for t in &mut out {
+        *t = parts.next()?;
+    }
+    parts.next().is_none().then_some(out)
 }
 
 /// `target`'s subject of `kind` in [`parse_unslotted`]'s layout (to purge an old state key).

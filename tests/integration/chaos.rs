@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use aware_bus_schemas::{Event, ModelKind, Outcome, Resources, Stage, Target};
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
-use futures::StreamExt;
 
 const APPS: usize = 50;
 const SPE: u32 = 20;
@@ -87,25 +86,10 @@ struct Captured {
 
 /// Reads the whole capture stream, in order.
 async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
-    let client = async_nats::connect(url).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut stream = js.get_stream("AWARE").await.unwrap();
-    let last = stream.info().await.unwrap().state.last_sequence;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: "aware.v1.>".to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = consumer.messages().await.unwrap();
     let mut out: BTreeMap<Target, Captured> = BTreeMap::new();
-    while let Some(m) = messages.next().await {
-        let m = m.unwrap();
-        let seq = m.info().unwrap().stream_sequence;
-        let parsed = aware_bus_schemas::subject::parse(&m.subject).unwrap();
-        let c = out.entry(parsed.target.clone()).or_default();
-        match aware_bus_schemas::decode_event(parsed.kind, &m.payload).unwrap() {
+    for (seq, ev) in aware_tests::capture(url).await {
+        let c = out.entry(ev.target().clone()).or_default();
+        match ev {
             Event::Obs(o) => {
                 let key = (o.episode, o.step);
                 match c.obs.get(&key) {
@@ -134,9 +118,6 @@ async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
                 c.last_model = Some(m.version);
             }
             _ => {}
-        }
-        if seq >= last {
-            break;
         }
     }
     out

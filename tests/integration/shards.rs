@@ -11,7 +11,6 @@ use aware_bus_schemas::{Event, Stage, Target};
 use aware_shared::config::ShardConfig;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc};
-use futures::StreamExt;
 
 const APPS: usize = 8;
 const SPE: u32 = 10;
@@ -46,33 +45,16 @@ struct Captured {
 }
 
 async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
-    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-    let mut stream = js.get_stream("AWARE").await.unwrap();
-    let last = stream.info().await.unwrap().state.last_sequence;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: "aware.v1.>".to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = consumer.messages().await.unwrap();
     let mut out: BTreeMap<Target, Captured> = BTreeMap::new();
-    while let Some(m) = messages.next().await {
-        let m = m.unwrap();
-        let seq = m.info().unwrap().stream_sequence;
-        let parsed = aware_bus_schemas::subject::parse(&m.subject).unwrap();
-        let c = out.entry(parsed.target.clone()).or_default();
-        match aware_bus_schemas::decode_event(parsed.kind, &m.payload).unwrap() {
+    for (seq, ev) in aware_tests::capture(url).await {
+        let c = out.entry(ev.target().clone()).or_default();
+        match ev {
             Event::Obs(o) => {
                 c.obs.entry((o.episode, o.step)).or_insert(seq);
             }
             Event::Action(a) => *c.actions.entry((a.episode, a.step)).or_default() += 1,
             Event::Lifecycle(l) => c.stages.push((l.stage, l.previous)),
             _ => {}
-        }
-        if seq >= last {
-            break;
         }
     }
     out

@@ -223,3 +223,51 @@ pub async fn wait_captured(url: &str, stream: &str, at_least: u64) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Every event the capture stream `AWARE` on the server at `url` holds, in stream order, with
+/// its stream sequence (each subject parsed and each payload decoded, or the test fails).
+pub async fn capture(url: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
+    use futures::StreamExt;
+    let client = async_nats::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream("AWARE")
+        .await
+        .unwrap_or_else(|e| panic!("stream AWARE: {e}"));
+    let last = stream
+        .info()
+        .await
+        .unwrap_or_else(|e| panic!("stream AWARE info: {e}"))
+        .state
+        .last_sequence;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: aware_bus_schemas::subject::ALL.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("consumer on AWARE: {e}"));
+    let mut messages = consumer
+        .messages()
+        .await
+        .unwrap_or_else(|e| panic!("read AWARE: {e}"));
+    let mut out = Vec::new();
+    while let Some(m) = messages.next().await {
+        let m = m.unwrap_or_else(|e| panic!("read AWARE: {e}"));
+        let seq = m
+            .info()
+            .unwrap_or_else(|e| panic!("message info: {e}"))
+            .stream_sequence;
+        let parsed = aware_bus_schemas::subject::parse(&m.subject)
+            .unwrap_or_else(|e| panic!("captured subject: {e}"));
+        let ev = aware_bus_schemas::decode_event(parsed.kind, &m.payload)
+            .unwrap_or_else(|e| panic!("captured {}: {e}", m.subject));
+        out.push((seq, ev));
+        if seq >= last {
+            break;
+        }
+    }
+    out
+}
