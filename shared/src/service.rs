@@ -233,7 +233,7 @@ impl ServiceContext {
             }
             let mut live = futures::stream::select_all(subs);
             let snapshot = if kind.is_state() {
-                self.last_per_target(kind).await.unwrap_or_default()
+                self.last_per_target(kind, shard).await.unwrap_or_default()
             } else {
                 Vec::new()
             };
@@ -245,9 +245,6 @@ impl ServiceContext {
                     let Some(ev) = ctx.decode(kind, &subj, &payload) else {
                         continue;
                     };
-                    if !shard.owns(ev.target()) {
-                        continue;
-                    }
                     if tx.send(ev).await.is_err() {
                         return;
                     }
@@ -294,13 +291,11 @@ impl ServiceContext {
     /// succeeds, the service not ready meanwhile; empty when the service shuts down first. Only
     /// the targets of this instance's shard.
     pub async fn current_state(&self, kind: EventKind) -> Vec<Event> {
-        let shard = self.config.shard;
-        self.last_per_target(kind)
+        self.last_per_target(kind, self.config.shard)
             .await
             .unwrap_or_default()
             .into_iter()
             .filter_map(|(subj, payload)| self.decode(kind, &subj, &payload))
-            .filter(|ev| shard.owns(ev.target()))
             .collect()
     }
 
@@ -322,8 +317,14 @@ impl ServiceContext {
     /// shuts down (`None`): meanwhile the service is not ready (`/readyz` says why, key
     /// `state:<kind>`), `aware_state_unread{event}` is 1 and each failure counts in
     /// `aware_state_read_failures_total{event}`. A service that starts without its targets'
-    /// stages, models or registrations would act on defaults it has no right to.
-    async fn last_per_target(&self, kind: EventKind) -> Option<Vec<(String, Bytes)>> {
+    /// stages, models or registrations would act on defaults it has no right to. Only the
+    /// subjects of `shard`'s targets, chosen by subject before anything is decoded (a subject
+    /// that does not parse is kept, for the decoding to count and drop).
+    async fn last_per_target(
+        &self,
+        kind: EventKind,
+        shard: crate::config::ShardConfig,
+    ) -> Option<Vec<(String, Bytes)>> {
         let key = format!("state:{kind}");
         let mut delay = STATE_READ_RETRY_MIN;
         let mut failures = 0u32;
@@ -344,7 +345,13 @@ impl ServiceContext {
                         .state_unread
                         .with_label_values(&[kind.as_str()])
                         .set(0);
-                    return Some(out);
+                    return Some(
+                        out.into_iter()
+                            .filter(|(s, _)| {
+                                subject::parse(s).map_or(true, |p| shard.owns(&p.target))
+                            })
+                            .collect(),
+                    );
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
