@@ -94,7 +94,7 @@ pub const SERVICE_SECTIONS: [&str; 9] = [
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     /// `embedded` (in-process bus) or a NATS URL such as `nats://127.0.0.1:4222`; a
-    /// comma-separated list for a cluster. Credentials may be written into it
+    /// comma-separated list for a cluster, tried in the order listed. Credentials may be written into it
     /// (`nats://user:password@host`, `nats://token@host`, percent-encoded) or set in `auth`.
     pub url: String,
     /// Buffer per subscription, messages.
@@ -181,6 +181,10 @@ impl BusConfig {
             ("bus.connect_timeout_ms", self.connect_timeout_ms),
             ("bus.reconnect_max_delay_ms", self.reconnect_max_delay_ms),
             ("bus.flush_timeout_ms", self.flush_timeout_ms),
+            (
+                "bus.jetstream.ack_timeout_ms",
+                self.jetstream.ack_timeout_ms,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
@@ -426,6 +430,14 @@ pub struct JetStreamConfig {
     pub max_bytes: i64,
     pub storage: StorageKind,
     pub replicas: usize,
+    /// Publish every message through JetStream and go on only once the capture stream (and,
+    /// for state, the state bucket) has stored it, retrying with the same message id (the
+    /// stream drops the repeat) for up to `ack_timeout_ms`. For a NATS cluster: a server cut
+    /// off from the others, or a stream between leaders, stores nothing, and a plain publish
+    /// would go on and be decided without ever reaching the trajectory store.
+    pub ack_publishes: bool,
+    /// How long an acknowledged publish is retried before it fails, milliseconds.
+    pub ack_timeout_ms: u64,
 }
 
 impl Default for JetStreamConfig {
@@ -438,6 +450,8 @@ impl Default for JetStreamConfig {
             max_bytes: 1 << 30,
             storage: StorageKind::File,
             replicas: 1,
+            ack_publishes: false,
+            ack_timeout_ms: 10 * 60 * 1000,
         }
     }
 }

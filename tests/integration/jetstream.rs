@@ -107,6 +107,43 @@ async fn publish_errors_are_returned_not_swallowed() {
     assert!(err.to_string().contains("aware.v1.model.ns.app"));
 }
 
+/// With `bus.jetstream.ack_publishes` a publish returns once the stream has stored the message,
+/// each message stored once; with no stream to store it, it is retried and then fails, naming
+/// the setting that bounds the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_publishes_return_once_stored_and_fail_when_nothing_stores() {
+    let server = NatsServer::start().unwrap();
+    let mut c = cfg(server.url(), 120);
+    c.jetstream.ack_publishes = true;
+    c.jetstream.ack_timeout_ms = 1_500;
+    let bus = Bus::connect(&c, "acked").await.unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let held = || async {
+        let mut s = js.get_stream("AWARE").await.unwrap();
+        s.info().await.unwrap().state.messages
+    };
+    for n in 1..=3u64 {
+        bus.publish("aware.v1.obs.1.ns.app", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        // Stored before the publish returned: no waiting for the capture.
+        assert_eq!(held().await, n);
+    }
+
+    js.delete_stream("AWARE").await.unwrap();
+    let started = std::time::Instant::now();
+    let err = bus
+        .publish("aware.v1.obs.1.ns.app", Bytes::from_static(b"x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BusError::Publish { .. }), "{err}");
+    assert!(
+        err.to_string().contains("bus.jetstream.ack_timeout_ms"),
+        "{err}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500), "retried");
+}
+
 async fn next_stage(
     rx: &mut tokio::sync::mpsc::Receiver<aware_bus_schemas::Event>,
 ) -> (String, u64, aware_bus_schemas::Stage) {

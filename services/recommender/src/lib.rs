@@ -326,6 +326,8 @@ pub struct Decider {
     restore: Option<(Resources, u32)>,
     /// `recommender.handback_restore_steps`.
     handback_restore_steps: u32,
+    /// (episode, step) of the last obs decided.
+    last_decided: Option<(u64, u32)>,
 }
 
 impl Decider {
@@ -357,6 +359,7 @@ impl Decider {
             fallback_last: None,
             restore: None,
             handback_restore_steps: 0,
+            last_decided: None,
         };
         decider.apply_fallback_override();
         decider
@@ -495,6 +498,14 @@ impl Decider {
     /// Folds one event into the agent; returns the action for a complete `obs`.
     pub fn handle(&mut self, ev: &Event) -> Option<Action> {
         let before = self.state.stage;
+        // The same step again is a repeat, never a new decision: a publisher that retries until
+        // JetStream stores its message (`bus.jetstream.ack_publishes`) delivers each try.
+        if let Event::Obs(o) = ev {
+            if self.last_decided == Some((o.episode, o.step)) {
+                tracing::debug!(target = %o.target, episode = o.episode, step = o.step, "repeated obs: already decided");
+                return None;
+            }
+        }
         if !self.state.apply(ev) {
             self.metrics.lifecycle_refused.inc();
             if let Event::Lifecycle(l) = ev {
@@ -536,7 +547,10 @@ impl Decider {
                 tracing::warn!(target = %o.target, cpu_limit_cores = o.metrics.cpu_limit_cores, memory_limit_bytes = o.metrics.memory_limit_bytes, "obs without a usable allocation: no action");
                 None
             }
-            Event::Obs(o) => Some(self.decide(o)),
+            Event::Obs(o) => {
+                self.last_decided = Some((o.episode, o.step));
+                Some(self.decide(o))
+            }
             _ => None,
         }
     }
@@ -1252,6 +1266,19 @@ mod tests {
             assert_eq!(cleared_at, Some(WINDOW - 1));
         }
 
+        /// The same step again (a publisher's retry delivers each try) is not decided twice;
+        /// the next step is.
+        #[test]
+        fn a_repeated_obs_is_decided_once() {
+            let mut f = fixture();
+            let o = obs(vec![0.1; 9]);
+            assert!(f.decider.handle(&Event::Obs(o.clone())).is_some());
+            assert!(f.decider.handle(&Event::Obs(o.clone())).is_none());
+            let mut next = o;
+            next.step += 1;
+            assert!(f.decider.handle(&Event::Obs(next)).is_some());
+        }
+
         /// A complete obs whose limits are NaN, infinite, negative or zero gets no action (and
         /// counts as incomplete): its `current` would read as a zero allocation.
         #[test]
@@ -1297,28 +1324,36 @@ mod tests {
                     spec: spec.map(|s| to_registered(s, None)),
                 })
             };
-            let o = Event::Obs(obs(vec![0.5; 9]));
+            let first = obs(vec![0.5; 9]);
+            let o = Event::Obs(first.clone());
             // The fixture's obs asks for more replicas than 2 under heavy CPU use.
             let free = f.decider.handle(&o).expect("an action").desired;
+            // Each check its own later step (the same step again would be a repeat).
+            let at = |k: u32| {
+                Event::Obs(Obs {
+                    step: first.step + k,
+                    ..first.clone()
+                })
+            };
             let mut narrow = TargetSpec::new(&t);
             narrow.bounds.max_replicas = 2;
             narrow.bounds.min_replicas = 2;
             assert!(f.decider.handle(&reg(Some(&narrow), 1)).is_none());
             assert_eq!(f.decider.spec(), &narrow);
-            let bounded = f.decider.handle(&o).expect("an action").desired;
+            let bounded = f.decider.handle(&at(1)).expect("an action").desired;
             assert_eq!(
                 bounded.replicas, 2,
                 "registered bounds apply (was {free:?})"
             );
             // Deregistered: no action at all, however many steps come.
             assert!(f.decider.handle(&reg(None, 1)).is_none());
-            assert!(f.decider.handle(&o).is_none());
-            assert!(f.decider.handle(&o).is_none());
+            assert!(f.decider.handle(&at(2)).is_none());
+            assert!(f.decider.handle(&at(3)).is_none());
             // An invalid registration is refused and counted; the target stays deregistered.
             let mut bad = narrow.clone();
             bad.bounds.min_replicas = 5;
             assert!(f.decider.handle(&reg(Some(&bad), 2)).is_none());
-            assert!(f.decider.handle(&o).is_none());
+            assert!(f.decider.handle(&at(4)).is_none());
             assert_eq!(
                 f.decider
                     .metrics
@@ -1329,7 +1364,7 @@ mod tests {
             );
             // Registered again: acting again.
             assert!(f.decider.handle(&reg(Some(&narrow), 3)).is_none());
-            assert!(f.decider.handle(&o).is_some());
+            assert!(f.decider.handle(&at(5)).is_some());
         }
 
         /// `n` OFFLINE steps 15 s apart (one HPA sync each) of 2 replicas at 50 % of their

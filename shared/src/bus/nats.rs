@@ -117,6 +117,67 @@ struct State {
     last_declare: Mutex<Option<Instant>>,
     /// Messages the client dropped for slow consumers, by subscription.
     slow: crate::slow_consumers::SlowConsumers,
+    /// With `bus.jetstream.ack_publishes`: what acknowledged publishes go through.
+    acked: Option<Acked>,
+}
+
+/// Acknowledged publishes (`bus.jetstream.ack_publishes`).
+struct Acked {
+    js: jetstream::Context,
+    timeout: Duration,
+    /// This connection's message ids: a prefix unique to the process and a counter.
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Acked {
+    /// Publishes `payload` on `subject` through JetStream until a stream acknowledges it: each
+    /// try carries the same `Nats-Msg-Id`, so a try whose acknowledgement was lost is not
+    /// stored twice. Fails after `timeout`.
+    async fn publish(
+        &self,
+        subject: &str,
+        extra: &async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), BusError> {
+        let id = format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut attempt = 0usize;
+        loop {
+            let mut headers = extra.clone();
+            headers.insert("Nats-Msg-Id", id.as_str());
+            let reason = match self
+                .js
+                .publish_with_headers(subject.to_string(), headers, payload.clone())
+                .await
+            {
+                Ok(ack) => match ack.await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            let wait = backoff(attempt, Duration::from_secs(2));
+            if tokio::time::Instant::now() + wait > deadline {
+                return Err(BusError::Publish {
+                    subject: subject.to_string(),
+                    reason: format!(
+                        "not stored by JetStream within bus.jetstream.ack_timeout_ms ({} ms): {reason}",
+                        self.timeout.as_millis()
+                    ),
+                });
+            }
+            if attempt == 0 {
+                tracing::warn!(subject, error = %reason, "publish not acknowledged by JetStream; retrying until stored");
+            }
+            attempt += 1;
+            tokio::time::sleep(wait).await;
+        }
+    }
 }
 
 impl NatsBus {
@@ -132,6 +193,7 @@ impl NatsBus {
             declared_for: AtomicU64::new(0),
             last_declare: Mutex::new(None),
             slow: crate::slow_consumers::SlowConsumers::default(),
+            acked: None,
         });
         // Credentials out of the URL or from `bus.auth` (files read once), TLS files checked: a
         // mistake there is reported now, naming the key, instead of after every retry.
@@ -149,6 +211,9 @@ impl NatsBus {
                     cfg.connect_timeout_ms.clamp(100, 5_000),
                 ))
                 .max_reconnects(None)
+                // The servers of `bus.url` in the order listed, not shuffled: the first is the
+                // one a service prefers (the server on its own machine, docs/operations.md).
+                .retain_servers_order()
                 .reconnect_delay_callback(move |n| backoff(n, max_delay))
                 .event_callback({
                     let slow = state.slow.clone();
@@ -206,6 +271,21 @@ impl NatsBus {
                 }
             }
         };
+        let mut state = state;
+        if cfg.jetstream.enabled && cfg.jetstream.ack_publishes {
+            if let Some(st) = Arc::get_mut(&mut state) {
+                let started = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default();
+                st.acked = Some(Acked {
+                    js: jetstream::new(client.clone()),
+                    timeout: Duration::from_millis(cfg.jetstream.ack_timeout_ms),
+                    prefix: format!("{client_name}-{}-{started:x}", std::process::id()),
+                    next: AtomicU64::new(0),
+                });
+            }
+        }
         let bus = NatsBus {
             client,
             url: cfg.url.clone(),
@@ -334,6 +414,14 @@ impl NatsBus {
             .as_ref()
             .filter(|_| is_state_subject(subject))
             .map(|cfg| state_key_subject(&cfg.jetstream.state_bucket, subject));
+        if let Some(acked) = &self.state.acked {
+            let none = async_nats::HeaderMap::new();
+            acked.publish(subject, &none, payload.clone()).await?;
+            if let Some(kv) = kv {
+                acked.publish(&kv, &none, payload).await?;
+            }
+            return Ok(());
+        }
         let err = |e: async_nats::PublishError| BusError::Publish {
             subject: subject.to_string(),
             reason: e.to_string(),
@@ -369,6 +457,9 @@ impl NatsBus {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("KV-Operation", "PURGE");
         headers.insert("Nats-Rollup", "sub");
+        if let Some(acked) = &self.state.acked {
+            return acked.publish(&key, &headers, Bytes::new()).await;
+        }
         self.client
             .publish_with_headers(key, headers, Bytes::new())
             .await
