@@ -15,6 +15,7 @@ mod defence;
 mod demo;
 mod docs;
 mod forged_models;
+mod hosts;
 mod jetstream;
 mod kube_e2e;
 mod loop_nats;

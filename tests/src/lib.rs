@@ -3,6 +3,7 @@
 
 /// The real Kubernetes control plane (its own crate, which `aware bench kube` uses too).
 pub use aware_kube_testkit as kube;
+pub mod hosts;
 pub mod kube_sim;
 
 use std::io::{BufRead, BufReader};
@@ -44,13 +45,27 @@ pub struct Proc {
 impl Proc {
     /// Starts `bin args…` with extra environment variables; stderr goes to a temp file.
     pub fn spawn(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Self::start(Command::new(bin_path(bin)), bin, args, env)
+    }
+
+    /// [`Proc::spawn`] on host `host` of `hosts` (in its network namespace).
+    pub fn spawn_on(
+        hosts: &hosts::Hosts,
+        host: usize,
+        bin: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
+        Self::start(hosts.command(host, bin_path(bin)), bin, args, env)
+    }
+
+    fn start(mut cmd: Command, bin: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let stderr_path = std::env::temp_dir().join(format!(
             "aware-test-{}-{}.stderr",
             std::process::id(),
             free_port().unwrap_or(0)
         ));
         let stderr = std::fs::File::create(&stderr_path).unwrap_or_else(|e| panic!("{e}"));
-        let mut cmd = Command::new(bin_path(bin));
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)
