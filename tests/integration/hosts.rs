@@ -6,14 +6,14 @@
 //! the others go on; afterwards every step of every target is decided exactly once and every
 //! host's trajectory store holds every step of its targets.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{Event, Stage, Target};
+use aware_bus_schemas::{Stage, Target};
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::hosts::{Hosts, NatsCluster};
-use aware_tests::{scrape, wait_ready, Proc};
+use aware_tests::{scrape, wait_ready, Proc, SHARDED};
 
 const HOSTS: usize = 3;
 const APPS: usize = 12;
@@ -23,40 +23,6 @@ const STEPS: u64 = 500;
 const STEP_SECONDS: f64 = 0.1;
 /// The host cut off mid-run.
 const CUT: usize = 2;
-/// Every per-target service, one shard of each per host; the collector last.
-const SERVICES: [&str; 6] = [
-    "aware-recommender",
-    "aware-actuator",
-    "aware-trajectory-recorder",
-    "aware-lifecycle-monitor",
-    "aware-meta-learner-trainer",
-    "aware-metrics-collector",
-];
-
-#[derive(Default)]
-struct Captured {
-    /// (episode, step) → stream sequence of its first `obs`.
-    obs: BTreeMap<(u64, u32), u64>,
-    /// (episode, step) → `action`s captured for it.
-    actions: BTreeMap<(u64, u32), u32>,
-    stages: Vec<(Stage, Option<Stage>)>,
-}
-
-async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
-    let mut out: BTreeMap<Target, Captured> = BTreeMap::new();
-    for (seq, ev) in aware_tests::capture(url).await {
-        let c = out.entry(ev.target().clone()).or_default();
-        match ev {
-            Event::Obs(o) => {
-                c.obs.entry((o.episode, o.step)).or_insert(seq);
-            }
-            Event::Action(a) => *c.actions.entry((a.episode, a.step)).or_default() += 1,
-            Event::Lifecycle(l) => c.stages.push((l.stage, l.previous)),
-            _ => {}
-        }
-    }
-    out
-}
 
 /// Whether the capture stream has a leader and all its replicas are current, asked of the
 /// server at `url` (none while no stream leader answers).
@@ -131,7 +97,7 @@ fn three_hosts_on_a_nats_cluster_lose_nothing_when_one_is_cut_off_and_restored()
         configs.push((cfg, shard));
     }
     // The collectors last, once every host's services are ready: the loop starts together.
-    for bins in [&SERVICES[..5], &SERVICES[5..]] {
+    for bins in [&SHARDED[..], &["aware-metrics-collector"]] {
         for (h, (cfg, shard)) in configs.iter().enumerate() {
             for &bin in bins {
                 let p = Proc::spawn_on(&hosts, h, bin, &["--config", cfg, "--shard", shard], &[]);
@@ -181,7 +147,7 @@ fn three_hosts_on_a_nats_cluster_lose_nothing_when_one_is_cut_off_and_restored()
         "the cut host went on while cut off: steps {steps:?}"
     );
     wait_steps(&all, STEPS as f64, "after the restore");
-    let captured = rt.block_on(read_capture(&cluster.url(0)));
+    let captured = rt.block_on(aware_tests::capture_by_target(&cluster.url(0)));
     assert_eq!(captured.len(), APPS, "{:?}", captured.keys());
 
     // Whose targets are whose: each host's lifecycle monitor counts its own.

@@ -4,13 +4,13 @@
 //! every observation is decided at most once and, with both shard counts, exactly once, every
 //! target keeps its stage, and every decided step is stored.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{Event, Stage, Target};
+use aware_bus_schemas::Stage;
 use aware_shared::config::ShardConfig;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
-use aware_tests::{scrape, wait_ready, NatsServer, Proc};
+use aware_tests::{scrape, wait_ready, NatsServer, Proc, SHARDED};
 
 const APPS: usize = 8;
 const SPE: u32 = 10;
@@ -18,47 +18,12 @@ const STEPS: u64 = 150;
 /// The collector gives up on a step's missing `applied` after this long: while no shard runs
 /// (the reshard), it moves on instead of waiting for the new instances.
 const STEP_TIMEOUT_MS: u64 = 1_500;
-/// The per-target services, each run once per shard.
-const SHARDED: [&str; 5] = [
-    "aware-recommender",
-    "aware-actuator",
-    "aware-trajectory-recorder",
-    "aware-lifecycle-monitor",
-    "aware-meta-learner-trainer",
-];
 /// The services that consume `obs`, and their names in the metrics.
 const OBS_CONSUMERS: [(&str, &str); 3] = [
     ("aware-recommender", "recommender"),
     ("aware-actuator", "actuator"),
     ("aware-lifecycle-monitor", "lifecycle-monitor"),
 ];
-
-/// What the capture holds for one target.
-#[derive(Default)]
-struct Captured {
-    /// (episode, step) → stream sequence of its first `obs`.
-    obs: BTreeMap<(u64, u32), u64>,
-    /// (episode, step) → `action`s published for it.
-    actions: BTreeMap<(u64, u32), u32>,
-    /// (stage, previous) of every `lifecycle`.
-    stages: Vec<(Stage, Option<Stage>)>,
-}
-
-async fn read_capture(url: &str) -> BTreeMap<Target, Captured> {
-    let mut out: BTreeMap<Target, Captured> = BTreeMap::new();
-    for (seq, ev) in aware_tests::capture(url).await {
-        let c = out.entry(ev.target().clone()).or_default();
-        match ev {
-            Event::Obs(o) => {
-                c.obs.entry((o.episode, o.step)).or_insert(seq);
-            }
-            Event::Action(a) => *c.actions.entry((a.episode, a.step)).or_default() += 1,
-            Event::Lifecycle(l) => c.stages.push((l.stage, l.previous)),
-            _ => {}
-        }
-    }
-    out
-}
 
 async fn last_sequence(url: &str) -> u64 {
     let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
@@ -185,7 +150,7 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let captured = rt.block_on(read_capture(&server.url()));
+    let captured = rt.block_on(aware_tests::capture_by_target(&server.url()));
     assert_eq!(captured.len(), APPS);
 
     // Decided at most once ever, and exactly once under either shard count: every `obs`

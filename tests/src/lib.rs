@@ -16,6 +16,15 @@ use std::time::Duration;
 pub use aware_shared::probe::http_get;
 pub use aware_shared::testkit::{free_port, NatsServer};
 
+/// The per-target services besides the collector, each run once per shard.
+pub const SHARDED: [&str; 5] = [
+    "aware-recommender",
+    "aware-actuator",
+    "aware-trajectory-recorder",
+    "aware-lifecycle-monitor",
+    "aware-meta-learner-trainer",
+];
+
 /// Path of a workspace binary (`aware`, `aware-recommender`, …) next to the test binary.
 /// The README's test command builds them first (`cargo build --workspace --bins`).
 pub fn bin_path(name: &str) -> PathBuf {
@@ -282,6 +291,38 @@ pub async fn capture(url: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
         out.push((seq, ev));
         if seq >= last {
             break;
+        }
+    }
+    out
+}
+
+/// What the capture holds for one target, for checks of "decided exactly once".
+#[derive(Default)]
+pub struct Captured {
+    /// (episode, step) → stream sequence of its first `obs`.
+    pub obs: std::collections::BTreeMap<(u64, u32), u64>,
+    /// (episode, step) → `action`s captured for it.
+    pub actions: std::collections::BTreeMap<(u64, u32), u32>,
+    /// (stage, previous) of every `lifecycle`.
+    pub stages: Vec<(aware_bus_schemas::Stage, Option<aware_bus_schemas::Stage>)>,
+}
+
+/// [`capture`] gathered per target.
+pub async fn capture_by_target(
+    url: &str,
+) -> std::collections::BTreeMap<aware_bus_schemas::Target, Captured> {
+    use aware_bus_schemas::Event;
+    let mut out: std::collections::BTreeMap<aware_bus_schemas::Target, Captured> =
+        std::collections::BTreeMap::new();
+    for (seq, ev) in capture(url).await {
+        let c = out.entry(ev.target().clone()).or_default();
+        match ev {
+            Event::Obs(o) => {
+                c.obs.entry((o.episode, o.step)).or_insert(seq);
+            }
+            Event::Action(a) => *c.actions.entry((a.episode, a.step)).or_default() += 1,
+            Event::Lifecycle(l) => c.stages.push((l.stage, l.previous)),
+            _ => {}
         }
     }
     out
