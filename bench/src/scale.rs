@@ -49,6 +49,10 @@ pub struct ScaleBenchOptions {
     /// no trainer runs and the fallback decides throughout).
     #[arg(long)]
     pub rl: bool,
+    /// Every service with `bus.jetstream.ack_publishes` (each publish waits until the stream has
+    /// stored it; what a NATS cluster across machines runs with, ADR 0022).
+    #[arg(long)]
+    pub ack_publishes: bool,
     /// How long a run may take, seconds.
     #[arg(long, default_value_t = ScaleBenchOptions::default().timeout_secs)]
     pub timeout_secs: u64,
@@ -65,6 +69,7 @@ impl Default for ScaleBenchOptions {
             steps: 20,
             runs: 3,
             rl: false,
+            ack_publishes: false,
             timeout_secs: 900,
             bin_dir: None,
         }
@@ -97,6 +102,7 @@ pub struct ScaleReport {
     pub shards: u32,
     pub steps: u64,
     pub rl: bool,
+    pub ack_publishes: bool,
     pub processes: usize,
     pub runs: Vec<ScaleRun>,
     pub target_steps_per_s: f64,
@@ -197,6 +203,9 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         ];
         if !opts.rl {
             env.push(("AWARE_LIFECYCLE__T_ONLINE", "1e9".into()));
+        }
+        if opts.ack_publishes {
+            env.push(("AWARE_BUS__JETSTREAM__ACK_PUBLISHES", "true".into()));
         }
         env
     };
@@ -405,6 +414,7 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         shards: opts.shards,
         steps: opts.steps,
         rl: opts.rl,
+        ack_publishes: opts.ack_publishes,
         processes: per_shard * opts.shards as usize,
         target_steps_per_s: m(|r| r.target_steps_per_s),
         obs_to_action_p99_ms: m(|r| r.obs_to_action_p99_ms),

@@ -262,6 +262,8 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         steps,
         runs: 1,
         rl: false,
+        // Acknowledged publishes (ADR 0022): every figure filled in with them too.
+        ack_publishes: true,
         timeout_secs: 120,
         bin_dir: aware_tests::bin_path("aware-recommender")
             .parent()
