@@ -19,6 +19,10 @@ use config::{CollectorConfig, SourceKind};
 pub const NAME: &str = "metrics-collector";
 /// The simulator source consumes `applied` (the actuator's decisions).
 pub const CONSUMES: &[EventKind] = &[EventKind::Applied];
+
+/// `obs` a collector publishes at once: with acknowledged publishes (ADR 0022) each waits for
+/// the stream's acknowledgement, and one at a time would wait a round trip per target.
+pub const PUBLISHING: usize = 256;
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
