@@ -2,17 +2,23 @@
 //! (s_t, a_t, r_{t+1}, s_{t+1}) and folds them into episode summaries.
 //!
 //! obs(t) carries s_t; action(t) and applied(t) the decision for step t; obs(t+1) carries
-//! r_{t+1} (the reward of that decision) and s_{t+1}. A transition is emitted when obs(t+1)
-//! arrives and the action of step t is known (a step without an action — incomplete metrics —
-//! produces none). An episode's summary is emitted with the transition of its last step.
+//! r_{t+1} (the reward of that decision) and s_{t+1}. The three kinds of one step may arrive in
+//! any order: with acknowledged publishes a retried message is stored after the messages that
+//! answered its first try, and the actuator's `applied` follows the write to the cluster, which
+//! can take longer than a step. So events are kept per step (a *slot*) and a step's transition
+//! is emitted as soon as obs(t), action(t) and obs(t+1) are known, together with applied(t) once
+//! the target's actions have had an `applied` (a target whose first transition settled without
+//! one — no actuator, recommend-only tooling — waits for none after that).
 //!
-//! The transition's `applied` is the allocation in force: the actuator's `applied` for the step.
-//! The actuator publishes it after the write to the cluster, which can take longer than a step,
-//! so on a bus read in order it may follow obs(t+1). Once a target's actions have had an
-//! `applied`, a transition whose `applied` has not come yet waits for it, until obs(t+2) at most
-//! (or [`Joiner::flush`]); only then does it take the action's `current`, the collector's view,
-//! which during a rollout can mix the old pods' requests with the new replica count. A target
-//! whose actions never had an `applied` (no actuator, recommend-only tooling) waits for none.
+//! What is missing waits until the obs [`LATE_STEPS`] steps later (or [`Joiner::flush`]): then a
+//! transition without its `applied` takes the action's `current`, the collector's view (which
+//! during a rollout can mix the old pods' requests with the new replica count), and a step
+//! without an `obs` or an `action` (incomplete metrics: nothing was decided) produces none.
+//! Transitions are emitted in step order, so an episode's summary follows all its steps.
+//!
+//! For the recorder's resume point the join also keeps, per episode, the lowest stream sequence
+//! of its events: [`Joiner::floor`] is the lowest one a replay must start from to rebuild every
+//! step still open and the summary of the oldest episode not yet closed.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +26,17 @@ use aware_bus_schemas::{Action, Applied, DecisionSource, Episode, Obs, Schema, S
 
 use aware_mdp::Prices;
 use aware_stores::trajectory::Transition;
+
+/// How many steps a step's missing parts are waited for: step t is settled when obs(t +
+/// `LATE_STEPS`) has arrived.
+pub const LATE_STEPS: u64 = 2;
+
+/// Events this many steps before the newest `obs` mean the target's steps started over (its
+/// collector restarted and numbers them again): the join starts over with them.
+const RESTART_STEPS: u64 = 16;
+
+/// Events this many steps past the newest `obs` are not kept (nothing publishes so far ahead).
+const AHEAD_STEPS: u64 = 16;
 
 /// Global step index of (episode, step) with `steps_per_episode`.
 pub fn global(episode: u64, step: u32, spe: u32) -> u64 {
@@ -45,31 +62,37 @@ struct EpisodeAcc {
     last_ts_ms: i64,
 }
 
+/// What has arrived of one step.
+#[derive(Debug, Default, Clone)]
+struct Slot {
+    obs: Option<Obs>,
+    action: Option<Action>,
+    applied: Option<Applied>,
+}
+
 /// The join state of one target.
 #[derive(Debug, Clone)]
 pub struct Joiner {
     target: Target,
     spe: u32,
-    prev: Option<Obs>,
-    action: Option<Action>,
-    applied: Option<Applied>,
-    /// A transition joined but for its `applied` (see the module documentation).
-    pending: Option<Pending>,
-    /// Whether an `applied` has been seen for this target: only then is one waited for.
-    expects_applied: bool,
+    /// Steps not settled yet, by global step.
+    slots: BTreeMap<u64, Slot>,
+    /// Every step below this one is settled (its transition emitted, or none possible): its
+    /// events are stale and ignored.
+    settled_below: u64,
+    /// The global step of the newest `obs`.
+    newest_obs: Option<u64>,
+    /// Whether this target's actions get an `applied`: `None` until known. Known yes at the
+    /// first `applied`; known no when a step settled without one before any came (its first
+    /// transition waits [`LATE_STEPS`], the next ones none).
+    expects_applied: Option<bool>,
     episodes: BTreeMap<u64, EpisodeAcc>,
+    /// The lowest stream sequence of each episode's events, for [`Joiner::floor`].
+    firsts: BTreeMap<u64, u64>,
 }
 
-/// A transition waiting for the actuator's `applied`, with what its fold needs.
-#[derive(Debug, Clone)]
-struct Pending {
-    transition: Transition,
-    exploring: bool,
-    ts_ms: i64,
-}
-
-/// What one event produced, in order: at most two transitions (one that waited for its
-/// `applied` and the step just closed) and the summaries of the episodes they completed.
+/// What one event produced, in order: the transitions it settled and the summaries of the
+/// episodes they completed.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Joined {
     pub transitions: Vec<Transition>,
@@ -83,111 +106,203 @@ impl Joined {
     }
 }
 
+/// What the first open step can do.
+enum Next {
+    /// Emit its transition, with the `applied` in force if known.
+    Emit,
+    /// No transition is possible any more: drop it.
+    Drop,
+    /// Wait for what is missing.
+    Wait,
+}
+
 impl Joiner {
     pub fn new(target: Target, steps_per_episode: u32) -> Self {
         Joiner {
             target,
             spe: steps_per_episode.max(1),
-            prev: None,
-            action: None,
-            applied: None,
-            pending: None,
-            expects_applied: false,
+            slots: BTreeMap::new(),
+            settled_below: 0,
+            newest_obs: None,
+            expects_applied: None,
             episodes: BTreeMap::new(),
+            firsts: BTreeMap::new(),
         }
     }
 
-    /// Whether a transition waits for its `applied`.
+    /// Whether a step before the newest `obs` is still open (waits for a late part).
     pub fn has_pending(&self) -> bool {
-        self.pending.is_some()
+        let newest = self.newest_obs.unwrap_or(0);
+        self.slots.keys().next().is_some_and(|&g| g < newest)
     }
 
-    /// Emits the transition waiting for its `applied` with the action's `current` (the target
-    /// retires, or its observations stopped).
+    /// The lowest stream sequence a replay must start from to rebuild what is still open: every
+    /// event of the oldest episode with an open step (its summary is folded from all its
+    /// steps) and of every later one. None before any sequenced event (or after
+    /// [`Joiner::release_floor`]).
+    pub fn floor(&self) -> Option<u64> {
+        let oldest = self.slots.keys().next().map(|&g| g / u64::from(self.spe));
+        self.firsts
+            .range(oldest.unwrap_or(0)..)
+            .map(|(_, &seq)| seq)
+            .min()
+    }
+
+    /// Forgets the sequences seen: the next sequenced event sets a new floor (the recorder
+    /// released this target's hold on the resume point).
+    pub fn release_floor(&mut self) {
+        self.firsts.clear();
+    }
+
+    /// Settles every step before the newest `obs` (the target retires, or its observations
+    /// stopped): what is complete but for its `applied` is emitted with the action's
+    /// `current`, the rest dropped. The newest `obs` stays, to join with the next one.
     pub fn flush(&mut self) -> Joined {
-        let mut out = Joined::default();
-        if let Some(p) = self.pending.take() {
-            let episode = self.fold(&p.transition, p.exploring, p.ts_ms);
-            out.emit(p.transition, episode);
-        }
-        out
+        let upto = self.newest_obs.unwrap_or(0);
+        self.settle(Some(upto))
     }
 
-    fn prev_global(&self) -> Option<u64> {
-        self.prev
-            .as_ref()
-            .map(|o| global(o.episode, o.step, self.spe))
+    /// An action for step (a.episode, a.step), with its stream sequence if any.
+    pub fn on_action(&mut self, a: Action, seq: Option<u64>) -> Joined {
+        let g = global(a.episode, a.step, self.spe);
+        if let Some(slot) = self.slot(g, seq) {
+            slot.action = Some(a);
+        }
+        self.settle(None)
     }
 
-    /// An action: kept when it is for the step of the latest obs.
-    pub fn on_action(&mut self, a: Action) {
-        if self.prev_global() == Some(global(a.episode, a.step, self.spe)) {
-            self.action = Some(a);
+    /// An applied decision, with its stream sequence if any.
+    pub fn on_applied(&mut self, a: Applied, seq: Option<u64>) -> Joined {
+        self.expects_applied = Some(true);
+        let g = global(a.episode, a.step, self.spe);
+        if let Some(slot) = self.slot(g, seq) {
+            slot.applied = Some(a);
         }
+        self.settle(None)
     }
 
-    /// An applied decision: kept when it is for the step of the latest obs; completes the
-    /// transition waiting for it.
-    pub fn on_applied(&mut self, a: Applied) -> Joined {
-        self.expects_applied = true;
-        let (g, spe) = (global(a.episode, a.step, self.spe), self.spe);
-        if let Some(p) = self
-            .pending
-            .as_mut()
-            .filter(|p| global(p.transition.episode, p.transition.step, spe) == g)
-        {
-            p.transition.applied = a.applied;
-            return self.flush();
-        }
-        if self.prev_global() == Some(g) {
-            self.applied = Some(a);
-        }
-        Joined::default()
-    }
-
-    /// An obs: closes the previous step's transition when it directly follows it.
-    pub fn on_obs(&mut self, o: Obs) -> Joined {
+    /// An obs, with its stream sequence if any: closes the step before it when that step's
+    /// action is known, and settles the steps it makes too old to wait for.
+    pub fn on_obs(&mut self, o: Obs, seq: Option<u64>) -> Joined {
         let g = global(o.episode, o.step, self.spe);
-        let mut out = self.flush();
-        if let (Some(prev), Some(action)) = (&self.prev, &self.action) {
-            let follows = self.prev_global().map(|p| p + 1) == Some(g);
-            let reward = o.reward.filter(|r| r.is_finite());
-            if let (true, Some(reward)) = (follows, reward) {
-                let known = self.applied.as_ref().map(|a| a.applied);
-                let applied = known.unwrap_or(action.current);
-                let exploring = action.exploration;
-                let t = Transition {
-                    target: self.target.clone(),
-                    episode: prev.episode,
-                    step: prev.step,
-                    ts_ms: prev.ts_ms,
-                    state: prev.state.clone(),
-                    action_raw: action.raw.clone(),
-                    desired: action.desired,
-                    applied,
-                    source: action.source,
-                    stage: action.stage,
-                    reward,
-                    next_state: o.state.clone(),
-                    slo_violation: o.slo_violation,
-                    cpu_util: o.metrics.cpu_util,
-                    memory_util: o.metrics.memory_util,
-                };
-                if known.is_none() && self.expects_applied {
-                    self.pending = Some(Pending {
-                        transition: t,
-                        exploring,
-                        ts_ms: o.ts_ms,
-                    });
-                } else {
-                    let episode = self.fold(&t, exploring, o.ts_ms);
+        if self
+            .newest_obs
+            .is_some_and(|n| g.saturating_add(RESTART_STEPS) < n)
+        {
+            // The target's steps start over: nothing open can be joined with what follows.
+            tracing::debug!(target = %self.target, episode = o.episode, step = o.step, "steps started over: the join starts over");
+            self.slots.clear();
+            self.episodes.clear();
+            self.firsts.clear();
+            self.settled_below = 0;
+            self.newest_obs = None;
+        }
+        if self.newest_obs.is_none_or(|n| g > n) {
+            // What it makes too old to wait for is settled below, in step order.
+            self.newest_obs = Some(g);
+            self.slots
+                .retain(|&k, _| k <= g.saturating_add(AHEAD_STEPS));
+        }
+        if let Some(slot) = self.slot(g, seq) {
+            slot.obs = Some(o);
+        }
+        self.settle(None)
+    }
+
+    /// The slot of global step `g`, unless the step is settled or too far ahead; records the
+    /// event's sequence for the floor.
+    fn slot(&mut self, g: u64, seq: Option<u64>) -> Option<&mut Slot> {
+        if g < self.settled_below
+            || self
+                .newest_obs
+                .is_some_and(|n| g > n.saturating_add(AHEAD_STEPS))
+        {
+            return None;
+        }
+        if let Some(seq) = seq {
+            let first = self.firsts.entry(g / u64::from(self.spe)).or_insert(seq);
+            *first = (*first).min(seq);
+        }
+        Some(self.slots.entry(g).or_default())
+    }
+
+    /// Emits or drops the open steps from the oldest, in order, while each can be settled.
+    /// `force_below`: steps below it are settled whatever is missing.
+    fn settle(&mut self, force_below: Option<u64>) -> Joined {
+        let mut out = Joined::default();
+        while let Some((&g, slot)) = self.slots.first_key_value() {
+            let next_obs = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref());
+            let complete = slot.obs.is_some() && slot.action.is_some();
+            let forced = force_below.is_some_and(|f| g < f)
+                || self
+                    .newest_obs
+                    .is_some_and(|n| n >= g.saturating_add(LATE_STEPS));
+            let next = match next_obs {
+                // No transition without a finite reward for the step.
+                Some(o) if !o.reward.is_some_and(f64::is_finite) => Next::Drop,
+                Some(_)
+                    if complete
+                        && (slot.applied.is_some() || self.expects_applied == Some(false)) =>
+                {
+                    Next::Emit
+                }
+                Some(_) if complete && forced => {
+                    self.expects_applied.get_or_insert(false);
+                    Next::Emit
+                }
+                _ if forced => Next::Drop,
+                _ => Next::Wait,
+            };
+            match next {
+                Next::Wait => break,
+                Next::Drop => {
+                    self.slots.remove(&g);
+                }
+                Next::Emit => {
+                    let Some(next) = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref()) else {
+                        break;
+                    };
+                    let reward = next.reward.unwrap_or_default();
+                    let (next_state, slo_violation, metrics, ts_ms) = (
+                        next.state.clone(),
+                        next.slo_violation,
+                        next.metrics.clone(),
+                        next.ts_ms,
+                    );
+                    let Some(Slot {
+                        obs: Some(prev),
+                        action: Some(action),
+                        applied,
+                    }) = self.slots.remove(&g)
+                    else {
+                        break;
+                    };
+                    let t = Transition {
+                        target: self.target.clone(),
+                        episode: prev.episode,
+                        step: prev.step,
+                        ts_ms: prev.ts_ms,
+                        state: prev.state,
+                        action_raw: action.raw,
+                        desired: action.desired,
+                        applied: applied.map_or(action.current, |a| a.applied),
+                        source: action.source,
+                        stage: action.stage,
+                        reward,
+                        next_state,
+                        slo_violation,
+                        cpu_util: metrics.cpu_util,
+                        memory_util: metrics.memory_util,
+                    };
+                    let episode = self.fold(&t, action.exploration, ts_ms);
                     out.emit(t, episode);
                 }
             }
+            self.settled_below = self.settled_below.max(g + 1);
         }
-        self.prev = Some(o);
-        self.action = None;
-        self.applied = None;
+        let oldest =
+            self.slots.keys().next().map_or(self.settled_below, |&g| g) / u64::from(self.spe);
+        self.firsts.retain(|&e, _| e >= oldest);
         out
     }
 
@@ -293,10 +408,10 @@ mod tests {
     #[test]
     fn joins_state_action_reward_next_state() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
-        assert_eq!(j.on_obs(obs(0, 0, None, 0.1)), Joined::default());
-        j.on_action(action(0, 0, DecisionSource::Fallback));
-        j.on_applied(applied(0, 0, 7));
-        let out = j.on_obs(obs(0, 1, Some(1.5), 0.2));
+        assert_eq!(j.on_obs(obs(0, 0, None, 0.1), None), Joined::default());
+        let _ = j.on_action(action(0, 0, DecisionSource::Fallback), None);
+        let _ = j.on_applied(applied(0, 0, 7), None);
+        let out = j.on_obs(obs(0, 1, Some(1.5), 0.2), None);
         let [t] = &out.transitions[..] else {
             panic!("{out:?}")
         };
@@ -311,33 +426,48 @@ mod tests {
     #[test]
     fn no_action_no_transition_and_gaps_break_the_chain() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
-        j.on_obs(obs(0, 0, None, 0.1));
+        let _ = j.on_obs(obs(0, 0, None, 0.1), None);
         assert!(
-            j.on_obs(obs(0, 1, Some(1.0), 0.2)).transitions.is_empty(),
+            j.on_obs(obs(0, 1, Some(1.0), 0.2), None)
+                .transitions
+                .is_empty(),
             "no action"
         );
-        j.on_action(action(0, 1, DecisionSource::Fallback));
+        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
         assert!(
-            j.on_obs(obs(0, 3, Some(1.0), 0.2)).transitions.is_empty(),
+            j.on_obs(obs(0, 3, Some(1.0), 0.2), None)
+                .transitions
+                .is_empty(),
             "gap"
         );
         // An action for an old step is ignored.
-        j.on_action(action(0, 1, DecisionSource::Fallback));
-        assert!(j.on_obs(obs(0, 4, Some(1.0), 0.2)).transitions.is_empty());
+        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
+        assert!(j
+            .on_obs(obs(0, 4, Some(1.0), 0.2), None)
+            .transitions
+            .is_empty());
     }
 
     #[test]
     fn without_an_actuator_the_allocation_in_force_is_the_actions_current() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
-        j.on_obs(obs(0, 0, None, 0.1));
+        let _ = j.on_obs(obs(0, 0, None, 0.1), None);
         let a = action(0, 0, DecisionSource::Fallback);
         let current = a.current;
-        j.on_action(a);
-        let out = j.on_obs(obs(0, 1, Some(1.0), 0.2));
+        let _ = j.on_action(a, None);
+        assert!(
+            j.on_obs(obs(0, 1, Some(1.0), 0.2), None)
+                .transitions
+                .is_empty(),
+            "the first transition waits for an applied"
+        );
+        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
+        let out = j.on_obs(obs(0, 2, Some(1.0), 0.2), None);
         assert_eq!(
             out.transitions.len(),
-            1,
-            "no applied was ever seen: none is waited for"
+            2,
+            "none came: the allocation in force is the action's current, and the next step \
+             waits for none"
         );
         assert_eq!(out.transitions[0].applied, current);
     }
@@ -347,15 +477,18 @@ mod tests {
     #[test]
     fn a_late_applied_is_waited_for_until_the_next_obs() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
-        j.on_obs(obs(0, 0, None, 0.0));
-        j.on_action(action(0, 0, DecisionSource::Fallback));
-        assert_eq!(j.on_applied(applied(0, 0, 4)).transitions.len(), 0);
-        assert_eq!(j.on_obs(obs(0, 1, Some(1.0), 0.0)).transitions.len(), 1);
+        let _ = j.on_obs(obs(0, 0, None, 0.0), None);
+        let _ = j.on_action(action(0, 0, DecisionSource::Fallback), None);
+        assert_eq!(j.on_applied(applied(0, 0, 4), None).transitions.len(), 0);
+        assert_eq!(
+            j.on_obs(obs(0, 1, Some(1.0), 0.0), None).transitions.len(),
+            1
+        );
         // Step 1: the applied comes after obs(0, 2).
-        j.on_action(action(0, 1, DecisionSource::Fallback));
-        let out = j.on_obs(obs(0, 2, Some(2.0), 0.0));
+        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
+        let out = j.on_obs(obs(0, 2, Some(2.0), 0.0), None);
         assert!(out.transitions.is_empty() && j.has_pending(), "{out:?}");
-        let out = j.on_applied(applied(0, 1, 5));
+        let out = j.on_applied(applied(0, 1, 5), None);
         let [t] = &out.transitions[..] else {
             panic!("{out:?}")
         };
@@ -365,13 +498,16 @@ mod tests {
         // transition is stored then with the action's `current`, and closes the episode.
         let a = action(0, 2, DecisionSource::Rl);
         let current = a.current;
-        j.on_action(a);
-        assert!(j.on_obs(obs(1, 0, Some(3.0), 0.0)).transitions.is_empty());
-        j.on_action(action(1, 0, DecisionSource::Rl));
-        j.on_applied(applied(1, 0, 6));
+        let _ = j.on_action(a, None);
+        assert!(j
+            .on_obs(obs(1, 0, Some(3.0), 0.0), None)
+            .transitions
+            .is_empty());
+        let _ = j.on_action(action(1, 0, DecisionSource::Rl), None);
+        let _ = j.on_applied(applied(1, 0, 6), None);
         // An applied of another step does not complete it.
-        assert!(j.on_applied(applied(0, 1, 9)).transitions.is_empty());
-        let out = j.on_obs(obs(1, 1, Some(4.0), 0.0));
+        assert!(j.on_applied(applied(0, 1, 9), None).transitions.is_empty());
+        let out = j.on_obs(obs(1, 1, Some(4.0), 0.0), None);
         assert_eq!(
             out.transitions
                 .iter()
@@ -389,12 +525,15 @@ mod tests {
     #[test]
     fn a_flush_stores_the_waiting_transition() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
-        j.on_obs(obs(0, 0, None, 0.0));
-        j.on_action(action(0, 0, DecisionSource::Fallback));
-        j.on_applied(applied(0, 0, 4));
-        j.on_obs(obs(0, 1, Some(1.0), 0.0));
-        j.on_action(action(0, 1, DecisionSource::Fallback));
-        assert!(j.on_obs(obs(0, 2, Some(1.0), 0.0)).transitions.is_empty());
+        let _ = j.on_obs(obs(0, 0, None, 0.0), None);
+        let _ = j.on_action(action(0, 0, DecisionSource::Fallback), None);
+        let _ = j.on_applied(applied(0, 0, 4), None);
+        let _ = j.on_obs(obs(0, 1, Some(1.0), 0.0), None);
+        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
+        assert!(j
+            .on_obs(obs(0, 2, Some(1.0), 0.0), None)
+            .transitions
+            .is_empty());
         assert_eq!(j.flush().transitions.len(), 1);
         assert!(!j.has_pending() && j.flush().transitions.is_empty());
     }
@@ -402,7 +541,7 @@ mod tests {
     #[test]
     fn episode_summary_at_the_last_step() {
         let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
-        j.on_obs(obs(0, 0, None, 0.0));
+        let _ = j.on_obs(obs(0, 0, None, 0.0), None);
         let mut episode = None;
         let rewards = [1.0, 2.0, 3.0];
         for (i, (e, s)) in [(0u64, 1u32), (0, 2), (1, 0)].into_iter().enumerate() {
@@ -417,15 +556,15 @@ mod tests {
             );
             // the RL step explored
             a.exploration = i == 0;
-            j.on_action(a);
+            let _ = j.on_action(a, None);
             // 2, 4 and 6 replicas of 500 millicores and 1 GiB each, applied
             let mut ap = applied(0, i as u32, 2 * (i as u32 + 1));
             ap.applied.cpu_millicores = 500;
             ap.applied.memory_bytes = 1 << 30;
-            j.on_applied(ap);
+            let _ = j.on_applied(ap, None);
             let mut o = obs(e, s, Some(rewards[i]), 0.0);
             o.slo_violation = i == 1;
-            let out = j.on_obs(o);
+            let out = j.on_obs(o, None);
             assert_eq!(out.transitions.len(), 1);
             if let Some(e) = out.episodes.into_iter().next() {
                 episode = Some(e);
@@ -443,5 +582,179 @@ mod tests {
         // The means of the requests in force: 4 replicas on average.
         assert_eq!(ep.requested_cores_mean, Some(2.0));
         assert_eq!(ep.requested_gib_mean, Some(4.0));
+    }
+
+    /// One step's events, in the order they were published.
+    fn step_events(t: u64, spe: u32) -> [Event; 3] {
+        let (e, s) = (t / u64::from(spe), (t % u64::from(spe)) as u32);
+        [
+            Event::Obs(obs(e, s, (t > 0).then_some(t as f64), t as f32)),
+            Event::Action(action(e, s, DecisionSource::Rl)),
+            Event::Applied(applied(e, s, 10 + t as u32)),
+        ]
+    }
+
+    fn feed(j: &mut Joiner, ev: Event, seq: Option<u64>) -> Joined {
+        match ev {
+            Event::Obs(o) => j.on_obs(o, seq),
+            Event::Action(a) => j.on_action(a, seq),
+            Event::Applied(a) => j.on_applied(a, seq),
+            _ => unreachable!(),
+        }
+    }
+
+    /// (episode, step, applied replicas, reward) of each transition.
+    type Steps = Vec<(u64, u32, u32, f64)>;
+    /// (episode, steps, total reward) of each episode closed.
+    type Episodes = Vec<(u64, u32, f64)>;
+
+    fn run(events: &[Event], spe: u32) -> (Steps, Episodes) {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), spe);
+        let mut out = Joined::default();
+        for ev in events {
+            let o = feed(&mut j, ev.clone(), None);
+            out.transitions.extend(o.transitions);
+            out.episodes.extend(o.episodes);
+        }
+        let o = j.flush();
+        out.transitions.extend(o.transitions);
+        out.episodes.extend(o.episodes);
+        (
+            out.transitions
+                .iter()
+                .map(|t| (t.episode, t.step, t.applied.replicas, t.reward))
+                .collect(),
+            out.episodes
+                .iter()
+                .map(|e| (e.episode, e.steps, e.total_reward))
+                .collect(),
+        )
+    }
+
+    /// Each of the six orders of one step's obs, action and applied, before the next obs: the
+    /// same transition, with the actuator's `applied`.
+    #[test]
+    fn a_steps_three_events_join_in_any_order() {
+        let orders = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        for order in orders {
+            let mut events = Vec::new();
+            for t in 0..4 {
+                let evs = step_events(t, 100);
+                events.extend(order.iter().map(|&i| evs[i].clone()));
+            }
+            let (transitions, _) = run(&events, 100);
+            assert_eq!(
+                transitions,
+                vec![(0, 0, 10, 1.0), (0, 1, 11, 2.0), (0, 2, 12, 3.0)],
+                "order {order:?}"
+            );
+        }
+    }
+
+    /// A step's action or applied stored after the next step's obs (a retried publish) still
+    /// joins, as long as it comes before the obs two steps later.
+    #[test]
+    fn an_action_or_applied_after_the_next_obs_still_joins() {
+        let [o0, a0, p0] = step_events(0, 100);
+        let [o1, a1, p1] = step_events(1, 100);
+        let [o2, a2, p2] = step_events(2, 100);
+        let [o3, ..] = step_events(3, 100);
+        let events = [o0, o1, p0, a1, a0, o2, p1, a2, p2, o3];
+        let (transitions, _) = run(&events, 100);
+        assert_eq!(
+            transitions,
+            vec![(0, 0, 10, 1.0), (0, 1, 11, 2.0), (0, 2, 12, 3.0)]
+        );
+        // Later than that, the step is settled without it: no transition, and the steps after
+        // it are not held back.
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        let [o0, a0, _] = step_events(0, 100);
+        let [o1, a1, _] = step_events(1, 100);
+        let [o2, a2, _] = step_events(2, 100);
+        let [o3, ..] = step_events(3, 100);
+        let mut steps = Vec::new();
+        for ev in [o0, o1, a1, o2, a2, o3, a0] {
+            steps.extend(feed(&mut j, ev, None).transitions.iter().map(|t| t.step));
+        }
+        assert_eq!(steps, vec![1, 2]);
+    }
+
+    /// Many runs of two episodes whose events are each displaced by up to a step's worth of
+    /// events (a fixed-seed shuffle): every run joins what the in-order run joins, in step
+    /// order, and closes the same episodes.
+    #[test]
+    fn displaced_events_join_as_in_order_ones() {
+        let spe = 4;
+        let steps = 9;
+        let in_order: Vec<Event> = (0..steps).flat_map(|t| step_events(t, spe)).collect();
+        let expected = run(&in_order, spe);
+        assert_eq!(expected.0.len(), 8, "{expected:?}");
+        assert_eq!(expected.1, vec![(0, 4, 10.0), (1, 4, 26.0)]);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..500 {
+            let mut keyed: Vec<(u64, usize, Event)> = in_order
+                .iter()
+                .enumerate()
+                .map(|(i, ev)| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Up to 3 positions later: before the obs two steps on (6 positions).
+                    (i as u64 + seed % 4, i, ev.clone())
+                })
+                .collect();
+            keyed.sort_by_key(|(k, i, _)| (*k, *i));
+            let events: Vec<Event> = keyed.into_iter().map(|(_, _, ev)| ev).collect();
+            assert_eq!(run(&events, spe), expected);
+        }
+    }
+
+    /// The floor is the lowest sequence of any event of the oldest episode with an open step,
+    /// including an action stored before its obs; it moves on when that episode's last
+    /// transition is emitted, not before.
+    #[test]
+    fn the_floor_covers_every_event_of_the_open_episode() {
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 2);
+        assert_eq!(j.floor(), None);
+        let [o0, a0, p0] = step_events(0, 2);
+        let [o1, a1, p1] = step_events(1, 2);
+        let [o2, a2, _] = step_events(2, 2);
+        let [o3, ..] = step_events(3, 2);
+        feed(&mut j, a0, Some(10));
+        feed(&mut j, o0, Some(11));
+        assert_eq!(j.floor(), Some(10), "the action came first");
+        feed(&mut j, p0, Some(12));
+        feed(&mut j, o1, Some(13));
+        feed(&mut j, a1, Some(14));
+        // obs(1, 0) before the last step's applied: episode 0 stays open.
+        assert!(feed(&mut j, o2, Some(15)).transitions.is_empty());
+        feed(&mut j, a2, Some(16));
+        assert_eq!(j.floor(), Some(10));
+        let out = feed(&mut j, p1, Some(17));
+        assert_eq!(out.episodes.len(), 1);
+        assert_eq!(j.floor(), Some(15), "episode 1's first event");
+        feed(&mut j, o3, Some(18));
+        assert_eq!(j.floor(), Some(15));
+        j.release_floor();
+        assert_eq!(j.floor(), None);
+    }
+
+    /// A collector that restarts and numbers its steps from 0 again: the join starts over and
+    /// joins the new steps.
+    #[test]
+    fn steps_that_start_over_are_joined_again() {
+        let spe = 5;
+        let mut events: Vec<Event> = (40..44).flat_map(|t| step_events(t, spe)).collect();
+        events.extend((0..3).flat_map(|t| step_events(t, spe)));
+        let (transitions, _) = run(&events, spe);
+        let steps: Vec<_> = transitions.iter().map(|t| (t.0, t.1)).collect();
+        assert_eq!(steps, vec![(8, 0), (8, 1), (8, 2), (0, 0), (0, 1)]);
     }
 }

@@ -4,9 +4,9 @@
 //!
 //! On NATS the recorder reads the JetStream stream in order (an ordered consumer) rather than live
 //! subscriptions, and after every stored batch it persists the *resume point*: the stream sequence
-//! of the oldest message it may still need, i.e. the first `obs` of each target's current episode
-//! (the minimum over targets; the previous episode's while its last transition waits for a late
-//! `applied`, see [`crate::join`]). A restarted recorder replays from there, rebuilds its joins and
+//! of the oldest message it may still need: the lowest sequence of any message of each target's
+//! oldest open episode (the minimum over targets; the previous episode's while a step of it waits
+//! for a late part, see [`crate::join`]). A restarted recorder replays from there, rebuilds its joins and
 //! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
 //! crash or restart loses no transition and never duplicates a row or an `episode` message.
 //!
@@ -341,12 +341,9 @@ pub struct TargetRecorder {
     target: Target,
     joiner: Joiner,
     writes: mpsc::UnboundedSender<Write>,
-    /// Stream sequence of the first `obs` of the current episode (or of the first `obs` seen
-    /// since the floor was last released).
+    /// The floor last sent to the writer: the join's [`Joiner::floor`], the lowest stream
+    /// sequence a replay needs to rebuild this target's open steps and episode.
     floor: Option<u64>,
-    /// A new episode's floor held back while the previous episode's last transition waits for
-    /// its `applied`: a replay from it would not see that transition's `obs`.
-    next_floor: Option<u64>,
     /// Release the floor after this long without an `obs` (`recorder.release_silent_after_secs`).
     silent_after: Option<Duration>,
     /// When the last `obs` arrived (wall clock of this process: replayed events count as arriving
@@ -396,7 +393,6 @@ impl TargetRecorder {
             joiner: Joiner::new(target.clone(), steps_per_episode),
             writes,
             floor: None,
-            next_floor: None,
             silent_after,
             last_obs: std::time::Instant::now(),
             silent_releases,
@@ -425,14 +421,15 @@ impl TargetRecorder {
         }
         let out = self.joiner.flush();
         self.write(out);
+        self.joiner.release_floor();
         self.floor = None;
-        self.next_floor = None;
         self.silent_releases.inc();
         tracing::info!(target = %self.target, silent_secs = after.as_secs(), "no observations: the open episode no longer holds the resume point back");
         let _ = self.writes.send(Write::Release(self.target.clone()));
     }
 
-    /// Sends what the join produced to the writer, then the floor it held back, if any.
+    /// Sends what the join produced to the writer, then the join's floor if it moved: the
+    /// writer persists a floor only once what came before it is stored.
     fn write(&mut self, out: crate::join::Joined) {
         for t in out.transitions {
             let _ = self.writes.send(Write::Transition(Box::new(t)));
@@ -440,16 +437,17 @@ impl TargetRecorder {
         for e in out.episodes {
             let _ = self.writes.send(Write::Episode(Box::new(e)));
         }
-        if !self.joiner.has_pending() {
-            if let Some(seq) = self.next_floor.take() {
-                self.floor = Some(seq);
+        let floor = self.joiner.floor();
+        if floor.is_some() && floor != self.floor {
+            self.floor = floor;
+            if let Some(seq) = floor {
                 let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
             }
         }
     }
 
     fn take(&mut self, ev: Event, seq: Option<u64>) {
-        match ev {
+        let out = match ev {
             Event::Obs(o) => {
                 self.last_obs = std::time::Instant::now();
                 // A NaN or an infinity would reach the store as a transition it refuses, and the
@@ -460,30 +458,13 @@ impl TargetRecorder {
                     tracing::warn!(target = %o.target, episode = o.episode, step = o.step, field, "observation refused: a value is not finite");
                     return;
                 }
-                let first_of_episode = o.step == 0;
-                let out = self.joiner.on_obs(o);
-                self.write(out);
-                if let Some(seq) = seq {
-                    // A lower sequence than the floor: the stream was recreated and numbers
-                    // from 1 again.
-                    if first_of_episode || self.floor.is_none_or(|f| seq < f) {
-                        if self.joiner.has_pending() && self.floor.is_some() {
-                            self.next_floor = Some(seq);
-                        } else {
-                            self.floor = Some(seq);
-                            self.next_floor = None;
-                            let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
-                        }
-                    }
-                }
+                self.joiner.on_obs(o, seq)
             }
-            Event::Action(a) => self.joiner.on_action(a),
-            Event::Applied(a) => {
-                let out = self.joiner.on_applied(a);
-                self.write(out);
-            }
-            _ => {}
-        }
+            Event::Action(a) => self.joiner.on_action(a, seq),
+            Event::Applied(a) => self.joiner.on_applied(a, seq),
+            _ => return,
+        };
+        self.write(out);
     }
 }
 
@@ -533,7 +514,7 @@ async fn with_retry<T: Send + 'static>(
     }
 }
 
-/// The JetStream resume point: each target's floor (the first `obs` of its open episode) and
+/// The JetStream resume point: each target's floor ([`Joiner::floor`]) and
 /// what was persisted.
 struct Resume {
     path: PathBuf,
@@ -1211,7 +1192,7 @@ mod tests {
         // obs(1, 0) before the applied of step (0, 1): the episode's floor stays.
         r.take(event(EventKind::Obs, 1, 0), Some(6));
         assert!(drain(&mut rx).is_empty());
-        assert_eq!((r.floor, r.next_floor), (Some(1), Some(6)));
+        assert_eq!(r.floor, Some(1));
         r.take(event(EventKind::Applied, 0, 1), Some(7));
         assert_eq!(drain(&mut rx), ["step 0/1", "episode 0", "floor 6"]);
         // A flush (the target retires or falls silent) stores a transition still waiting.
