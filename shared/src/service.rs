@@ -532,7 +532,15 @@ impl ServiceContext {
                 };
                 received = true;
                 if let Ok(info) = m.info() {
-                    wanted = info.stream_sequence + 1;
+                    let got = info.stream_sequence;
+                    // Past the next one wanted: the stream may have discarded what lies between
+                    // (limits), or the consumer skipped it (seen once on a replicated stream
+                    // whose leader had just changed). Skipped, it is read again from there.
+                    if got > wanted && reader.skipped(&js, &stream_name, wanted).await {
+                        tracing::warn!(service = ctx.name, stream = %stream_name, from_seq = wanted, got, "replay consumer skipped messages the stream holds: reading again from the first one skipped");
+                        continue;
+                    }
+                    wanted = got + 1;
                 }
                 let Ok(parsed) = subject::parse(m.subject.as_str()) else {
                     continue;
@@ -730,6 +738,32 @@ impl ReplayReader {
     }
 }
 
+impl ReplayReader {
+    /// Whether the stream holds sequence `wanted`, which the reader passed over; if so the
+    /// reading is reopened there. False when it is gone (discarded by the stream's limits) or
+    /// the stream cannot be asked: the reading goes on.
+    async fn skipped(
+        &mut self,
+        js: &async_nats::jetstream::Context,
+        stream_name: &str,
+        wanted: u64,
+    ) -> bool {
+        let Ok(stream) = js.get_stream(stream_name).await else {
+            return false;
+        };
+        if stream.get_raw_message(wanted).await.is_err() {
+            return false;
+        }
+        match ReplayReader::open(js, stream_name, wanted).await {
+            Ok(reopened) => {
+                *self = reopened;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
 /// What [`ReplayReader::check`] found.
 enum Checked {
     Unchanged,
@@ -793,6 +827,44 @@ mod tests {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// A reading that passed over a message the stream holds is reopened there; one that passed
+    /// over a deleted message (the stream's limits) goes on.
+    #[test]
+    fn a_replay_that_skipped_a_stored_message_reads_it_again() {
+        use futures::StreamExt;
+        let server = crate::testkit::NatsServer::start().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(server.url()).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            let stream = js
+                .create_stream(async_nats::jetstream::stream::Config {
+                    name: "replay".into(),
+                    subjects: vec![subject::ALL.to_string()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            for i in 1..=5u8 {
+                js.publish("aware.v1.obs.ns.app", vec![i].into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+            stream.delete_message(3).await.unwrap();
+            let mut reader = ReplayReader::open(&js, "replay", 4).await.unwrap();
+            assert!(!reader.skipped(&js, "replay", 3).await, "3 is deleted");
+            assert!(reader.skipped(&js, "replay", 2).await, "2 is stored");
+            let first = reader.messages.next().await.unwrap().unwrap();
+            assert_eq!(first.info().unwrap().stream_sequence, 2);
+            assert_eq!(&first.payload[..], &[2]);
+        });
     }
 }
 
