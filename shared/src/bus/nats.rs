@@ -187,14 +187,7 @@ impl NatsBus {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
         let max_delay = Duration::from_millis(cfg.reconnect_max_delay_ms);
         let mut attempt = 0usize;
-        let state = Arc::new(State {
-            flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
-            capture: cfg.jetstream.enabled.then(|| cfg.clone()),
-            declared_for: AtomicU64::new(0),
-            last_declare: Mutex::new(None),
-            slow: crate::slow_consumers::SlowConsumers::default(),
-            acked: None,
-        });
+        let slow = crate::slow_consumers::SlowConsumers::default();
         // Credentials out of the URL or from `bus.auth` (files read once), TLS files checked: a
         // mistake there is reported now, naming the key, instead of after every retry.
         let resolved =
@@ -216,7 +209,7 @@ impl NatsBus {
                 .retain_servers_order()
                 .reconnect_delay_callback(move |n| backoff(n, max_delay))
                 .event_callback({
-                    let slow = state.slow.clone();
+                    let slow = slow.clone();
                     move |event| {
                     let slow = slow.clone();
                     async move {
@@ -271,21 +264,26 @@ impl NatsBus {
                 }
             }
         };
-        let mut state = state;
-        if cfg.jetstream.enabled && cfg.jetstream.ack_publishes {
-            if let Some(st) = Arc::get_mut(&mut state) {
-                let started = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or_default();
-                st.acked = Some(Acked {
-                    js: jetstream::new(client.clone()),
-                    timeout: Duration::from_millis(cfg.jetstream.ack_timeout_ms),
-                    prefix: format!("{client_name}-{}-{started:x}", std::process::id()),
-                    next: AtomicU64::new(0),
-                });
+        let acked = (cfg.jetstream.enabled && cfg.jetstream.ack_publishes).then(|| {
+            let started = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default();
+            Acked {
+                js: jetstream::new(client.clone()),
+                timeout: Duration::from_millis(cfg.jetstream.ack_timeout_ms),
+                prefix: format!("{client_name}-{}-{started:x}", std::process::id()),
+                next: AtomicU64::new(0),
             }
-        }
+        });
+        let state = Arc::new(State {
+            flush_timeout: Duration::from_millis(cfg.flush_timeout_ms.max(1)),
+            capture: cfg.jetstream.enabled.then(|| cfg.clone()),
+            declared_for: AtomicU64::new(0),
+            last_declare: Mutex::new(None),
+            slow,
+            acked,
+        });
         let bus = NatsBus {
             client,
             url: cfg.url.clone(),
