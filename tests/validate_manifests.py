@@ -477,6 +477,40 @@ def check_nats_identities(docs: list[dict], values: dict) -> None:
     ok(f"values-full.yaml: {len(seen)} services each run as their own NATS identity")
 
 
+def check_nats_cluster(label: str, docs: list[dict], replicas: int) -> None:
+    """`nats.replicas`: that many servers, one per node, routed to each other (port 6222 open
+    between them only); with more than one, every service keeps that many copies of its streams
+    and buckets and publishes with acknowledgement. One server: none of it."""
+    sts = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-nats")]
+    conf = "".join(d["data"].get("nats.conf", "") for d in docs
+                   if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-nats"))
+    routes = re.findall(r"nats://\S+-nats-(\d+)\.\S+:6222", conf)
+    policy = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-nats")]
+    route_rule = any(p["port"] == 6222 for d in policy for r in d["spec"].get("ingress", []) for p in r.get("ports", []))
+    pod = sts[0]["spec"]["template"]["spec"] if sts else {}
+    spread = pod.get("topologySpreadConstraints", [])
+    clustered = replicas > 1
+    if not sts or sts[0]["spec"]["replicas"] != replicas \
+            or sorted(routes) != ([str(i) for i in range(replicas)] if clustered else []) \
+            or route_rule != clustered \
+            or (clustered and not any(s["topologyKey"] == "kubernetes.io/hostname"
+                                      and s["whenUnsatisfiable"] == "DoNotSchedule" for s in spread)):
+        fail(f"{label}: NATS is not {replicas} server(s) routed to each other, one per node "
+             f"(routes {routes}, 6222 open: {route_rule})")
+    want = {"AWARE_BUS__JETSTREAM__REPLICAS": str(replicas), "AWARE_BUS__JETSTREAM__ACK_PUBLISHES": "true",
+            "AWARE_MODEL_STORE__REPLICAS": str(replicas)} if clustered else {}
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet") or \
+                d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") not in SERVICE_COMPONENTS:
+            continue
+        e = {x["name"]: x.get("value") for x in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        got = {k: e[k] for k in ("AWARE_BUS__JETSTREAM__REPLICAS", "AWARE_BUS__JETSTREAM__ACK_PUBLISHES",
+                                 "AWARE_MODEL_STORE__REPLICAS") if k in e}
+        if got != want:
+            fail(f"{label}: {d['metadata']['name']} has {got} for a NATS of {replicas} server(s)")
+    ok(f"{label}: NATS of {replicas} server(s)")
+
+
 def check_policies(label: str, docs: list[tuple[str, dict]]) -> None:
     """What the issue asks of every workload and of the RBAC, beyond schema validity."""
     kinds = {}
@@ -718,6 +752,8 @@ def main() -> int:
             valid = sum(validate_doc(label, d, cr_schema) for label, d in docs)
             check_policies(f"render({name})", docs)
             check_monitoring(f"render({name})", docs, enabled=values is not None)
+            if values is None:
+                check_nats_cluster(f"render({name})", [d for _, d in docs], 1)
             ok(f"render({name}): {valid}/{len(docs)} documents valid for Kubernetes {', '.join(K8S_VERSIONS)}")
         if "values-full.yaml" in renders:
             docs = [d for _, d in docs_of(renders["values-full.yaml"], "full")]
@@ -734,6 +770,7 @@ def main() -> int:
                         or index != "metadata.labels['apps.kubernetes.io/pod-index']":
                     fail(f"values-full.yaml: the {component} StatefulSet does not run `{key}.shards` shards")
             check_nats_identities(docs, full)
+            check_nats_cluster("values-full.yaml", docs, full["nats"]["replicas"])
             for d in docs:
                 if d["kind"] not in ("Deployment", "StatefulSet") or \
                         d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") not in SERVICE_COMPONENTS:

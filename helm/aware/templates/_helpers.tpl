@@ -71,6 +71,16 @@ collector recommender actuator recorder trainer lifecycle-monitor controller wat
   value: {{ .Values.logLevel | quote }}
 - name: AWARE_ACTORS__RETIRE_AFTER_SECS
   value: {{ .Values.retireAfterSeconds | quote }}
+{{- if gt (int .Values.nats.replicas) 1 }}
+# A NATS cluster: every stream and bucket with a copy per server, and publishes that go on only
+# once stored (docs/operations.md#across-machines).
+- name: AWARE_BUS__JETSTREAM__REPLICAS
+  value: {{ .Values.nats.replicas | quote }}
+- name: AWARE_BUS__JETSTREAM__ACK_PUBLISHES
+  value: "true"
+- name: AWARE_MODEL_STORE__REPLICAS
+  value: {{ .Values.nats.replicas | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The trajectory store (QuestDB), read by the recorder and the trainer (`[trajectory_store]`). */}}
