@@ -7,8 +7,9 @@
 //! answered its first try, and the actuator's `applied` follows the write to the cluster, which
 //! can take longer than a step. So events are kept per step (a *slot*) and a step's transition
 //! is emitted as soon as obs(t), action(t) and obs(t+1) are known, together with applied(t) once
-//! the target's actions have had an `applied` (a target whose first transition settled without
-//! one — no actuator, recommend-only tooling — waits for none after that).
+//! the target's actions have had an `applied` (a target whose actions never had one — no
+//! actuator, recommend-only tooling — waits for none; so the very first `applied` of a target
+//! must come before the next `obs` to be joined).
 //!
 //! What is missing waits until the obs [`LATE_STEPS`] steps later (or [`Joiner::flush`]): then a
 //! transition without its `applied` takes the action's `current`, the collector's view (which
@@ -82,10 +83,8 @@ pub struct Joiner {
     settled_below: u64,
     /// The global step of the newest `obs`.
     newest_obs: Option<u64>,
-    /// Whether this target's actions get an `applied`: `None` until known. Known yes at the
-    /// first `applied`; known no when a step settled without one before any came (its first
-    /// transition waits [`LATE_STEPS`], the next ones none).
-    expects_applied: Option<bool>,
+    /// Whether an `applied` has been seen for this target: only then is one waited for.
+    expects_applied: bool,
     episodes: BTreeMap<u64, EpisodeAcc>,
     /// The lowest stream sequence of each episode's events, for [`Joiner::floor`].
     firsts: BTreeMap<u64, u64>,
@@ -124,7 +123,7 @@ impl Joiner {
             slots: BTreeMap::new(),
             settled_below: 0,
             newest_obs: None,
-            expects_applied: None,
+            expects_applied: false,
             episodes: BTreeMap::new(),
             firsts: BTreeMap::new(),
         }
@@ -173,7 +172,7 @@ impl Joiner {
 
     /// An applied decision, with its stream sequence if any.
     pub fn on_applied(&mut self, a: Applied, seq: Option<u64>) -> Joined {
-        self.expects_applied = Some(true);
+        self.expects_applied = true;
         let g = global(a.episode, a.step, self.spe);
         if let Some(slot) = self.slot(g, seq) {
             slot.applied = Some(a);
@@ -240,16 +239,10 @@ impl Joiner {
             let next = match next_obs {
                 // No transition without a finite reward for the step.
                 Some(o) if !o.reward.is_some_and(f64::is_finite) => Next::Drop,
-                Some(_)
-                    if complete
-                        && (slot.applied.is_some() || self.expects_applied == Some(false)) =>
-                {
+                Some(_) if complete && (slot.applied.is_some() || !self.expects_applied) => {
                     Next::Emit
                 }
-                Some(_) if complete && forced => {
-                    self.expects_applied.get_or_insert(false);
-                    Next::Emit
-                }
+                Some(_) if complete && forced => Next::Emit,
                 _ if forced => Next::Drop,
                 _ => Next::Wait,
             };
@@ -455,19 +448,11 @@ mod tests {
         let a = action(0, 0, DecisionSource::Fallback);
         let current = a.current;
         let _ = j.on_action(a, None);
-        assert!(
-            j.on_obs(obs(0, 1, Some(1.0), 0.2), None)
-                .transitions
-                .is_empty(),
-            "the first transition waits for an applied"
-        );
-        let _ = j.on_action(action(0, 1, DecisionSource::Fallback), None);
-        let out = j.on_obs(obs(0, 2, Some(1.0), 0.2), None);
+        let out = j.on_obs(obs(0, 1, Some(1.0), 0.2), None);
         assert_eq!(
             out.transitions.len(),
-            2,
-            "none came: the allocation in force is the action's current, and the next step \
-             waits for none"
+            1,
+            "no applied was ever seen: none is waited for"
         );
         assert_eq!(out.transitions[0].applied, current);
     }
@@ -707,7 +692,9 @@ mod tests {
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
                     // Up to 3 positions later: before the obs two steps on (6 positions).
-                    (i as u64 + seed % 4, i, ev.clone())
+                    // The first `applied` comes in time: until one has come none is waited for.
+                    let delay = if i == 2 { 0 } else { seed % 4 };
+                    (i as u64 + delay, i, ev.clone())
                 })
                 .collect();
             keyed.sort_by_key(|(k, i, _)| (*k, *i));
