@@ -15,7 +15,8 @@
 //! transition without its `applied` takes the action's `current`, the collector's view (which
 //! during a rollout can mix the old pods' requests with the new replica count), and a step
 //! without an `obs` or an `action` (incomplete metrics: nothing was decided) produces none.
-//! Transitions are emitted in step order, so an episode's summary follows all its steps.
+//! Transitions are emitted as soon as they are complete, in whatever order; an episode's summary
+//! once every step of it is settled, so it counts them all.
 //!
 //! For the recorder's resume point the join also keeps, per episode, the lowest stream sequence
 //! of its events: [`Joiner::floor`] is the lowest one a replay must start from to rebuild every
@@ -29,8 +30,12 @@ use aware_mdp::Prices;
 use aware_stores::trajectory::Transition;
 
 /// How many steps a step's missing parts are waited for: step t is settled when obs(t +
-/// `LATE_STEPS`) has arrived.
-pub const LATE_STEPS: u64 = 2;
+/// `LATE_STEPS`) has arrived. A collector on a wall clock does not wait for the decisions, so
+/// this is the lag behind it that the recommender and the actuator may have (8 steps: 80 s at
+/// 10 s steps; a loaded machine running 100 ms steps lags by more than 2). The cost: a step that
+/// never gets an action (incomplete metrics) holds its episode's summary and the resume floor
+/// back as long; the transitions after it are stored at once.
+pub const LATE_STEPS: u64 = 8;
 
 /// Events this many steps before the newest `obs` mean the target's steps started over (its
 /// collector restarted and numbers them again): the join starts over with them.
@@ -69,6 +74,9 @@ struct Slot {
     obs: Option<Obs>,
     action: Option<Action>,
     applied: Option<Applied>,
+    /// Its transition was emitted; the slot stays for its `obs`, the next state of the step
+    /// before it, until the steps before it are settled.
+    emitted: bool,
 }
 
 /// The join state of one target.
@@ -83,6 +91,8 @@ pub struct Joiner {
     settled_below: u64,
     /// The global step of the newest `obs`.
     newest_obs: Option<u64>,
+    /// [`LATE_STEPS`], or what [`Joiner::with_late_steps`] set.
+    late_steps: u64,
     /// Whether an `applied` has been seen for this target: only then is one waited for.
     expects_applied: bool,
     episodes: BTreeMap<u64, EpisodeAcc>,
@@ -98,23 +108,6 @@ pub struct Joined {
     pub episodes: Vec<Episode>,
 }
 
-impl Joined {
-    fn emit(&mut self, t: Transition, episode: Option<Episode>) {
-        self.transitions.push(t);
-        self.episodes.extend(episode);
-    }
-}
-
-/// What the first open step can do.
-enum Next {
-    /// Emit its transition, with the `applied` in force if known.
-    Emit,
-    /// No transition is possible any more: drop it.
-    Drop,
-    /// Wait for what is missing.
-    Wait,
-}
-
 impl Joiner {
     pub fn new(target: Target, steps_per_episode: u32) -> Self {
         Joiner {
@@ -123,10 +116,17 @@ impl Joiner {
             slots: BTreeMap::new(),
             settled_below: 0,
             newest_obs: None,
+            late_steps: LATE_STEPS,
             expects_applied: false,
             episodes: BTreeMap::new(),
             firsts: BTreeMap::new(),
         }
+    }
+
+    /// The same join waiting `n` steps (at least 2) instead of [`LATE_STEPS`].
+    pub fn with_late_steps(mut self, n: u64) -> Self {
+        self.late_steps = n.max(2);
+        self
     }
 
     /// Whether a step before the newest `obs` is still open (waits for a late part).
@@ -225,81 +225,117 @@ impl Joiner {
         Some(self.slots.entry(g).or_default())
     }
 
-    /// Emits or drops the open steps from the oldest, in order, while each can be settled.
-    /// `force_below`: steps below it are settled whatever is missing.
+    /// Emits every transition that is ready, in whatever order, and settles the open steps from
+    /// the oldest while each can be: emitted, or missing a part that is no longer waited for
+    /// (`force_below`: steps below it are settled whatever is missing). An episode's summary is
+    /// emitted once its last step is settled, so it counts every step emitted.
     fn settle(&mut self, force_below: Option<u64>) -> Joined {
         let mut out = Joined::default();
-        while let Some((&g, slot)) = self.slots.first_key_value() {
-            let next_obs = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref());
-            let complete = slot.obs.is_some() && slot.action.is_some();
-            let forced = force_below.is_some_and(|f| g < f)
-                || self
-                    .newest_obs
-                    .is_some_and(|n| n >= g.saturating_add(LATE_STEPS));
-            let next = match next_obs {
-                // No transition without a finite reward for the step.
-                Some(o) if !o.reward.is_some_and(f64::is_finite) => Next::Drop,
-                Some(_) if complete && (slot.applied.is_some() || !self.expects_applied) => {
-                    Next::Emit
-                }
-                Some(_) if complete && forced => Next::Emit,
-                _ if forced => Next::Drop,
-                _ => Next::Wait,
-            };
-            match next {
-                Next::Wait => break,
-                Next::Drop => {
-                    self.slots.remove(&g);
-                }
-                Next::Emit => {
-                    let Some(next) = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref()) else {
-                        break;
-                    };
-                    let reward = next.reward.unwrap_or_default();
-                    let (next_state, slo_violation, metrics, ts_ms) = (
-                        next.state.clone(),
-                        next.slo_violation,
-                        next.metrics.clone(),
-                        next.ts_ms,
-                    );
-                    let Some(Slot {
-                        obs: Some(prev),
-                        action: Some(action),
-                        applied,
-                    }) = self.slots.remove(&g)
-                    else {
-                        break;
-                    };
-                    let t = Transition {
-                        target: self.target.clone(),
-                        episode: prev.episode,
-                        step: prev.step,
-                        ts_ms: prev.ts_ms,
-                        state: prev.state,
-                        action_raw: action.raw,
-                        desired: action.desired,
-                        applied: applied.map_or(action.current, |a| a.applied),
-                        source: action.source,
-                        stage: action.stage,
-                        reward,
-                        next_state,
-                        slo_violation,
-                        cpu_util: metrics.cpu_util,
-                        memory_util: metrics.memory_util,
-                    };
-                    let episode = self.fold(&t, action.exploration, ts_ms);
-                    out.emit(t, episode);
-                }
-            }
-            self.settled_below = self.settled_below.max(g + 1);
+        self.settle_front(force_below, &mut out);
+        let ready: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(&g, slot)| {
+                !slot.emitted
+                    && slot.obs.is_some()
+                    && slot.action.is_some()
+                    && (slot.applied.is_some() || !self.expects_applied)
+                    && self.next_reward(g).is_some()
+            })
+            .map(|(&g, _)| g)
+            .collect();
+        for g in ready {
+            self.emit(g, &mut out);
         }
+        self.settle_front(force_below, &mut out);
         let oldest =
             self.slots.keys().next().map_or(self.settled_below, |&g| g) / u64::from(self.spe);
         self.firsts.retain(|&e, _| e >= oldest);
         out
     }
 
-    fn fold(&mut self, t: &Transition, exploring: bool, ts_ms: i64) -> Option<Episode> {
+    /// The finite reward obs(g + 1) carries, if it has come.
+    fn next_reward(&self, g: u64) -> Option<f64> {
+        self.slots
+            .get(&(g + 1))
+            .and_then(|s| s.obs.as_ref())
+            .and_then(|o| o.reward)
+            .filter(|r| r.is_finite())
+    }
+
+    /// Settles the open steps from the oldest while each can be (see [`Joiner::settle`]).
+    fn settle_front(&mut self, force_below: Option<u64>, out: &mut Joined) {
+        while let Some((&g, slot)) = self.slots.first_key_value() {
+            let next_obs = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref());
+            // No transition without a finite reward for the step.
+            let hopeless = next_obs.is_some_and(|o| !o.reward.is_some_and(f64::is_finite));
+            let forced = force_below.is_some_and(|f| g < f)
+                || self
+                    .newest_obs
+                    .is_some_and(|n| n >= g.saturating_add(self.late_steps));
+            if !(slot.emitted || hopeless || forced) {
+                break;
+            }
+            if !slot.emitted
+                && !hopeless
+                && slot.obs.is_some()
+                && slot.action.is_some()
+                && next_obs.is_some()
+            {
+                // Complete but for its `applied`: the action's `current` stands in.
+                self.emit(g, out);
+            }
+            self.slots.remove(&g);
+            self.settled_below = self.settled_below.max(g + 1);
+            if (g + 1) % u64::from(self.spe) == 0 {
+                out.episodes.extend(self.close(g / u64::from(self.spe)));
+            }
+        }
+    }
+
+    /// Emits the transition of step `g` (its obs, action and next obs known) and folds it into
+    /// its episode; the slot stays, marked, for the step before it.
+    fn emit(&mut self, g: u64, out: &mut Joined) {
+        let Some(next) = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref()) else {
+            return;
+        };
+        let reward = next.reward.filter(|r| r.is_finite()).unwrap_or_default();
+        let (next_state, slo_violation, cpu_util, memory_util, ts_ms) = (
+            next.state.clone(),
+            next.slo_violation,
+            next.metrics.cpu_util,
+            next.metrics.memory_util,
+            next.ts_ms,
+        );
+        let Some(slot) = self.slots.get_mut(&g) else {
+            return;
+        };
+        let (Some(prev), Some(action)) = (slot.obs.as_ref(), slot.action.take()) else {
+            return;
+        };
+        slot.emitted = true;
+        let t = Transition {
+            target: self.target.clone(),
+            episode: prev.episode,
+            step: prev.step,
+            ts_ms: prev.ts_ms,
+            state: prev.state.clone(),
+            action_raw: action.raw,
+            desired: action.desired,
+            applied: slot.applied.take().map_or(action.current, |a| a.applied),
+            source: action.source,
+            stage: action.stage,
+            reward,
+            next_state,
+            slo_violation,
+            cpu_util,
+            memory_util,
+        };
+        self.fold(&t, action.exploration, ts_ms);
+        out.transitions.push(t);
+    }
+
+    fn fold(&mut self, t: &Transition, exploring: bool, ts_ms: i64) {
         let acc = self.episodes.entry(t.episode).or_default();
         acc.steps += 1;
         acc.exploring_steps += u32::from(exploring);
@@ -316,14 +352,21 @@ impl Joiner {
         let e = acc.stages.entry(t.stage.as_str()).or_insert((0, None));
         e.0 += 1;
         e.1 = Some(t.stage);
-        acc.last_step = t.step;
-        acc.last_ts_ms = ts_ms;
-        if t.step + 1 < self.spe {
+        if acc.steps == 1 || t.step >= acc.last_step {
+            acc.last_step = t.step;
+            acc.last_ts_ms = ts_ms;
+        }
+    }
+
+    /// Episode `episode`'s summary, once its last step is settled: none when that step had no
+    /// transition (the episode is incomplete).
+    fn close(&mut self, episode: u64) -> Option<Episode> {
+        let acc = self.episodes.remove(&episode)?;
+        // Older unfinished episodes (steps lost before a restart) will never complete.
+        self.episodes.retain(|&e, _| e > episode);
+        if acc.last_step + 1 < self.spe {
             return None;
         }
-        let acc = self.episodes.remove(&t.episode)?;
-        // Older unfinished episodes (steps lost before a restart) will never complete.
-        self.episodes.retain(|&e, _| e > t.episode);
         let n = f64::from(acc.steps.max(1));
         let stage = acc
             .stages
@@ -334,7 +377,7 @@ impl Joiner {
         Some(Episode {
             schema: Schema::new(),
             target: self.target.clone(),
-            episode: t.episode,
+            episode,
             step: acc.last_step,
             ts_ms: acc.last_ts_ms,
             steps: acc.steps,
@@ -418,7 +461,7 @@ mod tests {
 
     #[test]
     fn no_action_no_transition_and_gaps_break_the_chain() {
-        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100).with_late_steps(2);
         let _ = j.on_obs(obs(0, 0, None, 0.1), None);
         assert!(
             j.on_obs(obs(0, 1, Some(1.0), 0.2), None)
@@ -461,7 +504,7 @@ mod tests {
     /// and stores what the actuator put in force, not the collector's view.
     #[test]
     fn a_late_applied_is_waited_for_until_the_next_obs() {
-        let mut j = Joiner::new(Target::new("shop", "checkout"), 3);
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 3).with_late_steps(2);
         let _ = j.on_obs(obs(0, 0, None, 0.0), None);
         let _ = j.on_action(action(0, 0, DecisionSource::Fallback), None);
         assert_eq!(j.on_applied(applied(0, 0, 4), None).transitions.len(), 0);
@@ -604,6 +647,8 @@ mod tests {
         let o = j.flush();
         out.transitions.extend(o.transitions);
         out.episodes.extend(o.episodes);
+        // The store keys transitions by step: the order they come in does not matter.
+        out.transitions.sort_by_key(|t| (t.episode, t.step));
         (
             out.transitions
                 .iter()
@@ -644,7 +689,7 @@ mod tests {
     }
 
     /// A step's action or applied stored after the next step's obs (a retried publish) still
-    /// joins, as long as it comes before the obs two steps later.
+    /// joins, as long as it comes before the obs `late_steps` later.
     #[test]
     fn an_action_or_applied_after_the_next_obs_still_joins() {
         let [o0, a0, p0] = step_events(0, 100);
@@ -659,7 +704,7 @@ mod tests {
         );
         // Later than that, the step is settled without it: no transition, and the steps after
         // it are not held back.
-        let mut j = Joiner::new(Target::new("shop", "checkout"), 100);
+        let mut j = Joiner::new(Target::new("shop", "checkout"), 100).with_late_steps(2);
         let [o0, a0, _] = step_events(0, 100);
         let [o1, a1, _] = step_events(1, 100);
         let [o2, a2, _] = step_events(2, 100);
@@ -671,9 +716,36 @@ mod tests {
         assert_eq!(steps, vec![1, 2]);
     }
 
+    /// By default a step's action is waited for until the obs [`LATE_STEPS`] later: one that
+    /// comes just before it joins; one after it does not. The steps after it do not wait.
+    #[test]
+    fn by_default_a_late_action_is_waited_for_late_steps() {
+        for (late_by, joined) in [(LATE_STEPS - 1, true), (LATE_STEPS, false)] {
+            let mut j = Joiner::new(Target::new("shop", "checkout"), 1000);
+            let [o0, a0, p0] = step_events(0, 1000);
+            let mut steps = Vec::new();
+            for ev in [o0, p0] {
+                steps.extend(feed(&mut j, ev, None).transitions.iter().map(|t| t.step));
+            }
+            for t in 1..=late_by {
+                for ev in step_events(t, 1000) {
+                    steps.extend(feed(&mut j, ev, None).transitions.iter().map(|t| t.step));
+                }
+            }
+            let last = feed(&mut j, a0, None);
+            // The later steps were stored as they completed, without waiting for step 0.
+            assert_eq!(steps, (1..late_by as u32).collect::<Vec<_>>());
+            assert_eq!(
+                last.transitions.iter().map(|t| t.step).collect::<Vec<_>>(),
+                if joined { vec![0] } else { vec![] },
+                "action after obs({late_by})"
+            );
+        }
+    }
+
     /// Many runs of two episodes whose events are each displaced by up to a step's worth of
-    /// events (a fixed-seed shuffle): every run joins what the in-order run joins, in step
-    /// order, and closes the same episodes.
+    /// events (a fixed-seed shuffle): every run joins what the in-order run joins and closes the
+    /// same episodes, with the same sums.
     #[test]
     fn displaced_events_join_as_in_order_ones() {
         let spe = 4;
@@ -742,6 +814,6 @@ mod tests {
         events.extend((0..3).flat_map(|t| step_events(t, spe)));
         let (transitions, _) = run(&events, spe);
         let steps: Vec<_> = transitions.iter().map(|t| (t.0, t.1)).collect();
-        assert_eq!(steps, vec![(8, 0), (8, 1), (8, 2), (0, 0), (0, 1)]);
+        assert_eq!(steps, vec![(0, 0), (0, 1), (8, 0), (8, 1), (8, 2)]);
     }
 }
