@@ -260,37 +260,60 @@ pub async fn capture(url: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
         .get_stream("AWARE")
         .await
         .unwrap_or_else(|e| panic!("stream AWARE: {e}"));
-    let last = stream
+    let info = stream
         .info()
         .await
         .unwrap_or_else(|e| panic!("stream AWARE info: {e}"))
         .state
-        .last_sequence;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: aware_bus_schemas::subject::ALL.to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("consumer on AWARE: {e}"));
-    let mut messages = consumer
-        .messages()
-        .await
-        .unwrap_or_else(|e| panic!("read AWARE: {e}"));
+        .clone();
+    let (first, last) = (info.first_sequence, info.last_sequence);
     let mut out = Vec::new();
-    while let Some(m) = messages.next().await {
-        let m = m.unwrap_or_else(|e| panic!("read AWARE: {e}"));
-        let seq = m
-            .info()
-            .unwrap_or_else(|e| panic!("message info: {e}"))
-            .stream_sequence;
-        let parsed = aware_bus_schemas::subject::parse(&m.subject)
-            .unwrap_or_else(|e| panic!("captured subject: {e}"));
-        let ev = aware_bus_schemas::decode_event(parsed.kind, &m.payload)
-            .unwrap_or_else(|e| panic!("captured {}: {e}", m.subject));
-        out.push((seq, ev));
-        if seq >= last {
-            break;
+    // The next sequence wanted. An ordered consumer of a replicated stream whose leader just
+    // changed has been seen to pass over a message, or to stall: the reading is opened again
+    // from the one wanted when it passes over one the stream holds or is silent for 5 s.
+    let mut wanted = first.max(1);
+    let mut reopened = 0;
+    'read: while wanted <= last {
+        assert!(reopened < 20, "reading AWARE stalls at {wanted} of {last}");
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+                filter_subject: aware_bus_schemas::subject::ALL.to_string(),
+                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: wanted,
+                },
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("consumer on AWARE: {e}"));
+        let mut messages = consumer
+            .messages()
+            .await
+            .unwrap_or_else(|e| panic!("read AWARE: {e}"));
+        loop {
+            let m = match tokio::time::timeout(Duration::from_secs(5), messages.next()).await {
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(_))) | Ok(None) | Err(_) => {
+                    reopened += 1;
+                    continue 'read;
+                }
+            };
+            let seq = m
+                .info()
+                .unwrap_or_else(|e| panic!("message info: {e}"))
+                .stream_sequence;
+            if seq > wanted && stream.get_raw_message(wanted).await.is_ok() {
+                reopened += 1;
+                continue 'read;
+            }
+            let parsed = aware_bus_schemas::subject::parse(&m.subject)
+                .unwrap_or_else(|e| panic!("captured subject: {e}"));
+            let ev = aware_bus_schemas::decode_event(parsed.kind, &m.payload)
+                .unwrap_or_else(|e| panic!("captured {}: {e}", m.subject));
+            out.push((seq, ev));
+            wanted = seq + 1;
+            if seq >= last {
+                break 'read;
+            }
         }
     }
     out
