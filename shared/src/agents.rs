@@ -71,6 +71,61 @@ async fn deliver(ctx: &ServiceContext, item: Outgoing) {
     }
 }
 
+/// Lanes of an outbox with acknowledged publishes ([`spawn_publisher`]).
+pub const LANES: usize = 64;
+
+/// Where the publisher task sends its items: delivered in place (one lane), or to lane tasks
+/// by target.
+struct Lanes {
+    lanes: Vec<mpsc::UnboundedSender<Outgoing>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Lanes {
+    fn new(ctx: &ServiceContext, n: usize) -> Self {
+        let mut lanes = Lanes {
+            lanes: Vec::new(),
+            tasks: Vec::new(),
+        };
+        if n < 2 {
+            return lanes;
+        }
+        for _ in 0..n {
+            let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+            let ctx = ctx.clone();
+            lanes.tasks.push(tokio::spawn(async move {
+                while let Some(item) = rx.recv().await {
+                    deliver(&ctx, item).await;
+                }
+            }));
+            lanes.lanes.push(tx);
+        }
+        lanes
+    }
+
+    /// Delivers `item` in place, or queues it on its target's lane.
+    async fn deliver(&mut self, ctx: &ServiceContext, item: Outgoing) {
+        if self.lanes.is_empty() {
+            return deliver(ctx, item).await;
+        }
+        let target = match &item {
+            Outgoing::Publish(ev) => ev.target(),
+            Outgoing::Forget(_, t) => t,
+        };
+        let lane = aware_bus_schemas::subject::mixed_hash(&target.key()) % self.lanes.len() as u64;
+        // A lane ends only when its sender is dropped ([`Lanes::finish`]).
+        let _ = self.lanes[lane as usize].send(item);
+    }
+
+    /// Waits until every lane has delivered what it was given.
+    async fn finish(self) {
+        drop(self.lanes);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 /// Waits for a service's publisher task (see [`spawn_publisher`]) to finish.
 pub async fn join_publisher(
     publisher: tokio::task::JoinHandle<()>,
@@ -85,6 +140,11 @@ pub async fn join_publisher(
 
 /// Starts the publisher task of a service. It publishes the outbox in order and ends when every
 /// [`Outbox`] clone is dropped or at shutdown (after draining what is queued), flushing the bus.
+///
+/// With acknowledged publishes (`bus.jetstream.ack_publishes`, ADR 0022) each publish waits for
+/// the stream, and one at a time would wait a round trip per message: the outbox is then split
+/// into [`LANES`] lanes by target, each publishing in order, so a target's messages keep their
+/// order and different targets' messages are acknowledged concurrently.
 pub fn spawn_publisher(ctx: ServiceContext) -> (Outbox, tokio::task::JoinHandle<()>) {
     let stop = ctx.shutdown.clone();
     spawn_publisher_until(ctx, stop)
@@ -98,22 +158,26 @@ pub fn spawn_publisher_until(
     stop: tokio_util::sync::CancellationToken,
 ) -> (Outbox, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let js = &ctx.config.bus.jetstream;
+    let acked = js.enabled && js.ack_publishes && matches!(ctx.bus, crate::bus::Bus::Nats(_));
     let handle = tokio::spawn(async move {
+        let mut lanes = Lanes::new(&ctx, if acked { LANES } else { 1 });
         loop {
             tokio::select! {
                 biased;
                 item = rx.recv() => match item {
-                    Some(item) => deliver(&ctx, item).await,
+                    Some(item) => lanes.deliver(&ctx, item).await,
                     None => break,
                 },
                 _ = stop.cancelled() => {
                     while let Ok(item) = rx.try_recv() {
-                        deliver(&ctx, item).await;
+                        lanes.deliver(&ctx, item).await;
                     }
                     break;
                 }
             }
         }
+        lanes.finish().await;
         if let Err(e) = ctx.bus.flush().await {
             tracing::warn!(service = ctx.name, error = %e, "final flush failed");
         }

@@ -144,6 +144,80 @@ async fn acknowledged_publishes_return_once_stored_and_fail_when_nothing_stores(
     assert!(started.elapsed() >= Duration::from_millis(500), "retried");
 }
 
+/// With acknowledged publishes the outbox publishes in lanes by target: 40 targets × 25 `obs`
+/// queued at once are all stored once, each target's in the order queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_outbox_keeps_each_targets_order() {
+    use aware_bus_schemas::{Event, EventKind, Target};
+    use aware_shared::config::AppConfig;
+    use aware_shared::service::ServiceContext;
+    use futures::StreamExt;
+
+    let server = NatsServer::start().unwrap();
+    let mut bus_cfg = cfg(server.url(), 120);
+    bus_cfg.jetstream.ack_publishes = true;
+    let bus = Bus::connect(&bus_cfg, "lanes").await.unwrap();
+    let app = AppConfig {
+        bus: bus_cfg,
+        ..AppConfig::default()
+    };
+    let ctx = ServiceContext::new(
+        "lanes",
+        bus,
+        std::sync::Arc::new(app),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .unwrap();
+    let (outbox, publisher) = aware_shared::agents::spawn_publisher(ctx.clone());
+    let Some(Event::Obs(sample)) = samples().into_iter().find(|e| e.kind() == EventKind::Obs)
+    else {
+        unreachable!()
+    };
+    let (targets, steps) = (40u32, 25u32);
+    for step in 0..steps {
+        for t in 0..targets {
+            let mut o = sample.clone();
+            o.target = Target::new("ns", format!("app-{t}"));
+            o.step = step;
+            assert!(outbox.send(o));
+        }
+    }
+    drop(outbox);
+    aware_shared::agents::join_publisher(publisher)
+        .await
+        .unwrap();
+
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let stream = js.get_stream("AWARE").await.unwrap();
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut seen: std::collections::HashMap<String, Vec<u32>> = Default::default();
+    for _ in 0..targets * steps {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("every message stored")
+            .unwrap()
+            .unwrap();
+        let Event::Obs(o) = aware_bus_schemas::decode_event(EventKind::Obs, &m.payload).unwrap()
+        else {
+            unreachable!()
+        };
+        seen.entry(o.target.name.clone()).or_default().push(o.step);
+    }
+    assert_eq!(seen.len(), targets as usize);
+    let in_order: Vec<u32> = (0..steps).collect();
+    assert!(seen.values().all(|s| *s == in_order), "{seen:?}");
+    let info = js.get_stream("AWARE").await.unwrap().cached_info().clone();
+    assert_eq!(
+        info.state.messages,
+        u64::from(targets * steps),
+        "stored once"
+    );
+}
+
 async fn next_stage(
     rx: &mut tokio::sync::mpsc::Receiver<aware_bus_schemas::Event>,
 ) -> (String, u64, aware_bus_schemas::Stage) {
