@@ -5,9 +5,11 @@
 //! shard, so the targets are split as they would be on a cluster.
 //!
 //! Figures per run, seen by an observer on the bus:
-//! - `target_steps_per_s`: targets × steps / (time between the first and the last `obs`);
+//! - `target_steps_per_s`: targets × steps / (time between the first and the last `obs`); paced
+//!   (`--step-ms`), about the offered load, targets / step;
 //! - `obs_to_action_p99_ms`: from the observer receiving a step's `obs` to it receiving the
-//!   step's `action` (bus hops and the queueing behind a step's burst of `obs` included);
+//!   step's `action` (bus hops and the queueing behind a step's burst of `obs` included; paced,
+//!   the collectors spread a step's `obs` over `--spread` of it);
 //! - `decided_exactly_once`: every `obs` got exactly one `action`, none arrived twice;
 //! - `resident_bytes_per_target`: the resident memory of every process, summed, grown from
 //!   ready-and-idle (the collectors, which make their targets at start, counted whole) to the
@@ -53,6 +55,15 @@ pub struct ScaleBenchOptions {
     /// stored it; what a NATS cluster across machines runs with, ADR 0022).
     #[arg(long)]
     pub ack_publishes: bool,
+    /// Paced: one step every this many milliseconds of wall-clock time (also the simulated
+    /// step), the offered load being targets / step; 0 runs in lock-step, as fast as the
+    /// services go.
+    #[arg(long, default_value_t = ScaleBenchOptions::default().step_ms)]
+    pub step_ms: u64,
+    /// Paced: the fraction of a step over which the collectors spread its `obs`
+    /// (`collector.spread_fraction`; 0 publishes them at once).
+    #[arg(long, default_value_t = ScaleBenchOptions::default().spread)]
+    pub spread: f64,
     /// How long a run may take, seconds.
     #[arg(long, default_value_t = ScaleBenchOptions::default().timeout_secs)]
     pub timeout_secs: u64,
@@ -70,6 +81,8 @@ impl Default for ScaleBenchOptions {
             runs: 3,
             rl: false,
             ack_publishes: false,
+            step_ms: 0,
+            spread: 0.5,
             timeout_secs: 900,
             bin_dir: None,
         }
@@ -103,6 +116,10 @@ pub struct ScaleReport {
     pub steps: u64,
     pub rl: bool,
     pub ack_publishes: bool,
+    /// Wall-clock milliseconds per step (0: lock-step).
+    pub step_ms: u64,
+    /// The fraction of a paced step over which its `obs` are spread.
+    pub spread: f64,
     pub processes: usize,
     pub runs: Vec<ScaleRun>,
     pub target_steps_per_s: f64,
@@ -206,6 +223,14 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         }
         if opts.ack_publishes {
             env.push(("AWARE_BUS__JETSTREAM__ACK_PUBLISHES", "true".into()));
+        }
+        if opts.step_ms > 0 {
+            env.push(("AWARE_COLLECTOR__SIMULATOR__CLOCK", "wallclock".into()));
+            env.push((
+                "AWARE_COLLECTOR__SIMULATOR__STEP_SECONDS",
+                (opts.step_ms as f64 / 1000.0).to_string(),
+            ));
+            env.push(("AWARE_COLLECTOR__SPREAD_FRACTION", opts.spread.to_string()));
         }
         env
     };
@@ -362,7 +387,12 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         }
     }
     drop(server);
-    let hours = opts.steps as f64 * sim.step_seconds / 3600.0;
+    let step_seconds = if opts.step_ms > 0 {
+        opts.step_ms as f64 / 1000.0
+    } else {
+        sim.step_seconds
+    };
+    let hours = opts.steps as f64 * step_seconds / 3600.0;
     let mut to_model: Vec<f64> = first_model.values().map(Duration::as_secs_f64).collect();
     to_model.sort_by(f64::total_cmp);
     Ok(ScaleRun {
@@ -393,6 +423,12 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
             subject::SLOTS
         )));
     }
+    if !(opts.spread.is_finite() && (0.0..1.0).contains(&opts.spread)) {
+        return Err(fail(format!(
+            "--spread {} is not at least 0 and below 1",
+            opts.spread
+        )));
+    }
     let mut runs = Vec::new();
     for i in 0..opts.runs.max(1) {
         let r = one_run(opts).await?;
@@ -415,6 +451,8 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         steps: opts.steps,
         rl: opts.rl,
         ack_publishes: opts.ack_publishes,
+        step_ms: opts.step_ms,
+        spread: opts.spread,
         processes: per_shard * opts.shards as usize,
         target_steps_per_s: m(|r| r.target_steps_per_s),
         obs_to_action_p99_ms: m(|r| r.obs_to_action_p99_ms),

@@ -24,6 +24,18 @@ pub fn stable_hash(s: &str) -> u64 {
     })
 }
 
+/// [`stable_hash`] with every bit mixed (MurmurHash3's 64-bit finalizer): FNV-1a's high bits
+/// barely depend on a string's last characters (`app-00001`, `app-00002`…), and its low bits
+/// pick the slot. For spreading targets over anything but slots.
+pub fn mixed_hash(s: &str) -> u64 {
+    let mut h = stable_hash(s);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
 /// The slot of `target`'s subjects: FNV-1a of `namespace/name` modulo [`SLOTS`].
 pub fn slot(target: &Target) -> u32 {
     // The remainder is below SLOTS, so it fits.

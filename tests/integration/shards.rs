@@ -251,8 +251,9 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     drop(collector);
 }
 
-/// `aware bench scale` at a tiny size: every per-target service in 2 shards as processes; every
-/// `obs` decided exactly once, every step stored, and every figure filled in.
+/// `aware bench scale` at a tiny size, paced (a step every 250 ms, its `obs` spread over half of
+/// it): every per-target service in 2 shards as processes; every `obs` decided exactly once,
+/// every step stored, and every figure filled in.
 #[actix_rt::test]
 async fn bench_scale_at_a_tiny_size_reports_every_figure() {
     let (targets, steps) = (24usize, 8u64);
@@ -264,6 +265,8 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         rl: false,
         // Acknowledged publishes (ADR 0022): every figure filled in with them too.
         ack_publishes: true,
+        step_ms: 250,
+        spread: 0.5,
         timeout_secs: 120,
         bin_dir: aware_tests::bin_path("aware-recommender")
             .parent()
@@ -271,7 +274,7 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
     };
     let r = aware_bench::scale::run(&opts).await.unwrap();
     let run = &r.runs[0];
-    assert_eq!(r.processes, 10);
+    assert_eq!((r.processes, r.step_ms), (10, 250));
     assert!(r.decided_exactly_once, "{run:?}");
     assert_eq!(run.undecided_or_repeated, 0);
     assert_eq!(run.transitions_stored, targets as u64 * steps, "{run:?}");

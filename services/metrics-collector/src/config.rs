@@ -42,6 +42,11 @@ pub enum ClockMode {
 #[serde(default, deny_unknown_fields)]
 pub struct CollectorConfig {
     pub source: SourceKind,
+    /// The fraction of a step over which its `obs` are spread, each target at a fixed offset
+    /// (from a hash of its name), instead of all at once: 0 (all at once) to below 1. Spreading
+    /// turns a step's burst into a steady rate, so the decisions do not queue behind it.
+    /// Lock-step simulation publishes at once whatever it says.
+    pub spread_fraction: f64,
     pub simulator: SimulatorSourceConfig,
     pub prometheus: PrometheusSourceConfig,
 }
@@ -50,6 +55,7 @@ impl Default for CollectorConfig {
     fn default() -> Self {
         CollectorConfig {
             source: SourceKind::None,
+            spread_fraction: 0.0,
             simulator: SimulatorSourceConfig::default(),
             prometheus: PrometheusSourceConfig::default(),
         }
@@ -252,6 +258,12 @@ impl CollectorConfig {
                 "must be a positive number",
             ));
         }
+        if !(c.spread_fraction.is_finite() && (0.0..1.0).contains(&c.spread_fraction)) {
+            return Err(invalid(
+                "collector.spread_fraction",
+                "must be at least 0 and below 1",
+            ));
+        }
         if c.simulator.step_timeout_ms == 0 {
             return Err(invalid(
                 "collector.simulator.step_timeout_ms",
@@ -359,6 +371,16 @@ mod tests {
                 "AWARE_COLLECTOR__SIMULATOR__STEP_TIMEOUT_MS",
                 "0",
                 "collector.simulator.step_timeout_ms",
+            ),
+            (
+                "AWARE_COLLECTOR__SPREAD_FRACTION",
+                "1",
+                "collector.spread_fraction",
+            ),
+            (
+                "AWARE_COLLECTOR__SPREAD_FRACTION",
+                "-0.1",
+                "collector.spread_fraction",
             ),
             (
                 "AWARE_COLLECTOR__SIMULATOR__APPS",

@@ -23,6 +23,42 @@ pub const CONSUMES: &[EventKind] = &[EventKind::Applied];
 /// `obs` a collector publishes at once: with acknowledged publishes (ADR 0022) each waits for
 /// the stream's acknowledgement, and one at a time would wait a round trip per target.
 pub const PUBLISHING: usize = 256;
+
+/// Where in a window of `over` the `obs` of `target` goes: a fixed offset from a hash of its
+/// name, so each target keeps its period from step to step and the targets spread evenly.
+pub fn spread_offset(
+    target: &aware_bus_schemas::Target,
+    over: std::time::Duration,
+) -> std::time::Duration {
+    let h = aware_bus_schemas::subject::mixed_hash(&target.key());
+    let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
+    over.mul_f64(unit)
+}
+
+/// Publishes a step's `obs`, up to [`PUBLISHING`] at once; with a non-zero `over` each at its
+/// [`spread_offset`] from now instead of all at once. One `obs` per target, so no target's
+/// messages are reordered. Failures are counted and logged by `publish`.
+pub async fn publish_spread(
+    ctx: &ServiceContext,
+    obs: Vec<aware_bus_schemas::Obs>,
+    over: std::time::Duration,
+) {
+    use futures::StreamExt;
+    let start = tokio::time::Instant::now();
+    let mut timed: Vec<(std::time::Duration, aware_bus_schemas::Obs)> = obs
+        .into_iter()
+        .map(|o| (spread_offset(&o.target, over), o))
+        .collect();
+    timed.sort_by_key(|(at, _)| *at);
+    futures::stream::iter(timed)
+        .for_each_concurrent(PUBLISHING, |(at, obs)| async move {
+            if !at.is_zero() {
+                tokio::time::sleep_until(start + at).await;
+            }
+            let _ = ctx.publish(&obs).await;
+        })
+        .await;
+}
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
     main: |ctx| Box::pin(run(ctx)),
@@ -111,7 +147,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     match cfg.source {
         SourceKind::None => aware_shared::agents::run_intake(&ctx, &[]).await,
         #[cfg(feature = "simulator")]
-        SourceKind::Simulator => simulator::run(ctx, cfg.simulator, metrics).await,
+        SourceKind::Simulator => {
+            simulator::run(ctx, cfg.simulator, cfg.spread_fraction, metrics).await
+        }
         #[cfg(not(feature = "simulator"))]
         SourceKind::Simulator => Err(aware_shared::config::ConfigError::Invalid {
             key: "collector.source".to_string(),
@@ -120,7 +158,9 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 .to_string(),
         }
         .into()),
-        SourceKind::Prometheus => prometheus::run(ctx, cfg.prometheus, metrics).await,
+        SourceKind::Prometheus => {
+            prometheus::run(ctx, cfg.prometheus, cfg.spread_fraction, metrics).await
+        }
     }
 }
 
@@ -137,6 +177,68 @@ mod tests {
         };
         (o.target, o.episode, o.step) = (target.clone(), episode, step);
         o
+    }
+
+    /// Offsets are fixed per target, inside the window, and spread evenly: each tenth of the
+    /// window holds a tenth of 10,000 targets, give or take a fifth.
+    #[test]
+    fn spread_offsets_are_fixed_and_even() {
+        let over = std::time::Duration::from_secs(10);
+        let mut tenths = [0u32; 10];
+        for i in 0..10_000 {
+            let t = Target::new("sim", format!("app-{i:05}"));
+            let at = spread_offset(&t, over);
+            assert!(at < over);
+            assert_eq!(at, spread_offset(&t, over));
+            tenths[(at.as_secs_f64() / over.as_secs_f64() * 10.0) as usize] += 1;
+        }
+        assert!(
+            tenths.iter().all(|&n| (800..=1200).contains(&n)),
+            "{tenths:?}"
+        );
+        assert_eq!(
+            spread_offset(&Target::new("sim", "a"), std::time::Duration::ZERO),
+            std::time::Duration::ZERO
+        );
+    }
+
+    /// Spread over 400 ms, a step's `obs` go out in the order of their offsets and take at
+    /// least the span of their offsets (sleeps never end early); without a window, at once.
+    #[test]
+    fn a_spread_step_publishes_in_offset_order_over_the_window() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let bus = aware_shared::bus::Bus::in_process(1024);
+            let ctx = ServiceContext::new(
+                NAME,
+                bus.clone(),
+                std::sync::Arc::new(aware_shared::config::AppConfig::default()),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap();
+            let mut sub = bus.subscribe("aware.v1.obs.>").await.unwrap();
+            let targets: Vec<Target> = (0..200)
+                .map(|i| Target::new("sim", format!("app-{i}")))
+                .collect();
+            let over = std::time::Duration::from_millis(400);
+            let mut offsets: Vec<_> = targets.iter().map(|t| spread_offset(t, over)).collect();
+            offsets.sort();
+            let start = std::time::Instant::now();
+            publish_spread(&ctx, targets.iter().map(|t| obs(t, 0, 0)).collect(), over).await;
+            let took = start.elapsed();
+            let mut got = Vec::new();
+            while got.len() < targets.len() {
+                let m = sub.next().await.unwrap();
+                let parsed = aware_bus_schemas::subject::parse(&m.subject).unwrap();
+                got.push(spread_offset(&parsed.target, over));
+            }
+            assert_eq!(got, offsets, "published in offset order");
+            assert!(took >= offsets[offsets.len() - 1], "{took:?}");
+            assert!(offsets[offsets.len() - 1] - offsets[0] > over / 2);
+        });
     }
 
     /// Each target resumes right after its newest captured step (the newest per target wins),

@@ -701,8 +701,10 @@ impl Targets {
 pub async fn run(
     ctx: ServiceContext,
     cfg: PrometheusSourceConfig,
+    spread_fraction: f64,
     metrics: CollectorMetrics,
 ) -> Result<(), ServiceError> {
+    let spread = Duration::from_secs_f64(cfg.interval_s * spread_fraction);
     let spe = ctx.config.learning.steps_per_episode;
     let client = PromClient::new(&cfg.url, Duration::from_millis(cfg.query_timeout_ms))
         .map_err(|e| ServiceError::resource("collector.prometheus", e))?;
@@ -770,18 +772,9 @@ pub async fn run(
                 .then_some(e.metrics.request_rate_rps);
             tl.step += 1;
         }
-        // Up to PUBLISHING at once (one `obs` per target, so none reordered): with acknowledged
-        // publishes (ADR 0022) each waits for the stream. Failures are counted and logged by
-        // `publish`.
-        {
-            use futures::StreamExt;
-            let ctx = &ctx;
-            futures::stream::iter(&all)
-                .for_each_concurrent(crate::PUBLISHING, |obs| async move {
-                    let _ = ctx.publish(obs).await;
-                })
-                .await;
-        }
+        // With acknowledged publishes (ADR 0022) each waits for the stream: up to PUBLISHING at
+        // once, spread over `collector.spread_fraction` of the interval.
+        crate::publish_spread(&ctx, all, spread).await;
         metrics.steps.inc();
         // ready while Prometheus answers
         ctx.ready.set(errors == 0 || targets.is_empty());

@@ -246,8 +246,8 @@ impl Sim {
         self.env.step_index().saturating_sub(1)
     }
 
-    async fn publish_all(&self, ctx: &ServiceContext, metrics: &CollectorMetrics) {
-        use futures::StreamExt;
+    /// The step's `obs`, counting the incomplete ones.
+    fn step_obs(&self, metrics: &CollectorMetrics) -> Vec<Obs> {
         let g = self.global_step();
         let all: Vec<Obs> = self
             .last
@@ -258,14 +258,28 @@ impl Sim {
         metrics
             .incomplete_obs
             .inc_by(all.iter().filter(|o| !o.complete).count() as u64);
-        // Up to PUBLISHING at once: with acknowledged publishes (ADR 0022) each waits for the
-        // stream, and one at a time would wait a round trip per target. One `obs` per target,
-        // so no target's messages are reordered. Failures are counted and logged by `publish`.
-        futures::stream::iter(&all)
-            .for_each_concurrent(crate::PUBLISHING, |obs| async move {
-                let _ = ctx.publish(obs).await;
-            })
-            .await;
+        all
+    }
+
+    /// Publishes the step's `obs` (up to PUBLISHING at once: with acknowledged publishes, ADR
+    /// 0022, each waits for the stream), spread over `spread`, in a task of its own so the
+    /// `applied` of the targets already published are taken meanwhile. The previous step's
+    /// publishing is awaited first, so no target's `obs` overtake each other.
+    async fn publish_all(
+        &self,
+        ctx: &ServiceContext,
+        metrics: &CollectorMetrics,
+        spread: Duration,
+        previous: &mut Option<tokio::task::JoinHandle<()>>,
+    ) {
+        if let Some(p) = previous.take() {
+            let _ = p.await;
+        }
+        let all = self.step_obs(metrics);
+        let ctx = ctx.clone();
+        *previous = Some(tokio::spawn(async move {
+            crate::publish_spread(&ctx, all, spread).await;
+        }));
     }
 
     /// Records an `applied`; returns whether every target of the step has one.
@@ -362,6 +376,7 @@ fn resume_allocations(captured: &[Obs], sim: &Sim) -> HashMap<usize, Allocation>
 pub async fn run(
     ctx: ServiceContext,
     cfg: SimulatorSourceConfig,
+    spread_fraction: f64,
     metrics: CollectorMetrics,
 ) -> Result<(), ServiceError> {
     let mut apps = build_apps(&cfg)?;
@@ -428,12 +443,30 @@ pub async fn run(
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
     tracing::info!(targets = n, clock = ?cfg.clock, "simulated cluster started");
-    sim.publish_all(&ctx, &metrics).await;
-    let period = match cfg.clock {
-        ClockMode::Lockstep => Duration::from_millis(cfg.step_timeout_ms.max(1)),
-        ClockMode::Wallclock => Duration::from_secs_f64(cfg.step_seconds),
+    let (period, spread) = match cfg.clock {
+        ClockMode::Lockstep => (
+            Duration::from_millis(cfg.step_timeout_ms.max(1)),
+            Duration::ZERO,
+        ),
+        ClockMode::Wallclock => {
+            let period = Duration::from_secs_f64(cfg.step_seconds);
+            (period, period.mul_f64(spread_fraction))
+        }
     };
+    // Lock-step: the step's timeout runs from the end of its publishing, as the step advances
+    // only once its `obs` are out. Wall-clock: steps start a period apart, and the `applied` of
+    // the targets already published are taken while the others are.
+    let lockstep = cfg.clock == ClockMode::Lockstep;
+    let mut publishing = None;
     let mut deadline = tokio::time::Instant::now() + period;
+    sim.publish_all(&ctx, &metrics, spread, &mut publishing)
+        .await;
+    if lockstep {
+        if let Some(p) = publishing.take() {
+            let _ = p.await;
+        }
+        deadline = tokio::time::Instant::now() + period;
+    }
     loop {
         if cfg.max_steps > 0 && sim.global_step() >= cfg.max_steps {
             tracing::info!(steps = cfg.max_steps, "simulation finished (max_steps)");
@@ -455,10 +488,22 @@ pub async fn run(
             }
         };
         if advance {
+            // A step that starts late (the previous publishing overran the period) does not
+            // make the next ones catch up in a burst.
+            deadline = (deadline + period).max(tokio::time::Instant::now());
             sim.step(&metrics)?;
-            sim.publish_all(&ctx, &metrics).await;
-            deadline = tokio::time::Instant::now() + period;
+            sim.publish_all(&ctx, &metrics, spread, &mut publishing)
+                .await;
+            if lockstep {
+                if let Some(p) = publishing.take() {
+                    let _ = p.await;
+                }
+                deadline = tokio::time::Instant::now() + period;
+            }
         }
+    }
+    if let Some(p) = publishing {
+        let _ = p.await;
     }
     ctx.ready.set(false);
     Ok(())
