@@ -264,22 +264,29 @@ impl Sim {
     /// Publishes the step's `obs` (up to PUBLISHING at once: with acknowledged publishes, ADR
     /// 0022, each waits for the stream), spread over `spread`, in a task of its own so the
     /// `applied` of the targets already published are taken meanwhile. The previous step's
-    /// publishing is awaited first, so no target's `obs` overtake each other.
+    /// publishing is awaited first, so no target's `obs` overtake each other; with `wait` (lock
+    /// step) this one's too.
     async fn publish_all(
         &self,
         ctx: &ServiceContext,
         metrics: &CollectorMetrics,
         spread: Duration,
         previous: &mut Option<tokio::task::JoinHandle<()>>,
+        wait: bool,
     ) {
         if let Some(p) = previous.take() {
             let _ = p.await;
         }
         let all = self.step_obs(metrics);
         let ctx = ctx.clone();
-        *previous = Some(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             crate::publish_spread(&ctx, all, spread).await;
-        }));
+        });
+        if wait {
+            let _ = task.await;
+        } else {
+            *previous = Some(task);
+        }
     }
 
     /// Records an `applied`; returns whether every target of the step has one.
@@ -459,12 +466,9 @@ pub async fn run(
     let lockstep = cfg.clock == ClockMode::Lockstep;
     let mut publishing = None;
     let mut deadline = tokio::time::Instant::now() + period;
-    sim.publish_all(&ctx, &metrics, spread, &mut publishing)
+    sim.publish_all(&ctx, &metrics, spread, &mut publishing, lockstep)
         .await;
     if lockstep {
-        if let Some(p) = publishing.take() {
-            let _ = p.await;
-        }
         deadline = tokio::time::Instant::now() + period;
     }
     loop {
@@ -492,12 +496,9 @@ pub async fn run(
             // make the next ones catch up in a burst.
             deadline = (deadline + period).max(tokio::time::Instant::now());
             sim.step(&metrics)?;
-            sim.publish_all(&ctx, &metrics, spread, &mut publishing)
+            sim.publish_all(&ctx, &metrics, spread, &mut publishing, lockstep)
                 .await;
             if lockstep {
-                if let Some(p) = publishing.take() {
-                    let _ = p.await;
-                }
                 deadline = tokio::time::Instant::now() + period;
             }
         }
