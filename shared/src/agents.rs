@@ -158,10 +158,9 @@ pub fn spawn_publisher_until(
     stop: tokio_util::sync::CancellationToken,
 ) -> (Outbox, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let js = &ctx.config.bus.jetstream;
-    let acked = js.enabled && js.ack_publishes && matches!(ctx.bus, crate::bus::Bus::Nats(_));
     let handle = tokio::spawn(async move {
-        let mut lanes = Lanes::new(&ctx, if acked { LANES } else { 1 });
+        let lanes_n = if ctx.bus.acks_publishes() { LANES } else { 1 };
+        let mut lanes = Lanes::new(&ctx, lanes_n);
         loop {
             tokio::select! {
                 biased;

@@ -736,9 +736,7 @@ impl ReplayReader {
         }
         Checked::Unchanged
     }
-}
 
-impl ReplayReader {
     /// Whether the stream holds sequence `wanted`, which the reader passed over; if so the
     /// reading is reopened there. False when it is gone (discarded by the stream's limits) or
     /// the stream cannot be asked: the reading goes on.

@@ -266,9 +266,9 @@ impl Joiner {
     /// Settles the open steps from the oldest while each can be (see [`Joiner::settle`]).
     fn settle_front(&mut self, force_below: Option<u64>, out: &mut Joined) {
         while let Some((&g, slot)) = self.slots.first_key_value() {
-            let next_obs = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref());
+            let has_next = self.slots.get(&(g + 1)).is_some_and(|s| s.obs.is_some());
             // No transition without a finite reward for the step.
-            let hopeless = next_obs.is_some_and(|o| !o.reward.is_some_and(f64::is_finite));
+            let hopeless = has_next && self.next_reward(g).is_none();
             let forced = force_below.is_some_and(|f| g < f)
                 || self
                     .newest_obs
@@ -276,11 +276,7 @@ impl Joiner {
             if !(slot.emitted || hopeless || forced) {
                 break;
             }
-            if !slot.emitted
-                && !hopeless
-                && slot.obs.is_some()
-                && slot.action.is_some()
-                && next_obs.is_some()
+            if !slot.emitted && !hopeless && slot.obs.is_some() && slot.action.is_some() && has_next
             {
                 // Complete but for its `applied`: the action's `current` stands in.
                 self.emit(g, out);
@@ -299,7 +295,7 @@ impl Joiner {
         let Some(next) = self.slots.get(&(g + 1)).and_then(|s| s.obs.as_ref()) else {
             return;
         };
-        let reward = next.reward.filter(|r| r.is_finite()).unwrap_or_default();
+        let reward = self.next_reward(g).unwrap_or_default();
         let (next_state, slo_violation, cpu_util, memory_util, ts_ms) = (
             next.state.clone(),
             next.slo_violation,

@@ -437,12 +437,9 @@ impl TargetRecorder {
         for e in out.episodes {
             let _ = self.writes.send(Write::Episode(Box::new(e)));
         }
-        let floor = self.joiner.floor();
-        if floor.is_some() && floor != self.floor {
-            self.floor = floor;
-            if let Some(seq) = floor {
-                let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
-            }
+        if let Some(seq) = self.joiner.floor().filter(|&s| self.floor != Some(s)) {
+            self.floor = Some(seq);
+            let _ = self.writes.send(Write::Floor(self.target.clone(), seq));
         }
     }
 

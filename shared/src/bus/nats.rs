@@ -517,6 +517,11 @@ impl NatsBus {
     }
 
     /// The underlying client, for JetStream consumers and the object store.
+    /// Whether publishes wait until a stream has stored them (`bus.jetstream.ack_publishes`).
+    pub fn acks_publishes(&self) -> bool {
+        self.state.acked.is_some()
+    }
+
     pub fn client(&self) -> &async_nats::Client {
         &self.client
     }
