@@ -41,10 +41,14 @@ pub struct TrainerConfig {
     pub hidden: Vec<usize>,
     /// Train when this many transitions arrived since the last round …
     pub train_every_transitions: u64,
-    /// … or when this much time passed since the last round and some arrived (0: never by time).
+    /// … or when this much time passed since the last round and some arrived (0: never by time);
+    /// such a round makes steps in proportion to what arrived ([`Learner::round_steps`]).
     pub train_every_ms: u64,
-    /// Gradient steps per round.
+    /// Gradient steps per full round.
     pub gradient_steps: usize,
+    /// Rounds that run at once (0: one per core of the machine); the others wait their turn
+    /// (`aware_trainer_rounds_waiting`).
+    pub workers: usize,
     /// Gradient steps per ONLINE round while the target retrains (ONLINE entered from SERVING:
     /// Algorithm 1's trigger), so a converged policy catches up with a changed workload sooner.
     /// Default 200: 4 per transition at the default `retrain_every_transitions`
@@ -144,6 +148,7 @@ impl Default for TrainerConfig {
             train_every_transitions: 200,
             train_every_ms: 30_000,
             gradient_steps: 200,
+            workers: 0,
             retrain_gradient_steps: 200,
             retrain_every_transitions: 50,
             batch_size: 64,
@@ -398,6 +403,9 @@ pub struct Learner {
     /// The network was resumed from the target's checkpoint, whose normalizer has seen the
     /// history recorded so far: the next read only marks it as seen.
     history_seen: bool,
+    /// The network was dropped from memory ([`Learner::release_network`]); the next round
+    /// resumes it from its newest checkpoint.
+    released: bool,
     /// Retention: every base-learner version below this one is deleted (`None`: not known
     /// yet; the first pass lists the store, later passes delete by version without listing).
     pruned_below: Option<u64>,
@@ -432,6 +440,7 @@ impl Learner {
             retraining: false,
             observed: None,
             history_seen: false,
+            released: false,
             pruned_below: None,
             failures: 0,
             retry_at: None,
@@ -552,9 +561,19 @@ impl Learner {
         self.conditioning.as_ref()
     }
 
-    /// Whether the network exists yet (its width is fixed from then on).
+    /// Whether the network exists yet, in memory or released to the model store (its width is
+    /// fixed from then on).
     pub fn has_network(&self) -> bool {
-        self.ddpg.is_some()
+        self.ddpg.is_some() || self.released
+    }
+
+    /// Drops the network from memory (a SERVING target does not train): every round's
+    /// checkpoint holds all of it (weights, optimizer, normalizer, multiplier), so the next
+    /// round resumes from the newest one and goes on as if it had been kept.
+    pub fn release_network(&mut self) {
+        if self.ddpg.take().is_some() {
+            self.released = true;
+        }
     }
 
     /// The network's input width: the state, plus the embedding when conditioned.
@@ -588,7 +607,9 @@ impl Learner {
         } else {
             self.cfg.train_every_transitions
         };
-        if count - self.trained_at >= every {
+        // The first round comes as soon as the data is there ("data ready"); later ones after
+        // `every` new transitions or, with some, `train_every_ms` after the last round.
+        if self.last_round.is_none() || count - self.trained_at >= every {
             return true;
         }
         self.cfg.train_every_ms > 0
@@ -658,16 +679,14 @@ impl Learner {
         // The first round after a change of mode does not wait for new transitions.
         let switched = self.last_mode.is_some_and(|m| m != mode) && count >= min.max(1);
         if !switched && !self.due_with(count, min, now) {
-            // The time trigger counts from the first moment training was possible.
-            if self.last_round.is_none() && count >= min.max(1) {
-                self.last_round = Some(now);
-            }
             return Ok(None);
         }
         if mode == RoundMode::Online && self.last_mode != Some(RoundMode::Online) {
             self.online_rounds = 0;
         }
-        let published = self.train_round(mode, store, models)?;
+        let first = switched || self.last_round.is_none();
+        let steps = self.round_steps(mode, count - self.trained_at.min(count), first);
+        let published = self.train_round(mode, steps, store, models)?;
         self.last_mode = Some(mode);
         if mode == RoundMode::Online {
             self.online_rounds = self.online_rounds.saturating_add(1);
@@ -675,6 +694,32 @@ impl Learner {
         self.trained_at = count;
         self.last_round = Some(now);
         Ok(Some(published))
+    }
+
+    /// Gradient steps of a round of `mode` with `new` transitions since the last one. A full
+    /// round (`gradient_steps`, `retrain_gradient_steps`, `offline_gradient_steps`) after
+    /// `every` new transitions, and for the first round of a mode; a round the time trigger
+    /// (`train_every_ms`) brings earlier makes as many steps per new transition as a full round
+    /// does, at least one (ADR 0023). Without this a slow target (a 15 s control interval: 2
+    /// transitions per 30 s) took a full round every 30 s, 100 gradient steps per transition
+    /// against the 1 that the transition trigger and every learning benchmark use.
+    pub fn round_steps(&self, mode: RoundMode, new: u64, first: bool) -> usize {
+        let (full, every) = match mode {
+            RoundMode::Offline => (
+                self.cfg.offline_gradient_steps,
+                self.cfg.train_every_transitions,
+            ),
+            RoundMode::Online if self.retraining => (
+                self.cfg.retrain_gradient_steps,
+                self.cfg.retrain_every_transitions,
+            ),
+            RoundMode::Online => (self.cfg.gradient_steps, self.cfg.train_every_transitions),
+        };
+        if first || new >= every {
+            return full;
+        }
+        let per = (full as u128 * u128::from(new)).div_ceil(u128::from(every.max(1)));
+        usize::try_from(per).unwrap_or(full).clamp(1, full.max(1))
     }
 
     /// The target's recorded rows as this learner has counted them: the first poll counts what
@@ -737,7 +782,9 @@ impl Learner {
             match self.read_checkpoint(models, &key, v) {
                 Ok((d, _)) => {
                     tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
-                    self.history_seen = true;
+                    // After a release this learner knows the rows the normalizer saw; a new
+                    // one (a restart) takes the checkpoint as having seen the whole history.
+                    self.history_seen = self.observed.is_none();
                     return Ok(d);
                 }
                 Err(TrainerError::Width { .. }) => {
@@ -991,16 +1038,12 @@ impl Learner {
     fn train_round(
         &mut self,
         mode: RoundMode,
+        steps: usize,
         store: &dyn TrajectoryStore,
         models: &dyn ModelStore,
     ) -> Result<Published, TrainerError> {
         let target = self.target.clone();
         let batch_size = self.cfg.batch_size;
-        let steps = match mode {
-            RoundMode::Offline => self.cfg.offline_gradient_steps,
-            RoundMode::Online if self.retraining => self.cfg.retrain_gradient_steps,
-            RoundMode::Online => self.cfg.gradient_steps,
-        };
         let seed = self.cfg.seed ^ stable_hash(&target.key()) ^ self.rounds.rotate_left(32);
         self.rounds += 1;
         // One draw for the whole round: the store scans the target's keys once per call.
@@ -1746,6 +1789,37 @@ mod tests {
         assert_eq!(count(p5.version), 160);
     }
 
+    /// A released network (SERVING) resumes from its checkpoint: versions, gradient steps and
+    /// the normalizer go on as if it had been kept, the rows recorded meanwhile included.
+    #[test]
+    fn a_released_network_resumes_where_it_was() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "release");
+        let count = |v: u64| {
+            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
+            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        store
+            .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p1 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert!(l.has_network());
+        l.release_network();
+        assert!(l.ddpg.is_none() && l.has_network(), "released, width kept");
+        store
+            .append(&(0..50).map(|s| row(&t, 1, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p2 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert_eq!(p2.version, p1.version + 1);
+        assert_eq!(p2.trained_steps, p1.trained_steps + p2.steps as u64);
+        assert_eq!(
+            count(p2.version),
+            110,
+            "the rows recorded while released observed once"
+        );
+    }
+
     /// Retention deletes old rows under the trainer: rounds still come every
     /// `train_every_transitions` new rows, and the normalizer still sees each new state once.
     #[test]
@@ -1799,6 +1873,79 @@ mod tests {
             !l.due(50, now + Duration::from_millis(1_500)),
             "nothing new"
         );
+    }
+
+    /// The first round comes once `min_transitions` are stored, without waiting for
+    /// `train_every_transitions` or the time trigger.
+    #[test]
+    fn the_first_round_comes_when_the_data_is_ready() {
+        let mut c = cfg();
+        c.train_every_ms = 30_000;
+        let mut l = Learner::new(Target::new("a", "b"), Bounds::default(), c);
+        let now = Instant::now();
+        assert!(!l.due(19, now), "below min_transitions");
+        assert!(l.due(20, now), "min_transitions and no round yet");
+        l.trained_at = 20;
+        l.last_round = Some(now);
+        assert!(!l.due(30, now + Duration::from_secs(29)));
+        assert!(l.due(30, now + Duration::from_secs(30)), "time trigger");
+        assert!(l.due(70, now), "train_every_transitions");
+    }
+
+    /// A round the time trigger brings before `every` new transitions makes as many gradient
+    /// steps per new transition as a full round; the first round of a mode is full.
+    #[test]
+    fn early_rounds_make_steps_in_proportion_to_new_transitions() {
+        let mut c = cfg();
+        c.gradient_steps = 200;
+        c.train_every_transitions = 200;
+        c.retrain_gradient_steps = 200;
+        c.retrain_every_transitions = 50;
+        c.offline_gradient_steps = 500;
+        let mut l = Learner::new(Target::new("a", "b"), Bounds::default(), c);
+        let on = RoundMode::Online;
+        assert_eq!(l.round_steps(on, 2, true), 200, "first round: full");
+        assert_eq!(l.round_steps(on, 200, false), 200);
+        assert_eq!(l.round_steps(on, 900, false), 200, "never more than full");
+        assert_eq!(
+            l.round_steps(on, 2, false),
+            2,
+            "15 s interval, 30 s trigger"
+        );
+        assert_eq!(l.round_steps(on, 0, false), 1, "at least one");
+        assert_eq!(l.round_steps(RoundMode::Offline, 2, false), 5);
+        assert_eq!(l.round_steps(RoundMode::Offline, 3, false), 8, "rounded up");
+        l.set_retraining(true);
+        assert_eq!(
+            l.round_steps(on, 2, false),
+            8,
+            "retraining: 4 per transition"
+        );
+        assert_eq!(l.round_steps(on, 50, false), 200);
+    }
+
+    /// A learner trained by the time trigger makes the early round's steps, not a full round.
+    #[test]
+    fn a_time_triggered_round_trains_its_proportion() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "slow");
+        let mut c = cfg();
+        c.train_every_ms = 1;
+        c.gradient_steps = 40;
+        c.train_every_transitions = 40;
+        let mut l = Learner::new(t.clone(), Bounds::default(), c);
+        let rows: Vec<_> = (0..20).map(|s| row(&t, 0, s)).collect();
+        store.append(&rows).unwrap();
+        let p1 = l.maybe_train(&store, &models).unwrap().expect("data ready");
+        assert_eq!(p1.steps, 40, "the first round is full");
+        store.append(&[row(&t, 0, 20), row(&t, 0, 21)]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let p2 = l
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("time trigger");
+        assert_eq!(p2.steps, 2, "2 new transitions, 1 step each");
+        assert_eq!(p2.trained_steps, 42);
     }
 
     /// While the target retrains, rounds come every `retrain_every_transitions`; first learning

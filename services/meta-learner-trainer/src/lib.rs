@@ -10,7 +10,8 @@
 //! `trainer.recheck_ms` ([`Recheck`]); no event, no store read, so idle targets cost nothing but
 //! a timer. A round runs on the blocking pool — OFFLINE: `offline_gradient_steps` TD3+BC updates on the fallback's transitions,
 //! then the off-policy estimate of the policy on the target's recent fallback episodes; ONLINE:
-//! `gradient_steps` DDPG updates (BC term decaying) — and writes the checkpoint to the model
+//! `gradient_steps` DDPG updates (BC term decaying; a round the time trigger brings early makes
+//! steps in proportion to its new transitions, ADR 0023) — and writes the checkpoint to the model
 //! store; then the actor publishes `model` (kind `base_learner`, version increasing per target;
 //! offline rounds carry `policy_estimate` and `behaviour_reward`, which the lifecycle monitor
 //! uses for OFFLINE → ONLINE). SERVING does not train. The store is the one the recorder writes
@@ -87,6 +88,13 @@ impl Recheck {
         }
         due
     }
+
+    /// The read taken last finished at `now` (its round waited for a worker and ran): the next
+    /// timed read counts from here. Counted from the take instead, it came while the round's
+    /// `train_every_ms` had not quite passed, and the round waited a second interval.
+    pub fn done(&mut self, now: std::time::Instant) {
+        self.last = Some(self.last.map_or(now, |l| l.max(now)));
+    }
 }
 pub const ENTRY: ServiceEntry = ServiceEntry {
     name: NAME,
@@ -130,6 +138,8 @@ pub struct TrainerMetrics {
     /// Stored rows a round refused for a non-finite value.
     pub non_finite_rows: prometheus::IntCounter,
     pub gradient_steps: prometheus::IntCounter,
+    /// Rounds due that wait for a worker.
+    pub rounds_waiting: prometheus::IntGauge,
     pub round_seconds: prometheus::Histogram,
     pub embeddings: prometheus::IntCounter,
     pub embedding_errors: prometheus::IntCounter,
@@ -165,6 +175,10 @@ impl TrainerMetrics {
                 "Stored transitions a training round refused because a value (state, reward, action) is not finite",
             )?,
             gradient_steps: m.counter("trainer_gradient_steps_total", "DDPG gradient steps taken")?,
+            rounds_waiting: m.gauge(
+                "trainer_rounds_waiting",
+                "Rounds due that wait for a worker (trainer.workers): a level that keeps growing means the trainer falls behind",
+            )?,
             round_seconds: m.histogram(
                 "trainer_round_seconds",
                 "Duration of one training round (sampling, gradient steps, checkpoint write)",
@@ -301,8 +315,10 @@ pub struct TargetTrainer {
     /// The target went SERVING: a retention pass (`trainer.keep_versions`) is due once no round
     /// runs.
     prune_due: bool,
-    /// `None` while a round runs on the blocking pool.
+    /// `None` while a round waits for a worker or runs on the blocking pool.
     learner: Option<Learner>,
+    /// The workers (`trainer.workers`) every target's rounds share.
+    workers: Arc<tokio::sync::Semaphore>,
     /// Meta-learning (`None`: off); taken with the learner while a round runs.
     meta: Option<TargetMeta>,
     outbox: Outbox,
@@ -310,6 +326,55 @@ pub struct TargetTrainer {
     /// Stops a running round (the learner's cancel token: a child of the service's shutdown),
     /// so a target forgotten mid-round gets no checkpoint after its checkpoints were deleted.
     cancel: tokio_util::sync::CancellationToken,
+}
+
+/// A round counted in `aware_trainer_rounds_waiting` from its creation to its drop.
+struct Waiting(prometheus::IntGauge);
+
+impl Waiting {
+    fn new(gauge: prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What a round leaves: the learner and the meta state back, the embedding check, the round's
+/// result and time, and the retention pass after a published round.
+type RoundDone = (
+    Learner,
+    Option<TargetMeta>,
+    Option<Checked>,
+    Result<Option<learner::Published>, TrainerError>,
+    Duration,
+    Option<Result<usize, TrainerError>>,
+);
+
+/// One target's round on the blocking pool: the embedding check (meta-learning), then the round
+/// if one is due, then the retention pass if it published.
+fn round(
+    store: Arc<dyn TrajectoryStore>,
+    models: Arc<dyn ModelStore>,
+    mut learner: Learner,
+    mut meta: Option<TargetMeta>,
+    stage: Stage,
+) -> RoundDone {
+    let checked = meta.as_mut().map(|m| m.check(store.as_ref(), &mut learner));
+    let ready = meta.as_ref().is_none_or(TargetMeta::ready);
+    let t0 = std::time::Instant::now();
+    let res = if ready {
+        learner.maybe_train_in(stage, store.as_ref(), models.as_ref())
+    } else {
+        Ok(None) // conditioned, and no embedding yet
+    };
+    let took = t0.elapsed();
+    let pruned = matches!(res, Ok(Some(_))).then(|| learner.prune(models.as_ref()));
+    (learner, meta, checked, res, took, pruned)
 }
 
 impl TargetTrainer {
@@ -336,23 +401,24 @@ impl TargetTrainer {
             return;
         };
         learner.set_retraining(self.retraining);
-        let mut meta = self.meta.take();
+        let meta = self.meta.take();
         let (store, models) = (self.store.clone(), self.models.clone());
-        let fut = tokio::task::spawn_blocking(move || {
-            let checked = meta.as_mut().map(|m| m.check(store.as_ref(), &mut learner));
-            let ready = meta.as_ref().is_none_or(TargetMeta::ready);
-            let t0 = std::time::Instant::now();
-            let res = if ready {
-                learner.maybe_train_in(stage, store.as_ref(), models.as_ref())
-            } else {
-                Ok(None) // conditioned, and no embedding yet
-            };
-            let took = t0.elapsed();
-            let pruned = matches!(res, Ok(Some(_))).then(|| learner.prune(models.as_ref()));
-            (learner, meta, checked, res, took, pruned)
-        });
+        let (workers, waiting) = (self.workers.clone(), self.metrics.rounds_waiting.clone());
+        let fut = async move {
+            // Counted while waiting, also when the actor stops meanwhile (the guard's drop).
+            let queued = Waiting::new(waiting);
+            // Closed never (the service owns it); without a permit the round runs anyway.
+            let permit = workers.acquire_owned().await.ok();
+            drop(queued);
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                round(store, models, learner, meta, stage)
+            })
+            .await
+        };
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
             Ok((learner, meta, checked, res, took, pruned)) => {
+                act.recheck.done(std::time::Instant::now());
                 act.learner = Some(learner);
                 act.meta = meta;
                 if let Some(c) = checked {
@@ -422,8 +488,13 @@ impl TargetTrainer {
         self.prune_due = false;
         learner.set_retraining(self.retraining);
         let models = self.models.clone();
+        let serving = self.stage == Stage::Serving;
         let fut = tokio::task::spawn_blocking(move || {
             let res = learner.prune(models.as_ref());
+            // SERVING does not train: nothing of the network stays in memory.
+            if serving {
+                learner.release_network();
+            }
             (learner, res)
         });
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
@@ -620,6 +691,12 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let poll = Duration::from_millis(trainer.poll_ms);
     let recheck = Duration::from_millis(trainer.recheck_ms);
     let shutdown = ctx.shutdown.clone();
+    let workers = match trainer.workers {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    tracing::info!(workers, "training rounds run this many at once");
+    let workers = Arc::new(tokio::sync::Semaphore::new(workers));
     let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let spec = config.spec_for(t);
         let bounds = spec.bounds;
@@ -634,6 +711,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             retraining: false,
             rollback: None,
             prune_due: false,
+            workers: workers.clone(),
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_objective(config.learning.objective, spec.slo);
@@ -770,6 +848,13 @@ mod tests {
         );
         assert!(r.take(t0 + Duration::from_secs(59)), "the recheck interval");
         assert!(!r.take(t0 + Duration::from_secs(60)));
+        // The read at 59 s waited 4 s for a worker: the next timed read counts from its end.
+        r.done(t0 + Duration::from_secs(63));
+        assert!(!r.take(t0 + Duration::from_secs(90)));
+        assert!(
+            r.take(t0 + Duration::from_secs(93)),
+            "30 s after the round ended"
+        );
     }
 
     #[test]
