@@ -68,7 +68,9 @@ pub enum BenchCommand {
     State(StateArgs),
     /// The trainer's cost while its targets wait for data: CPU of a trainer process with
     /// --targets ONLINE targets and an empty store, reading the store at every look against
-    /// reading it after events (the default); writes trainer.json.
+    /// reading it after events (the default); writes trainer.json. With --learning, while they
+    /// learn from one transition per --interval-ms: cores, rounds, gaps between a target's
+    /// models, time to a first model; writes trainer-learning.json.
     Trainer(TrainerBenchOptions),
     /// The controller and the actuator at scale on a real API server (etcd, kube-apiserver with
     /// its default priority and fairness, kwok): time until --targets AwareAutoscalers are
@@ -743,6 +745,19 @@ fn trainer(opts: &TrainerBenchOptions) -> Result<(), BenchError> {
         .enable_all()
         .build()
         .map_err(BenchError::Runtime)?;
+    if opts.learning {
+        let r = rt.block_on(crate::trainer::run_learning(opts))?;
+        for line in crate::trainer::learning_summary(&r) {
+            println!("{line}");
+        }
+        let path = crate::write_json(
+            &opts.out,
+            "trainer-learning.json",
+            &serde_json::to_value(&r)?,
+        )?;
+        println!("wrote {path}");
+        return Ok(());
+    }
     let r = rt.block_on(crate::trainer::run(opts))?;
     for line in crate::trainer::summary(&r) {
         println!("{line}");

@@ -521,3 +521,38 @@ fn serve_on_the_bus_adopts_the_converged_agents_and_retrains_only_with_the_trigg
         assert!(store.transitions(t, 8..20).unwrap().len() >= 12 * 20, "{t}");
     }
 }
+
+/// `bench trainer --learning` at a tiny size: ONLINE targets whose data is stored before the
+/// trainer starts each get a first model, then keep learning from one transition per 400 ms.
+/// A round the time trigger (1 s) brings with a few new transitions makes a few gradient steps,
+/// not a full round's 200 (ADR 0023).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_trainer_learning_makes_rounds_in_proportion_to_new_transitions() {
+    let opts = aware_bench::trainer::TrainerBenchOptions {
+        targets: 12,
+        seconds: 6,
+        runs: 1,
+        out: std::path::PathBuf::from("unused"),
+        learning: true,
+        interval_ms: 400,
+        train_every_ms: Some(1_000),
+        recheck_ms: Some(500),
+        bin_dir: aware_tests::bin_path("aware-meta-learner-trainer")
+            .parent()
+            .map(std::path::Path::to_path_buf),
+    };
+    let r = aware_bench::trainer::run_learning(&opts).await.unwrap();
+    let run = &r.runs[0];
+    assert_eq!(run.targets_learning, 12, "{run:?}");
+    assert!(run.first_model_after_s_max < 60.0, "{run:?}");
+    // The joiner's data came during the window, announced by an `episode`: its first model
+    // follows within the window, not at the next recheck of the store.
+    assert_eq!((run.joiners, run.joiners_with_a_model), (1, 1), "{run:?}");
+    assert!(run.rounds_per_s > 0.0 && run.cores > 0.0, "{run:?}");
+    // About 2–4 new transitions per round: steps in proportion, far below a full round's 200.
+    let steps_per_round = run.gradient_steps_per_s / run.rounds_per_s;
+    assert!(
+        (1.0..=20.0).contains(&steps_per_round),
+        "{steps_per_round} gradient steps per round: {run:?}"
+    );
+}
