@@ -137,12 +137,8 @@ async fn online(bus: &Bus, targets: &[Target]) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// One run of one arm: (cores, resident bytes).
-async fn one_run(
-    opts: &TrainerBenchOptions,
-    recheck_ms: u64,
-    bin: &std::path::Path,
-) -> Result<(f64, u64), BenchError> {
+/// A `nats-server`, a bus on it, and `n` targets, each with an ONLINE `lifecycle` published.
+async fn online_fleet(n: usize) -> Result<(NatsServer, Bus, Vec<Target>), BenchError> {
     let server = NatsServer::start()?;
     let cfg = BusConfig {
         url: server.url(),
@@ -150,34 +146,56 @@ async fn one_run(
         ..BusConfig::default()
     };
     let bus = Bus::connect(&cfg, "aware-bench-trainer").await?;
-    let targets: Vec<Target> = (0..opts.targets)
+    let targets: Vec<Target> = (0..n)
         .map(|i| Target::new("bench", format!("app-{i:06}")))
         .collect();
     online(&bus, &targets).await?;
+    Ok((server, bus, targets))
+}
+
+/// The trainer as its own process on `server`, for `targets` targets, its trajectory store
+/// (`t.db`) and model store (`models/`) in `dir`, with the settings `env` besides.
+async fn start_trainer(
+    bin: &std::path::Path,
+    server: &NatsServer,
+    targets: usize,
+    dir: &std::path::Path,
+    env: &[(&str, String)],
+) -> Result<(super::process::Child, std::net::SocketAddr), BenchError> {
+    let max_targets = targets.max(aware_shared::config::ActorsConfig::default().max_targets);
+    let mut all = vec![
+        ("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string()),
+        (
+            "AWARE_TRAJECTORY_STORE__SQLITE_PATH",
+            dir.join("t.db").display().to_string(),
+        ),
+        (
+            "AWARE_MODEL_STORE__DIR",
+            dir.join("models").display().to_string(),
+        ),
+    ];
+    all.extend(env.iter().cloned());
+    start_service(bin, &server.url(), &all, Duration::from_secs(60)).await
+}
+
+/// One run of one arm: (cores, resident bytes).
+async fn one_run(
+    opts: &TrainerBenchOptions,
+    recheck_ms: u64,
+    bin: &std::path::Path,
+) -> Result<(f64, u64), BenchError> {
+    let (server, _bus, _) = online_fleet(opts.targets).await?;
     let dir = std::env::temp_dir().join(format!(
         "aware-bench-trainer-{}-{recheck_ms}",
         std::process::id()
     ));
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
-    let max_targets = opts
-        .targets
-        .max(aware_shared::config::ActorsConfig::default().max_targets);
-    let (child, addr) = start_service(
+    let (child, addr) = start_trainer(
         bin,
-        &server.url(),
-        &[
-            ("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string()),
-            ("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string()),
-            (
-                "AWARE_TRAJECTORY_STORE__SQLITE_PATH",
-                dir.join("t.db").display().to_string(),
-            ),
-            (
-                "AWARE_MODEL_STORE__DIR",
-                dir.join("models").display().to_string(),
-            ),
-        ],
-        Duration::from_secs(60),
+        &server,
+        opts.targets,
+        &dir,
+        &[("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string())],
     )
     .await?;
     // Every target's actor started.
@@ -380,17 +398,7 @@ async fn learning_run(
     use std::sync::Arc;
     let defaults = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let (train_every_ms, recheck_ms) = learning_cadence(opts);
-    let server = NatsServer::start()?;
-    let cfg = BusConfig {
-        url: server.url(),
-        channel_capacity: 65_536,
-        ..BusConfig::default()
-    };
-    let bus = Bus::connect(&cfg, "aware-bench-trainer").await?;
-    let targets: Vec<Target> = (0..opts.targets)
-        .map(|i| Target::new("bench", format!("app-{i:06}")))
-        .collect();
-    online(&bus, &targets).await?;
+    let (server, bus, targets) = online_fleet(opts.targets).await?;
     let dir = std::env::temp_dir().join(format!(
         "aware-bench-trainer-learning-{}-{run}",
         std::process::id()
@@ -409,27 +417,16 @@ async fn learning_run(
     let mut models = bus
         .subscribe(&subject::kind_filter(EventKind::Model))
         .await?;
-    let max_targets = opts
-        .targets
-        .max(aware_shared::config::ActorsConfig::default().max_targets);
     let started = Instant::now();
-    let (child, addr) = start_service(
+    let (child, addr) = start_trainer(
         bin,
-        &server.url(),
+        &server,
+        opts.targets,
+        &dir,
         &[
-            ("AWARE_ACTORS__MAX_TARGETS", max_targets.to_string()),
             ("AWARE_TRAINER__TRAIN_EVERY_MS", train_every_ms.to_string()),
             ("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string()),
-            (
-                "AWARE_TRAJECTORY_STORE__SQLITE_PATH",
-                dir.join("t.db").display().to_string(),
-            ),
-            (
-                "AWARE_MODEL_STORE__DIR",
-                dir.join("models").display().to_string(),
-            ),
         ],
-        Duration::from_secs(60),
     )
     .await?;
     // From the trainer's start, one transition per target with data and interval, spread over
@@ -534,10 +531,12 @@ async fn learning_run(
         };
         let now = Instant::now();
         if i >= first_joiner && joiner_first[i - first_joiner].is_none() {
+            // A joiner's first model: its time from the data is the joiner's figure, not a gap.
             joiner_first[i - first_joiner] = Some(now);
+        } else {
+            let since = last[i].unwrap_or(t0);
+            gap_max[i] = gap_max[i].max(now.duration_since(since).as_secs_f64());
         }
-        let since = last[i].unwrap_or(t0);
-        gap_max[i] = gap_max[i].max(now.duration_since(since).as_secs_f64());
         last[i] = Some(now);
     }
     let wall = t0.elapsed().as_secs_f64();
