@@ -702,7 +702,8 @@ impl Learner {
     /// (`train_every_ms`) brings earlier makes as many steps per new transition as a full round
     /// does, at least one (ADR 0023). Without this a slow target (a 15 s control interval: 2
     /// transitions per 30 s) took a full round every 30 s, 100 gradient steps per transition
-    /// against the 1 that the transition trigger and every learning benchmark use.
+    /// against the full round's rate (1 at the defaults) that the transition trigger, and so
+    /// every learning benchmark, uses.
     pub fn round_steps(&self, mode: RoundMode, new: u64, first: bool) -> usize {
         let (full, every) = match mode {
             RoundMode::Offline => (
