@@ -36,6 +36,15 @@ pub fn sibling_bin(name: &str) -> Result<PathBuf, BenchError> {
     }
 }
 
+/// The service binary `name` in `dir` when given (a test's build directory), else next to the
+/// running executable ([`sibling_bin`]).
+pub fn service_bin(dir: Option<&Path>, name: &str) -> Result<PathBuf, BenchError> {
+    match dir {
+        Some(dir) => Ok(dir.join(name)),
+        None => sibling_bin(name),
+    }
+}
+
 /// Starts `bin` on the NATS server at `url` with its HTTP endpoint on a free loopback port and
 /// `env`, and waits until it announces that endpoint and is ready (at most `ready_within`).
 pub async fn start_service(

@@ -33,7 +33,7 @@ use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use serde::Serialize;
 
 use super::observer::{latency_histogram, record_since, step_of, target_of, Observer};
-use super::process::{cpu_seconds, rss_bytes, sibling_bin, start_service, Child};
+use super::process::{cpu_seconds, rss_bytes, service_bin, start_service, Child};
 use super::{fail, median, BenchError};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -146,10 +146,7 @@ struct Process {
 }
 
 fn bin(opts: &ScaleBenchOptions, name: &str) -> Result<PathBuf, BenchError> {
-    match &opts.bin_dir {
-        Some(dir) => Ok(dir.join(name)),
-        None => sibling_bin(name),
-    }
+    service_bin(opts.bin_dir.as_deref(), name)
 }
 
 fn sum_metric(procs: &[Process], bin: &str, name: &str) -> f64 {

@@ -29,7 +29,7 @@ use aware_shared::testkit::NatsServer;
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::process::{cpu_seconds, rss_bytes, sibling_bin, start_service};
+use super::process::{cpu_seconds, rss_bytes, service_bin, start_service};
 use super::{fail, median, BenchError};
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -114,13 +114,35 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// The trainer's `/metrics` exposition.
+async fn metrics_text(addr: std::net::SocketAddr) -> Result<String, BenchError> {
+    Ok(
+        tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
+            .await
+            .map_err(fail)?
+            .map_err(fail)?
+            .1,
+    )
+}
+
+/// The contract's sample message of `kind`, to fill in.
+fn sample(kind: EventKind) -> Result<Event, BenchError> {
+    samples()
+        .into_iter()
+        .find(|e| e.kind() == kind)
+        .ok_or_else(|| fail(format!("no {} sample", kind.as_str())))
+}
+
+/// The trainer binary: in `bin_dir` when set (a test's build directory), else next to the
+/// running executable.
+fn trainer_bin(opts: &TrainerBenchOptions) -> Result<PathBuf, BenchError> {
+    service_bin(opts.bin_dir.as_deref(), "aware-meta-learner-trainer")
+}
+
 /// Publishes an ONLINE `lifecycle` for each target (the state the trainer reads at start-up).
 async fn online(bus: &Bus, targets: &[Target]) -> Result<(), BenchError> {
-    let Some(Event::Lifecycle(sample)) = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Lifecycle)
-    else {
-        return Err(fail("no lifecycle sample"));
+    let Event::Lifecycle(sample) = sample(EventKind::Lifecycle)? else {
+        return Err(fail("the lifecycle sample is not a lifecycle"));
     };
     for t in targets {
         let mut l = sample.clone();
@@ -201,11 +223,7 @@ async fn one_run(
     // Every target's actor started.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let text = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
-            .await
-            .map_err(fail)?
-            .map_err(fail)?
-            .1;
+        let text = metrics_text(addr).await?;
         let n = metric(&text, "aware_targets").unwrap_or(0.0);
         if n >= opts.targets as f64 {
             break;
@@ -235,7 +253,7 @@ pub async fn run(opts: &TrainerBenchOptions) -> Result<TrainerReport, BenchError
     if opts.targets == 0 || opts.runs == 0 {
         return Err(fail("--targets and --runs must be at least 1"));
     }
-    let bin = sibling_bin("aware-meta-learner-trainer")?;
+    let bin = trainer_bin(opts)?;
     let defaults = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let mut arms = Vec::new();
     for (arm, recheck_ms) in [
@@ -377,14 +395,14 @@ fn learning_row(t: &Target, step: u32) -> aware_stores::trajectory::Transition {
     }
 }
 
-/// The value of a counter `name` read from the process's `/metrics` (0 when absent).
-async fn read_counter(addr: std::net::SocketAddr, name: &'static str) -> Result<f64, BenchError> {
-    let text = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
-        .await
-        .map_err(fail)?
-        .map_err(fail)?
-        .1;
-    Ok(metric(&text, name).unwrap_or(0.0))
+/// The trainer's rounds and gradient steps so far, from one read of its `/metrics`.
+async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64), BenchError> {
+    let text = metrics_text(addr).await?;
+    let counter = |name| metric(&text, name).unwrap_or(0.0);
+    Ok((
+        counter("aware_trainer_rounds_total"),
+        counter("aware_trainer_gradient_steps_total"),
+    ))
 }
 
 /// One `--learning` run.
@@ -516,11 +534,7 @@ async fn learning_run(
     let t0 = Instant::now();
     window_start.send_replace(Some(t0));
     let pid = child.0.id();
-    let (c0, r0, g0) = (
-        cpu_seconds(pid)?,
-        read_counter(addr, "aware_trainer_rounds_total").await?,
-        read_counter(addr, "aware_trainer_gradient_steps_total").await?,
-    );
+    let (c0, (r0, g0)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
     let mut gap_max: Vec<f64> = vec![0.0; targets.len()];
     let mut last: Vec<Option<Instant>> = vec![None; targets.len()];
     let mut joiner_first: Vec<Option<Instant>> = vec![None; joiners];
@@ -540,11 +554,7 @@ async fn learning_run(
         last[i] = Some(now);
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (c1, r1, g1) = (
-        cpu_seconds(pid)?,
-        read_counter(addr, "aware_trainer_rounds_total").await?,
-        read_counter(addr, "aware_trainer_gradient_steps_total").await?,
-    );
+    let (c1, (r1, g1)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
     let rss = rss_bytes(pid)?;
     feeding.cancel();
     let _ = feeder.await;
@@ -559,7 +569,7 @@ async fn learning_run(
         let since = l.map_or(from, |l| l.max(from));
         *g = g.max(now.duration_since(since).as_secs_f64());
     }
-    let joiner_after: Vec<f64> = joined
+    let mut joiner_after: Vec<f64> = joined
         .iter()
         .zip(&joiner_first)
         .filter_map(|(d, m)| Some(m.as_ref()?.duration_since((*d)?).as_secs_f64()))
@@ -573,15 +583,14 @@ async fn learning_run(
             .copied()
             .unwrap_or(f64::NAN)
     };
-    let mut joiner_after_all = joiner_after.clone();
     let mut gaps = gap_max;
     Ok(LearningRun {
         first_model_after_s_p50: pick(&mut first_after, 0.5),
         first_model_after_s_max: pick(&mut first_after, 1.0),
         joiners,
         joiners_with_a_model: joiner_after.len(),
-        joiner_first_model_after_s_p50: pick(&mut joiner_after_all, 0.5),
-        joiner_first_model_after_s_max: pick(&mut joiner_after_all, 1.0),
+        joiner_first_model_after_s_p50: pick(&mut joiner_after, 0.5),
+        joiner_first_model_after_s_max: pick(&mut joiner_after, 1.0),
         cores: (c1 - c0) / wall,
         rounds_per_s: (r1 - r0) / wall,
         gradient_steps_per_s: (g1 - g0) / wall,
@@ -602,11 +611,8 @@ fn prefilled(targets: &[Target], rows: u32) -> Vec<aware_stores::trajectory::Tra
 
 /// The `episode` the recorder publishes once it stored the episode ending before `step`.
 async fn announce(bus: &Bus, t: &Target, step: u32) -> Result<(), BenchError> {
-    let Some(Event::Episode(mut e)) = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Episode)
-    else {
-        return Err(fail("no episode sample"));
+    let Event::Episode(mut e) = sample(EventKind::Episode)? else {
+        return Err(fail("the episode sample is not an episode"));
     };
     let last = learning_row(t, step.saturating_sub(1));
     e.target = t.clone();
@@ -636,10 +642,7 @@ pub async fn run_learning(opts: &TrainerBenchOptions) -> Result<LearningReport, 
             "--targets, --runs and --interval-ms must be at least 1",
         ));
     }
-    let bin = match &opts.bin_dir {
-        Some(d) => d.join("aware-meta-learner-trainer"),
-        None => sibling_bin("aware-meta-learner-trainer")?,
-    };
+    let bin = trainer_bin(opts)?;
     let (train_every_ms, recheck_ms) = learning_cadence(opts);
     let gap_bound_s = (train_every_ms + opts.interval_ms + recheck_ms) as f64 / 1000.0;
     let mut runs = Vec::new();

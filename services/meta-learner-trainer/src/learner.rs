@@ -685,7 +685,7 @@ impl Learner {
             self.online_rounds = 0;
         }
         let first = switched || self.last_round.is_none();
-        let steps = self.round_steps(mode, count - self.trained_at.min(count), first);
+        let steps = self.round_steps(mode, count.saturating_sub(self.trained_at), first);
         let published = self.train_round(mode, steps, store, models)?;
         self.last_mode = Some(mode);
         if mode == RoundMode::Online {
@@ -1234,6 +1234,12 @@ mod tests {
         (dir, store, models)
     }
 
+    /// The states the normalizer of `t`'s stored version `v` has seen.
+    fn normalizer_count(models: &LocalDirStore, t: &Target, v: u64) -> u64 {
+        let bytes = models.get(&model_key(t, BASE_LEARNER, v)).unwrap();
+        Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
+    }
+
     const MIB: u64 = 1024 * 1024;
 
     fn row(t: &Target, episode: u64, step: u32) -> tstore::Transition {
@@ -1747,10 +1753,7 @@ mod tests {
         c.recent_fraction = 0.5;
         c.recent_episodes = 1;
         c.offline_min_transitions = 20;
-        let count = |v: u64| {
-            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
-            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
-        };
+        let count = |v: u64| normalizer_count(&models, &t, v);
         let mut l = Learner::new(t.clone(), Bounds::default(), c.clone());
         store
             .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
@@ -1796,10 +1799,7 @@ mod tests {
     fn a_released_network_resumes_where_it_was() {
         let (_dir, store, models) = stores();
         let t = Target::new("shop", "release");
-        let count = |v: u64| {
-            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
-            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
-        };
+        let count = |v: u64| normalizer_count(&models, &t, v);
         let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
         store
             .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
@@ -1827,10 +1827,7 @@ mod tests {
     fn rounds_keep_coming_after_the_recorder_prunes() {
         let (_dir, store, models) = stores();
         let t = Target::new("shop", "pruned");
-        let normalized = |v: u64| {
-            let bytes = models.get(&model_key(&t, BASE_LEARNER, v)).unwrap();
-            Ddpg::from_bytes(&bytes).unwrap().normalizer().count()
-        };
+        let normalized = |v: u64| normalizer_count(&models, &t, v);
         let episode = |e: u64, n: u32| (0..n).map(|s| row(&t, e, s)).collect::<Vec<_>>();
         let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
         store.append(&episode(0, 60)).unwrap();

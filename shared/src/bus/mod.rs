@@ -129,12 +129,12 @@ impl Bus {
         }
     }
 
-    /// Waits until everything published so far has been handed to the transport.
     /// Whether a publish returns only once a stream has stored the message (ADR 0022).
     pub fn acks_publishes(&self) -> bool {
         matches!(self, Bus::Nats(b) if b.acks_publishes())
     }
 
+    /// Waits until everything published so far has been handed to the transport.
     pub async fn flush(&self) -> Result<(), BusError> {
         match self {
             Bus::InProc(_) => Ok(()),

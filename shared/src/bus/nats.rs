@@ -516,12 +516,12 @@ impl NatsBus {
         redact_url(&self.url)
     }
 
-    /// The underlying client, for JetStream consumers and the object store.
     /// Whether publishes wait until a stream has stored them (`bus.jetstream.ack_publishes`).
     pub fn acks_publishes(&self) -> bool {
         self.state.acked.is_some()
     }
 
+    /// The underlying client, for JetStream consumers and the object store.
     pub fn client(&self) -> &async_nats::Client {
         &self.client
     }
