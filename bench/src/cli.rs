@@ -308,6 +308,23 @@ fn scale(args: &ScaleArgs) -> Result<(), BenchError> {
             x.transitions_stored,
             x.store_bytes_per_transition,
         );
+        for y in &x.restarts {
+            let kinds: Vec<String> = y
+                .kinds
+                .iter()
+                .map(|(k, v)| format!("{k} {}/{} in {:.2} s", v.restored, v.expected, v.read_s))
+                .collect();
+            println!(
+                "  restart {}: ready in {:.2} s, read back {} ({}){}",
+                y.service,
+                y.ready_s,
+                kinds.join(", "),
+                if y.recovered_all { "all" } else { "NOT all" },
+                y.weights_loaded_s.map_or(String::new(), |s| format!(
+                    "; every model loaded in {s:.2} s"
+                ))
+            );
+        }
     }
     println!(
         "{} targets × {} steps over {} shards ({} processes), medians of {} runs: {:.0} target-steps/s, obs→action p99 {:.1} ms, {:.0} B per target, decided exactly once: {}",

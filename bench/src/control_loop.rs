@@ -113,7 +113,7 @@ async fn one_run(opts: &LoopBenchOptions) -> Result<LoopRun, BenchError> {
     collector.simulator.max_steps = opts.steps;
     collector.simulator.step_timeout_ms = 30_000;
     cfg.set_section("collector", &collector)?;
-    let dir = std::env::temp_dir().join(format!("aware-bench-loop-{}", std::process::id()));
+    let dir = crate::scratch_dir("loop");
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     cfg.sections.insert(
         "trajectory_store".into(),

@@ -68,6 +68,15 @@ pub(crate) fn first(
         .ok_or_else(|| fail("simulator returned no observation"))
 }
 
+/// A scratch directory for one run of benchmark `name`, its own even when runs of this process
+/// overlap (the tests run benchmarks side by side): `aware-bench-<name>-<pid>-<n>` in the
+/// temporary directory.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("aware-bench-{name}-{}-{n}", std::process::id()))
+}
+
 /// Writes a pretty JSON report to `dir/name`.
 pub fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<String, BenchError> {
     let path = dir.join(name);

@@ -19,17 +19,27 @@
 //!   first `model`, median over the targets that got one (`null` without `--rl` or when none did);
 //! - `store_bytes_per_transition`: the trajectory stores' files (one SQLite file per shard)
 //!   over the transitions stored in them.
+//!
+//! With `--restart`, the bench registers every target first (as the controller does) and, once
+//! the run is over, restarts each service in turn: every shard's process killed (SIGKILL) and
+//! started again at once. Per service: the time from starting the new processes to the last of
+//! them ready (ready comes after the start-up read of the targets' current state), and per event
+//! kind it read, the targets it found (`aware_state_restored_targets`) against those the bus
+//! carried (registered, with a stage, a model, an embedding, an `obs`); for the recommender,
+//! also the time until every model it read back is loaded into its target's policy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{subject, EventKind};
+use aware_bus_schemas::{encode_event, subject, Event, EventKind, Target};
 use aware_shared::config::BusConfig;
 use aware_shared::probe::http_get;
+use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::NatsServer;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
+use futures::StreamExt;
 use serde::Serialize;
 
 use super::observer::{latency_histogram, record_since, step_of, target_of, Observer};
@@ -64,6 +74,13 @@ pub struct ScaleBenchOptions {
     /// (`collector.spread_fraction`; 0 publishes them at once).
     #[arg(long, default_value_t = ScaleBenchOptions::default().spread)]
     pub spread: f64,
+    /// Register every target first and, after the run, restart each service (all its shards
+    /// killed and started again at once), checking that it reads back every target's
+    /// registration, stage, model and embedding. With `--rl`, the trainers make small rounds
+    /// (10 updates once half the run is stored) and the restarts wait for every target's model
+    /// (or 30 s without a new one).
+    #[arg(long)]
+    pub restart: bool,
     /// How long a run may take, seconds.
     #[arg(long, default_value_t = ScaleBenchOptions::default().timeout_secs)]
     pub timeout_secs: u64,
@@ -83,6 +100,7 @@ impl Default for ScaleBenchOptions {
             ack_publishes: false,
             step_ms: 0,
             spread: 0.5,
+            restart: false,
             timeout_secs: 900,
             bin_dir: None,
         }
@@ -107,6 +125,40 @@ pub struct ScaleRun {
     pub transitions_stored: u64,
     pub store_bytes: u64,
     pub store_bytes_per_transition: f64,
+    /// `--restart`: each service's restart, in restart order.
+    pub restarts: Vec<RestartRun>,
+}
+
+/// One service restarted after a run (`--restart`): all its shards at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestartRun {
+    pub service: String,
+    /// From starting the new processes to the last of them ready, seconds.
+    pub ready_s: f64,
+    /// Per event kind read at start-up: the targets found and those expected.
+    pub kinds: BTreeMap<String, KindRestored>,
+    /// Every kind read found every target expected.
+    pub recovered_all: bool,
+    /// The recommender: from starting its processes to every model read back loaded into its
+    /// target's policy (`aware_recommender_models_loaded_total`), seconds; `None` for the other
+    /// services, or when that did not happen within 60 s.
+    pub weights_loaded_s: Option<f64>,
+    /// The recommender: models loaded, and models that failed to load
+    /// (`aware_recommender_model_load_errors_total`), by then.
+    pub models_loaded: u64,
+    pub model_load_errors: u64,
+}
+
+/// One event kind a restarted service read at start-up, summed over its shards.
+#[derive(Debug, Clone, Serialize)]
+pub struct KindRestored {
+    /// Targets whose newest message of the kind the read found
+    /// (`aware_state_restored_targets`).
+    pub restored: u64,
+    /// Targets the bus carried a message of the kind for (registered: all).
+    pub expected: u64,
+    /// The slowest shard's read (`aware_state_read_seconds`), seconds.
+    pub read_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -129,6 +181,11 @@ pub struct ScaleReport {
     pub trainer_cpu_s_per_target_hour: f64,
     pub first_model_after_s_p50: Option<f64>,
     pub store_bytes_per_transition: f64,
+    /// `--restart`: per service, from starting its processes again to all of them ready
+    /// (median over the runs), seconds.
+    pub restart_ready_s: BTreeMap<String, f64>,
+    /// `--restart`: every restart of every run read back every target's state.
+    pub restart_recovered_all: Option<bool>,
 }
 
 /// The per-target services other than the collector, in start order.
@@ -141,6 +198,7 @@ const SERVICES: [&str; 4] = [
 
 struct Process {
     bin: &'static str,
+    shard: u32,
     child: Child,
     addr: std::net::SocketAddr,
 }
@@ -178,7 +236,7 @@ fn file_bytes(db: &Path) -> u64 {
 async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let server = NatsServer::start()?;
     let url = server.url();
-    let dir = std::env::temp_dir().join(format!("aware-bench-scale-{}", std::process::id()));
+    let dir = super::scratch_dir("scale");
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
         path: dir.display().to_string(),
@@ -217,6 +275,18 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         ];
         if !opts.rl {
             env.push(("AWARE_LIFECYCLE__T_ONLINE", "1e9".into()));
+        } else if opts.restart {
+            // Small rounds as soon as half the run is stored, so that the targets have models
+            // to read back: what a restart recovers, not how well they learnt.
+            let rows = (opts.steps / 2).max(1).to_string();
+            for (key, v) in [
+                ("AWARE_TRAINER__MIN_TRANSITIONS", rows.clone()),
+                ("AWARE_TRAINER__OFFLINE_MIN_TRANSITIONS", rows.clone()),
+                ("AWARE_TRAINER__GRADIENT_STEPS", "10".to_string()),
+                ("AWARE_TRAINER__OFFLINE_GRADIENT_STEPS", "10".to_string()),
+            ] {
+                env.push((key, v));
+            }
         }
         if opts.ack_publishes {
             env.push(("AWARE_BUS__JETSTREAM__ACK_PUBLISHES", "true".into()));
@@ -243,6 +313,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
                 start_service(&bin(opts, name)?, &url, &env(shard), ready_within).await?;
             procs.push(Process {
                 bin: name,
+                shard,
                 child,
                 addr,
             });
@@ -265,13 +336,21 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
             EventKind::Action,
             EventKind::Episode,
             EventKind::Model,
+            EventKind::Lifecycle,
+            EventKind::Embedding,
         ],
     )
     .await?;
-    let [mut obs_sub, mut act_sub, mut ep_sub, mut model_sub]: [_; 4] = observer
-        .subs
-        .try_into()
-        .map_err(|_| fail("four subscriptions"))?;
+    let [mut obs_sub, mut act_sub, mut ep_sub, mut model_sub, stage_sub, emb_sub]: [_; 6] =
+        observer
+            .subs
+            .try_into()
+            .map_err(|_| fail("six subscriptions"))?;
+    // The other state kinds, for what a restart should read back (`--restart`).
+    let mut states = futures::stream::select(stage_sub.into_stream(), emb_sub.into_stream());
+    if opts.restart {
+        register_all(&observer.bus, opts.targets).await?;
+    }
     for shard in 0..opts.shards {
         let (child, addr) = start_service(
             &bin(opts, "aware-metrics-collector")?,
@@ -282,6 +361,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         .await?;
         procs.push(Process {
             bin: "aware-metrics-collector",
+            shard,
             child,
             addr,
         });
@@ -293,6 +373,8 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let mut actions: HashMap<(Arc<str>, u64), u32> = HashMap::new();
     let mut data_ready: HashMap<Arc<str>, Instant> = HashMap::new();
     let mut first_model: HashMap<Arc<str>, Duration> = HashMap::new();
+    // The targets the bus carried a state message of each kind for.
+    let mut seen: HashMap<EventKind, HashSet<Arc<str>>> = HashMap::new();
     let mut lat = latency_histogram()?;
     let (mut n_obs, mut decided) = (0u64, 0u64);
     let (mut first, mut last) = (None, Instant::now());
@@ -339,6 +421,11 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
                 if let Some(ready) = data_ready.get(&t) {
                     first_model.entry(t).or_insert_with(|| ready.elapsed());
                 }
+                note(&mut seen, &m.subject);
+            }
+            m = states.next() => {
+                let Some(m) = m else { break };
+                note(&mut seen, &m.subject);
             }
             _ = tokio::time::sleep_until(until) => {
                 if grace.is_some() {
@@ -372,6 +459,41 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         .filter(|p| p.bin == "aware-meta-learner-trainer")
         .map(|p| cpu_seconds(p.child.0.id()))
         .try_fold(0.0, |sum, s| s.map(|s| sum + s))?;
+    let restarts = if opts.restart {
+        if opts.rl {
+            // The trainers' models: until every target has one, or none came for 30 s.
+            let quiet = Duration::from_secs(30);
+            loop {
+                let have = seen.get(&EventKind::Model).map_or(0, HashSet::len);
+                if have >= opts.targets {
+                    break;
+                }
+                let m = tokio::select! {
+                    m = model_sub.next() => m,
+                    m = states.next() => m,
+                    _ = tokio::time::sleep(quiet) => None,
+                };
+                let Some(m) = m else { break };
+                note(&mut seen, &m.subject);
+            }
+            tracing::info!(
+                models = seen.get(&EventKind::Model).map_or(0, HashSet::len),
+                "restarting every service"
+            );
+        }
+        let mut expected: HashMap<EventKind, u64> =
+            seen.iter().map(|(k, ts)| (*k, ts.len() as u64)).collect();
+        expected.insert(EventKind::Target, opts.targets as u64);
+        expected.insert(EventKind::Obs, opts.targets as u64);
+        bins.push("aware-metrics-collector");
+        let mut out = Vec::new();
+        for &name in &bins {
+            out.push(restart(opts, &mut procs, name, &url, &env, &expected).await?);
+        }
+        out
+    } else {
+        Vec::new()
+    };
     drop(procs);
     let (mut transitions, mut store_bytes) = (0u64, 0u64);
     for shard in 0..opts.shards {
@@ -408,6 +530,146 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         transitions_stored: transitions,
         store_bytes,
         store_bytes_per_transition: store_bytes as f64 / transitions.max(1) as f64,
+        restarts,
+    })
+}
+
+/// Notes that the bus carried a message of its kind for the target of `subject`.
+fn note(seen: &mut HashMap<EventKind, HashSet<Arc<str>>>, subject: &str) {
+    if let Ok(p) = subject::parse(subject) {
+        seen.entry(p.kind).or_default().insert(target_of(subject));
+    }
+}
+
+/// Registers every simulated target (`opts.targets` apps, as the collectors make them) with the
+/// default spec, as the controller does.
+async fn register_all(bus: &aware_shared::bus::Bus, targets: usize) -> Result<(), BenchError> {
+    let sim = aware_metrics_collector::config::SimulatorSourceConfig {
+        apps: targets,
+        ..Default::default()
+    };
+    let apps =
+        aware_metrics_collector::simulator::build_apps(&sim).map_err(|e| fail(e.to_string()))?;
+    let now = aware_bus_schemas::now_ms();
+    for a in apps {
+        let t = Target::new(a.namespace, a.name);
+        // The spec a target known only from the bus gets: the run decides as without them.
+        let spec = aware_shared::registry::to_registered(&TargetSpec::new(&t), None);
+        let ev = Event::Registration(aware_shared::testkit::registration(&t, now, Some(spec)));
+        let subj = subject::subject(EventKind::Target, &t).map_err(fail)?;
+        let payload = encode_event(&ev).map_err(fail)?;
+        bus.publish(&subj, bytes::Bytes::from(payload)).await?;
+    }
+    bus.flush().await?;
+    Ok(())
+}
+
+/// The values of `name{…event="<kind>"…}` in a Prometheus text exposition, by kind.
+fn by_event(text: &str, name: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("event=\"")?;
+            let (kind, _) = rest.split_once('"')?;
+            let v = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+            Some((kind.to_string(), v))
+        })
+        .collect()
+}
+
+/// Kills every shard's process of service `name` (SIGKILL, as a crash), starts them again at
+/// once, and reads what each read back at start-up.
+async fn restart(
+    opts: &ScaleBenchOptions,
+    procs: &mut [Process],
+    name: &'static str,
+    url: &str,
+    env: &dyn Fn(u32) -> Vec<(&'static str, String)>,
+    expected: &HashMap<EventKind, u64>,
+) -> Result<RestartRun, BenchError> {
+    let path = bin(opts, name)?;
+    let mut shards = Vec::new();
+    for p in procs.iter_mut().filter(|p| p.bin == name) {
+        let _ = p.child.0.kill();
+        let _ = p.child.0.wait();
+        shards.push(p.shard);
+    }
+    let t0 = Instant::now();
+    let started = futures::future::try_join_all(shards.into_iter().map(|shard| {
+        let env = env(shard);
+        let path = path.clone();
+        async move {
+            let (child, addr) = start_service(&path, url, &env, Duration::from_secs(120)).await?;
+            Ok::<_, BenchError>((shard, child, addr, t0.elapsed()))
+        }
+    }))
+    .await?;
+    let mut ready_s = 0.0f64;
+    for (shard, child, addr, took) in started {
+        ready_s = ready_s.max(took.as_secs_f64());
+        if let Some(p) = procs.iter_mut().find(|p| p.bin == name && p.shard == shard) {
+            p.child = child;
+            p.addr = addr;
+        }
+    }
+    let mut kinds: BTreeMap<String, KindRestored> = BTreeMap::new();
+    // A kind first seen in a process's metrics, with what the bus carried of it.
+    let fresh = |kind: &str| -> KindRestored {
+        let expected = EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind)
+            .and_then(|k| expected.get(&k).copied())
+            .unwrap_or(0);
+        KindRestored {
+            restored: 0,
+            expected,
+            read_s: 0.0,
+        }
+    };
+    for p in procs.iter().filter(|p| p.bin == name) {
+        let (_, text) = http_get(p.addr, "/metrics").map_err(fail)?;
+        for (k, v) in by_event(&text, "aware_state_restored_targets") {
+            let e = kinds.entry(k.clone()).or_insert_with(|| fresh(&k));
+            e.restored += v as u64;
+        }
+        for (k, v) in by_event(&text, "aware_state_read_seconds") {
+            let e = kinds.entry(k.clone()).or_insert_with(|| fresh(&k));
+            e.read_s = e.read_s.max(v);
+        }
+    }
+    let recovered_all = !kinds.is_empty() && kinds.values().all(|k| k.restored == k.expected);
+    let models = kinds
+        .get(EventKind::Model.as_str())
+        .map_or(0, |k| k.restored);
+    let (mut weights_loaded_s, mut loaded, mut load_errors) = (None, 0, 0);
+    if name == "aware-recommender" {
+        let deadline = t0 + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            loaded = sum_metric(procs, name, "aware_recommender_models_loaded_total") as u64;
+            load_errors =
+                sum_metric(procs, name, "aware_recommender_model_load_errors_total") as u64;
+            if loaded >= models {
+                weights_loaded_s = Some(t0.elapsed().as_secs_f64());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tracing::info!(
+        service = name,
+        ready_s,
+        recovered_all,
+        ?weights_loaded_s,
+        "restarted"
+    );
+    Ok(RestartRun {
+        service: name.trim_start_matches("aware-").to_string(),
+        ready_s,
+        kinds,
+        recovered_all,
+        weights_loaded_s,
+        models_loaded: loaded,
+        model_load_errors: load_errors,
     })
 }
 
@@ -442,6 +704,16 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         .filter_map(|r| r.first_model_after_s_p50)
         .collect();
     let per_shard = SERVICES.len() + 1 + usize::from(opts.rl);
+    let mut restart_ready_s = BTreeMap::new();
+    if let Some(first) = runs.first() {
+        for (i, r) in first.restarts.iter().enumerate() {
+            let each: Vec<f64> = runs
+                .iter()
+                .filter_map(|run| run.restarts.get(i).map(|r| r.ready_s))
+                .collect();
+            restart_ready_s.insert(r.service.clone(), median(&each));
+        }
+    }
     Ok(ScaleReport {
         targets: opts.targets,
         shards: opts.shards,
@@ -458,6 +730,11 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         trainer_cpu_s_per_target_hour: m(|r| r.trainer_cpu_s_per_target_hour),
         first_model_after_s_p50: (!models.is_empty()).then(|| median(&models)),
         store_bytes_per_transition: m(|r| r.store_bytes_per_transition),
+        restart_ready_s,
+        restart_recovered_all: opts.restart.then(|| {
+            runs.iter()
+                .all(|r| r.restarts.iter().all(|x| x.recovered_all))
+        }),
         runs,
     })
 }

@@ -207,10 +207,7 @@ async fn one_run(
     bin: &std::path::Path,
 ) -> Result<(f64, u64), BenchError> {
     let (server, _bus, _) = online_fleet(opts.targets).await?;
-    let dir = std::env::temp_dir().join(format!(
-        "aware-bench-trainer-{}-{recheck_ms}",
-        std::process::id()
-    ));
+    let dir = crate::scratch_dir("trainer");
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     let (child, addr) = start_trainer(
         bin,
@@ -409,7 +406,6 @@ async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64), Benc
 async fn learning_run(
     opts: &TrainerBenchOptions,
     bin: &std::path::Path,
-    run: usize,
 ) -> Result<LearningRun, BenchError> {
     use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
     use std::collections::HashMap;
@@ -417,10 +413,7 @@ async fn learning_run(
     let defaults = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let (train_every_ms, recheck_ms) = learning_cadence(opts);
     let (server, bus, targets) = online_fleet(opts.targets).await?;
-    let dir = std::env::temp_dir().join(format!(
-        "aware-bench-trainer-learning-{}-{run}",
-        std::process::id()
-    ));
+    let dir = crate::scratch_dir("trainer-learning");
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
     std::fs::create_dir_all(&dir).map_err(fail)?;
     let store = Arc::new(SqliteStore::open_path(dir.join("t.db")).map_err(fail)?);
@@ -647,7 +640,7 @@ pub async fn run_learning(opts: &TrainerBenchOptions) -> Result<LearningReport, 
     let gap_bound_s = (train_every_ms + opts.interval_ms + recheck_ms) as f64 / 1000.0;
     let mut runs = Vec::new();
     for run in 0..opts.runs {
-        let r = learning_run(opts, &bin, run).await?;
+        let r = learning_run(opts, &bin).await?;
         tracing::info!(
             run,
             cores = r.cores,

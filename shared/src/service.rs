@@ -316,16 +316,19 @@ impl ServiceContext {
     /// fails is retried, with a backoff from 1 s to 30 s, until it succeeds or the service
     /// shuts down (`None`): meanwhile the service is not ready (`/readyz` says why, key
     /// `state:<kind>`), `aware_state_unread{event}` is 1 and each failure counts in
-    /// `aware_state_read_failures_total{event}`. A service that starts without its targets'
-    /// stages, models or registrations would act on defaults it has no right to. Only the
-    /// subjects of `shard`'s targets, chosen by subject before anything is decoded (a subject
-    /// that does not parse is kept, for the decoding to count and drop).
+    /// `aware_state_read_failures_total{event}`; once read, `aware_state_restored_targets{event}`
+    /// says how many targets it found and `aware_state_read_seconds{event}` how long it took.
+    /// A service that starts without its targets' stages, models or registrations would act on
+    /// defaults it has no right to. Only the subjects of `shard`'s targets, chosen by subject
+    /// before anything is decoded (a subject that does not parse is kept, for the decoding to
+    /// count and drop).
     async fn last_per_target(
         &self,
         kind: EventKind,
         shard: crate::config::ShardConfig,
     ) -> Option<Vec<(String, Bytes)>> {
         let key = format!("state:{kind}");
+        let started = std::time::Instant::now();
         let mut delay = STATE_READ_RETRY_MIN;
         let mut failures = 0u32;
         loop {
@@ -345,13 +348,20 @@ impl ServiceContext {
                         .state_unread
                         .with_label_values(&[kind.as_str()])
                         .set(0);
-                    return Some(
-                        out.into_iter()
-                            .filter(|(s, _)| {
-                                subject::parse(s).map_or(true, |p| shard.owns(&p.target))
-                            })
-                            .collect(),
-                    );
+                    let out: Vec<(String, Bytes)> = out
+                        .into_iter()
+                        .filter(|(s, _)| subject::parse(s).map_or(true, |p| shard.owns(&p.target)))
+                        .collect();
+                    let label = [kind.as_str()];
+                    self.metrics
+                        .state_restored
+                        .with_label_values(&label)
+                        .set(i64::try_from(out.len()).unwrap_or(i64::MAX));
+                    self.metrics
+                        .state_read_seconds
+                        .with_label_values(&label)
+                        .set(started.elapsed().as_secs_f64());
+                    return Some(out);
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use aware_bus_schemas::EventKind;
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +91,12 @@ pub struct ServiceMetrics {
     /// 1 while the current state of an event kind is not read yet after a failed read (the
     /// service is not ready), 0 once read.
     pub state_unread: IntGaugeVec,
+    /// Targets of this shard whose newest message of an event kind the last start-up read of
+    /// the current state found ([`crate::service::ServiceContext::current_state`]).
+    pub state_restored: IntGaugeVec,
+    /// How long the last start-up read of an event kind's current state took, retries
+    /// included, seconds.
+    pub state_read_seconds: GaugeVec,
 }
 
 impl ServiceMetrics {
@@ -125,6 +131,26 @@ impl ServiceMetrics {
                 Opts::new(
                     "state_unread",
                     "1 while an event kind's current state could not be read yet (the service is not ready), 0 once read",
+                ),
+                &["event"],
+            )?,
+        )?;
+        let state_restored = registered(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    "state_restored_targets",
+                    "Targets of this shard whose newest message of an event kind the last start-up read of the current state found",
+                ),
+                &["event"],
+            )?,
+        )?;
+        let state_read_seconds = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "state_read_seconds",
+                    "How long the last start-up read of an event kind's current state took, retries included",
                 ),
                 &["event"],
             )?,
@@ -220,6 +246,8 @@ impl ServiceMetrics {
             slow_consumer_drops,
             state_read_failures,
             state_unread,
+            state_restored,
+            state_read_seconds,
         })
     }
 

@@ -430,6 +430,20 @@ async fn a_service_that_cannot_read_its_start_up_state_is_not_ready_and_says_why
     assert!(ctx.ready.blockers().is_empty());
     assert!(ctx.ready.get());
     assert_eq!(unread(), 0);
+    // What the read found and how long it took, retries included.
+    assert_eq!(
+        ctx.metrics
+            .state_restored
+            .with_label_values(&["lifecycle"])
+            .get(),
+        2
+    );
+    let took = ctx
+        .metrics
+        .state_read_seconds
+        .with_label_values(&["lifecycle"])
+        .get();
+    assert!(took >= 1.0 && took.is_finite(), "{took}");
 }
 
 /// Every target's current state outlives the capture's retention: the state bucket

@@ -267,6 +267,7 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         ack_publishes: true,
         step_ms: 250,
         spread: 0.5,
+        restart: false,
         timeout_secs: 120,
         bin_dir: aware_tests::bin_path("aware-recommender")
             .parent()
@@ -286,4 +287,77 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
     assert!(r.store_bytes_per_transition > 0.0, "{run:?}");
     assert_eq!(run.trainer_cpu_s, 0.0, "no trainer without --rl");
     assert_eq!(r.first_model_after_s_p50, None);
+}
+
+/// `aware bench scale --restart` at a tiny size, RL on: after the run every service's shards are
+/// killed and started again at once, and each restarted process reads back every target's state
+/// it follows: the registrations (the bench registered every target), the stages the lifecycle
+/// monitors published, the models and embeddings, the newest `obs`.
+#[actix_rt::test]
+async fn bench_scale_restarts_every_service_and_each_reads_back_every_targets_state() {
+    let targets = 24usize;
+    let opts = aware_bench::scale::ScaleBenchOptions {
+        targets,
+        shards: 2,
+        steps: 6,
+        runs: 1,
+        rl: true,
+        restart: true,
+        // Debug builds of 12 processes beside the other tests: room for a slow run.
+        timeout_secs: 300,
+        bin_dir: aware_tests::bin_path("aware-recommender")
+            .parent()
+            .map(std::path::Path::to_path_buf),
+        ..Default::default()
+    };
+    let r = aware_bench::scale::run(&opts).await.unwrap();
+    let run = &r.runs[0];
+    assert!(r.decided_exactly_once, "{run:?}");
+    let services: Vec<&str> = run.restarts.iter().map(|x| x.service.as_str()).collect();
+    assert_eq!(
+        services,
+        [
+            "recommender",
+            "actuator",
+            "trajectory-recorder",
+            "lifecycle-monitor",
+            "meta-learner-trainer",
+            "metrics-collector"
+        ]
+    );
+    for x in &run.restarts {
+        assert!(x.recovered_all, "{x:?}");
+        assert!(x.ready_s > 0.0 && x.ready_s < 120.0, "{x:?}");
+    }
+    let of = |service: &str, kind: &str| {
+        let x = run.restarts.iter().find(|x| x.service == service).unwrap();
+        x.kinds
+            .get(kind)
+            .unwrap_or_else(|| panic!("{service} read no {kind}: {x:?}"))
+            .clone()
+    };
+    // Every target registered and staged, each read back by the services that follow it.
+    for (service, kind) in [
+        ("recommender", "target"),
+        ("recommender", "lifecycle"),
+        ("lifecycle-monitor", "lifecycle"),
+        ("metrics-collector", "obs"),
+        ("actuator", "obs"),
+    ] {
+        let k = of(service, kind);
+        assert_eq!(
+            (k.restored, k.expected),
+            (targets as u64, targets as u64),
+            "{service} {kind}"
+        );
+    }
+    let model = of("recommender", "model");
+    assert_eq!(model.restored, model.expected);
+    let recommender = &run.restarts[0];
+    assert!(
+        recommender.weights_loaded_s.is_some(),
+        "the restarted recommender loads every model it read back: {recommender:?}"
+    );
+    assert_eq!(r.restart_recovered_all, Some(true));
+    assert_eq!(r.restart_ready_s.len(), 6);
 }
