@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{encode_event, generated::samples, EventKind};
+use aware_bus_schemas::{encode_event, EventKind};
 use aware_shared::bus::Bus;
 use aware_shared::config::BusConfig;
 use bytes::Bytes;
@@ -75,10 +75,7 @@ pub struct TransportResult {
 }
 
 fn obs_payload() -> Result<Bytes, BenchError> {
-    let obs = samples()
-        .into_iter()
-        .find(|e| e.kind() == EventKind::Obs)
-        .ok_or_else(|| BenchError::Failed("no obs sample".into()))?;
+    let obs = super::sample(EventKind::Obs)?;
     let bytes = encode_event(&obs).map_err(|e| BenchError::Failed(e.to_string()))?;
     Ok(Bytes::from(bytes))
 }

@@ -41,6 +41,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde::Serialize;
 
+use super::scrape::{parse, sum};
 use super::{fail, BenchError};
 
 /// The namespace of the chart's identities (as `helm install -n` would).
@@ -292,12 +293,7 @@ impl Service {
     }
 
     fn metrics(&self) -> Result<prometheus_parse::Scrape, BenchError> {
-        let (code, text) = aware_shared::probe::http_get(self.http, "/metrics")
-            .map_err(|e| fail(format!("scrape {}: {e}", self.http)))?;
-        if code != 200 {
-            return Err(fail(format!("scrape {}: HTTP {code}", self.http)));
-        }
-        parse(&text)
+        crate::scrape::get(self.http)
     }
 
     fn pid(&self) -> u32 {
@@ -310,29 +306,6 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn parse(text: &str) -> Result<prometheus_parse::Scrape, BenchError> {
-    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .map_err(|e| fail(format!("unparsable metrics: {e}")))
-}
-
-/// Sum of the counter/gauge samples named `name` whose labels satisfy `keep`.
-fn sum(
-    s: &prometheus_parse::Scrape,
-    name: &str,
-    keep: impl Fn(&prometheus_parse::Labels) -> bool,
-) -> f64 {
-    s.samples
-        .iter()
-        .filter(|x| x.metric == name && keep(&x.labels))
-        .filter_map(|x| match x.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => Some(v),
-            _ => None,
-        })
-        .sum()
 }
 
 /// The cumulative buckets `(upper bound, count)` of histogram `name`.

@@ -13,6 +13,7 @@ pub mod kube;
 pub mod observer;
 pub mod process;
 pub mod scale;
+pub mod scrape;
 pub mod serve;
 pub mod serve_bus;
 pub mod state;
@@ -66,6 +67,16 @@ pub(crate) fn first(
     v.into_iter()
         .next()
         .ok_or_else(|| fail("simulator returned no observation"))
+}
+
+/// The contract's sample message of `kind`, to fill in.
+pub(crate) fn sample(
+    kind: aware_bus_schemas::EventKind,
+) -> Result<aware_bus_schemas::Event, BenchError> {
+    aware_bus_schemas::generated::samples()
+        .into_iter()
+        .find(|e| e.kind() == kind)
+        .ok_or_else(|| fail(format!("no {} sample", kind.as_str())))
 }
 
 /// A scratch directory for one run of benchmark `name`, its own even when runs of this process

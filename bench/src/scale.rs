@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{encode_event, subject, Event, EventKind, Target};
 use aware_shared::config::BusConfig;
-use aware_shared::probe::http_get;
 use aware_shared::spec::TargetSpec;
 use aware_shared::testkit::NatsServer;
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
@@ -44,6 +43,7 @@ use serde::Serialize;
 
 use super::observer::{latency_histogram, record_since, step_of, target_of, Observer};
 use super::process::{cpu_seconds, rss_bytes, service_bin, start_service, Child};
+use super::scrape;
 use super::{fail, median, BenchError};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -135,7 +135,8 @@ pub struct RestartRun {
     pub service: String,
     /// From starting the new processes to the last of them ready, seconds.
     pub ready_s: f64,
-    /// Per event kind read at start-up: the targets found and those expected.
+    /// Per event kind read at start-up (`aware_state_restored_targets{event}`): the targets
+    /// found and those expected.
     pub kinds: BTreeMap<String, KindRestored>,
     /// Every kind read found every target expected.
     pub recovered_all: bool,
@@ -207,18 +208,20 @@ fn bin(opts: &ScaleBenchOptions, name: &str) -> Result<PathBuf, BenchError> {
     service_bin(opts.bin_dir.as_deref(), name)
 }
 
-fn sum_metric(procs: &[Process], bin: &str, name: &str) -> f64 {
-    procs
+/// Sum over the processes of service `bin` of the samples of each of `names` (one scrape of
+/// each process; a process that does not answer counts nothing).
+fn sum_metrics<const N: usize>(procs: &[Process], bin: &str, names: [&str; N]) -> [f64; N] {
+    let mut out = [0.0; N];
+    for s in procs
         .iter()
         .filter(|p| p.bin == bin)
-        .filter_map(|p| http_get(p.addr, "/metrics").ok())
-        .map(|(_, text)| {
-            text.lines()
-                .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        })
-        .sum()
+        .filter_map(|p| scrape::get(p.addr).ok())
+    {
+        for (o, name) in out.iter_mut().zip(names) {
+            *o += scrape::sum(&s, name, |_| true);
+        }
+    }
+    out
 }
 
 fn file_bytes(db: &Path) -> u64 {
@@ -445,11 +448,12 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let stored_want = opts.targets as u64 * opts.steps;
     let stored_deadline = Instant::now() + Duration::from_secs(120);
     let stored = |procs: &[Process]| {
-        sum_metric(
+        let [n] = sum_metrics(
             procs,
             "aware-trajectory-recorder",
-            "aware_recorder_transitions_stored_total",
-        ) as u64
+            ["aware_recorder_transitions_stored_total"],
+        );
+        n as u64
     };
     while stored(&procs) < stored_want && Instant::now() < stored_deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -481,10 +485,12 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
                 "restarting every service"
             );
         }
-        let mut expected: HashMap<EventKind, u64> =
-            seen.iter().map(|(k, ts)| (*k, ts.len() as u64)).collect();
-        expected.insert(EventKind::Target, opts.targets as u64);
-        expected.insert(EventKind::Obs, opts.targets as u64);
+        let mut expected: HashMap<&str, u64> = seen
+            .iter()
+            .map(|(k, ts)| (k.as_str(), ts.len() as u64))
+            .collect();
+        expected.insert(EventKind::Target.as_str(), opts.targets as u64);
+        expected.insert(EventKind::Obs.as_str(), opts.targets as u64);
         bins.push("aware-metrics-collector");
         let mut out = Vec::new();
         for &name in &bins {
@@ -564,19 +570,6 @@ async fn register_all(bus: &aware_shared::bus::Bus, targets: usize) -> Result<()
     Ok(())
 }
 
-/// The values of `name{…event="<kind>"…}` in a Prometheus text exposition, by kind.
-fn by_event(text: &str, name: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
-        .filter_map(|l| {
-            let (_, rest) = l.split_once("event=\"")?;
-            let (kind, _) = rest.split_once('"')?;
-            let v = l.rsplit(' ').next()?.parse::<f64>().ok()?;
-            Some((kind.to_string(), v))
-        })
-        .collect()
-}
-
 /// Kills every shard's process of service `name` (SIGKILL, as a crash), starts them again at
 /// once, and reads what each read back at start-up.
 async fn restart(
@@ -585,7 +578,7 @@ async fn restart(
     name: &'static str,
     url: &str,
     env: &dyn Fn(u32) -> Vec<(&'static str, String)>,
-    expected: &HashMap<EventKind, u64>,
+    expected: &HashMap<&str, u64>,
 ) -> Result<RestartRun, BenchError> {
     let path = bin(opts, name)?;
     let mut shards = Vec::new();
@@ -614,25 +607,18 @@ async fn restart(
     }
     let mut kinds: BTreeMap<String, KindRestored> = BTreeMap::new();
     // A kind first seen in a process's metrics, with what the bus carried of it.
-    let fresh = |kind: &str| -> KindRestored {
-        let expected = EventKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == kind)
-            .and_then(|k| expected.get(&k).copied())
-            .unwrap_or(0);
-        KindRestored {
-            restored: 0,
-            expected,
-            read_s: 0.0,
-        }
+    let fresh = |kind: &str| KindRestored {
+        restored: 0,
+        expected: expected.get(kind).copied().unwrap_or(0),
+        read_s: 0.0,
     };
     for p in procs.iter().filter(|p| p.bin == name) {
-        let (_, text) = http_get(p.addr, "/metrics").map_err(fail)?;
-        for (k, v) in by_event(&text, "aware_state_restored_targets") {
+        let s = scrape::get(p.addr)?;
+        for (k, v) in scrape::by_label(&s, "aware_state_restored_targets", "event") {
             let e = kinds.entry(k.clone()).or_insert_with(|| fresh(&k));
             e.restored += v as u64;
         }
-        for (k, v) in by_event(&text, "aware_state_read_seconds") {
+        for (k, v) in scrape::by_label(&s, "aware_state_read_seconds", "event") {
             let e = kinds.entry(k.clone()).or_insert_with(|| fresh(&k));
             e.read_s = e.read_s.max(v);
         }
@@ -645,9 +631,15 @@ async fn restart(
     if name == "aware-recommender" {
         let deadline = t0 + Duration::from_secs(60);
         while Instant::now() < deadline {
-            loaded = sum_metric(procs, name, "aware_recommender_models_loaded_total") as u64;
-            load_errors =
-                sum_metric(procs, name, "aware_recommender_model_load_errors_total") as u64;
+            let [ok, failed] = sum_metrics(
+                procs,
+                name,
+                [
+                    "aware_recommender_models_loaded_total",
+                    "aware_recommender_model_load_errors_total",
+                ],
+            );
+            (loaded, load_errors) = (ok as u64, failed as u64);
             if loaded >= models {
                 weights_loaded_s = Some(t0.elapsed().as_secs_f64());
                 break;

@@ -13,14 +13,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{encode_event, generated::samples, subject, Event, EventKind, Target};
+use aware_bus_schemas::{encode_event, subject, Event, EventKind, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::{AppConfig, BusConfig};
 use aware_shared::service::ServiceContext;
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::{median, BenchError};
+use super::{median, sample, BenchError};
 
 /// The state kinds a restarted per-target service reads.
 const KINDS: [EventKind; 3] = [EventKind::Target, EventKind::Model, EventKind::Lifecycle];
@@ -91,13 +91,6 @@ fn for_target(ev: &Event, target: &Target) -> Option<Event> {
         _ => return None,
     }
     Some(ev)
-}
-
-fn sample(kind: EventKind) -> Result<Event, BenchError> {
-    samples()
-        .into_iter()
-        .find(|e| e.kind() == kind)
-        .ok_or_else(|| BenchError::Failed(format!("no sample {kind}")))
 }
 
 async fn publish(bus: &Bus, ev: &Event) -> Result<(), BenchError> {

@@ -19,18 +19,15 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aware_bus_schemas::{
-    encode_event, generated::samples, subject, Event, EventKind, Stage, Target,
-};
+use aware_bus_schemas::{encode_event, subject, Event, EventKind, Stage, Target};
 use aware_shared::bus::Bus;
 use aware_shared::config::BusConfig;
-use aware_shared::probe::http_get;
 use aware_shared::testkit::NatsServer;
 use bytes::Bytes;
 use serde::Serialize;
 
 use super::process::{cpu_seconds, rss_bytes, service_bin, start_service};
-use super::{fail, median, BenchError};
+use super::{fail, median, sample, BenchError};
 
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct TrainerBenchOptions {
@@ -102,35 +99,16 @@ pub struct TrainerReport {
     pub arms: Vec<ArmReport>,
 }
 
-/// The value of metric `name` (its first series, labelled or not) in a Prometheus text
-/// exposition.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            return None;
-        }
-        rest.rsplit(' ').next()?.trim().parse().ok()
-    })
+/// The trainer's `/metrics`, parsed.
+async fn scrape(addr: std::net::SocketAddr) -> Result<prometheus_parse::Scrape, BenchError> {
+    tokio::task::spawn_blocking(move || crate::scrape::get(addr))
+        .await
+        .map_err(fail)?
 }
 
-/// The trainer's `/metrics` exposition.
-async fn metrics_text(addr: std::net::SocketAddr) -> Result<String, BenchError> {
-    Ok(
-        tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
-            .await
-            .map_err(fail)?
-            .map_err(fail)?
-            .1,
-    )
-}
-
-/// The contract's sample message of `kind`, to fill in.
-fn sample(kind: EventKind) -> Result<Event, BenchError> {
-    samples()
-        .into_iter()
-        .find(|e| e.kind() == kind)
-        .ok_or_else(|| fail(format!("no {} sample", kind.as_str())))
+/// The value of counter or gauge `name` in `s` (0 when absent).
+fn metric(s: &prometheus_parse::Scrape, name: &str) -> f64 {
+    crate::scrape::sum(s, name, |_| true)
 }
 
 /// The trainer binary: in `bin_dir` when set (a test's build directory), else next to the
@@ -220,13 +198,18 @@ async fn one_run(
     // Every target's actor started.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let text = metrics_text(addr).await?;
-        let n = metric(&text, "aware_targets").unwrap_or(0.0);
+        let s = scrape(addr).await?;
+        let n = metric(&s, "aware_targets");
         if n >= opts.targets as f64 {
             break;
         }
         if Instant::now() > deadline {
-            let seen: Vec<&str> = text.lines().filter(|l| l.contains("target")).collect();
+            let seen: Vec<String> = s
+                .samples
+                .iter()
+                .filter(|x| x.metric.contains("target"))
+                .map(|x| format!("{} {:?}", x.metric, x.value))
+                .collect();
             return Err(fail(format!(
                 "the trainer has {n} of {} targets after 120 s: {seen:?}",
                 opts.targets
@@ -394,11 +377,10 @@ fn learning_row(t: &Target, step: u32) -> aware_stores::trajectory::Transition {
 
 /// The trainer's rounds and gradient steps so far, from one read of its `/metrics`.
 async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64), BenchError> {
-    let text = metrics_text(addr).await?;
-    let counter = |name| metric(&text, name).unwrap_or(0.0);
+    let s = scrape(addr).await?;
     Ok((
-        counter("aware_trainer_rounds_total"),
-        counter("aware_trainer_gradient_steps_total"),
+        metric(&s, "aware_trainer_rounds_total"),
+        metric(&s, "aware_trainer_gradient_steps_total"),
     ))
 }
 
@@ -723,11 +705,13 @@ mod tests {
 
     #[test]
     fn reads_a_metric_labelled_or_not() {
-        let text = "# HELP aware_targets x\naware_targets_retired 1\naware_targets 42\n";
-        assert_eq!(metric(text, "aware_targets"), Some(42.0));
-        let labelled = "aware_targets_retired{service=\"t\"} 1\naware_targets{service=\"t\"} 7\n";
-        assert_eq!(metric(labelled, "aware_targets"), Some(7.0));
-        assert_eq!(metric(text, "aware_missing"), None);
+        let parse = |text| crate::scrape::parse(text).unwrap();
+        let text = parse("# HELP aware_targets x\naware_targets_retired 1\naware_targets 42\n");
+        assert_eq!(metric(&text, "aware_targets"), 42.0);
+        let labelled =
+            parse("aware_targets_retired{service=\"t\"} 1\naware_targets{service=\"t\"} 7\n");
+        assert_eq!(metric(&labelled, "aware_targets"), 7.0);
+        assert_eq!(metric(&text, "aware_missing"), 0.0);
         let me = std::process::id();
         let c = cpu_seconds(me).unwrap();
         assert!(c >= 0.0 && c.is_finite());
