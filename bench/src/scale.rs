@@ -65,6 +65,10 @@ pub struct ScaleBenchOptions {
     /// stored it; what a NATS cluster across machines runs with, ADR 0022).
     #[arg(long)]
     pub ack_publishes: bool,
+    /// The capture's partitions (`bus.jetstream.partitions`, a power of two up to 256): each
+    /// shard replays and reads at start-up only the partitions holding its slots (ADR 0024).
+    #[arg(long, default_value_t = ScaleBenchOptions::default().partitions)]
+    pub partitions: u32,
     /// Paced: one step every this many milliseconds of wall-clock time (also the simulated
     /// step), the offered load being targets / step; 0 runs in lock-step, as fast as the
     /// services go.
@@ -98,6 +102,7 @@ impl Default for ScaleBenchOptions {
             runs: 3,
             rl: false,
             ack_publishes: false,
+            partitions: 1,
             step_ms: 0,
             spread: 0.5,
             restart: false,
@@ -169,6 +174,8 @@ pub struct ScaleReport {
     pub steps: u64,
     pub rl: bool,
     pub ack_publishes: bool,
+    /// The capture's partitions.
+    pub partitions: u32,
     /// Wall-clock milliseconds per step (0: lock-step).
     pub step_ms: u64,
     /// The fraction of a paced step over which its `obs` are spread.
@@ -294,6 +301,10 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         if opts.ack_publishes {
             env.push(("AWARE_BUS__JETSTREAM__ACK_PUBLISHES", "true".into()));
         }
+        env.push((
+            "AWARE_BUS__JETSTREAM__PARTITIONS",
+            opts.partitions.to_string(),
+        ));
         if opts.step_ms > 0 {
             env.push(("AWARE_COLLECTOR__SIMULATOR__CLOCK", "wallclock".into()));
             env.push((
@@ -327,10 +338,11 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     };
     let rss_idle = rss_all(&procs)?;
 
-    let observer_cfg = BusConfig {
+    let mut observer_cfg = BusConfig {
         url: url.clone(),
         ..BusConfig::default()
     };
+    observer_cfg.jetstream.partitions = opts.partitions;
     let observer = Observer::connect(
         &observer_cfg,
         opts.targets,
@@ -674,6 +686,13 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
             subject::SLOTS
         )));
     }
+    if !opts.partitions.is_power_of_two() || opts.partitions > subject::SLOTS {
+        return Err(fail(format!(
+            "--partitions {} is not a power of two from 1 to {}",
+            opts.partitions,
+            subject::SLOTS
+        )));
+    }
     if !(opts.spread.is_finite() && (0.0..1.0).contains(&opts.spread)) {
         return Err(fail(format!(
             "--spread {} is not at least 0 and below 1",
@@ -712,6 +731,7 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         steps: opts.steps,
         rl: opts.rl,
         ack_publishes: opts.ack_publishes,
+        partitions: opts.partitions,
         step_ms: opts.step_ms,
         spread: opts.spread,
         processes: per_shard * opts.shards as usize,

@@ -226,6 +226,25 @@ impl BusConfig {
         if self.jetstream.replicas == 0 || self.jetstream.replicas > 5 {
             return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
         }
+        let p = self.jetstream.partitions;
+        if !p.is_power_of_two() || p > subject::SLOTS {
+            return Err(invalid(
+                "bus.jetstream.partitions",
+                format!(
+                    "{p} (must be a power of two from 1 to {}, the slots a subject carries)",
+                    subject::SLOTS
+                ),
+            ));
+        }
+        if self.jetstream.max_bytes > 0 && self.jetstream.max_bytes < i64::from(p) {
+            return Err(invalid(
+                "bus.jetstream.max_bytes",
+                format!(
+                    "{} is less than a byte for each of the {p} partitions",
+                    self.jetstream.max_bytes
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -426,8 +445,16 @@ pub struct JetStreamConfig {
     pub state_bucket: String,
     /// Retention by age, seconds.
     pub max_age_secs: u64,
-    /// Retention by size, bytes (-1: unlimited).
+    /// Retention by size, bytes (-1: unlimited): the whole capture's, split evenly over its
+    /// partitions.
     pub max_bytes: i64,
+    /// How many streams the capture is split into (a power of two, at most the 256 slots):
+    /// partition `k` keeps the slots `s` with `s mod partitions = k`, in the stream
+    /// `<stream>_<k>` (one partition: the stream `<stream>`, capturing `aware.v1.>`). A shard
+    /// reads only the partitions holding its slots, all of them when `shard.count` does not
+    /// divide `partitions`. Fixed for a deployment's life: the streams' subjects follow it
+    /// (ADR 0024).
+    pub partitions: u32,
     pub storage: StorageKind,
     pub replicas: usize,
     /// Publish every message through JetStream and go on only once the capture stream (and,
@@ -448,11 +475,66 @@ impl Default for JetStreamConfig {
             state_bucket: "AWARE_STATE".to_string(),
             max_age_secs: 24 * 3600,
             max_bytes: 1 << 30,
+            partitions: 1,
             storage: StorageKind::File,
             replicas: 1,
             ack_publishes: false,
             ack_timeout_ms: 10 * 60 * 1000,
         }
+    }
+}
+
+impl JetStreamConfig {
+    /// The partition holding `target`'s messages: its slot modulo the partitions.
+    pub fn partition_of(&self, target: &Target) -> u32 {
+        subject::slot(target) % self.partitions.max(1)
+    }
+
+    /// The name of partition `k`'s stream: `<stream>` alone when there is one partition.
+    pub fn partition_stream(&self, k: u32) -> String {
+        if self.partitions <= 1 {
+            self.stream.clone()
+        } else {
+            format!("{}_{k}", self.stream)
+        }
+    }
+
+    /// Every partition's stream name, in partition order.
+    pub fn capture_streams(&self) -> Vec<String> {
+        (0..self.partitions.max(1))
+            .map(|k| self.partition_stream(k))
+            .collect()
+    }
+
+    /// The subjects partition `k`'s stream captures: everything (`aware.v1.>`) when there is
+    /// one partition, else every event of each of its slots.
+    pub fn partition_subjects(&self, k: u32) -> Vec<String> {
+        if self.partitions <= 1 {
+            vec![subject::ALL.to_string()]
+        } else {
+            (k..subject::SLOTS)
+                .step_by(self.partitions as usize)
+                .map(|s| format!("{}.*.{s}.*.*", subject::PREFIX))
+                .collect()
+        }
+    }
+
+    /// The byte limit of each partition's stream: [`Self::max_bytes`] split evenly.
+    pub fn partition_max_bytes(&self) -> i64 {
+        if self.max_bytes < 0 {
+            self.max_bytes
+        } else {
+            (self.max_bytes / i64::from(self.partitions.max(1))).max(1)
+        }
+    }
+
+    /// The partitions holding a slot of `shard`, in order: the only ones it reads.
+    pub fn partitions_of(&self, shard: &ShardConfig) -> Vec<u32> {
+        let p = self.partitions.max(1);
+        let mut ks: Vec<u32> = shard.slots().map(|s| s % p).collect();
+        ks.sort_unstable();
+        ks.dedup();
+        ks
     }
 }
 
@@ -1562,6 +1644,53 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
             let t = Target::new("ns", format!("app-{n}"));
             assert_eq!(shards.iter().filter(|s| s.owns(&t)).count(), 1);
         }
+    }
+
+    #[test]
+    fn the_capture_partitions_cover_every_slot_once_and_a_shard_reads_only_its_own() {
+        let mut js = JetStreamConfig {
+            partitions: 4,
+            max_bytes: 1000,
+            ..Default::default()
+        };
+        assert_eq!(
+            js.capture_streams(),
+            vec!["AWARE_0", "AWARE_1", "AWARE_2", "AWARE_3"]
+        );
+        assert_eq!(js.partition_max_bytes(), 250);
+        let subjects: Vec<Vec<String>> = (0..4).map(|k| js.partition_subjects(k)).collect();
+        assert_eq!(subjects[1][..2], ["aware.v1.*.1.*.*", "aware.v1.*.5.*.*"]);
+        let mut all: Vec<&String> = subjects.iter().flatten().collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 256, "every slot in exactly one partition");
+        for n in 0..300 {
+            let t = Target::new("ns", format!("app-{n}"));
+            let subj = subject::subject(EventKind::Obs, &t).unwrap();
+            let k = js.partition_of(&t);
+            let slot_token = subj.split('.').nth(3).unwrap();
+            assert!(subjects[k as usize].contains(&format!("aware.v1.*.{slot_token}.*.*")));
+        }
+        let shard = |index, count| ShardConfig { index, count };
+        assert_eq!(js.partitions_of(&shard(1, 2)), vec![1, 3]);
+        assert_eq!(js.partitions_of(&shard(3, 8)), vec![3]);
+        assert_eq!(
+            js.partitions_of(&shard(0, 3)),
+            vec![0, 1, 2, 3],
+            "3 does not divide 4"
+        );
+        js.partitions = 1;
+        assert_eq!(js.capture_streams(), vec!["AWARE"]);
+        assert_eq!(js.partition_subjects(0), vec!["aware.v1.>"]);
+        assert_eq!(js.partitions_of(&shard(2, 3)), vec![0]);
+        let mut bus = BusConfig::default();
+        for bad in [0, 3, 512] {
+            bus.jetstream.partitions = bad;
+            let err = bus.validate().unwrap_err().to_string();
+            assert!(err.contains("bus.jetstream.partitions"), "{err}");
+        }
+        bus.jetstream.partitions = 256;
+        bus.validate().unwrap();
     }
 
     #[test]

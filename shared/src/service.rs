@@ -413,8 +413,44 @@ impl ServiceContext {
         }
         let js = async_nats::jetstream::new(nats.client().clone());
         let filter = subject::kind_filter(kind);
+        // What to read of the capture: with one stream and one shard, the kind's every subject;
+        // otherwise each slot of this shard in its partition's stream, so that a shard reads
+        // its own targets' messages only (a partition's stream takes only filters within one
+        // of its slots, ADR 0024).
+        let shard = &self.config.shard;
+        let reads: Vec<(String, String)> = if shard.count <= 1 && js_cfg.partitions <= 1 {
+            vec![(js_cfg.partition_stream(0), filter.clone())]
+        } else {
+            shard
+                .slots()
+                .map(|s| {
+                    (
+                        js_cfg.partition_stream(s % js_cfg.partitions.max(1)),
+                        subject::slot_filter(kind, s),
+                    )
+                })
+                .collect()
+        };
+        let streams: std::collections::BTreeSet<&String> = reads.iter().map(|(s, _)| s).collect();
+        let read_capture = || async {
+            use futures::StreamExt;
+            let parts: Vec<Result<Vec<(String, Bytes)>, CaptureError>> =
+                futures::stream::iter(reads.clone())
+                    .map(|(stream, f)| {
+                        let js = js.clone();
+                        async move { read_last_per_subject(&js, &stream, &f).await }
+                    })
+                    .buffer_unordered(CAPTURE_READS_AT_ONCE)
+                    .collect()
+                    .await;
+            let mut out = Vec::new();
+            for part in parts {
+                out.extend(part?);
+            }
+            Ok::<_, CaptureError>(out)
+        };
         if !kind.is_state() {
-            return read_last_per_subject(&js, &js_cfg.stream, &filter).await;
+            return read_capture().await;
         }
         // The state bucket holds the newest message of every state subject whatever its age.
         let bucket = &js_cfg.state_bucket;
@@ -448,10 +484,14 @@ impl ServiceContext {
         // A purged key (a forgotten target, `Bus::forget_state`) holds an empty marker: known,
         // so the capture does not bring its state back, and not delivered.
         let forgotten = |(_, p): &(String, Bytes)| p.is_empty();
-        if !capture_predates(&js, &js_cfg.stream, &kv_stream).await? {
+        let mut predates = false;
+        for stream in streams {
+            predates = predates || capture_predates(&js, stream, &kv_stream).await?;
+        }
+        if !predates {
             return Ok(kept.into_iter().filter(|m| !forgotten(m)).collect());
         }
-        let captured = read_last_per_subject(&js, &js_cfg.stream, &filter).await?;
+        let captured = read_capture().await?;
         let known: std::collections::HashSet<&str> = kept.iter().map(|(s, _)| s.as_str()).collect();
         let mut out: Vec<(String, Bytes)> = captured
             .into_iter()
@@ -464,21 +504,23 @@ impl ServiceContext {
         Ok(out)
     }
 
-    /// Like [`Self::subscribe_events`], but on NATS reads the JetStream stream in stream order
-    /// from `start_seq` (0: from the oldest message kept) and yields each event with its stream
-    /// sequence, so a consumer that persists how far it got resumes without losing anything.
-    /// On the embedded bus (nothing to replay) it is a live subscription and sequences are `None`.
+    /// Like [`Self::subscribe_events`], but on NATS reads the JetStream capture in stream order
+    /// and yields each event with its stream sequence, so a consumer that persists how far it
+    /// got resumes without losing anything. Each partition of the capture holding a slot of
+    /// this shard ([`crate::config::JetStreamConfig::partitions_of`]) is read from its own
+    /// `start` sequence (absent or 0: from the oldest message kept); an event's partition is its
+    /// target's ([`crate::config::JetStreamConfig::partition_of`]). On the embedded bus (nothing
+    /// to replay) it is a live subscription and sequences are `None`.
     ///
     /// A stream that was recreated (a server restarted without its JetStream storage) numbers
-    /// its messages from 1 again: at start, a `start_seq` past its last message, and while
+    /// its messages from 1 again: at start, a start sequence past its last message, and while
     /// reading, a new creation time (checked every [`REPLAY_RESET_CHECK`]), yield
-    /// [`Replayed::Reset`] and the reading starts over from the new stream's first message.
+    /// [`Replayed::Reset`] for its partition and its reading starts over from its first message.
     pub async fn subscribe_replay(
         &self,
         kinds: &[EventKind],
-        start_seq: u64,
+        start: &std::collections::BTreeMap<u32, u64>,
     ) -> Result<mpsc::Receiver<Replayed>, ServiceError> {
-        use futures::StreamExt;
         let (tx, rx) = mpsc::channel(self.config.bus.channel_capacity);
         let nats = match &self.bus {
             Bus::InProc(_) => {
@@ -494,81 +536,129 @@ impl ServiceContext {
             }
             Bus::Nats(n) => n.clone(),
         };
-        let stream_name = self.config.bus.jetstream.stream.clone();
         let js = async_nats::jetstream::new(nats.client().clone());
-        let mut reader = ReplayReader::open(&js, &stream_name, start_seq).await?;
-        if let Some(reason) = reader.reset.take() {
-            tracing::warn!(service = self.name, stream = %stream_name, %reason, "replaying the stream from its first message");
-            let _ = tx.send(Replayed::Reset(reason)).await;
+        let js_cfg = &self.config.bus.jetstream;
+        for partition in js_cfg.partitions_of(&self.config.shard) {
+            let stream_name = js_cfg.partition_stream(partition);
+            let start_seq = start.get(&partition).copied().unwrap_or(0);
+            let mut reader = ReplayReader::open(&js, &stream_name, start_seq).await?;
+            if let Some(reason) = reader.reset.take() {
+                tracing::warn!(service = self.name, stream = %stream_name, %reason, "replaying the stream from its first message");
+                let _ = tx.send(Replayed::Reset { partition, reason }).await;
+            }
+            tokio::spawn(self.clone().replay_partition(
+                js.clone(),
+                stream_name,
+                partition,
+                reader,
+                start_seq,
+                kinds.to_vec(),
+                tx.clone(),
+            ));
         }
-        let kinds: Vec<EventKind> = kinds.to_vec();
-        let shard = self.config.shard;
-        let ctx = self.clone();
-        tokio::spawn(async move {
-            let mut check = tokio::time::interval(REPLAY_RESET_CHECK);
-            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // The next stream sequence wanted, and whether a message came since the last check.
-            let mut wanted = start_seq.max(1);
-            let mut received = false;
-            loop {
-                let next = tokio::select! {
-                    _ = ctx.shutdown.cancelled() => break,
-                    m = reader.messages.next() => m,
-                    _ = check.tick() => {
-                        let idle = !std::mem::take(&mut received);
-                        match reader.check(&js, &stream_name, wanted, idle).await {
-                            Checked::Unchanged => {}
-                            Checked::Recreated(reason) => {
-                                tracing::warn!(service = ctx.name, stream = %stream_name, %reason, "replaying the stream from its first message");
-                                wanted = 1;
-                                if tx.send(Replayed::Reset(reason)).await.is_err() {
-                                    break;
-                                }
-                            }
-                            Checked::Reopened => {
-                                tracing::warn!(service = ctx.name, stream = %stream_name, from_seq = wanted, "replay consumer stalled with messages waiting (lost by a server restart?): reading again from the next one");
+        Ok(rx)
+    }
+
+    /// Reads one partition of a replay ([`Self::subscribe_replay`]) until shutdown or until
+    /// the receiver is dropped.
+    #[allow(clippy::too_many_arguments)]
+    async fn replay_partition(
+        self,
+        js: async_nats::jetstream::Context,
+        stream_name: String,
+        partition: u32,
+        mut reader: ReplayReader,
+        start_seq: u64,
+        kinds: Vec<EventKind>,
+        tx: mpsc::Sender<Replayed>,
+    ) {
+        use futures::StreamExt;
+        let ctx = self;
+        let shard = ctx.config.shard;
+        let mut check = tokio::time::interval(REPLAY_RESET_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The next stream sequence wanted, and whether a message came since the last check.
+        let mut wanted = start_seq.max(1);
+        // Without a resume point the replay takes whatever the stream keeps, from its oldest.
+        let mut from_oldest = start_seq == 0;
+        let mut received = false;
+        let read = ctx.metrics.replay_read.with_label_values(&[&stream_name]);
+        let discarded = ctx
+            .metrics
+            .replay_discarded
+            .with_label_values(&[&stream_name]);
+        let span = ctx.metrics.capture_span.with_label_values(&[&stream_name]);
+        loop {
+            let next = tokio::select! {
+                _ = ctx.shutdown.cancelled() => break,
+                m = reader.messages.next() => m,
+                _ = check.tick() => {
+                    let idle = !std::mem::take(&mut received);
+                    let checked = reader.check(&js, &stream_name, wanted, idle).await;
+                    if let Some(s) = reader.span_secs() {
+                        span.set(s);
+                    }
+                    match checked {
+                        Checked::Unchanged => {}
+                        Checked::Recreated(reason) => {
+                            tracing::warn!(service = ctx.name, stream = %stream_name, %reason, "replaying the stream from its first message");
+                            wanted = 1;
+                            from_oldest = false;
+                            if tx.send(Replayed::Reset { partition, reason }).await.is_err() {
+                                break;
                             }
                         }
-                        continue;
+                        Checked::Reopened => {
+                            tracing::warn!(service = ctx.name, stream = %stream_name, from_seq = wanted, "replay consumer stalled with messages waiting (lost by a server restart?): reading again from the next one");
+                        }
                     }
-                };
-                let m = match next {
-                    Some(Ok(m)) => m,
-                    Some(Err(e)) => {
-                        tracing::warn!(service = ctx.name, error = %e, "replay consumer error; it is read again if it stalls");
-                        continue;
-                    }
-                    None => break,
-                };
-                received = true;
-                if let Ok(info) = m.info() {
-                    let got = info.stream_sequence;
-                    // Past the next one wanted: the stream may have discarded what lies between
-                    // (limits), or the consumer skipped it (seen once on a replicated stream
-                    // whose leader had just changed). Skipped, it is read again from there.
-                    if got > wanted && reader.skipped(&js, &stream_name, wanted).await {
+                    continue;
+                }
+            };
+            let m = match next {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    tracing::warn!(service = ctx.name, stream = %stream_name, error = %e, "replay consumer error; it is read again if it stalls");
+                    continue;
+                }
+                None => break,
+            };
+            received = true;
+            read.inc();
+            if let Ok(info) = m.info() {
+                let got = info.stream_sequence;
+                if std::mem::take(&mut from_oldest) {
+                    wanted = wanted.max(got);
+                }
+                // Past the next one wanted: the stream may have discarded what lies between
+                // (limits), or the consumer skipped it (seen once on a replicated stream
+                // whose leader had just changed). Skipped, it is read again from there.
+                if got > wanted {
+                    if reader.skipped(&js, &stream_name, wanted).await {
                         tracing::warn!(service = ctx.name, stream = %stream_name, from_seq = wanted, got, "replay consumer skipped messages the stream holds: reading again from the first one skipped");
                         continue;
                     }
-                    wanted = got + 1;
+                    discarded.inc_by(got - wanted);
+                    tracing::error!(service = ctx.name, stream = %stream_name, from_seq = wanted, got, "the stream discarded messages before this replay read them (bus.jetstream.max_bytes or max_age_secs too small for the replay's lag): what they carried is not recorded");
                 }
-                let Ok(parsed) = subject::parse(m.subject.as_str()) else {
-                    continue;
-                };
-                // The stream holds every shard's messages: this instance's only, before decoding.
-                if !kinds.contains(&parsed.kind) || !shard.owns(&parsed.target) {
-                    continue;
-                }
-                let seq = m.info().ok().map(|i| i.stream_sequence);
-                let Some(ev) = ctx.decode(parsed.kind, m.subject.as_str(), &m.payload) else {
-                    continue;
-                };
-                if tx.send(Replayed::Event(Box::new(ev), seq)).await.is_err() {
-                    break;
-                }
+                wanted = got + 1;
             }
-        });
-        Ok(rx)
+            let Ok(parsed) = subject::parse(m.subject.as_str()) else {
+                continue;
+            };
+            // A partition holds every shard's messages of its slots: this instance's only,
+            // before decoding.
+            if !kinds.contains(&parsed.kind) || !shard.owns(&parsed.target) {
+                continue;
+            }
+            let seq = m.info().ok().map(|i| i.stream_sequence);
+            let Some(ev) = ctx.decode(parsed.kind, m.subject.as_str(), &m.payload) else {
+                continue;
+            };
+            if tx.send(Replayed::Event(Box::new(ev), seq)).await.is_err() {
+                break;
+            }
+        }
     }
 
     /// Decodes one received message, counting it as received or as a decode error.
@@ -639,10 +729,13 @@ pub fn cancel_on_signal(token: CancellationToken) {
 pub enum Replayed {
     /// An event, with its stream sequence on NATS.
     Event(Box<Event>, Option<u64>),
-    /// The stream was recreated: the sequences that follow start again from 1, and any sequence
-    /// kept from before means nothing in it (why, for the log).
-    Reset(String),
+    /// A partition's stream was recreated: its sequences that follow start again from 1, and
+    /// any sequence of it kept from before means nothing in it (why, for the log).
+    Reset { partition: u32, reason: String },
 }
+
+/// How many reads of the capture (one per slot of a shard) run at once at start-up.
+const CAPTURE_READS_AT_ONCE: usize = 8;
 
 /// How often the replay checks whether its stream was recreated.
 pub const REPLAY_RESET_CHECK: Duration = Duration::from_secs(2);
@@ -654,6 +747,8 @@ struct ReplayReader {
     created: String,
     /// Set when opening found `start_seq` past the stream's end.
     reset: Option<String>,
+    /// The stream's oldest message's time (Unix ns), as last read; None while it is empty.
+    oldest_ns: Option<i128>,
 }
 
 impl ReplayReader {
@@ -689,7 +784,9 @@ impl ReplayReader {
         };
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: subject::ALL.to_string(),
+                // Every message the stream holds: a partition's stream takes no filter
+                // spanning its slots.
+                filter_subject: String::new(),
                 deliver_policy,
                 ..Default::default()
             })
@@ -703,7 +800,19 @@ impl ReplayReader {
             messages,
             created: info.created.to_string(),
             reset,
+            oldest_ns: (info.state.messages > 0)
+                .then(|| info.state.first_timestamp.unix_timestamp_nanos()),
         })
+    }
+
+    /// The time span the stream holds, seconds: now minus its oldest message, as last read.
+    fn span_secs(&self) -> Option<f64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_nanos();
+        let now = i128::try_from(now).ok()?;
+        Some(((now - self.oldest_ns?) as f64 / 1e9).max(0.0))
     }
 
     /// The periodic check of a replay. When the stream now has another creation time, reopens
@@ -725,6 +834,8 @@ impl ReplayReader {
             return Checked::Unchanged;
         };
         let info = stream.cached_info();
+        self.oldest_ns =
+            (info.state.messages > 0).then(|| info.state.first_timestamp.unix_timestamp_nanos());
         let created = info.created.to_string();
         if created != self.created {
             let Ok(reopened) = ReplayReader::open(js, stream_name, 0).await else {

@@ -97,6 +97,16 @@ pub struct ServiceMetrics {
     /// How long the last start-up read of an event kind's current state took, retries
     /// included, seconds.
     pub state_read_seconds: GaugeVec,
+    /// Messages a JetStream replay read, by stream (a partition of the capture), before
+    /// keeping this shard's ([`crate::service::ServiceContext::subscribe_replay`]).
+    pub replay_read: IntCounterVec,
+    /// Messages a partition of the capture discarded (its `max_bytes` or `max_age_secs`)
+    /// before a replay that still needed them read them, by stream: what the trajectory store
+    /// lost.
+    pub replay_discarded: IntCounterVec,
+    /// The time span a partition of the capture holds (now − its oldest message), by stream, as
+    /// a replay last checked it.
+    pub capture_span: GaugeVec,
 }
 
 impl ServiceMetrics {
@@ -153,6 +163,36 @@ impl ServiceMetrics {
                     "How long the last start-up read of an event kind's current state took, retries included",
                 ),
                 &["event"],
+            )?,
+        )?;
+        let replay_read = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "replay_messages_read_total",
+                    "Messages a JetStream replay read, by stream (a partition of the capture), before keeping this shard's",
+                ),
+                &["stream"],
+            )?,
+        )?;
+        let replay_discarded = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "replay_discarded_messages_total",
+                    "Messages a partition of the capture discarded (max_bytes, max_age_secs) before the replay that needed them read them, by stream",
+                ),
+                &["stream"],
+            )?,
+        )?;
+        let capture_span = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "capture_span_seconds",
+                    "The time span a partition of the capture holds (now minus its oldest message), by stream, as the replay last checked",
+                ),
+                &["stream"],
             )?,
         )?;
         let targets = registered(
@@ -248,6 +288,9 @@ impl ServiceMetrics {
             state_unread,
             state_restored,
             state_read_seconds,
+            replay_read,
+            replay_discarded,
+            capture_span,
         })
     }
 

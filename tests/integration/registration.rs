@@ -546,7 +546,10 @@ async fn start_recorder(
         running,
         shutdown,
         bus,
-        resume: Box::new(move || aware_trajectory_recorder::service::read_resume(&path).unwrap()),
+        resume: Box::new(move || {
+            let points = aware_trajectory_recorder::service::read_resume(&path, 1).unwrap();
+            points.get(&0).copied().unwrap_or(0)
+        }),
     }
 }
 
@@ -1174,4 +1177,68 @@ async fn the_recorder_reads_a_recreated_stream_from_its_start() {
     let store = aware_stores::trajectory::SqliteStore::open_path(&db).unwrap();
     use aware_stores::trajectory::TrajectoryStore as _;
     assert_eq!(store.count(&t).unwrap(), stored as u64 + 2, "every step");
+}
+
+/// A capture stream that reached its limits while the recorder was away discarded messages the
+/// recorder still needed (its resume point lies before the stream's oldest message): the replay
+/// counts exactly what it lost, and reports the time span the stream holds.
+#[actix_rt::test]
+async fn a_replay_counts_what_the_capture_discarded_before_it_read_it() {
+    let server = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("trajectories.db");
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    // The capture, kept to its newest 10 messages.
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "AWARE".into(),
+        subjects: vec![subject::ALL.to_string()],
+        max_messages: 10,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let t = target();
+    for step in 0..10u32 {
+        for ev in recorder_step(&t, 0, step) {
+            let subj = subject::subject(ev.kind(), ev.target()).unwrap();
+            let bytes = aware_bus_schemas::encode_event(&ev).unwrap();
+            js.publish(subj, bytes.into()).await.unwrap().await.unwrap();
+        }
+    }
+    let info = js.get_stream("AWARE").await.unwrap().cached_info().clone();
+    assert_eq!(
+        (info.state.first_sequence, info.state.last_sequence),
+        (21, 30)
+    );
+    // The recorder had stored everything before sequence 5 when it stopped.
+    aware_trajectory_recorder::service::write_resume(
+        &db.with_extension("db.resume"),
+        1,
+        &std::collections::BTreeMap::from([(0, 5)]),
+    )
+    .unwrap();
+    let RecorderRig {
+        running, shutdown, ..
+    } = start_recorder(&server, &db, 3600, serde_json::json!({})).await;
+    let m = crate::labelled_metrics_of(&running, aware_trajectory_recorder::NAME);
+    let stream = [("stream", "AWARE")];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while m("aware_replay_messages_read_total", &stream) != Some(10.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay read {:?}",
+            m("aware_replay_messages_read_total", &stream)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        m("aware_replay_discarded_messages_total", &stream),
+        Some(16.0),
+        "sequences 5 to 20 were discarded unread"
+    );
+    let span = m("aware_capture_span_seconds", &stream).unwrap();
+    assert!(span > 0.0 && span < 60.0, "{span}");
+    shutdown.cancel();
+    running.join().await.unwrap();
 }

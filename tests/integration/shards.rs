@@ -2,13 +2,14 @@
 //! processes on a real nats-server, resharded from 2 to 3 mid-run: each instance receives only
 //! its own shard's messages (the server filters by slot, nothing is decoded and thrown away),
 //! every observation is decided at most once and, with both shard counts, exactly once, every
-//! target keeps its stage, and every decided step is stored.
+//! target keeps its stage, and every decided step is stored. The capture is in 4 partitions
+//! (ADR 0024): each recorder shard replays only the partitions holding its slots.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::Stage;
-use aware_shared::config::ShardConfig;
+use aware_shared::config::{JetStreamConfig, ShardConfig};
 use aware_stores::trajectory::{SqliteStore, TrajectoryStore};
 use aware_tests::{scrape, wait_ready, NatsServer, Proc, SHARDED};
 
@@ -25,10 +26,42 @@ const OBS_CONSUMERS: [(&str, &str); 3] = [
     ("aware-lifecycle-monitor", "lifecycle-monitor"),
 ];
 
-async fn last_sequence(url: &str) -> u64 {
+/// The capture's partitions in this test (`bus.jetstream.partitions`): 2 shards read two each,
+/// 3 shards (3 does not divide 4) read all four.
+const PARTITIONS: u32 = 4;
+
+fn capture_config() -> JetStreamConfig {
+    JetStreamConfig {
+        partitions: PARTITIONS,
+        ..Default::default()
+    }
+}
+
+/// The last sequence of each partition's stream.
+async fn last_sequences(url: &str) -> Vec<u64> {
     let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-    let mut stream = js.get_stream("AWARE").await.unwrap();
-    stream.info().await.unwrap().state.last_sequence
+    let mut out = Vec::new();
+    for name in capture_config().capture_streams() {
+        let mut stream = js.get_stream(&name).await.unwrap();
+        out.push(stream.info().await.unwrap().state.last_sequence);
+    }
+    out
+}
+
+/// The streams whose replay the recorder at `addr` reads.
+fn replayed_streams(addr: std::net::SocketAddr) -> Vec<String> {
+    capture_config()
+        .capture_streams()
+        .into_iter()
+        .filter(|s| {
+            scrape(
+                addr,
+                "aware_replay_messages_read_total",
+                &[("service", "trajectory-recorder"), ("stream", s)],
+            )
+            .is_some()
+        })
+        .collect()
 }
 
 /// One shard of every per-target service: (binary, process, HTTP address).
@@ -58,7 +91,8 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     std::fs::write(
         &config,
         format!(
-            "[bus]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+            "[bus]\nurl = \"{url}\"\n[bus.jetstream]\npartitions = {PARTITIONS}\n\
+             [http]\nlisten = \"127.0.0.1:0\"\n\
              [lifecycle]\nt_online = 1e9\n\
              [learning]\nsteps_per_episode = {SPE}\n\
              [collector]\nsource = \"simulator\"\n\
@@ -125,8 +159,20 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
     }
 
+    // Each recorder shard replays only the partitions holding its slots.
+    for (bin, _, addr) in two
+        .iter()
+        .filter(|(b, _, _)| *b == "aware-trajectory-recorder")
+    {
+        let streams = replayed_streams(*addr);
+        assert!(
+            streams == ["AWARE_0", "AWARE_2"] || streams == ["AWARE_1", "AWARE_3"],
+            "{bin} replays {streams:?}"
+        );
+    }
+
     // The reshard: every 2-shard instance stops, then 3 shards start.
-    let stop_seq = rt.block_on(last_sequence(&server.url()));
+    let stop_seq = rt.block_on(last_sequences(&server.url()));
     for (bin, p, _) in &mut two {
         let status = p.terminate(Duration::from_secs(30));
         assert!(
@@ -136,10 +182,16 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
     }
     drop(two);
+    // Each 2-shard recorder kept a resume point per partition it read.
+    for i in 0..2 {
+        let path = dir.path().join(format!("t.db.shard-{i}-of-2.resume"));
+        let points = aware_trajectory_recorder::service::read_resume(&path, PARTITIONS).unwrap();
+        assert_eq!(points.len(), 2, "{}: {points:?}", path.display());
+    }
     let three: Vec<_> = (0..3)
         .flat_map(|index| start_shard(cfg, ShardConfig { index, count: 3 }))
         .collect();
-    let resumed_seq = rt.block_on(last_sequence(&server.url()));
+    let resumed_seq = rt.block_on(last_sequences(&server.url()));
 
     let deadline = Instant::now() + Duration::from_secs(240);
     while sim_steps() < STEPS as f64 {
@@ -150,8 +202,24 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let captured = rt.block_on(aware_tests::capture_by_target(&server.url()));
+    let streams = capture_config().capture_streams();
+    let captured = rt.block_on(aware_tests::capture_by_target_in(&server.url(), &streams));
     assert_eq!(captured.len(), APPS);
+    // Each partition's stream holds its own slots' targets only.
+    let mut holding = 0;
+    for (k, name) in streams.iter().enumerate() {
+        let events = rt.block_on(aware_tests::capture_of(&server.url(), name));
+        holding += usize::from(!events.is_empty());
+        for (_, ev) in &events {
+            assert_eq!(
+                capture_config().partition_of(ev.target()),
+                k as u32,
+                "{name} holds {}",
+                ev.target()
+            );
+        }
+    }
+    assert!(holding >= 2, "{holding} partitions hold messages");
 
     // Decided at most once ever, and exactly once under either shard count: every `obs`
     // published before the stop (but each target's last, which may have been in flight) and
@@ -159,6 +227,9 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     let (mut decided, mut checked) = (0u64, 0u64);
     for (t, c) in &captured {
         assert!(c.actions.values().all(|&n| n == 1), "{t}: {:?}", c.actions);
+        // Its sequences are its partition's.
+        let k = capture_config().partition_of(t) as usize;
+        let (stop_seq, resumed_seq) = (stop_seq[k], resumed_seq[k]);
         let last_before_stop = c.obs.values().filter(|&&s| s <= stop_seq).max().copied();
         for (key, &seq) in &c.obs {
             let must = (seq <= stop_seq && Some(seq) != last_before_stop) || seq > resumed_seq;
@@ -196,6 +267,14 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
             Some(3.0),
             "{bin} shard {shard}"
         );
+    }
+
+    // 3 does not divide 4: each recorder shard replays every partition, keeping its own slots.
+    for (bin, _, addr) in three
+        .iter()
+        .filter(|(b, _, _)| *b == "aware-trajectory-recorder")
+    {
+        assert_eq!(replayed_streams(*addr), streams, "{bin}");
     }
 
     // The 3 shards split the targets between them, each counting only its own.
@@ -265,6 +344,7 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         rl: false,
         // Acknowledged publishes (ADR 0022): every figure filled in with them too.
         ack_publishes: true,
+        partitions: 1,
         step_ms: 250,
         spread: 0.5,
         restart: false,
@@ -292,7 +372,8 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
 /// `aware bench scale --restart` at a tiny size, RL on: after the run every service's shards are
 /// killed and started again at once, and each restarted process reads back every target's state
 /// it follows: the registrations (the bench registered every target), the stages the lifecycle
-/// monitors published, the models and embeddings, the newest `obs`.
+/// monitors published, the models and embeddings, the newest `obs` (from its own partition of
+/// the capture).
 #[actix_rt::test]
 async fn bench_scale_restarts_every_service_and_each_reads_back_every_targets_state() {
     let targets = 24usize;
@@ -303,6 +384,9 @@ async fn bench_scale_restarts_every_service_and_each_reads_back_every_targets_st
         runs: 1,
         rl: true,
         restart: true,
+        // The capture in 2 partitions: each shard reads its targets' newest `obs` (and any
+        // state the bucket lacks) from its own partition only (ADR 0024).
+        partitions: 2,
         // Debug builds of 12 processes beside the other tests: room for a slow run.
         timeout_secs: 300,
         bin_dir: aware_tests::bin_path("aware-recommender")

@@ -251,19 +251,25 @@ pub async fn wait_captured(url: &str, stream: &str, at_least: u64) {
 /// Every event the capture stream `AWARE` on the server at `url` holds, in stream order, with
 /// its stream sequence (each subject parsed and each payload decoded, or the test fails).
 pub async fn capture(url: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
+    capture_of(url, "AWARE").await
+}
+
+/// Every event the stream `name` on the server at `url` holds, in stream order, with its
+/// stream sequence (each subject parsed and each payload decoded, or the test fails).
+pub async fn capture_of(url: &str, name: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
     use futures::StreamExt;
     let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     let js = async_nats::jetstream::new(client);
     let mut stream = js
-        .get_stream("AWARE")
+        .get_stream(name)
         .await
-        .unwrap_or_else(|e| panic!("stream AWARE: {e}"));
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"));
     let info = stream
         .info()
         .await
-        .unwrap_or_else(|e| panic!("stream AWARE info: {e}"))
+        .unwrap_or_else(|e| panic!("stream {name} info: {e}"))
         .state
         .clone();
     let (first, last) = (info.first_sequence, info.last_sequence);
@@ -274,21 +280,21 @@ pub async fn capture(url: &str) -> Vec<(u64, aware_bus_schemas::Event)> {
     let mut wanted = first.max(1);
     let mut reopened = 0;
     'read: while wanted <= last {
-        assert!(reopened < 20, "reading AWARE stalls at {wanted} of {last}");
+        assert!(reopened < 20, "reading {name} stalls at {wanted} of {last}");
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: aware_bus_schemas::subject::ALL.to_string(),
+                filter_subject: String::new(),
                 deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
                     start_sequence: wanted,
                 },
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("consumer on AWARE: {e}"));
+            .unwrap_or_else(|e| panic!("consumer on {name}: {e}"));
         let mut messages = consumer
             .messages()
             .await
-            .unwrap_or_else(|e| panic!("read AWARE: {e}"));
+            .unwrap_or_else(|e| panic!("read {name}: {e}"));
         loop {
             let m = match tokio::time::timeout(Duration::from_secs(5), messages.next()).await {
                 Ok(Some(Ok(m))) => m,
@@ -334,10 +340,23 @@ pub struct Captured {
 pub async fn capture_by_target(
     url: &str,
 ) -> std::collections::BTreeMap<aware_bus_schemas::Target, Captured> {
+    capture_by_target_in(url, &["AWARE".to_string()]).await
+}
+
+/// [`capture_of`] each of `streams` (the capture's partitions), gathered per target: a target's
+/// sequences are those of its partition's stream.
+pub async fn capture_by_target_in(
+    url: &str,
+    streams: &[String],
+) -> std::collections::BTreeMap<aware_bus_schemas::Target, Captured> {
     use aware_bus_schemas::Event;
     let mut out: std::collections::BTreeMap<aware_bus_schemas::Target, Captured> =
         std::collections::BTreeMap::new();
-    for (seq, ev) in capture(url).await {
+    let mut events = Vec::new();
+    for name in streams {
+        events.extend(capture_of(url, name).await);
+    }
+    for (seq, ev) in events {
         let c = out.entry(ev.target().clone()).or_default();
         match ev {
             Event::Obs(o) => {

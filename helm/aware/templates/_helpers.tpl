@@ -71,6 +71,12 @@ collector recommender actuator recorder trainer lifecycle-monitor controller wat
   value: {{ .Values.logLevel | quote }}
 - name: AWARE_ACTORS__RETIRE_AFTER_SECS
   value: {{ .Values.retireAfterSeconds | quote }}
+{{- $partitions := int .Values.nats.jetstream.capturePartitions }}
+{{- if gt $partitions 1 }}
+# The capture in partitions (docs/adr/0024-capture-partitions.md).
+- name: AWARE_BUS__JETSTREAM__PARTITIONS
+  value: {{ $partitions | quote }}
+{{- end }}
 {{- if gt (int .Values.nats.replicas) 1 }}
 # A NATS cluster: every stream and bucket with a copy per server, and publishes that go on only
 # once stored (docs/operations.md#across-machines).

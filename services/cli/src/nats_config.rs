@@ -22,11 +22,12 @@ pub enum NatsConfigError {
     NKey(String),
 }
 
-/// The stream and bucket names of `cfg` (`bus.jetstream.stream`, `model_store.bucket`).
+/// The stream and bucket names of `cfg` (the capture's partitions of `bus.jetstream.stream`,
+/// `model_store.bucket`).
 pub fn names(cfg: &AppConfig) -> Result<Names, NatsConfigError> {
     let store: ModelStoreConfig = cfg.section("model_store")?;
     Ok(Names {
-        stream: cfg.bus.jetstream.stream.clone(),
+        streams: cfg.bus.jetstream.capture_streams(),
         state_bucket: cfg.bus.jetstream.state_bucket.clone(),
         bucket: store.bucket,
     })

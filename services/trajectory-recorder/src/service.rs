@@ -6,7 +6,9 @@
 //! subscriptions, and after every stored batch it persists the *resume point*: the stream sequence
 //! of the oldest message it may still need: the lowest sequence of any message of each target's
 //! oldest open episode (the minimum over targets; the previous episode's while a step of it waits
-//! for a late part, see [`crate::join`]). A restarted recorder replays from there, rebuilds its joins and
+//! for a late part, see [`crate::join`]). With the capture in partitions (ADR 0024) each partition's
+//! stream numbers its own messages and has its own resume point, the minimum over its targets.
+//! A restarted recorder replays from there, rebuilds its joins and
 //! episode accumulators, and re-writes what it had already stored (writes are idempotent), so a
 //! crash or restart loses no transition and never duplicates a row or an `episode` message.
 //!
@@ -76,7 +78,8 @@ pub struct RecorderConfig {
     /// reads it too), filled in by [`RecorderConfig::read`].
     #[serde(skip)]
     pub store: StoreConfig,
-    /// Where the JetStream resume point is kept (default: `<trajectory_store.sqlite_path>.resume`,
+    /// Where the JetStream resume points are kept, one per partition of the capture ([`read_resume`];
+    /// default: `<trajectory_store.sqlite_path>.resume`,
     /// with shards `<…>.shard-<index>-of-<count>.resume`: each shard has its own, and a new
     /// shard count starts from the oldest message the stream keeps, the store's upserts
     /// absorbing what is recorded twice).
@@ -173,39 +176,86 @@ pub enum ResumeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("recorder resume point {} is corrupt: `{text}`", path.display())]
-    Corrupt {
-        path: PathBuf,
-        text: String,
-        #[source]
-        source: std::num::ParseIntError,
-    },
+    #[error("recorder resume point {} is corrupt: `{text}` (expected a sequence, or `partitions <P>` then `<partition> <sequence>` lines)", path.display())]
+    Corrupt { path: PathBuf, text: String },
 }
 
-/// The persisted resume point (0 when none: replay everything the stream keeps).
-pub fn read_resume(path: &std::path::Path) -> Result<u64, ResumeError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => text.trim().parse().map_err(|source| ResumeError::Corrupt {
-            path: path.to_path_buf(),
-            text: text.trim().to_string(),
-            source,
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(source) => Err(ResumeError::Read {
-            path: path.to_path_buf(),
-            source,
-        }),
+/// The resume point of each partition of the capture: the stream sequence a replay of that
+/// partition starts from (absent: everything it keeps).
+pub type ResumePoints = std::collections::BTreeMap<u32, u64>;
+
+/// The persisted resume points for a capture of `partitions` partitions (empty when none:
+/// replay everything the streams keep). One partition's is a bare sequence; several are a
+/// `partitions <P>` line then `<partition> <sequence>` lines. Points written for another
+/// partition count refer to other streams: they are dropped, with a warning, and the new
+/// streams are replayed from their start (the store's upserts absorb what comes twice).
+pub fn read_resume(path: &std::path::Path, partitions: u32) -> Result<ResumePoints, ResumeError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ResumePoints::new()),
+        Err(source) => {
+            return Err(ResumeError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let corrupt = || ResumeError::Corrupt {
+        path: path.to_path_buf(),
+        text: text.trim().to_string(),
+    };
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().ok_or_else(corrupt)?;
+    let (written_for, points) = match first.strip_prefix("partitions ") {
+        None => {
+            let seq: u64 = first.parse().map_err(|_| corrupt())?;
+            if lines.next().is_some() {
+                return Err(corrupt());
+            }
+            (1, ResumePoints::from([(0, seq)]))
+        }
+        Some(p) => {
+            let p: u32 = p.trim().parse().map_err(|_| corrupt())?;
+            let mut points = ResumePoints::new();
+            for l in lines {
+                let (k, seq) = l.split_once(' ').ok_or_else(corrupt)?;
+                let k: u32 = k.parse().map_err(|_| corrupt())?;
+                let seq: u64 = seq.trim().parse().map_err(|_| corrupt())?;
+                if k >= p {
+                    return Err(corrupt());
+                }
+                points.insert(k, seq);
+            }
+            (p, points)
+        }
+    };
+    if written_for != partitions {
+        tracing::warn!(path = %path.display(), written_for, partitions, "the resume points were written for another partition count (bus.jetstream.partitions): replaying the capture from its start");
+        return Ok(ResumePoints::new());
     }
+    Ok(points)
 }
 
-/// Writes the resume point atomically (temporary file, fsync, rename).
-pub fn write_resume(path: &std::path::Path, seq: u64) -> std::io::Result<()> {
+/// Writes the resume points atomically (temporary file, fsync, rename), in [`read_resume`]'s
+/// format.
+pub fn write_resume(
+    path: &std::path::Path,
+    partitions: u32,
+    points: &ResumePoints,
+) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let mut f = std::fs::File::create(&tmp)?;
-    writeln!(f, "{seq}")?;
+    if partitions <= 1 {
+        writeln!(f, "{}", points.get(&0).copied().unwrap_or(0))?;
+    } else {
+        writeln!(f, "partitions {partitions}")?;
+        for (k, seq) in points {
+            writeln!(f, "{k} {seq}")?;
+        }
+    }
     f.sync_all()?;
     std::fs::rename(&tmp, path)
 }
@@ -218,9 +268,9 @@ enum Write {
     /// The target was deregistered or its actor retired: its floor no longer holds the resume
     /// point back.
     Release(Target),
-    /// The stream was recreated: every floor refers to the old one. The resume point goes back
-    /// to its start until the targets' next `obs` set new floors.
-    StreamReset,
+    /// A partition's stream was recreated: its targets' floors refer to the old one. Its resume
+    /// point goes back to its start until their next `obs` set new floors.
+    StreamReset(u32),
 }
 
 /// An event with its JetStream stream sequence (on NATS).
@@ -260,6 +310,17 @@ impl RecorderMetrics {
             &["target"],
         )?;
         resume_held.with_label_values(&[""]).set(0);
+        // The replay's series of every partition it reads exist from the start, at 0, so that a
+        // first discard shows as an increase.
+        let js = &ctx.config.bus.jetstream;
+        if js.enabled {
+            for k in js.partitions_of(&ctx.config.shard) {
+                let stream = js.partition_stream(k);
+                m.replay_read.with_label_values(&[&stream]);
+                m.replay_discarded.with_label_values(&[&stream]);
+                m.capture_span.with_label_values(&[&stream]);
+            }
+        }
         Ok(RecorderMetrics {
             stored: m.counter("recorder_transitions_stored_total", "Transitions stored")?,
             overwrites_refused: m.counter(
@@ -511,12 +572,14 @@ async fn with_retry<T: Send + 'static>(
     }
 }
 
-/// The JetStream resume point: each target's floor ([`Joiner::floor`]) and
-/// what was persisted.
+/// The JetStream resume points: each target's floor ([`Joiner::floor`]) and what was
+/// persisted, per partition of the capture.
 struct Resume {
     path: PathBuf,
+    /// The capture's partitions and how a target maps to one.
+    capture: aware_shared::config::JetStreamConfig,
     floors: std::collections::HashMap<Target, Floor>,
-    persisted: u64,
+    persisted: ResumePoints,
 }
 
 /// A target's floor: its stream sequence and when the writer received it (Unix ms).
@@ -527,12 +590,32 @@ struct Floor {
 }
 
 impl Resume {
-    /// The floor holding the resume point back (the lowest sequence) and its target, if any.
+    /// The floor that has held a resume point back longest and its target, if any: of each
+    /// partition's holder (its lowest sequence), the one received first.
     fn oldest(&self) -> Option<(&Target, Floor)> {
-        self.floors
-            .iter()
-            .min_by_key(|(_, f)| f.seq)
-            .map(|(t, f)| (t, *f))
+        let mut holders: std::collections::BTreeMap<u32, (&Target, Floor)> = Default::default();
+        for (t, f) in &self.floors {
+            let e = holders
+                .entry(self.capture.partition_of(t))
+                .or_insert((t, *f));
+            if f.seq < e.1.seq {
+                *e = (t, *f);
+            }
+        }
+        holders.into_values().min_by_key(|(_, f)| f.since_ms)
+    }
+
+    /// Each partition's resume point: the lowest floor of its targets. A partition without a
+    /// floor keeps what was persisted.
+    fn points(&self) -> ResumePoints {
+        let mut points = self.persisted.clone();
+        let mut lowest = ResumePoints::new();
+        for (t, f) in &self.floors {
+            let e = lowest.entry(self.capture.partition_of(t)).or_insert(f.seq);
+            *e = (*e).min(f.seq);
+        }
+        points.extend(lowest);
+        points
     }
 }
 
@@ -667,10 +750,15 @@ async fn writer(
         Write::Release(t) => {
             resume.floors.remove(&t);
         }
-        Write::StreamReset => {
-            resume.floors.clear();
-            match write_resume(&resume.path, 0) {
-                Ok(()) => resume.persisted = 0,
+        Write::StreamReset(partition) => {
+            let capture = &resume.capture;
+            resume
+                .floors
+                .retain(|t, _| capture.partition_of(t) != partition);
+            let mut points = resume.persisted.clone();
+            points.insert(partition, 0);
+            match write_resume(&resume.path, capture.partitions, &points) {
+                Ok(()) => resume.persisted = points,
                 Err(e) => {
                     tracing::error!(path = %resume.path.display(), error = %e, "cannot reset the resume point")
                 }
@@ -707,8 +795,8 @@ async fn writer(
     }
 }
 
-/// Persists the minimum floor once everything received before it is stored, and reports how
-/// long it has held the resume point back.
+/// Persists each partition's lowest floor once everything received before it is stored, and
+/// reports how long the oldest floor has held a resume point back.
 fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
     let oldest = resume.oldest().map(|(t, f)| (t.to_string(), f));
     let (holder, held) = match &oldest {
@@ -717,14 +805,12 @@ fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
     };
     metrics.resume_held.reset();
     metrics.resume_held.with_label_values(&[holder]).set(held);
-    let Some((_, Floor { seq: min, .. })) = oldest else {
-        return;
-    };
-    if min == resume.persisted {
+    let points = resume.points();
+    if points == resume.persisted {
         return;
     }
-    match write_resume(&resume.path, min) {
-        Ok(()) => resume.persisted = min,
+    match write_resume(&resume.path, resume.capture.partitions, &points) {
+        Ok(()) => resume.persisted = points,
         Err(e) => {
             metrics.store_errors.with_label_values(&["resume"]).inc();
             tracing::error!(path = %resume.path.display(), error = %e, "cannot persist the resume point");
@@ -804,13 +890,15 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         .map_err(|e| ServiceError::resource("trajectory store", e))?;
     let metrics = RecorderMetrics::new(&ctx)?;
     let resume_path = cfg.resume_path(&ctx.config.shard);
-    let start_seq =
-        read_resume(&resume_path).map_err(|e| ServiceError::resource("recorder.resume_path", e))?;
+    let capture = ctx.config.bus.jetstream.clone();
+    let start = read_resume(&resume_path, capture.partitions)
+        .map_err(|e| ServiceError::resource("recorder.resume_path", e))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let resume = Resume {
         path: resume_path,
+        capture,
         floors: Default::default(),
-        persisted: start_seq,
+        persisted: start.clone(),
     };
     let forget_task = match cfg.store.forget_after() {
         Some(after) => {
@@ -863,7 +951,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let replay =
         matches!(ctx.bus, aware_shared::bus::Bus::Nats(_)) && ctx.config.bus.jetstream.enabled;
     if replay {
-        let mut rx = ctx.subscribe_replay(&kinds, start_seq).await?;
+        let mut rx = ctx.subscribe_replay(&kinds, &start).await?;
         // Registrations live (and the bus's retained state), not replayed: they release floors
         // and retire actors, whatever the replay has reached.
         let mut registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
@@ -872,7 +960,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         ctx.ready.set(true);
         tracing::info!(
             service = ctx.name,
-            from_seq = start_seq,
+            from_seq = ?start,
             "ready (JetStream replay)"
         );
         loop {
@@ -885,10 +973,10 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                             actors.get_or_start(&target).do_send(Sequenced(*ev, seq));
                         }
                     }
-                    Some(Replayed::Reset(reason)) => {
+                    Some(Replayed::Reset { partition, reason }) => {
                         stream_resets.inc();
-                        tracing::warn!(%reason, "the stream starts over: resume point reset, floors set again by the next observations");
-                        let _ = tx.send(Write::StreamReset);
+                        tracing::warn!(partition, %reason, "the stream starts over: its resume point reset, floors set again by the next observations");
+                        let _ = tx.send(Write::StreamReset(partition));
                     }
                     None => break,
                 },
@@ -985,11 +1073,39 @@ mod tests {
     fn resume_point_round_trips_and_rejects_garbage() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r");
-        assert_eq!(read_resume(&p).unwrap(), 0, "absent: replay everything");
-        write_resume(&p, 12345).unwrap();
-        assert_eq!(read_resume(&p).unwrap(), 12345);
-        std::fs::write(&p, "twelve").unwrap();
-        assert!(read_resume(&p).unwrap_err().to_string().contains("corrupt"));
+        assert!(
+            read_resume(&p, 1).unwrap().is_empty(),
+            "absent: replay everything"
+        );
+        write_resume(&p, 1, &ResumePoints::from([(0, 12345)])).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "12345\n",
+            "as before partitions"
+        );
+        assert_eq!(
+            read_resume(&p, 1).unwrap(),
+            ResumePoints::from([(0, 12345)])
+        );
+        assert!(
+            read_resume(&p, 4).unwrap().is_empty(),
+            "a single stream's point means nothing in four partitions"
+        );
+        let four = ResumePoints::from([(0, 7), (3, 90)]);
+        write_resume(&p, 4, &four).unwrap();
+        assert_eq!(read_resume(&p, 4).unwrap(), four);
+        assert!(read_resume(&p, 8).unwrap().is_empty(), "another layout");
+        for garbage in [
+            "twelve",
+            "1\n2",
+            "partitions 4\n4 10",
+            "partitions 4\n1",
+            "",
+        ] {
+            std::fs::write(&p, garbage).unwrap();
+            let e = read_resume(&p, 4).unwrap_err().to_string();
+            assert!(e.contains("corrupt"), "{garbage}: {e}");
+        }
         let cfg = RecorderConfig {
             store: StoreConfig {
                 sqlite_path: "/x/t.db".into(),
@@ -1013,8 +1129,9 @@ mod tests {
         let (a, b) = (Target::new("ns", "a"), Target::new("ns", "b"));
         let mut r = Resume {
             path: PathBuf::from("/nonexistent/r"),
+            capture: Default::default(),
             floors: Default::default(),
-            persisted: 0,
+            persisted: Default::default(),
         };
         let held = |r: &Resume, now_ms| r.oldest().map_or(0, |(_, f)| f.held_secs(now_ms));
         assert_eq!((r.oldest(), held(&r, 5_000)), (None, 0));
@@ -1050,6 +1167,46 @@ mod tests {
         r.floors.remove(&a);
         assert_eq!(held(&r, 71_000), 1);
         assert_eq!(held(&r, 0), 0, "a clock gone back reports 0");
+    }
+
+    /// Each partition's stream numbers its own messages: its resume point is the lowest floor
+    /// of its own targets, whatever the other partitions' floors.
+    #[test]
+    fn each_partition_resumes_from_the_lowest_floor_of_its_own_targets() {
+        let capture = aware_shared::config::JetStreamConfig {
+            partitions: 4,
+            ..Default::default()
+        };
+        let in_partition = |k: u32, skip: usize| {
+            (0..)
+                .map(|n| Target::new("ns", format!("app-{n}")))
+                .filter(|t| capture.partition_of(t) == k)
+                .nth(skip)
+                .unwrap()
+        };
+        let (a, a2, b) = (in_partition(1, 0), in_partition(1, 1), in_partition(2, 0));
+        let mut r = Resume {
+            path: PathBuf::from("/nonexistent/r"),
+            capture: capture.clone(),
+            floors: Default::default(),
+            persisted: ResumePoints::from([(0, 5), (1, 3)]),
+        };
+        let floor = |seq, since_ms| Floor { seq, since_ms };
+        r.floors.insert(a.clone(), floor(40, 2_000));
+        r.floors.insert(a2.clone(), floor(30, 3_000));
+        r.floors.insert(b.clone(), floor(2, 4_000));
+        assert_eq!(
+            r.points(),
+            ResumePoints::from([(0, 5), (1, 30), (2, 2)]),
+            "partition 0 has no floor and keeps its point"
+        );
+        assert_eq!(
+            r.oldest().map(|(t, f)| (t.clone(), f.seq)),
+            Some((a2.clone(), 30)),
+            "partition 1's holder came before partition 2's, though its sequence is higher"
+        );
+        r.floors.remove(&a2);
+        assert_eq!(r.points()[&1], 40, "a2's episode done: a holds partition 1");
     }
 
     #[test]

@@ -53,6 +53,31 @@ fn storage(kind: StorageKind) -> jetstream::stream::StorageType {
     }
 }
 
+/// The capture's streams, one per partition (`bus.jetstream.partitions`): partition `k`
+/// keeps every event of its slots for `max_age_secs`, in `max_bytes / partitions` bytes.
+pub fn capture_stream_configs(cfg: &BusConfig) -> Vec<jetstream::stream::Config> {
+    let js = &cfg.jetstream;
+    (0..js.partitions.max(1))
+        .map(|k| jetstream::stream::Config {
+            name: js.partition_stream(k),
+            subjects: js.partition_subjects(k),
+            max_age: Duration::from_secs(js.max_age_secs),
+            max_bytes: js.partition_max_bytes(),
+            storage: storage(js.storage),
+            num_replicas: js.replicas,
+            description: Some(if js.partitions <= 1 {
+                "AWARE events (aware.v1.>) for replay by external tools".into()
+            } else {
+                format!(
+                    "AWARE events of the slots s with s mod {} = {k}, for replay by external tools",
+                    js.partitions
+                )
+            }),
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// The stream of the state bucket (`bus.jetstream.state_bucket`): a JetStream key-value bucket
 /// (`KV_<bucket>`, subjects `$KV.<bucket>.>`, one value per key, so `nats kv` reads it) whose
 /// keys are the subjects of the state kinds (`lifecycle`, `model`, `embedding`, `target`) and
@@ -297,21 +322,13 @@ impl NatsBus {
         Ok(bus)
     }
 
-    /// Creates or updates the stream that captures every AWARE subject, and the key-value
-    /// bucket of every target's current state ([`state_stream_config`]).
+    /// Creates or updates the streams that capture every AWARE subject (one per partition,
+    /// [`capture_stream_configs`]), and the key-value bucket of every target's current state
+    /// ([`state_stream_config`]).
     pub async fn ensure_stream(&self, cfg: &BusConfig) -> Result<(), BusError> {
-        let js_cfg = &cfg.jetstream;
-        let capture = jetstream::stream::Config {
-            name: js_cfg.stream.clone(),
-            subjects: vec![aware_bus_schemas::subject::ALL.to_string()],
-            max_age: Duration::from_secs(js_cfg.max_age_secs),
-            max_bytes: js_cfg.max_bytes,
-            storage: storage(js_cfg.storage),
-            num_replicas: js_cfg.replicas,
-            description: Some("AWARE events (aware.v1.>) for replay by external tools".into()),
-            ..Default::default()
-        };
-        self.ensure(capture, "capture stream").await?;
+        for capture in capture_stream_configs(cfg) {
+            self.ensure(capture, "capture stream").await?;
+        }
         self.ensure(state_stream_config(cfg), "state bucket").await
     }
 

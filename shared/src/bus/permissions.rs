@@ -147,11 +147,11 @@ const TABLE: [Row; 8] = [
     },
 ];
 
-/// The names the permissions depend on: the capture stream, the state bucket, the model store
-/// bucket.
+/// The names the permissions depend on: the capture's streams (one per partition), the state
+/// bucket, the model store bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
-    pub stream: String,
+    pub streams: Vec<String>,
     pub state_bucket: String,
     pub bucket: String,
 }
@@ -249,14 +249,13 @@ impl Identity {
                 format!("{api}.CONSUMER.MSG.NEXT.{s}.*"),
             ]);
         };
-        let stream = &names.stream;
         match row.capture {
             Capture::None => {}
             Capture::Read | Capture::Own => {
                 // The state bucket goes with the capture: read by all, created by any, set by
                 // the owner, and each state kind written only by its publisher.
                 let state = format!("KV_{}", names.state_bucket);
-                for s in [stream, &state] {
+                for s in names.streams.iter().chain([&state]) {
                     read_stream(s, &mut publish);
                     publish.push(format!("{api}.STREAM.CREATE.{s}"));
                     if row.capture == Capture::Own {
@@ -361,7 +360,7 @@ mod tests {
 
     fn names() -> Names {
         Names {
-            stream: "AWARE".into(),
+            streams: vec!["AWARE".into()],
             state_bucket: "AWARE_STATE".into(),
             bucket: "models".into(),
         }
@@ -408,6 +407,34 @@ mod tests {
                 .all(|s| !s.starts_with("_INBOX") || s.starts_with(&id.inbox_prefix())));
         }
         assert!(Identity::Watch.permissions(&names()).publish.is_empty());
+    }
+
+    /// With the capture in partitions, every identity that reads it may read each partition's
+    /// stream, and only the recorder may change one.
+    #[test]
+    fn every_partition_of_the_capture_is_readable_and_only_the_recorder_updates_it() {
+        let names = Names {
+            streams: (0..4).map(|k| format!("AWARE_{k}")).collect(),
+            ..names()
+        };
+        for id in Identity::ALL {
+            let p = id.permissions(&names);
+            for k in 0..4 {
+                let read = format!("$JS.API.CONSUMER.CREATE.AWARE_{k}.>");
+                let update = format!("$JS.API.STREAM.UPDATE.AWARE_{k}");
+                let reads = id.row().capture != Capture::None;
+                assert_eq!(p.publish.contains(&read), reads, "{id:?} {read}");
+                assert_eq!(
+                    p.publish.contains(&update),
+                    id == Identity::Recorder,
+                    "{id:?} {update}"
+                );
+            }
+            assert!(
+                !p.publish.iter().any(|s| s.ends_with(".AWARE")),
+                "{id:?}: no single stream"
+            );
+        }
     }
 
     /// Each state kind's key in the state bucket is written only by the kind's publisher; every
