@@ -18,7 +18,10 @@
 //! - `first_model_after_s_p50`: from a target's first `episode` (its first data stored) to its
 //!   first `model`, median over the targets that got one (`null` without `--rl` or when none did);
 //! - `store_bytes_per_transition`: the trajectory stores' files (one SQLite file per shard)
-//!   over the transitions stored in them.
+//!   over the transitions stored in them;
+//! - `capture_bytes_per_target_step`: the capture's bytes (all `--partitions`) per target-step;
+//! - `replay_read_per_captured`: what the recorders' replays read over what the capture holds
+//!   (the read amplification of sharding: 1 when each shard reads only its own slots' streams).
 //!
 //! With `--restart`, the bench registers every target first (as the controller does) and, once
 //! the run is over, restarts each service in turn: every shard's process killed (SIGKILL) and
@@ -130,6 +133,15 @@ pub struct ScaleRun {
     pub transitions_stored: u64,
     pub store_bytes: u64,
     pub store_bytes_per_transition: f64,
+    /// Messages the capture's streams hold after the run, summed over its partitions.
+    pub captured_messages: u64,
+    /// The capture's bytes per target-step (an `obs`, an `action`, an `applied`, and the
+    /// state messages): what `bus.jetstream.max_bytes` must hold per target and step.
+    pub capture_bytes_per_target_step: f64,
+    /// Messages the recorders' replays read, summed over the shards, over the messages
+    /// captured: 1 when each shard reads only its own slots' streams, the shard count when
+    /// every shard reads the whole capture.
+    pub replay_read_per_captured: f64,
     /// `--restart`: each service's restart, in restart order.
     pub restarts: Vec<RestartRun>,
 }
@@ -189,6 +201,8 @@ pub struct ScaleReport {
     pub trainer_cpu_s_per_target_hour: f64,
     pub first_model_after_s_p50: Option<f64>,
     pub store_bytes_per_transition: f64,
+    pub capture_bytes_per_target_step: f64,
+    pub replay_read_per_captured: f64,
     /// `--restart`: per service, from starting its processes again to all of them ready
     /// (median over the runs), seconds.
     pub restart_ready_s: BTreeMap<String, f64>,
@@ -229,6 +243,32 @@ fn sum_metrics<const N: usize>(procs: &[Process], bin: &str, names: [&str; N]) -
         }
     }
     out
+}
+
+/// Messages and bytes the capture's streams hold, summed over its `partitions`.
+async fn capture_size(url: &str, partitions: u32) -> Result<(u64, u64), BenchError> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| fail(format!("connect to {url}: {e}")))?;
+    let js = async_nats::jetstream::new(client);
+    let cfg = aware_shared::config::JetStreamConfig {
+        partitions,
+        ..Default::default()
+    };
+    let (mut messages, mut bytes) = (0, 0);
+    for name in cfg.capture_streams() {
+        let mut stream = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| fail(format!("stream {name}: {e}")))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| fail(format!("stream {name}: {e}")))?;
+        messages += info.state.messages;
+        bytes += info.state.bytes;
+    }
+    Ok((messages, bytes))
 }
 
 fn file_bytes(db: &Path) -> u64 {
@@ -470,6 +510,12 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     while stored(&procs) < stored_want && Instant::now() < stored_deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let [replay_read] = sum_metrics(
+        &procs,
+        "aware-trajectory-recorder",
+        ["aware_replay_messages_read_total"],
+    );
+    let (captured_messages, captured_bytes) = capture_size(&url, opts.partitions).await?;
     let trainer_cpu_s: f64 = procs
         .iter()
         .filter(|p| p.bin == "aware-meta-learner-trainer")
@@ -548,6 +594,10 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         transitions_stored: transitions,
         store_bytes,
         store_bytes_per_transition: store_bytes as f64 / transitions.max(1) as f64,
+        captured_messages,
+        capture_bytes_per_target_step: captured_bytes as f64
+            / (opts.targets as f64 * (opts.steps + 1) as f64).max(1.0),
+        replay_read_per_captured: replay_read / captured_messages.max(1) as f64,
         restarts,
     })
 }
@@ -742,6 +792,8 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         trainer_cpu_s_per_target_hour: m(|r| r.trainer_cpu_s_per_target_hour),
         first_model_after_s_p50: (!models.is_empty()).then(|| median(&models)),
         store_bytes_per_transition: m(|r| r.store_bytes_per_transition),
+        capture_bytes_per_target_step: m(|r| r.capture_bytes_per_target_step),
+        replay_read_per_captured: m(|r| r.replay_read_per_captured),
         restart_ready_s,
         restart_recovered_all: opts.restart.then(|| {
             runs.iter()

@@ -413,39 +413,29 @@ impl ServiceContext {
         }
         let js = async_nats::jetstream::new(nats.client().clone());
         let filter = subject::kind_filter(kind);
-        // What to read of the capture: with one stream and one shard, the kind's every subject;
-        // otherwise each slot of this shard in its partition's stream, so that a shard reads
-        // its own targets' messages only (a partition's stream takes only filters within one
-        // of its slots, ADR 0024).
-        let shard = &self.config.shard;
-        let reads: Vec<(String, String)> = if shard.count <= 1 && js_cfg.partitions <= 1 {
-            vec![(js_cfg.partition_stream(0), filter.clone())]
-        } else {
-            shard
-                .slots()
-                .map(|s| {
-                    (
-                        js_cfg.partition_stream(s % js_cfg.partitions.max(1)),
-                        subject::slot_filter(kind, s),
-                    )
-                })
-                .collect()
-        };
-        let streams: std::collections::BTreeSet<&String> = reads.iter().map(|(s, _)| s).collect();
+        // What to read of the capture: the one stream's subjects of the kind; or, in
+        // partitions, each partition holding a slot of this shard, whole: a partition's stream
+        // takes a filter within one of its slots or spanning all of them, and one consumer per
+        // slot would scan the stream once per slot. What is not of the kind (or of another
+        // shard, which the caller drops) is dropped before decoding.
+        let streams: Vec<String> = js_cfg
+            .partitions_of(&self.config.shard)
+            .into_iter()
+            .map(|k| js_cfg.partition_stream(k))
+            .collect();
+        let partitioned = js_cfg.partitions > 1;
         let read_capture = || async {
-            use futures::StreamExt;
-            let parts: Vec<Result<Vec<(String, Bytes)>, CaptureError>> =
-                futures::stream::iter(reads.clone())
-                    .map(|(stream, f)| {
-                        let js = js.clone();
-                        async move { read_last_per_subject(&js, &stream, &f).await }
-                    })
-                    .buffer_unordered(CAPTURE_READS_AT_ONCE)
-                    .collect()
-                    .await;
             let mut out = Vec::new();
-            for part in parts {
-                out.extend(part?);
+            for stream in &streams {
+                if partitioned {
+                    let all = read_last_per_subject(&js, stream, subject::ALL).await?;
+                    out.extend(
+                        all.into_iter()
+                            .filter(|(s, _)| subject::parse(s).is_ok_and(|p| p.kind == kind)),
+                    );
+                } else {
+                    out.extend(read_last_per_subject(&js, stream, &filter).await?);
+                }
             }
             Ok::<_, CaptureError>(out)
         };
@@ -485,7 +475,7 @@ impl ServiceContext {
         // so the capture does not bring its state back, and not delivered.
         let forgotten = |(_, p): &(String, Bytes)| p.is_empty();
         let mut predates = false;
-        for stream in streams {
+        for stream in &streams {
             predates = predates || capture_predates(&js, stream, &kv_stream).await?;
         }
         if !predates {
@@ -733,9 +723,6 @@ pub enum Replayed {
     /// any sequence of it kept from before means nothing in it (why, for the log).
     Reset { partition: u32, reason: String },
 }
-
-/// How many reads of the capture (one per slot of a shard) run at once at start-up.
-const CAPTURE_READS_AT_ONCE: usize = 8;
 
 /// How often the replay checks whether its stream was recreated.
 pub const REPLAY_RESET_CHECK: Duration = Duration::from_secs(2);

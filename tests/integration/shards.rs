@@ -366,6 +366,12 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
     assert!(r.resident_bytes_per_target > 0.0, "{run:?}");
     assert!(r.store_bytes_per_transition > 0.0, "{run:?}");
     assert_eq!(run.trainer_cpu_s, 0.0, "no trainer without --rl");
+    // One capture stream: each of the 2 recorder shards reads all of it.
+    assert!(
+        run.replay_read_per_captured > 1.5 && run.replay_read_per_captured <= 2.0,
+        "{run:?}"
+    );
+    assert!(run.capture_bytes_per_target_step > 0.0, "{run:?}");
     assert_eq!(r.first_model_after_s_p50, None);
 }
 
@@ -397,6 +403,11 @@ async fn bench_scale_restarts_every_service_and_each_reads_back_every_targets_st
     let r = aware_bench::scale::run(&opts).await.unwrap();
     let run = &r.runs[0];
     assert!(r.decided_exactly_once, "{run:?}");
+    // Two partitions, two shards: each recorder shard reads its own partition only.
+    assert!(
+        run.replay_read_per_captured > 0.5 && run.replay_read_per_captured <= 1.0,
+        "{run:?}"
+    );
     let services: Vec<&str> = run.restarts.iter().map(|x| x.service.as_str()).collect();
     assert_eq!(
         services,
