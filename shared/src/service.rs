@@ -423,19 +423,21 @@ impl ServiceContext {
             .into_iter()
             .map(|k| js_cfg.partition_stream(k))
             .collect();
-        let partitioned = js_cfg.partitions > 1;
+        let read_filter = if js_cfg.partitions > 1 {
+            subject::ALL
+        } else {
+            filter.as_str()
+        };
         let read_capture = || async {
             let mut out = Vec::new();
             for stream in &streams {
-                if partitioned {
-                    let all = read_last_per_subject(&js, stream, subject::ALL).await?;
-                    out.extend(
-                        all.into_iter()
-                            .filter(|(s, _)| subject::parse(s).is_ok_and(|p| p.kind == kind)),
-                    );
-                } else {
-                    out.extend(read_last_per_subject(&js, stream, &filter).await?);
-                }
+                let read = read_last_per_subject(&js, stream, read_filter).await?;
+                // The kind's token (`aware.v1.<kind>.…`): what the one stream's filter selects.
+                // A subject that does not parse goes on to be counted where it is decoded.
+                out.extend(
+                    read.into_iter()
+                        .filter(|(s, _)| s.split('.').nth(2) == Some(kind.as_str())),
+                );
             }
             Ok::<_, CaptureError>(out)
         };

@@ -589,11 +589,13 @@ struct Floor {
     since_ms: i64,
 }
 
+/// Each partition's holder: the floor with the partition's lowest sequence, and its target.
+type Holders<'a> = std::collections::BTreeMap<u32, (&'a Target, Floor)>;
+
 impl Resume {
-    /// The floor that has held a resume point back longest and its target, if any: of each
-    /// partition's holder (its lowest sequence), the one received first.
-    fn oldest(&self) -> Option<(&Target, Floor)> {
-        let mut holders: std::collections::BTreeMap<u32, (&Target, Floor)> = Default::default();
+    /// Each partition's holder, in one pass over the floors.
+    fn holders(&self) -> Holders<'_> {
+        let mut holders = Holders::new();
         for (t, f) in &self.floors {
             let e = holders
                 .entry(self.capture.partition_of(t))
@@ -602,19 +604,20 @@ impl Resume {
                 *e = (t, *f);
             }
         }
-        holders.into_values().min_by_key(|(_, f)| f.since_ms)
+        holders
     }
 
-    /// Each partition's resume point: the lowest floor of its targets. A partition without a
-    /// floor keeps what was persisted.
-    fn points(&self) -> ResumePoints {
+    /// The floor that has held a resume point back longest and its target, if any: of the
+    /// partitions' holders, the one received first.
+    fn oldest<'a>(holders: &Holders<'a>) -> Option<(&'a Target, Floor)> {
+        holders.values().copied().min_by_key(|(_, f)| f.since_ms)
+    }
+
+    /// Each partition's resume point: its holder's sequence. A partition without a floor keeps
+    /// what was persisted.
+    fn points(&self, holders: &Holders<'_>) -> ResumePoints {
         let mut points = self.persisted.clone();
-        let mut lowest = ResumePoints::new();
-        for (t, f) in &self.floors {
-            let e = lowest.entry(self.capture.partition_of(t)).or_insert(f.seq);
-            *e = (*e).min(f.seq);
-        }
-        points.extend(lowest);
+        points.extend(holders.iter().map(|(k, (_, f))| (*k, f.seq)));
         points
     }
 }
@@ -798,14 +801,16 @@ async fn writer(
 /// Persists each partition's lowest floor once everything received before it is stored, and
 /// reports how long the oldest floor has held a resume point back.
 fn persist_resume(resume: &mut Resume, metrics: &RecorderMetrics) {
-    let oldest = resume.oldest().map(|(t, f)| (t.to_string(), f));
+    let holders = resume.holders();
+    let oldest = Resume::oldest(&holders).map(|(t, f)| (t.to_string(), f));
     let (holder, held) = match &oldest {
         Some((t, f)) => (t.as_str(), f.held_secs(aware_bus_schemas::now_ms())),
         None => ("", 0),
     };
     metrics.resume_held.reset();
     metrics.resume_held.with_label_values(&[holder]).set(held);
-    let points = resume.points();
+    let points = resume.points(&holders);
+    drop(holders);
     if points == resume.persisted {
         return;
     }
@@ -1133,8 +1138,10 @@ mod tests {
             floors: Default::default(),
             persisted: Default::default(),
         };
-        let held = |r: &Resume, now_ms| r.oldest().map_or(0, |(_, f)| f.held_secs(now_ms));
-        assert_eq!((r.oldest(), held(&r, 5_000)), (None, 0));
+        let held = |r: &Resume, now_ms| {
+            Resume::oldest(&r.holders()).map_or(0, |(_, f)| f.held_secs(now_ms))
+        };
+        assert_eq!((Resume::oldest(&r.holders()), held(&r, 5_000)), (None, 0));
         r.floors.insert(
             a.clone(),
             Floor {
@@ -1150,7 +1157,7 @@ mod tests {
             },
         );
         assert_eq!(
-            r.oldest().map(|(t, f)| (t.clone(), f.seq)),
+            Resume::oldest(&r.holders()).map(|(t, f)| (t.clone(), f.seq)),
             Some((b.clone(), 7)),
             "the lowest sequence"
         );
@@ -1196,17 +1203,21 @@ mod tests {
         r.floors.insert(a2.clone(), floor(30, 3_000));
         r.floors.insert(b.clone(), floor(2, 4_000));
         assert_eq!(
-            r.points(),
+            r.points(&r.holders()),
             ResumePoints::from([(0, 5), (1, 30), (2, 2)]),
             "partition 0 has no floor and keeps its point"
         );
         assert_eq!(
-            r.oldest().map(|(t, f)| (t.clone(), f.seq)),
+            Resume::oldest(&r.holders()).map(|(t, f)| (t.clone(), f.seq)),
             Some((a2.clone(), 30)),
             "partition 1's holder came before partition 2's, though its sequence is higher"
         );
         r.floors.remove(&a2);
-        assert_eq!(r.points()[&1], 40, "a2's episode done: a holds partition 1");
+        assert_eq!(
+            r.points(&r.holders())[&1],
+            40,
+            "a2's episode done: a holds partition 1"
+        );
     }
 
     #[test]
