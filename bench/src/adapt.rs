@@ -43,6 +43,7 @@
 //! training (one-off costs, reported separately).
 
 pub mod features;
+pub mod shared;
 pub mod tl;
 
 use std::path::PathBuf;
@@ -68,9 +69,16 @@ use aware_harness::train_meta::{
 };
 
 /// The arms, in report order.
-pub const ARMS: [&str; 5] = ["aware", "tl", "tl_plus", "scratch", "fallback"];
+pub const ARMS: [&str; 6] = [
+    "aware",
+    "tl",
+    "tl_plus",
+    "scratch",
+    "fallback",
+    "aware_shared",
+];
 /// The arms that learn (the converged reward is the best of them).
-pub const LEARNING_ARMS: [&str; 4] = ["aware", "tl", "tl_plus", "scratch"];
+pub const LEARNING_ARMS: [&str; 5] = ["aware", "tl", "tl_plus", "scratch", "aware_shared"];
 
 /// Minibatch of every gradient step.
 const BATCH: usize = 64;
@@ -81,11 +89,11 @@ const REPLAY_CAPACITY: usize = 100_000;
 pub struct AdaptBenchOptions {
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
-    /// An `aware train-meta` output; None: a short meta-training (`train`) into
-    /// `<out>/adapt-meta` first.
+    /// An `aware train-meta` output (or the shipped `models/meta-default`); None: a short
+    /// meta-training (`train`) into `<out>/adapt-meta` first.
     #[arg(
         long,
-        help = "An `aware train-meta` output directory (default: a short meta-training first)"
+        help = "An `aware train-meta` output directory, or models/meta-default (default: a short meta-training first)"
     )]
     pub meta: Option<PathBuf>,
     /// Held-out apps.
@@ -155,6 +163,16 @@ pub struct AdaptBenchOptions {
     /// Run the `scratch` arm.
     #[arg(long = "no-scratch", action = clap::ArgAction::SetFalse, help = "Skip the learning-from-scratch reference arm")]
     pub scratch: bool,
+    /// Run the `aware_shared` arm: one base-learner shared by a repetition's apps, each
+    /// conditioned on its own embedding ([`shared`]).
+    #[arg(
+        long,
+        help = "Also run aware_shared: one base-learner per kind (a repetition's apps), trained on all of them and conditioned on each app's embedding"
+    )]
+    pub shared: bool,
+    /// `aware_shared`: which apps share a network.
+    #[arg(long, value_enum, default_value_t = shared::Kinds::All, hide = true, help = "aware_shared: the apps that share one network, all of a repetition's or those of one SLO class")]
+    pub shared_kinds: shared::Kinds,
     /// The short meta-training used without `meta`.
     #[arg(skip = AdaptBenchOptions::default().train)]
     pub train: TrainMetaOptions,
@@ -197,6 +215,8 @@ impl Default for AdaptBenchOptions {
             source_min_episodes: 150,
             source_max_episodes: 300,
             scratch: true,
+            shared: false,
+            shared_kinds: shared::Kinds::All,
             train: TrainMetaOptions {
                 apps: 20,
                 iterations: 60,
@@ -392,6 +412,22 @@ impl Learner {
         seed: u64,
         mode: RunEpisode,
     ) -> Result<EpisodeOut, BenchError> {
+        self.run_episode_with(app, steps, seed, mode, |l| {
+            let n = l.gradient_steps as usize;
+            l.train(n)
+        })
+    }
+
+    /// [`Learner::run_episode`], with `train` making the gradient steps after each of the
+    /// agent's transitions (the shared arm samples every app of its kind there).
+    pub(crate) fn run_episode_with(
+        &mut self,
+        app: &AppSpec,
+        steps: usize,
+        seed: u64,
+        mode: RunEpisode,
+        mut train: impl FnMut(&mut Learner) -> Result<(), BenchError>,
+    ) -> Result<EpisodeOut, BenchError> {
         let cfg = SimConfig {
             seed,
             ..SimConfig::default()
@@ -446,7 +482,7 @@ impl Learner {
                 done: false,
             })?;
             if mode == RunEpisode::Agent {
-                self.train(self.gradient_steps as usize)?;
+                train(self)?;
             }
             cpu += t.elapsed();
             total += r;
@@ -824,7 +860,7 @@ pub fn aggregate(
         });
     }
     let mut speed = Vec::new();
-    for other in ["tl", "tl_plus", "scratch"] {
+    for other in ["tl", "tl_plus", "scratch", "aware_shared"] {
         let with_repeat: Vec<(usize, &Adaptation, &Adaptation)> = results
             .iter()
             .filter_map(|r| {
@@ -932,6 +968,8 @@ pub struct MetaReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct AdaptReport {
     pub apps: usize,
+    /// The apps that shared a network in `aware_shared` (None: the arm did not run).
+    pub shared_kinds: Option<shared::Kinds>,
     pub seed: u64,
     pub repeats: usize,
     pub held_out: String,
@@ -1021,7 +1059,14 @@ fn by_slo_class(results: &[AppResult], steps_per_episode: usize) -> Vec<ClassSpe
 }
 
 /// The meta-trained agent and its training log: from `opts.meta`, or a short meta-training.
-fn meta_agent(opts: &AdaptBenchOptions) -> Result<(MetaDdpg, TrainLog, String), BenchError> {
+/// What the bench reports of the meta-training it starts from.
+struct MetaRun {
+    options: TrainMetaOptions,
+    iterations: u64,
+    train_seconds: f64,
+}
+
+fn meta_agent(opts: &AdaptBenchOptions) -> Result<(MetaDdpg, MetaRun, String), BenchError> {
     let (dir, source) = match &opts.meta {
         Some(dir) => (dir.clone(), dir.display().to_string()),
         None => {
@@ -1047,8 +1092,25 @@ fn meta_agent(opts: &AdaptBenchOptions) -> Result<(MetaDdpg, TrainLog, String), 
         }
     };
     let agent = train_meta::load_agent(&dir)?;
-    let log: TrainLog = train_meta::read_json(&dir.join("train-log.json"))?;
-    Ok((agent, log, source))
+    let log = dir.join("train-log.json");
+    let run = if log.exists() || !dir.join("manifest.json").exists() {
+        let log: TrainLog = train_meta::read_json(&log)?;
+        MetaRun {
+            iterations: log.iterations.len() as u64,
+            train_seconds: log.train_seconds,
+            options: log.options,
+        }
+    } else {
+        // A shipped default (`models/meta-default`): its manifest has the options.
+        let m: aware_harness::default_meta::Manifest =
+            train_meta::read_json(&dir.join("manifest.json"))?;
+        MetaRun {
+            iterations: m.inputs.options.iterations,
+            train_seconds: m.train_seconds,
+            options: m.inputs.options,
+        }
+    };
+    Ok((agent, run, source))
 }
 
 fn hpa_vpa_episode(app: &AppSpec, steps: usize, seed: u64) -> Result<EpisodeOut, BenchError> {
@@ -1219,17 +1281,16 @@ impl StartingAgents {
     }
 }
 
-/// Every arm on one held-out app (index `i` of the apps generated from `held_seed`).
+/// Every arm on one held-out app, seeded with `app_seed` ([`app_seed`]).
 fn run_app(
     opts: &AdaptBenchOptions,
     app: &AppSpec,
-    held_seed: u64,
-    i: usize,
+    app_seed: u64,
     meta: &MetaDdpg,
     tl_src: &tl::SourceAgent,
     tlp_src: &tl::SourceAgent,
+    shared: Option<ArmRun>,
 ) -> Result<AppResult, BenchError> {
-    let app_seed = held_seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
     let s = StartingAgents::new(opts, meta, tl_src, tlp_src, app_seed)?;
     let mut runs = vec![(
         "aware".to_string(),
@@ -1259,7 +1320,16 @@ fn run_app(
         )?);
     }
     runs.push(("fallback".into(), fb));
+    if let Some(run) = shared {
+        runs.push(("aware_shared".into(), run));
+    }
     Ok(evaluate_app(&app.name, runs, opts.window, opts.threshold))
+}
+
+/// The seed of app `i` of those generated from `held_seed`: its learners, exploration and
+/// episodes, the same in every arm.
+pub(crate) fn app_seed(held_seed: u64, i: usize) -> u64 {
+    held_seed.wrapping_mul(1_000_003).wrapping_add(i as u64)
 }
 
 /// The held-out generator seed of repetition `rep`.
@@ -1329,8 +1399,29 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
             });
         }
         let apps = generate_apps(opts.apps, held_seed, &GeneratorOptions::default());
+        let mut shared = if opts.shared {
+            let s = shared::run_kinds(opts, &apps, held_seed, &meta)?;
+            tracing::info!(
+                repeat = rep,
+                updates = s.updates,
+                rows_drawn_per_app = ?s.rows_drawn,
+                wall_s = started.elapsed().as_secs_f64(),
+                "shared arm done"
+            );
+            s.runs.into_iter().map(Some).collect()
+        } else {
+            vec![None; apps.len()]
+        };
         for (i, app) in apps.iter().enumerate() {
-            let r = run_app(opts, app, held_seed, i, &meta, &tl_src, &tlp_src)?;
+            let r = run_app(
+                opts,
+                app,
+                app_seed(held_seed, i),
+                &meta,
+                &tl_src,
+                &tlp_src,
+                shared.get_mut(i).and_then(Option::take),
+            )?;
             let r = AppResult {
                 app: format!("r{rep}/{}", app.name),
                 repeat: rep,
@@ -1355,6 +1446,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
                 tl = %eps("tl"),
                 tl_plus = %eps("tl_plus"),
                 scratch = %eps("scratch"),
+                aware_shared = %eps("aware_shared"),
                 wall_s = started.elapsed().as_secs_f64(),
                 "app done"
             );
@@ -1366,6 +1458,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
     let cfg = meta.meta().config();
     let report = AdaptReport {
         apps: results.len(),
+        shared_kinds: opts.shared.then_some(opts.shared_kinds),
         seed: opts.seed,
         repeats: opts.repeats.max(1),
         held_out: format!(
@@ -1388,7 +1481,7 @@ pub fn run(opts: &AdaptBenchOptions) -> Result<AdaptReport, BenchError> {
             source: meta_source,
             pool_seed: log.options.seed,
             pool_apps: log.options.apps,
-            iterations: log.iterations.len() as u64,
+            iterations: log.iterations,
             train_seconds: log.train_seconds,
             bundle_size: cfg.bundle_size,
             embed_dim: cfg.embed_dim,
@@ -1747,6 +1840,37 @@ mod tests {
         assert_eq!(AdaptBenchOptions::default().critic_warmup_updates(), 0);
     }
 
+    /// The shipped default has no training log: its manifest gives the options the report and
+    /// the held-out check need.
+    #[test]
+    fn the_shipped_default_meta_learner_is_read_through_its_manifest() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/meta-default");
+        let opts = AdaptBenchOptions {
+            meta: Some(dir.clone()),
+            ..AdaptBenchOptions::default()
+        };
+        let (agent, run, source) = meta_agent(&opts).unwrap();
+        assert_eq!(source, dir.display().to_string());
+        assert_eq!((run.options.apps, run.options.seed), (100, 0));
+        assert_eq!(run.iterations, 300);
+        assert!(run.train_seconds > 0.0);
+        assert_eq!(agent.meta().config().embed_dim, 64);
+        // Neither a log nor a manifest: the log's absence is the error.
+        let empty = std::env::temp_dir().join(format!("aware-adapt-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        for f in ["base.ckpt", "meta.ckpt"] {
+            std::fs::copy(dir.join(f), empty.join(f)).unwrap();
+        }
+        let err = meta_agent(&AdaptBenchOptions {
+            meta: Some(empty.clone()),
+            ..AdaptBenchOptions::default()
+        })
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("train-log.json"), "{err}");
+        let _ = std::fs::remove_dir_all(&empty);
+    }
+
     #[test]
     fn tiny_bench_runs_end_to_end_with_a_consistent_report() {
         let dir = std::env::temp_dir().join(format!("aware-bench-adapt-{}", std::process::id()));
@@ -1765,6 +1889,7 @@ mod tests {
             source_min_episodes: 2,
             source_max_episodes: 3,
             repeats: 1,
+            shared: true,
             train: TrainMetaOptions {
                 apps: 5,
                 iterations: 2,
@@ -1833,7 +1958,7 @@ mod tests {
             assert_eq!(a.steps_total, 2 * 4 * 12);
         }
         let vs: Vec<&str> = r.speed_ups.iter().map(|s| s.vs.as_str()).collect();
-        assert_eq!(vs, ["tl", "tl_plus", "scratch"]);
+        assert_eq!(vs, ["tl", "tl_plus", "scratch", "aware_shared"]);
         for s in &r.speed_ups {
             assert!(s.median_episodes_ratio.is_finite() && s.median_episodes_ratio > 0.0);
             assert!(s.mean_episodes_ratio.is_finite());

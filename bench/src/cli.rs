@@ -90,7 +90,7 @@ const SERVE_KNOBS: &str = "Research knobs (accepted, not listed above): --window
 --bus-pace-ms";
 const ADAPT_KNOBS: &str = "Research knobs (accepted, not listed above): --gradient-steps, \
 --fallback-episodes, --embedding-refresh, --fine-tune-sigma, --tl-fine-tune-sigma, \
---critic-warmup, --source-index, --source-max-episodes";
+--critic-warmup, --source-index, --source-max-episodes, --shared-kinds";
 
 /// `aware bench sim` (the simulator's own benchmark, `aware_loadgen::bench`).
 #[derive(Debug, Args)]
@@ -886,6 +886,6 @@ mod tests {
                 assert!(["bootstrap", "serve", "adapt"].contains(&sub.get_name()));
             }
         }
-        assert_eq!(hidden, 9 + 19 + 8);
+        assert_eq!(hidden, 9 + 19 + 9);
     }
 }
