@@ -338,6 +338,12 @@ fn scale(args: &ScaleArgs) -> Result<(), BenchError> {
         r.resident_bytes_per_target,
         r.decided_exactly_once
     );
+    let by: Vec<String> = r
+        .resident_bytes_per_target_by_service
+        .iter()
+        .map(|(bin, b)| format!("{bin} {b:.0}"))
+        .collect();
+    println!("resident bytes per target by service: {}", by.join(", "));
     let path = crate::write_json(&args.out, "scale.json", &serde_json::to_value(&r)?)?;
     println!("wrote {path}");
     Ok(())

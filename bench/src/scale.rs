@@ -13,10 +13,12 @@
 //! - `decided_exactly_once`: every `obs` got exactly one `action`, none arrived twice;
 //! - `resident_bytes_per_target`: the resident memory of every process, summed, grown from
 //!   ready-and-idle (the collectors, which make their targets at start, counted whole) to the
-//!   end of the run, divided by the targets;
+//!   end of the run, divided by the targets (and the same per service,
+//!   `resident_bytes_per_target_by_service`);
 //! - `trainer_cpu_s_per_target_hour`: the trainers' CPU seconds per target and simulated hour;
-//! - `first_model_after_s_p50`: from a target's first `episode` (its first data stored) to its
-//!   first `model`, median over the targets that got one (`null` without `--rl` or when none did);
+//! - `first_model_after_s_p50`: from a target's data being ready (the `episode` whose rows reach
+//!   the trainer's `offline_min_transitions`: the targets start OFFLINE) to its first `model`,
+//!   median over the targets that got one (`null` without `--rl` or when none did);
 //! - `store_bytes_per_transition`: the trajectory stores' files (one SQLite file per shard)
 //!   over the transitions stored in them;
 //! - `capture_bytes_per_target_step`: the capture's bytes (all `--partitions`) per target-step;
@@ -126,6 +128,8 @@ pub struct ScaleRun {
     pub resident_bytes_idle: u64,
     pub resident_bytes_loaded: u64,
     pub resident_bytes_per_target: f64,
+    /// The same per service (all its shards), by binary.
+    pub resident_bytes_per_target_by_service: BTreeMap<String, f64>,
     pub trainer_cpu_s: f64,
     pub trainer_cpu_s_per_target_hour: f64,
     pub first_model_after_s_p50: Option<f64>,
@@ -197,6 +201,8 @@ pub struct ScaleReport {
     pub target_steps_per_s: f64,
     pub obs_to_action_p99_ms: f64,
     pub resident_bytes_per_target: f64,
+    /// Median over the runs, per service.
+    pub resident_bytes_per_target_by_service: BTreeMap<String, f64>,
     pub decided_exactly_once: bool,
     pub trainer_cpu_s_per_target_hour: f64,
     pub first_model_after_s_p50: Option<f64>,
@@ -377,6 +383,14 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         procs.iter().map(|p| rss_bytes(p.child.0.id())).sum()
     };
     let rss_idle = rss_all(&procs)?;
+    let rss_by = |procs: &[Process]| -> Result<BTreeMap<String, u64>, BenchError> {
+        let mut by = BTreeMap::new();
+        for p in procs {
+            *by.entry(p.bin.to_string()).or_default() += rss_bytes(p.child.0.id())?;
+        }
+        Ok(by)
+    };
+    let rss_idle_by = rss_by(&procs)?;
 
     let mut observer_cfg = BusConfig {
         url: url.clone(),
@@ -423,6 +437,14 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     }
 
     let want = opts.targets as u64 * (opts.steps + 1);
+    // A target's data is ready for its first (OFFLINE) round once this many episodes are stored.
+    let offline_rows = if opts.restart {
+        (opts.steps / 2).max(1)
+    } else {
+        aware_meta_learner_trainer::learner::TrainerConfig::default().offline_min_transitions
+    };
+    let ready_after_episodes = offline_rows.div_ceil(spe.max(1)).max(1);
+    let mut episodes: HashMap<Arc<str>, u64> = HashMap::new();
     // (target, global step) → when its `obs` arrived, and its `action`s.
     let mut sent: HashMap<(Arc<str>, u64), Instant> = HashMap::new();
     let mut actions: HashMap<(Arc<str>, u64), u32> = HashMap::new();
@@ -468,7 +490,12 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
             }
             m = ep_sub.next() => {
                 let Some(m) = m else { break };
-                data_ready.entry(target_of(&m.subject)).or_insert_with(Instant::now);
+                let t = target_of(&m.subject);
+                let n = episodes.entry(t.clone()).or_default();
+                *n += 1;
+                if *n >= ready_after_episodes {
+                    data_ready.entry(t).or_insert_with(Instant::now);
+                }
             }
             m = model_sub.next() => {
                 let Some(m) = m else { break };
@@ -492,6 +519,14 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     }
     let elapsed = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
     let rss_loaded = rss_all(&procs)?;
+    let resident_bytes_per_target_by_service: BTreeMap<String, f64> = rss_by(&procs)?
+        .into_iter()
+        .map(|(bin, loaded)| {
+            let idle = rss_idle_by.get(&bin).copied().unwrap_or(0);
+            let per = loaded.saturating_sub(idle) as f64 / opts.targets as f64;
+            (bin, per)
+        })
+        .collect();
     let undecided_or_repeated = sent.keys().filter(|k| actions.get(*k) != Some(&1)).count() as u64
         + actions.keys().filter(|k| !sent.contains_key(*k)).count() as u64;
 
@@ -587,6 +622,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         resident_bytes_idle: rss_idle,
         resident_bytes_loaded: rss_loaded,
         resident_bytes_per_target: rss_loaded.saturating_sub(rss_idle) as f64 / opts.targets as f64,
+        resident_bytes_per_target_by_service,
         trainer_cpu_s,
         trainer_cpu_s_per_target_hour: trainer_cpu_s / (opts.targets as f64 * hours.max(1e-9)),
         first_model_after_s_p50: (!to_model.is_empty()).then(|| median(&to_model)),
@@ -788,6 +824,23 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         target_steps_per_s: m(|r| r.target_steps_per_s),
         obs_to_action_p99_ms: m(|r| r.obs_to_action_p99_ms),
         resident_bytes_per_target: m(|r| r.resident_bytes_per_target),
+        resident_bytes_per_target_by_service: runs
+            .first()
+            .map(|first| {
+                first
+                    .resident_bytes_per_target_by_service
+                    .keys()
+                    .map(|bin| {
+                        let each: Vec<f64> = runs
+                            .iter()
+                            .filter_map(|r| r.resident_bytes_per_target_by_service.get(bin))
+                            .copied()
+                            .collect();
+                        (bin.clone(), median(&each))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         decided_exactly_once: runs.iter().all(|r| r.decided_exactly_once),
         trainer_cpu_s_per_target_hour: m(|r| r.trainer_cpu_s_per_target_hour),
         first_model_after_s_p50: (!models.is_empty()).then(|| median(&models)),

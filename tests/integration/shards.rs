@@ -364,6 +364,17 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         "{run:?}"
     );
     assert!(r.resident_bytes_per_target > 0.0, "{run:?}");
+    // Per service: the five services (no trainer without --rl), summing to the whole.
+    let by = &run.resident_bytes_per_target_by_service;
+    assert_eq!(by.len(), 5, "{by:?}");
+    assert!(!by.contains_key("aware-meta-learner-trainer"), "{by:?}");
+    let sum: f64 = by.values().sum();
+    assert!(
+        sum >= run.resident_bytes_per_target - 1e-6,
+        "{sum} < {}",
+        run.resident_bytes_per_target
+    );
+    assert_eq!(r.resident_bytes_per_target_by_service.len(), 5);
     assert!(r.store_bytes_per_transition > 0.0, "{run:?}");
     assert_eq!(run.trainer_cpu_s, 0.0, "no trainer without --rl");
     // One capture stream: each of the 2 recorder shards reads all of it.
