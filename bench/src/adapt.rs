@@ -1058,7 +1058,6 @@ fn by_slo_class(results: &[AppResult], steps_per_episode: usize) -> Vec<ClassSpe
         .collect()
 }
 
-/// The meta-trained agent and its training log: from `opts.meta`, or a short meta-training.
 /// What the bench reports of the meta-training it starts from.
 struct MetaRun {
     options: TrainMetaOptions,
@@ -1066,6 +1065,8 @@ struct MetaRun {
     train_seconds: f64,
 }
 
+/// The meta-trained agent and what it was trained with: from `opts.meta` (its training log, or
+/// a shipped default's manifest), or a short meta-training.
 fn meta_agent(opts: &AdaptBenchOptions) -> Result<(MetaDdpg, MetaRun, String), BenchError> {
     let (dir, source) = match &opts.meta {
         Some(dir) => (dir.clone(), dir.display().to_string()),

@@ -304,6 +304,8 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let sim = aware_metrics_collector::config::SimulatorSourceConfig::default();
     let spe = u64::from(aware_shared::config::LearningConfig::default().steps_per_episode);
     let db = |shard: u32| dir.join(format!("t-{shard}.db"));
+    // `--rl --restart`: the trainers' minimum rows, half the run.
+    let restart_rows = (opts.steps / 2).max(1);
     let env = |shard: u32| -> Vec<(&'static str, String)> {
         let mut env = vec![
             ("AWARE_SHARD__INDEX", shard.to_string()),
@@ -334,7 +336,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         } else if opts.restart {
             // Small rounds as soon as half the run is stored, so that the targets have models
             // to read back: what a restart recovers, not how well they learnt.
-            let rows = (opts.steps / 2).max(1).to_string();
+            let rows = restart_rows.to_string();
             for (key, v) in [
                 ("AWARE_TRAINER__MIN_TRANSITIONS", rows.clone()),
                 ("AWARE_TRAINER__OFFLINE_MIN_TRANSITIONS", rows.clone()),
@@ -379,10 +381,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
             });
         }
     }
-    let rss_all = |procs: &[Process]| -> Result<u64, BenchError> {
-        procs.iter().map(|p| rss_bytes(p.child.0.id())).sum()
-    };
-    let rss_idle = rss_all(&procs)?;
+    // Resident bytes per binary (all its shards); the totals are their sums.
     let rss_by = |procs: &[Process]| -> Result<BTreeMap<String, u64>, BenchError> {
         let mut by = BTreeMap::new();
         for p in procs {
@@ -391,6 +390,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         Ok(by)
     };
     let rss_idle_by = rss_by(&procs)?;
+    let rss_idle: u64 = rss_idle_by.values().sum();
 
     let mut observer_cfg = BusConfig {
         url: url.clone(),
@@ -439,7 +439,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
     let want = opts.targets as u64 * (opts.steps + 1);
     // A target's data is ready for its first (OFFLINE) round once this many episodes are stored.
     let offline_rows = if opts.restart {
-        (opts.steps / 2).max(1)
+        restart_rows
     } else {
         aware_meta_learner_trainer::learner::TrainerConfig::default().offline_min_transitions
     };
@@ -518,8 +518,9 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         }
     }
     let elapsed = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
-    let rss_loaded = rss_all(&procs)?;
-    let resident_bytes_per_target_by_service: BTreeMap<String, f64> = rss_by(&procs)?
+    let rss_loaded_by = rss_by(&procs)?;
+    let rss_loaded: u64 = rss_loaded_by.values().sum();
+    let resident_bytes_per_target_by_service: BTreeMap<String, f64> = rss_loaded_by
         .into_iter()
         .map(|(bin, loaded)| {
             let idle = rss_idle_by.get(&bin).copied().unwrap_or(0);
