@@ -90,6 +90,11 @@ pub struct ScaleBenchOptions {
     /// (or 30 s without a new one).
     #[arg(long)]
     pub restart: bool,
+    /// With `--rl`: the trainers' `trainer.held_networks` (networks kept in memory between
+    /// rounds; the others are read back from their checkpoint each round). Default: the
+    /// trainer's.
+    #[arg(long)]
+    pub held_networks: Option<usize>,
     /// How long a run may take, seconds.
     #[arg(long, default_value_t = ScaleBenchOptions::default().timeout_secs)]
     pub timeout_secs: u64,
@@ -111,6 +116,7 @@ impl Default for ScaleBenchOptions {
             step_ms: 0,
             spread: 0.5,
             restart: false,
+            held_networks: None,
             timeout_secs: 900,
             bin_dir: None,
         }
@@ -196,6 +202,8 @@ pub struct ScaleReport {
     pub step_ms: u64,
     /// The fraction of a paced step over which its `obs` are spread.
     pub spread: f64,
+    /// `--held-networks` (`None`: the trainer's default).
+    pub held_networks: Option<usize>,
     pub processes: usize,
     pub runs: Vec<ScaleRun>,
     pub target_steps_per_s: f64,
@@ -345,6 +353,9 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
             ] {
                 env.push((key, v));
             }
+        }
+        if let (true, Some(n)) = (opts.rl, opts.held_networks) {
+            env.push(("AWARE_TRAINER__HELD_NETWORKS", n.to_string()));
         }
         if opts.ack_publishes {
             env.push(("AWARE_BUS__JETSTREAM__ACK_PUBLISHES", "true".into()));
@@ -821,6 +832,7 @@ pub async fn run(opts: &ScaleBenchOptions) -> Result<ScaleReport, BenchError> {
         partitions: opts.partitions,
         step_ms: opts.step_ms,
         spread: opts.spread,
+        held_networks: opts.held_networks,
         processes: per_shard * opts.shards as usize,
         target_steps_per_s: m(|r| r.target_steps_per_s),
         obs_to_action_p99_ms: m(|r| r.obs_to_action_p99_ms),

@@ -57,6 +57,9 @@ pub struct TrainerBenchOptions {
     /// --learning: the trainer's `trainer.recheck_ms` (default: the services' default).
     #[arg(long)]
     pub recheck_ms: Option<u64>,
+    /// --learning: the trainer's `trainer.held_networks` (default: the services' default).
+    #[arg(long)]
+    pub held_networks: Option<usize>,
     /// Where the trainer binary is (default: next to the running executable).
     #[arg(skip)]
     pub bin_dir: Option<PathBuf>,
@@ -73,6 +76,7 @@ impl Default for TrainerBenchOptions {
             interval_ms: 15_000,
             train_every_ms: None,
             recheck_ms: None,
+            held_networks: None,
             bin_dir: None,
         }
     }
@@ -308,6 +312,8 @@ pub struct LearningRun {
     pub cores: f64,
     pub rounds_per_s: f64,
     pub gradient_steps_per_s: f64,
+    /// Networks read back from their checkpoint for a round (targets beyond `held_networks`).
+    pub network_reloads_per_s: f64,
     /// The longest time any target went without a new model in the window (counting from the
     /// window's start and up to its end), and the 99th percentile over targets.
     pub model_gap_max_s: f64,
@@ -325,6 +331,8 @@ pub struct LearningReport {
     pub seconds: u64,
     pub train_every_ms: u64,
     pub recheck_ms: u64,
+    /// `trainer.held_networks`: the targets beyond it read their network back each round.
+    pub held_networks: usize,
     /// The gap a target learning as designed stays within: a round is due `train_every_ms`
     /// after the last with a new transition, which comes within `interval_ms`, and is seen at
     /// the next check, at most `recheck_ms` later.
@@ -333,6 +341,7 @@ pub struct LearningReport {
     pub keeps_up: bool,
     pub cores_median: f64,
     pub rounds_per_s_median: f64,
+    pub network_reloads_per_s_median: f64,
     pub gradient_steps_per_s_median: f64,
     pub model_gap_max_s_median: f64,
     pub first_model_after_s_p50_median: f64,
@@ -375,12 +384,14 @@ fn learning_row(t: &Target, step: u32) -> aware_stores::trajectory::Transition {
     }
 }
 
-/// The trainer's rounds and gradient steps so far, from one read of its `/metrics`.
-async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64), BenchError> {
+/// The trainer's rounds, gradient steps and networks read back so far, from one read of its
+/// `/metrics`.
+async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64, f64), BenchError> {
     let s = scrape(addr).await?;
     Ok((
         metric(&s, "aware_trainer_rounds_total"),
         metric(&s, "aware_trainer_gradient_steps_total"),
+        metric(&s, "aware_trainer_network_reloads_total"),
     ))
 }
 
@@ -394,6 +405,7 @@ async fn learning_run(
     use std::sync::Arc;
     let defaults = aware_meta_learner_trainer::learner::TrainerConfig::default();
     let (train_every_ms, recheck_ms) = learning_cadence(opts);
+    let held_networks = held_networks(opts);
     let (server, bus, targets) = online_fleet(opts.targets).await?;
     let dir = crate::scratch_dir("trainer-learning");
     let _cleanup = aware_shared::testkit::TempDirGuard(dir.clone());
@@ -419,6 +431,7 @@ async fn learning_run(
         &[
             ("AWARE_TRAINER__TRAIN_EVERY_MS", train_every_ms.to_string()),
             ("AWARE_TRAINER__RECHECK_MS", recheck_ms.to_string()),
+            ("AWARE_TRAINER__HELD_NETWORKS", held_networks.to_string()),
         ],
     )
     .await?;
@@ -509,7 +522,7 @@ async fn learning_run(
     let t0 = Instant::now();
     window_start.send_replace(Some(t0));
     let pid = child.0.id();
-    let (c0, (r0, g0)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
+    let (c0, (r0, g0, n0)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
     let mut gap_max: Vec<f64> = vec![0.0; targets.len()];
     let mut last: Vec<Option<Instant>> = vec![None; targets.len()];
     let mut joiner_first: Vec<Option<Instant>> = vec![None; joiners];
@@ -529,7 +542,7 @@ async fn learning_run(
         last[i] = Some(now);
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (c1, (r1, g1)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
+    let (c1, (r1, g1, n1)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
     let rss = rss_bytes(pid)?;
     feeding.cancel();
     let _ = feeder.await;
@@ -568,6 +581,7 @@ async fn learning_run(
         joiner_first_model_after_s_max: pick(&mut joiner_after, 1.0),
         cores: (c1 - c0) / wall,
         rounds_per_s: (r1 - r0) / wall,
+        network_reloads_per_s: (n1 - n0) / wall,
         gradient_steps_per_s: (g1 - g0) / wall,
         model_gap_max_s: pick(&mut gaps, 1.0),
         model_gap_p99_s: pick(&mut gaps, 0.99),
@@ -601,6 +615,12 @@ async fn announce(bus: &Bus, t: &Target, step: u32) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// `trainer.held_networks` of a `--learning` run.
+fn held_networks(opts: &TrainerBenchOptions) -> usize {
+    opts.held_networks
+        .unwrap_or(aware_meta_learner_trainer::learner::TrainerConfig::default().held_networks)
+}
+
 /// `trainer.train_every_ms` and `trainer.recheck_ms` of a `--learning` run.
 fn learning_cadence(opts: &TrainerBenchOptions) -> (u64, u64) {
     let d = aware_meta_learner_trainer::learner::TrainerConfig::default();
@@ -619,6 +639,7 @@ pub async fn run_learning(opts: &TrainerBenchOptions) -> Result<LearningReport, 
     }
     let bin = trainer_bin(opts)?;
     let (train_every_ms, recheck_ms) = learning_cadence(opts);
+    let held_networks = held_networks(opts);
     let gap_bound_s = (train_every_ms + opts.interval_ms + recheck_ms) as f64 / 1000.0;
     let mut runs = Vec::new();
     for run in 0..opts.runs {
@@ -638,6 +659,7 @@ pub async fn run_learning(opts: &TrainerBenchOptions) -> Result<LearningReport, 
         interval_ms: opts.interval_ms,
         seconds: opts.seconds,
         train_every_ms,
+        held_networks,
         recheck_ms,
         gap_bound_s,
         keeps_up: runs.iter().all(|r| {
@@ -647,6 +669,7 @@ pub async fn run_learning(opts: &TrainerBenchOptions) -> Result<LearningReport, 
         }),
         cores_median: med(|r| r.cores),
         rounds_per_s_median: med(|r| r.rounds_per_s),
+        network_reloads_per_s_median: med(|r| r.network_reloads_per_s),
         gradient_steps_per_s_median: med(|r| r.gradient_steps_per_s),
         model_gap_max_s_median: med(|r| r.model_gap_max_s),
         first_model_after_s_p50_median: med(|r| r.first_model_after_s_p50),
@@ -668,7 +691,7 @@ pub fn learning_summary(r: &LearningReport) -> Vec<String> {
     )];
     for (i, x) in r.runs.iter().enumerate() {
         out.push(format!(
-            "run {i}: first model p50 {:.1} s, max {:.1} s; joiners' first model after their data p50 {:.1} s, max {:.1} s ({} of {}); {:.3} cores, {:.1} rounds/s, {:.0} gradient steps/s; longest gap between models {:.1} s (p99 {:.1} s); {} of {} targets learned; {:.0} MiB resident",
+            "run {i}: first model p50 {:.1} s, max {:.1} s; joiners' first model after their data p50 {:.1} s, max {:.1} s ({} of {}); {:.3} cores, {:.1} rounds/s, {:.0} gradient steps/s, {:.1} networks read back/s; longest gap between models {:.1} s (p99 {:.1} s); {} of {} targets learned; {:.0} MiB resident",
             x.first_model_after_s_p50,
             x.first_model_after_s_max,
             x.joiner_first_model_after_s_p50,
@@ -678,6 +701,7 @@ pub fn learning_summary(r: &LearningReport) -> Vec<String> {
             x.cores,
             x.rounds_per_s,
             x.gradient_steps_per_s,
+            x.network_reloads_per_s,
             x.model_gap_max_s,
             x.model_gap_p99_s,
             x.targets_learning,

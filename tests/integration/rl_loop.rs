@@ -537,6 +537,8 @@ async fn bench_trainer_learning_makes_rounds_in_proportion_to_new_transitions() 
         interval_ms: 400,
         train_every_ms: Some(1_000),
         recheck_ms: Some(500),
+        // 4 of the 12 networks kept between rounds: the others are read back each round.
+        held_networks: Some(4),
         bin_dir: aware_tests::bin_path("aware-meta-learner-trainer")
             .parent()
             .map(std::path::Path::to_path_buf),
@@ -549,6 +551,9 @@ async fn bench_trainer_learning_makes_rounds_in_proportion_to_new_transitions() 
     // follows within the window, not at the next recheck of the store.
     assert_eq!((run.joiners, run.joiners_with_a_model), (1, 1), "{run:?}");
     assert!(run.rounds_per_s > 0.0 && run.cores > 0.0, "{run:?}");
+    assert_eq!(r.held_networks, 4);
+    // 8 targets beyond the 4 kept: their rounds read their networks back, and they learn.
+    assert!(run.network_reloads_per_s > 0.0, "{run:?}");
     // About 2–4 new transitions per round: steps in proportion, far below a full round's 200.
     let steps_per_round = run.gradient_steps_per_s / run.rounds_per_s;
     assert!(

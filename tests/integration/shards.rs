@@ -348,6 +348,7 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
         step_ms: 250,
         spread: 0.5,
         restart: false,
+        held_networks: None,
         timeout_secs: 120,
         bin_dir: aware_tests::bin_path("aware-recommender")
             .parent()
@@ -404,6 +405,9 @@ async fn bench_scale_restarts_every_service_and_each_reads_back_every_targets_st
         // The capture in 2 partitions: each shard reads its targets' newest `obs` (and any
         // state the bucket lacks) from its own partition only (ADR 0024).
         partitions: 2,
+        // 4 of each trainer's 12 networks kept between rounds: the others are read back from
+        // their checkpoints, and every target still gets its model.
+        held_networks: Some(4),
         // Debug builds of 12 processes beside the other tests: room for a slow run.
         timeout_secs: 300,
         bin_dir: aware_tests::bin_path("aware-recommender")

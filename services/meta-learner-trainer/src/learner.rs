@@ -9,6 +9,8 @@
 //! Everything here is synchronous (store I/O and gradient steps); the service runs it on the
 //! blocking pool.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aware_bus_schemas::{DecisionSource, Stage, Target};
@@ -127,6 +129,12 @@ pub struct TrainerConfig {
     /// is tried again after `poll_ms` × 2^failures in a row, at most this long (ms); the first
     /// round that succeeds resets it.
     pub retry_max_delay_ms: u64,
+    /// Networks kept in memory between their targets' rounds, across the process; a target
+    /// beyond them drops its network after each round and reads it back from its checkpoint at
+    /// the next (the same training, one checkpoint read more per round). Bounds the trainer's
+    /// memory at this many networks plus one per worker; 0: none kept
+    /// (docs/benchmarks/scale.md#learning).
+    pub held_networks: usize,
 }
 
 /// The action a recorded row trains with (`trainer.learn_action`).
@@ -173,6 +181,7 @@ impl Default for TrainerConfig {
             keep_versions: 10,
             forget_after_secs: 7 * 24 * 3600,
             retry_max_delay_ms: 300_000,
+            held_networks: 2_000,
         }
     }
 }
@@ -303,6 +312,9 @@ impl TrainerConfig {
         if !(1..=100_000).contains(&self.recent_episodes) {
             return bad("recent_episodes", "must be in 1..=100000");
         }
+        if self.held_networks > 10_000_000 {
+            return bad("held_networks", "must be in 0..=10000000");
+        }
         if self.keep_versions > 1_000_000 {
             return bad(
                 "keep_versions",
@@ -372,6 +384,49 @@ impl RoundMode {
     }
 }
 
+/// The networks a trainer keeps in memory between rounds (`trainer.held_networks`), shared by
+/// its learners: a learner takes a place after a round while there is one and keeps it until
+/// it releases its network. Targets beyond the bound train the same, reading their network
+/// back from its checkpoint each round.
+#[derive(Debug, Clone)]
+pub struct NetworkBudget {
+    held: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+impl NetworkBudget {
+    pub fn new(cap: usize) -> Self {
+        NetworkBudget {
+            held: Arc::new(AtomicUsize::new(0)),
+            cap,
+        }
+    }
+
+    /// Networks kept now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    fn try_hold(&self) -> Option<HeldNetwork> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HeldNetwork(self.held.clone()))
+    }
+}
+
+/// A learner's place in its [`NetworkBudget`], given back when dropped.
+#[derive(Debug)]
+struct HeldNetwork(Arc<AtomicUsize>);
+
+impl Drop for HeldNetwork {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The training state of one target.
 pub struct Learner {
     target: Target,
@@ -406,6 +461,12 @@ pub struct Learner {
     /// The network was dropped from memory ([`Learner::release_network`]); the next round
     /// resumes it from its newest checkpoint.
     released: bool,
+    /// The process's networks kept between rounds (`trainer.held_networks`; `None`: no bound),
+    /// and this learner's place among them while it keeps its network.
+    budget: Option<NetworkBudget>,
+    held: Option<HeldNetwork>,
+    /// Counts networks read back from their checkpoint after a release.
+    reloads: Option<prometheus::IntCounter>,
     /// Retention: every base-learner version below this one is deleted (`None`: not known
     /// yet; the first pass lists the store, later passes delete by version without listing).
     pruned_below: Option<u64>,
@@ -441,6 +502,9 @@ impl Learner {
             observed: None,
             history_seen: false,
             released: false,
+            budget: None,
+            held: None,
+            reloads: None,
             pruned_below: None,
             failures: 0,
             retry_at: None,
@@ -571,9 +635,45 @@ impl Learner {
     /// checkpoint holds all of it (weights, optimizer, normalizer, multiplier), so the next
     /// round resumes from the newest one and goes on as if it had been kept.
     pub fn release_network(&mut self) {
+        self.held = None;
         if self.ddpg.take().is_some() {
             self.released = true;
         }
+    }
+
+    /// Bounds the networks kept between rounds by `budget` (see [`Learner::settle`]).
+    pub fn set_budget(&mut self, budget: NetworkBudget) {
+        self.budget = Some(budget);
+    }
+
+    /// Networks kept now across the learners of the budget (`None`: no budget).
+    pub fn networks_held(&self) -> Option<usize> {
+        self.budget.as_ref().map(NetworkBudget::held)
+    }
+
+    /// Where reads of a released network's checkpoint are counted.
+    pub fn set_reload_counter(&mut self, c: prometheus::IntCounter) {
+        self.reloads = Some(c);
+    }
+
+    /// After a published round or rollback (the newest checkpoint holds the whole network): the
+    /// network stays in memory while the budget has room for it, else it is released and the
+    /// next round reads it back. Returns whether it is kept.
+    pub fn settle(&mut self) -> bool {
+        let Some(budget) = &self.budget else {
+            return self.ddpg.is_some();
+        };
+        if self.ddpg.is_none() {
+            self.held = None;
+            return false;
+        }
+        if self.held.is_none() {
+            self.held = budget.try_hold();
+        }
+        if self.held.is_none() {
+            self.release_network();
+        }
+        self.held.is_some()
     }
 
     /// The network's input width: the state, plus the embedding when conditioned.
@@ -782,7 +882,15 @@ impl Learner {
         for (v, key) in versions {
             match self.read_checkpoint(models, &key, v) {
                 Ok((d, _)) => {
-                    tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
+                    if self.released {
+                        // Every round of a target beyond `held_networks`: not worth a line each.
+                        if let Some(c) = &self.reloads {
+                            c.inc();
+                        }
+                        tracing::debug!(target = %self.target, version = v, trained_steps = d.train_steps(), "network read back from the model store");
+                    } else {
+                        tracing::info!(target = %self.target, version = v, trained_steps = d.train_steps(), "resuming from the model store");
+                    }
                     // After a release this learner knows the rows the normalizer saw; a new
                     // one (a restart) takes the checkpoint as having seen the whole history.
                     self.history_seen = self.observed.is_none();
@@ -888,7 +996,7 @@ impl Learner {
     /// learner writes them), so a round does not list the store (on JetStream, the bucket).
     pub fn prune(&mut self, models: &dyn ModelStore) -> Result<usize, TrainerError> {
         let keep = self.cfg.keep_versions;
-        if keep == 0 || self.retraining || self.ddpg.is_none() || self.version <= keep {
+        if keep == 0 || self.retraining || !self.has_network() || self.version <= keep {
             return Ok(0);
         }
         let oldest_kept = self.version - keep + 1;
@@ -1010,7 +1118,7 @@ impl Learner {
         store: &dyn TrajectoryStore,
         n: usize,
         seed: u64,
-    ) -> Result<Vec<tstore::Transition>, TrainerError> {
+    ) -> Result<tstore::Sample, TrainerError> {
         let eps = store
             .episodes(&self.target, self.cfg.recent_episodes)
             .map_err(|e| self.store_err(e))?;
@@ -1025,15 +1133,18 @@ impl Learner {
         } else {
             (((n as f64) * f64::from(self.cfg.recent_fraction)).round() as usize).min(n)
         };
-        let mut rows = store
-            .sample(Some(&self.target), n - n_recent, seed)
+        let mut sample = store
+            .sample_rows(Some(&self.target), n - n_recent, seed)
             .map_err(|e| self.store_err(e))?;
+        // The recent rows join the sample's rows once; their draws index them.
+        let base = sample.rows.len();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2ece_0e7a);
         for _ in 0..n_recent {
-            rows.push(recent[rng.random_range(0..recent.len())].clone());
+            sample.draws.push(base + rng.random_range(0..recent.len()));
         }
-        rows.shuffle(&mut rng);
-        Ok(rows)
+        sample.rows.extend(recent);
+        sample.draws.shuffle(&mut rng);
+        Ok(sample)
     }
 
     fn train_round(
@@ -1047,37 +1158,53 @@ impl Learner {
         let batch_size = self.cfg.batch_size;
         let seed = self.cfg.seed ^ stable_hash(&target.key()) ^ self.rounds.rotate_left(32);
         self.rounds += 1;
-        // One draw for the whole round: the store scans the target's keys once per call.
-        let rows = match mode {
+        // One draw for the whole round: the store scans the target's keys once per call. The
+        // draw holds each row once (a round draws `steps` × `batch_size` times from a few
+        // hundred rows), and each row becomes a training transition once: the round's memory is
+        // bounded by the target's rows, not by its gradient steps.
+        let sample = match mode {
             RoundMode::Online if self.cfg.recent_fraction > 0.0 => {
                 self.recency_mixed_rows(store, steps * batch_size, seed)?
             }
             _ => store
-                .sample(Some(&target), steps * batch_size, seed)
+                .sample_rows(Some(&target), steps * batch_size, seed)
                 .map_err(|e| self.store_err(e))?,
         };
         let lambda = self.advance_multiplier(store, models)?;
+        // Per distinct row: its training transition, or why it is skipped (non-finite or not).
+        let converted: Vec<Result<Transition, bool>> = sample
+            .rows
+            .iter()
+            .map(|r| {
+                if !is_finite_row(r) {
+                    return Err(true);
+                }
+                // Offline rounds learn from the fallback only: rows of an RL policy that was
+                // sent back to OFFLINE are not behaviour to stay close to.
+                if mode == RoundMode::Offline && r.source != DecisionSource::Fallback {
+                    return Err(false);
+                }
+                self.training_row(r, lambda).ok_or(false)
+            })
+            .collect();
         let (mut skipped, mut non_finite) = (0, 0);
         let mut latest = (0u64, 0u32);
-        let mut ts = Vec::with_capacity(rows.len());
-        for r in &rows {
+        // The training transitions in draw order, as indices into `converted`.
+        let mut ts: Vec<usize> = Vec::with_capacity(sample.len());
+        for &i in &sample.draws {
+            let (Some(r), Some(c)) = (sample.rows.get(i), converted.get(i)) else {
+                continue;
+            };
             latest = latest.max((r.episode, r.step));
-            if !is_finite_row(r) {
-                skipped += 1;
-                non_finite += 1;
-                continue;
-            }
-            // Offline rounds learn from the fallback only: rows of an RL policy that was sent
-            // back to OFFLINE are not behaviour to stay close to.
-            if mode == RoundMode::Offline && r.source != DecisionSource::Fallback {
-                skipped += 1;
-                continue;
-            }
-            match self.training_row(r, lambda) {
-                Some(t) => ts.push(t),
-                None => skipped += 1,
+            match c {
+                Ok(_) => ts.push(i),
+                Err(nf) => {
+                    skipped += 1;
+                    non_finite += usize::from(*nf);
+                }
             }
         }
+        drop(sample);
         let eval = match mode {
             RoundMode::Offline => self.eval_rows(store, lambda)?,
             RoundMode::Online => Vec::new(),
@@ -1112,8 +1239,13 @@ impl Learner {
                     target: target.clone(),
                 });
             }
-            let batch =
-                Batch::from_transitions(ddpg.config().state_dim, chunk).map_err(model_err)?;
+            let mut batch = Batch::with_capacity(ddpg.config().state_dim, chunk.len());
+            for t in chunk
+                .iter()
+                .filter_map(|&i| converted.get(i)?.as_ref().ok())
+            {
+                batch.push(t).map_err(model_err)?;
+            }
             let st = if bc_weight > 0.0 {
                 ddpg.train_step_bc(&batch, &bc)
             } else {
@@ -1336,6 +1468,10 @@ mod tests {
             },
             TrainerConfig {
                 retrain_every_transitions: 0,
+                ..TrainerConfig::default()
+            },
+            TrainerConfig {
+                held_networks: 10_000_001,
                 ..TrainerConfig::default()
             },
             TrainerConfig {
@@ -1821,6 +1957,102 @@ mod tests {
         );
     }
 
+    /// `held_networks`: a target beyond the budget drops its network after every round and
+    /// reads it back at the next, and trains exactly as a target that keeps it (the same
+    /// checkpoints, byte for byte); a place freed by a release goes to the next target.
+    #[test]
+    fn a_network_beyond_the_budget_is_read_back_each_round_and_trains_the_same() {
+        let (_dir, store, kept_models) = stores();
+        let dir2 = tempfile::tempdir().unwrap();
+        let released_models = LocalDirStore::open(dir2.path().join("models")).unwrap();
+        let t = Target::new("shop", "budget");
+        let other = Target::new("shop", "other");
+        for target in [&t, &other] {
+            store
+                .append(&(0..60).map(|s| row(target, 0, s)).collect::<Vec<_>>())
+                .unwrap();
+        }
+        // One place: `other` takes it first; `t` is beyond the budget.
+        let budget = NetworkBudget::new(1);
+        let mut o = Learner::new(other.clone(), Bounds::default(), cfg());
+        o.set_budget(budget.clone());
+        o.maybe_train(&store, &released_models)
+            .unwrap()
+            .expect("a round");
+        assert!(o.settle(), "the first network takes the place");
+        assert_eq!(budget.held(), 1);
+
+        let mut kept = Learner::new(t.clone(), Bounds::default(), cfg());
+        let mut released = Learner::new(t.clone(), Bounds::default(), cfg());
+        released.set_budget(budget.clone());
+        let reloads = prometheus::IntCounter::new("reloads", "reloads").unwrap();
+        released.set_reload_counter(reloads.clone());
+        for episode in 1..4u64 {
+            let a = kept
+                .maybe_train(&store, &kept_models)
+                .unwrap()
+                .expect("a round");
+            let b = released
+                .maybe_train(&store, &released_models)
+                .unwrap()
+                .expect("a round");
+            assert!(kept.settle(), "no budget: kept");
+            assert!(!released.settle(), "no place left: released");
+            assert!(released.ddpg.is_none() && released.has_network());
+            assert_eq!((a.version, a.trained_steps), (b.version, b.trained_steps));
+            let key = model_key(&t, BASE_LEARNER, a.version);
+            assert!(
+                kept_models.get(&key).unwrap() == released_models.get(&key).unwrap(),
+                "version {} differs between the kept and the released network",
+                a.version
+            );
+            store
+                .append(&(0..50).map(|s| row(&t, episode, s)).collect::<Vec<_>>())
+                .unwrap();
+        }
+        assert_eq!(reloads.get(), 2, "read back for rounds 2 and 3");
+        assert_eq!(budget.held(), 1);
+        // `other` lets its network go (SERVING): the place is free for `t`'s next round.
+        o.release_network();
+        assert_eq!(budget.held(), 0);
+        released
+            .maybe_train(&store, &released_models)
+            .unwrap()
+            .expect("a round");
+        assert!(released.settle(), "the freed place");
+        assert_eq!((budget.held(), reloads.get()), (1, 3));
+    }
+
+    /// A network released after each round (beyond `held_networks`) still gets its retention
+    /// pass when the target stops retraining: the learner knows its newest version without the
+    /// network in memory.
+    #[test]
+    fn a_released_network_still_gets_its_retention_pass() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "released-kept");
+        let c = TrainerConfig {
+            keep_versions: 2,
+            ..cfg()
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), c);
+        l.set_budget(NetworkBudget::new(0));
+        l.set_retraining(true);
+        for ep in 0..4u64 {
+            store
+                .append(&(0..60).map(|s| row(&t, ep, s)).collect::<Vec<_>>())
+                .unwrap();
+            l.maybe_train(&store, &models).unwrap().expect("a round");
+            assert!(!l.settle(), "no place: released");
+            assert_eq!(l.prune(&models).unwrap(), 0, "retraining: nothing deleted");
+        }
+        l.set_retraining(false);
+        assert_eq!(
+            l.prune(&models).unwrap(),
+            2,
+            "versions 1 and 2 go, 3 and 4 stay"
+        );
+    }
+
     /// Retention deletes old rows under the trainer: rounds still come every
     /// `train_every_transitions` new rows, and the normalizer still sees each new state once.
     #[test]
@@ -2213,7 +2445,10 @@ mod tests {
             .append(&(0..20).map(|s| row(&t, 10, s)).collect::<Vec<_>>())
             .unwrap();
         let n = 8_000;
-        let rows = l.recency_mixed_rows(&store, n, 7).unwrap();
+        let sample = l.recency_mixed_rows(&store, n, 7).unwrap();
+        // Held compactly: 8,000 draws hold at most the 520 stored rows and the 120 recent ones.
+        assert!(sample.rows.len() <= 640, "{} rows held", sample.rows.len());
+        let rows = sample.into_transitions();
         assert_eq!(rows.len(), n);
         // Recent = episodes 8, 9 and the one in progress: 120 of 520 rows, so their share is
         // 0.5 + 0.5 × 120 / 520 ≈ 0.615 (uniform alone: 0.23).
@@ -2230,7 +2465,13 @@ mod tests {
         // Shuffled: the recent draws are spread over the minibatches, not appended at the end.
         let first_half = rows[..n / 2].iter().filter(|r| r.episode >= 8).count() as f64;
         assert!((first_half / (n / 2) as f64 - share).abs() < 0.05);
-        assert_eq!(rows, l.recency_mixed_rows(&store, n, 7).unwrap(), "seeded");
+        assert_eq!(
+            rows,
+            l.recency_mixed_rows(&store, n, 7)
+                .unwrap()
+                .into_transitions(),
+            "seeded"
+        );
         // An ONLINE round trains on them; an OFFLINE one stays uniform over fallback rows.
         let mut l = Learner::new(t.clone(), Bounds::default(), c);
         let p = l

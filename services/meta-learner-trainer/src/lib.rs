@@ -146,6 +146,10 @@ pub struct TrainerMetrics {
     pub rollbacks: prometheus::IntCounter,
     pub models_pruned: prometheus::IntCounter,
     pub prune_errors: prometheus::IntCounter,
+    /// Networks kept in memory between rounds (`trainer.held_networks`), and reads of a
+    /// released network's checkpoint.
+    pub networks_held: prometheus::IntGauge,
+    pub network_reloads: prometheus::IntCounter,
     /// Forgetting deleted targets (`trainer.forget_after_secs`).
     pub forget: ForgetMetrics,
 }
@@ -203,6 +207,14 @@ impl TrainerMetrics {
             prune_errors: m.counter(
                 "trainer_prune_errors_total",
                 "Retention passes that failed (model store errors); the versions stay",
+            )?,
+            networks_held: m.gauge(
+                "trainer_networks_held",
+                "Networks kept in memory between rounds (at most trainer.held_networks)",
+            )?,
+            network_reloads: m.counter(
+                "trainer_network_reloads_total",
+                "Networks read back from their checkpoint for a round (targets beyond trainer.held_networks)",
             )?,
             forget: ForgetMetrics {
                 targets: m.counter(
@@ -374,10 +386,23 @@ fn round(
     };
     let took = t0.elapsed();
     let pruned = matches!(res, Ok(Some(_))).then(|| learner.prune(models.as_ref()));
+    if matches!(res, Ok(Some(_))) {
+        learner.settle();
+    }
     (learner, meta, checked, res, took, pruned)
 }
 
 impl TargetTrainer {
+    /// The learner back from the blocking pool; the gauge of networks kept follows.
+    fn put_back(&mut self, learner: Learner) {
+        if let Some(n) = learner.networks_held() {
+            self.metrics
+                .networks_held
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.learner = Some(learner);
+    }
+
     fn tick(&mut self, ctx: &mut Context<Self>) {
         if self.rollback.is_some() {
             self.roll_back(ctx);
@@ -419,7 +444,7 @@ impl TargetTrainer {
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
             Ok((learner, meta, checked, res, took, pruned)) => {
                 act.recheck.done(std::time::Instant::now());
-                act.learner = Some(learner);
+                act.put_back(learner);
                 act.meta = meta;
                 if let Some(c) = checked {
                     act.finish_embedding(c);
@@ -452,11 +477,14 @@ impl TargetTrainer {
         let fut = tokio::task::spawn_blocking(move || {
             let res = learner.roll_back(to, at, models.as_ref());
             let pruned = res.is_ok().then(|| learner.prune(models.as_ref()));
+            if res.is_ok() {
+                learner.settle();
+            }
             (learner, res, pruned)
         });
         ctx.spawn(fut.into_actor(self).map(move |joined, act, _| match joined {
             Ok((learner, res, pruned)) => {
-                act.learner = Some(learner);
+                act.put_back(learner);
                 if let Some(p) = pruned {
                     act.finish_prune(p);
                 }
@@ -499,7 +527,7 @@ impl TargetTrainer {
         });
         ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
             Ok((learner, res)) => {
-                act.learner = Some(learner);
+                act.put_back(learner);
                 act.finish_prune(res);
             }
             Err(e) => {
@@ -697,6 +725,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     };
     tracing::info!(workers, "training rounds run this many at once");
     let workers = Arc::new(tokio::sync::Semaphore::new(workers));
+    let budget = learner::NetworkBudget::new(trainer.held_networks);
     let mut actors = TargetActors::spread(&ctx, move |t: &Target| {
         let spec = config.spec_for(t);
         let bounds = spec.bounds;
@@ -717,6 +746,8 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
                 l.set_objective(config.learning.objective, spec.slo);
                 l.set_cancel(cancel.clone());
                 l.set_corrupt_counter(metrics.corrupt_checkpoints.clone());
+                l.set_budget(budget.clone());
+                l.set_reload_counter(metrics.network_reloads.clone());
                 l
             }),
             meta: assets.as_ref().map(|a| {

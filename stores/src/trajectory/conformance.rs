@@ -458,6 +458,19 @@ pub fn sampling_is_reproducible_and_existing<B: Backend>(b: &B) -> Result<(), Fa
     );
     let other = store.sample(Some(&a), 50, 43)?;
     check!(other != s1, "a different seed gave the same 50 draws");
+    // The compact form: 500 draws of a's 20 rows hold each drawn row once.
+    let compact = store.sample_rows(Some(&a), 500, 42)?;
+    check_eq!(compact.len(), 500, "draws of sample_rows");
+    check!(
+        !compact.rows.is_empty() && compact.rows.len() <= ra.len(),
+        "sample_rows holds {} rows for 500 draws of {} stored",
+        compact.rows.len(),
+        ra.len()
+    );
+    check!(
+        compact.clone().into_transitions() == documented_draw(&ra, 500, 42),
+        "sample_rows(a, 500, 42) in draw order is not the documented draw"
+    );
 
     let mut all: Vec<_> = ra.iter().chain(rb.iter()).cloned().collect();
     all.sort_by(|x, y| (&x.target, x.episode, x.step).cmp(&(&y.target, y.episode, y.step)));

@@ -61,6 +61,7 @@
 //! retains the deregistration) does not reset the grace period. QuestDB answers
 //! [`StoreError::Unsupported`] here too.
 
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::ops::Range;
 
@@ -341,14 +342,25 @@ pub trait TrajectoryStore: Send + Sync {
     ) -> Result<Vec<Transition>, StoreError>;
 
     /// `n` transitions drawn uniformly with replacement from `target`'s rows (or every target's
-    /// when `None`), in draw order; reproducible for the same seed and data (see
-    /// [`sample_ordinals`]). Empty when the scope has no rows.
+    /// when `None`), as their distinct rows and the draws in order ([`Sample`]); reproducible
+    /// for the same seed and data (see [`sample_ordinals`]). Empty when the scope has no rows.
+    fn sample_rows(
+        &self,
+        target: Option<&Target>,
+        n: usize,
+        seed: u64,
+    ) -> Result<Sample, StoreError>;
+
+    /// The draws of [`TrajectoryStore::sample_rows`] as transitions, in draw order (a row drawn
+    /// twice is there twice).
     fn sample(
         &self,
         target: Option<&Target>,
         n: usize,
         seed: u64,
-    ) -> Result<Vec<Transition>, StoreError>;
+    ) -> Result<Vec<Transition>, StoreError> {
+        Ok(self.sample_rows(target, n, seed)?.into_transitions())
+    }
 
     /// Records an episode summary; idempotent per `(target, episode)` (last write wins).
     fn put_episode(&self, summary: &EpisodeSummary) -> Result<(), StoreError>;
@@ -404,6 +416,55 @@ pub struct Pruned {
     /// The target's first retained episode after this call (0 when it was never pruned): rows
     /// and summaries of earlier episodes are ignored from now on.
     pub below_episode: u64,
+}
+
+/// A sample with replacement held compactly: each drawn row once, and the draws as indices into
+/// them. A training round draws many times from few rows (500 minibatches of 64 from a target's
+/// few hundred rows), so its memory is bounded by the rows, not by the draws.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// The distinct rows drawn, in store order.
+    pub rows: Vec<Transition>,
+    /// Per draw, in draw order, the index of its row in `rows`.
+    pub draws: Vec<usize>,
+}
+
+impl Sample {
+    /// The sample of `draws` (ordinals in draw order) from the rows read for them; a draw whose
+    /// row was not read is left out.
+    pub fn from_ordinals(draws: &[u64], mut by_ordinal: HashMap<u64, Transition>) -> Self {
+        let mut ordinals: Vec<u64> = by_ordinal.keys().copied().collect();
+        ordinals.sort_unstable();
+        let mut at = HashMap::with_capacity(ordinals.len());
+        let mut rows = Vec::with_capacity(ordinals.len());
+        for o in ordinals {
+            if let Some(t) = by_ordinal.remove(&o) {
+                at.insert(o, rows.len());
+                rows.push(t);
+            }
+        }
+        let draws = draws.iter().filter_map(|o| at.get(o).copied()).collect();
+        Sample { rows, draws }
+    }
+
+    /// Number of draws.
+    pub fn len(&self) -> usize {
+        self.draws.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.draws.is_empty()
+    }
+
+    /// The drawn rows in draw order.
+    pub fn iter(&self) -> impl Iterator<Item = &Transition> + '_ {
+        self.draws.iter().filter_map(|&i| self.rows.get(i))
+    }
+
+    /// The draws as transitions, in draw order.
+    pub fn into_transitions(self) -> Vec<Transition> {
+        self.iter().cloned().collect()
+    }
 }
 
 /// The ordinals (0-based positions in `(namespace, name, episode, step)` order among `rows` rows)

@@ -40,7 +40,7 @@ use serde_json::Value;
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, Forgotten, Pruned, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Forgotten, Pruned, Sample, StoreError, TrajectoryStore, Transition,
 };
 
 /// Where QuestDB is and how to talk to it.
@@ -1020,12 +1020,12 @@ impl TrajectoryStore for QuestDbStore {
         self.select_transitions(&sql, "read transitions")
     }
 
-    fn sample(
+    fn sample_rows(
         &self,
         target: Option<&Target>,
         n: usize,
         seed: u64,
-    ) -> Result<Vec<Transition>, StoreError> {
+    ) -> Result<Sample, StoreError> {
         let groups = self.episode_groups(target)?;
         let mut starts = Vec::with_capacity(groups.len());
         let mut rows = 0u64;
@@ -1090,10 +1090,7 @@ impl TrajectoryStore for QuestDbStore {
                 }
             }
         }
-        Ok(draws
-            .iter()
-            .filter_map(|o| by_ordinal.get(o).cloned())
-            .collect())
+        Ok(Sample::from_ordinals(&draws, by_ordinal))
     }
 
     fn put_episode(&self, summary: &EpisodeSummary) -> Result<(), StoreError> {

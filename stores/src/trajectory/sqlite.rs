@@ -50,7 +50,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{
     episode_bounds, f32s_to_le_bytes, le_bytes_to_f32s, parse_source, parse_stage, sample_ordinals,
-    source_str, EpisodeSummary, Forgotten, Pruned, StoreError, TrajectoryStore, Transition,
+    source_str, EpisodeSummary, Forgotten, Pruned, Sample, StoreError, TrajectoryStore, Transition,
 };
 
 /// Schema migrations; `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
@@ -808,12 +808,12 @@ impl TrajectoryStore for SqliteStore {
             .collect()
     }
 
-    fn sample(
+    fn sample_rows(
         &self,
         target: Option<&Target>,
         n: usize,
         seed: u64,
-    ) -> Result<Vec<Transition>, StoreError> {
+    ) -> Result<Sample, StoreError> {
         let scope = scope_name(target);
         let mut conn = self.lock();
         // One read transaction: the counts and the row reads see one snapshot.
@@ -886,10 +886,7 @@ impl TrajectoryStore for SqliteStore {
         tx.finish()
             .map_err(sq("end sample", "transitions", &scope))?;
         drop(conn);
-        Ok(draws
-            .iter()
-            .filter_map(|o| by_ordinal.get(o).cloned())
-            .collect())
+        Ok(Sample::from_ordinals(&draws, by_ordinal))
     }
 
     fn put_episode(&self, s: &EpisodeSummary) -> Result<(), StoreError> {
@@ -1340,13 +1337,13 @@ mod tests {
         ) -> Result<Vec<Transition>, StoreError> {
             self.0.transitions(target, episodes)
         }
-        fn sample(
+        fn sample_rows(
             &self,
             target: Option<&Target>,
             n: usize,
             seed: u64,
-        ) -> Result<Vec<Transition>, StoreError> {
-            self.0.sample(target, n, seed)
+        ) -> Result<Sample, StoreError> {
+            self.0.sample_rows(target, n, seed)
         }
         fn put_episode(&self, summary: &EpisodeSummary) -> Result<(), StoreError> {
             self.0.put_episode(summary)
