@@ -641,7 +641,8 @@ impl Learner {
         }
     }
 
-    /// Bounds the networks kept between rounds by `budget` (see [`Learner::settle`]).
+    /// Bounds the networks kept between rounds by `budget`: after each round a network without a
+    /// place in it is released.
     pub fn set_budget(&mut self, budget: NetworkBudget) {
         self.budget = Some(budget);
     }
@@ -656,16 +657,18 @@ impl Learner {
         self.reloads = Some(c);
     }
 
-    /// After a published round or rollback (the newest checkpoint holds the whole network): the
-    /// network stays in memory while the budget has room for it, else it is released and the
-    /// next round reads it back. Returns whether it is kept.
-    pub fn settle(&mut self) -> bool {
+    /// After every round and rollback, published or failed: the network stays in memory while
+    /// the budget has room for it, else it is released and the next round reads back its newest
+    /// checkpoint (after a published round, the whole network; after a failed one, the network
+    /// before it, from which the round is redone, so an outage of the model store does not keep
+    /// every target's network in memory).
+    fn settle(&mut self) {
         let Some(budget) = &self.budget else {
-            return self.ddpg.is_some();
+            return;
         };
         if self.ddpg.is_none() {
             self.held = None;
-            return false;
+            return;
         }
         if self.held.is_none() {
             self.held = budget.try_hold();
@@ -673,7 +676,6 @@ impl Learner {
         if self.held.is_none() {
             self.release_network();
         }
-        self.held.is_some()
     }
 
     /// The network's input width: the state, plus the embedding when conditioned.
@@ -745,7 +747,11 @@ impl Learner {
         if self.retry_at.is_some_and(|at| Instant::now() < at) {
             return Ok(None);
         }
-        match self.round_if_due(mode, store, models) {
+        let res = self.round_if_due(mode, store, models);
+        if !matches!(res, Ok(None)) {
+            self.settle();
+        }
+        match res {
             Err(TrainerError::Cancelled { target }) => Err(TrainerError::Cancelled { target }),
             Err(e) => {
                 self.failures = self.failures.saturating_add(1);
@@ -951,6 +957,17 @@ impl Learner {
     /// are not observed again. The learner is unchanged when the checkpoint cannot be read or
     /// has another state width.
     pub fn roll_back(
+        &mut self,
+        to: u64,
+        at: (u64, u32),
+        models: &dyn ModelStore,
+    ) -> Result<Published, TrainerError> {
+        let res = self.roll_back_to(to, at, models);
+        self.settle();
+        res
+    }
+
+    fn roll_back_to(
         &mut self,
         to: u64,
         at: (u64, u32),
@@ -1979,7 +1996,7 @@ mod tests {
         o.maybe_train(&store, &released_models)
             .unwrap()
             .expect("a round");
-        assert!(o.settle(), "the first network takes the place");
+        assert!(o.ddpg.is_some(), "the first network takes the place");
         assert_eq!(budget.held(), 1);
 
         let mut kept = Learner::new(t.clone(), Bounds::default(), cfg());
@@ -1996,9 +2013,11 @@ mod tests {
                 .maybe_train(&store, &released_models)
                 .unwrap()
                 .expect("a round");
-            assert!(kept.settle(), "no budget: kept");
-            assert!(!released.settle(), "no place left: released");
-            assert!(released.ddpg.is_none() && released.has_network());
+            assert!(kept.ddpg.is_some(), "no budget: kept");
+            assert!(
+                released.ddpg.is_none() && released.has_network(),
+                "no place left: released"
+            );
             assert_eq!((a.version, a.trained_steps), (b.version, b.trained_steps));
             let key = model_key(&t, BASE_LEARNER, a.version);
             assert!(
@@ -2019,8 +2038,50 @@ mod tests {
             .maybe_train(&store, &released_models)
             .unwrap()
             .expect("a round");
-        assert!(released.settle(), "the freed place");
+        assert!(released.ddpg.is_some(), "the freed place");
         assert_eq!((budget.held(), reloads.get()), (1, 3));
+    }
+
+    /// A failed round releases a network without a place too, so an outage of the model store
+    /// does not keep every target's network in memory; the round is redone from the last
+    /// checkpoint.
+    #[test]
+    fn a_failed_round_releases_a_network_without_a_place() {
+        let (dir, store, models) = stores();
+        let t = Target::new("shop", "outage");
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        l.set_budget(NetworkBudget::new(0));
+        let reloads = prometheus::IntCounter::new("reloads", "reloads").unwrap();
+        l.set_reload_counter(reloads.clone());
+        store
+            .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p1 = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert!(l.ddpg.is_none());
+        store
+            .append(&(0..50).map(|s| row(&t, 1, s)).collect::<Vec<_>>())
+            .unwrap();
+        // Version 2 cannot be written: a non-empty directory where its file goes.
+        let blocker = dir
+            .path()
+            .join("models")
+            .join(model_key(&t, BASE_LEARNER, 2));
+        std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+        assert!(l.maybe_train(&store, &models).is_err());
+        assert_eq!(reloads.get(), 1, "read back for the round that failed");
+        assert!(l.ddpg.is_none(), "released after the failed round");
+        std::fs::remove_dir_all(&blocker).unwrap();
+        l.retry_at = None;
+        let p2 = l
+            .maybe_train(&store, &models)
+            .unwrap()
+            .expect("the round again");
+        assert_eq!(p2.version, 2);
+        assert_eq!(
+            p2.trained_steps,
+            p1.trained_steps + p2.steps as u64,
+            "redone from version 1, the failed round's steps gone with its network"
+        );
     }
 
     /// A network released after each round (beyond `held_networks`) still gets its retention
@@ -2042,7 +2103,7 @@ mod tests {
                 .append(&(0..60).map(|s| row(&t, ep, s)).collect::<Vec<_>>())
                 .unwrap();
             l.maybe_train(&store, &models).unwrap().expect("a round");
-            assert!(!l.settle(), "no place: released");
+            assert!(l.ddpg.is_none(), "no place: released");
             assert_eq!(l.prune(&models).unwrap(), 0, "retraining: nothing deleted");
         }
         l.set_retraining(false);

@@ -386,9 +386,6 @@ fn round(
     };
     let took = t0.elapsed();
     let pruned = matches!(res, Ok(Some(_))).then(|| learner.prune(models.as_ref()));
-    if matches!(res, Ok(Some(_))) {
-        learner.settle();
-    }
     (learner, meta, checked, res, took, pruned)
 }
 
@@ -477,9 +474,6 @@ impl TargetTrainer {
         let fut = tokio::task::spawn_blocking(move || {
             let res = learner.roll_back(to, at, models.as_ref());
             let pruned = res.is_ok().then(|| learner.prune(models.as_ref()));
-            if res.is_ok() {
-                learner.settle();
-            }
             (learner, res, pruned)
         });
         ctx.spawn(fut.into_actor(self).map(move |joined, act, _| match joined {
