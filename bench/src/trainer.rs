@@ -386,7 +386,7 @@ fn learning_row(t: &Target, step: u32) -> aware_stores::trajectory::Transition {
 
 /// The trainer's rounds, gradient steps and networks read back so far, from one read of its
 /// `/metrics`.
-async fn rounds_and_steps(addr: std::net::SocketAddr) -> Result<(f64, f64, f64), BenchError> {
+async fn round_counters(addr: std::net::SocketAddr) -> Result<(f64, f64, f64), BenchError> {
     let s = scrape(addr).await?;
     Ok((
         metric(&s, "aware_trainer_rounds_total"),
@@ -522,7 +522,7 @@ async fn learning_run(
     let t0 = Instant::now();
     window_start.send_replace(Some(t0));
     let pid = child.0.id();
-    let (c0, (r0, g0, n0)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
+    let (c0, (r0, g0, n0)) = (cpu_seconds(pid)?, round_counters(addr).await?);
     let mut gap_max: Vec<f64> = vec![0.0; targets.len()];
     let mut last: Vec<Option<Instant>> = vec![None; targets.len()];
     let mut joiner_first: Vec<Option<Instant>> = vec![None; joiners];
@@ -542,7 +542,7 @@ async fn learning_run(
         last[i] = Some(now);
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (c1, (r1, g1, n1)) = (cpu_seconds(pid)?, rounds_and_steps(addr).await?);
+    let (c1, (r1, g1, n1)) = (cpu_seconds(pid)?, round_counters(addr).await?);
     let rss = rss_bytes(pid)?;
     feeding.cancel();
     let _ = feeder.await;

@@ -631,7 +631,8 @@ impl Learner {
         self.ddpg.is_some() || self.released
     }
 
-    /// Drops the network from memory (a SERVING target does not train): every round's
+    /// Drops the network from memory, and its place in the budget (a SERVING target, which
+    /// does not train; a target beyond `held_networks` after each round): every round's
     /// checkpoint holds all of it (weights, optimizer, normalizer, multiplier), so the next
     /// round resumes from the newest one and goes on as if it had been kept.
     pub fn release_network(&mut self) {
