@@ -72,6 +72,7 @@ pub fn samples() -> Vec<Event> {
                 latency_p99_ms: Some(80.0),
                 oom_kills: 0,
                 spec_replicas: Some(4),
+                pending_replicas: None,
             },
             reward: Some(1.625),
             slo_violation: false,

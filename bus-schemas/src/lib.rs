@@ -397,6 +397,7 @@ mod tests {
             panic!("not an obs")
         };
         assert_eq!(read.metrics.spec_replicas, None);
+        assert_eq!(read.metrics.pending_replicas, None);
         assert_eq!(read.metrics.replicas_in_force(), read.metrics.replicas);
         assert_eq!(
             encode(&read).unwrap(),

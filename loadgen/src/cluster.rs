@@ -334,6 +334,9 @@ impl SimMetrics {
             // The count in force is the allocation's, which the caller knows
             // (`env::Observation::allocation`); these metrics are the pods'.
             spec_replicas: None,
+            // Pending is only read with a shared cluster, which the caller knows
+            // (`SimEnv::cluster_occupancy`); `pending_replicas` here is 0 without one.
+            pending_replicas: None,
         }
     }
 }

@@ -44,6 +44,11 @@ pub struct RawMetrics {
     /// when absent (such an observation encodes as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_replicas: Option<u32>,
+    /// Replicas of the Deployment that no node has room for (Pending), when the source reads
+    /// it: the simulator with a shared cluster does. Absent = not read. Added to `obs/1` like
+    /// `spec_replicas`: absent, the observation encodes as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_replicas: Option<u32>,
 }
 
 impl RawMetrics {

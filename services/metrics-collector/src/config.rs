@@ -196,6 +196,22 @@ pub struct SimulatorSourceConfig {
     /// Instability scenarios injected into the simulated apps (paper §2.3), e.g. to exercise
     /// the retraining trigger: each changes one app's workload from a given step on.
     pub injections: Vec<SimInjection>,
+    /// A cluster the simulated apps share (`loadgen`'s nodes, ADR 0018): replicas placed by
+    /// their requests, Pending when no node has room, contention for unrequested CPU. Unset
+    /// (the default): every app has an unlimited cluster to itself.
+    pub cluster: Option<SimClusterConfig>,
+}
+
+/// The shared cluster of the simulator source: identical nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimClusterConfig {
+    /// Nodes, named `node-0`, `node-1`, … (≥ 1).
+    pub nodes: u32,
+    /// Allocatable CPU per node, millicores (> 0).
+    pub node_cpu_millicores: u64,
+    /// Allocatable memory per node, bytes (> 0).
+    pub node_memory_bytes: u64,
 }
 
 /// One scheduled instability scenario of the simulated cluster.
@@ -225,6 +241,7 @@ impl Default for SimulatorSourceConfig {
             max_steps: 0,
             start_step: 0,
             injections: Vec::new(),
+            cluster: None,
         }
     }
 }
@@ -269,6 +286,21 @@ impl CollectorConfig {
                 "collector.simulator.step_timeout_ms",
                 "must be at least 1",
             ));
+        }
+        if let Some(cl) = &c.simulator.cluster {
+            let checks = [
+                ("nodes", u64::from(cl.nodes)),
+                ("node_cpu_millicores", cl.node_cpu_millicores),
+                ("node_memory_bytes", cl.node_memory_bytes),
+            ];
+            for (key, v) in checks {
+                if v == 0 {
+                    return Err(invalid(
+                        &format!("collector.simulator.cluster.{key}"),
+                        "must be at least 1",
+                    ));
+                }
+            }
         }
         c.prometheus.validate()?;
         if c.source == SourceKind::Simulator
@@ -401,6 +433,63 @@ mod tests {
                 "{var}={value}: `{err}` does not name {key}"
             );
         }
+    }
+
+    fn read_set(sets: &[(&str, &str)]) -> Result<CollectorConfig, ConfigError> {
+        let cfg = load(&ConfigSources {
+            env: Some(HashMap::new()),
+            overrides: sets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })?;
+        CollectorConfig::read(&cfg)
+    }
+
+    #[test]
+    fn a_shared_cluster_reads_and_its_bad_values_name_the_key() {
+        let full = [
+            ("collector.simulator.cluster.nodes", "3"),
+            ("collector.simulator.cluster.node_cpu_millicores", "8000"),
+            (
+                "collector.simulator.cluster.node_memory_bytes",
+                "34359738368",
+            ),
+        ];
+        let c = read_set(&full).unwrap();
+        assert_eq!(
+            c.simulator.cluster,
+            Some(SimClusterConfig {
+                nodes: 3,
+                node_cpu_millicores: 8000,
+                node_memory_bytes: 32 << 30,
+            })
+        );
+        for (i, key) in ["nodes", "node_cpu_millicores", "node_memory_bytes"]
+            .iter()
+            .enumerate()
+        {
+            let mut sets = full.to_vec();
+            sets[i].1 = "0";
+            let err = read_set(&sets).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("collector.simulator.cluster.{key}")),
+                "{err}"
+            );
+        }
+        let mut sets = full.to_vec();
+        sets.push(("collector.simulator.cluster.node_gpus", "1"));
+        let err = read_set(&sets).unwrap_err().to_string();
+        assert!(
+            err.contains("node_gpus"),
+            "an unknown key is refused: {err}"
+        );
+        let err = read_set(&full[..2]).unwrap_err().to_string();
+        assert!(
+            err.contains("node_memory_bytes"),
+            "a missing key is named: {err}"
+        );
     }
 
     #[test]

@@ -531,6 +531,8 @@ pub fn build_evaluation(
         latency_p99_ms: finite(p99),
         oom_kills: 0,
         spec_replicas: spec_replicas.map(|v| count(Some(v))),
+        // Not read from Prometheus (kube-state-metrics' pod phases are not queried).
+        pending_replicas: None,
     };
     let complete = missing.is_empty();
     let (state, reward_value) = if complete {

@@ -88,6 +88,13 @@ pub fn sim_config(
         step_seconds: cfg.step_seconds,
         seed: cfg.seed,
         injections,
+        cluster: cfg.cluster.map(|c| {
+            aware_loadgen::nodes::ClusterConfig::uniform(
+                c.nodes,
+                c.node_cpu_millicores,
+                c.node_memory_bytes,
+            )
+        }),
         ..SimConfig::default()
     })
 }
@@ -109,13 +116,15 @@ pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
         .collect()
 }
 
-/// The `obs` of global step `g` for one target.
+/// The `obs` of global step `g` for one target; with `shared_cluster` (a configured
+/// `collector.simulator.cluster`) it carries the target's Pending replicas.
 pub fn to_obs(
     o: &Observation,
     target: &Target,
     g: u64,
     steps_per_episode: u32,
     base_ms: i64,
+    shared_cluster: bool,
 ) -> Obs {
     let m = &o.metrics;
     let spe = u64::from(steps_per_episode.max(1));
@@ -130,6 +139,7 @@ pub fn to_obs(
         // Prometheus source reads it from kube-state-metrics.
         metrics: aware_bus_schemas::RawMetrics {
             spec_replicas: Some(o.allocation.replicas),
+            pending_replicas: shared_cluster.then_some(m.pending_replicas),
             ..m.raw()
         },
         reward: (g > 0).then_some(o.reward),
@@ -249,11 +259,12 @@ impl Sim {
     /// The step's `obs`, counting the incomplete ones.
     fn step_obs(&self, metrics: &CollectorMetrics) -> Vec<Obs> {
         let g = self.global_step();
+        let shared = self.env.cluster_occupancy().is_some();
         let all: Vec<Obs> = self
             .last
             .iter()
             .zip(&self.targets)
-            .map(|(o, t)| to_obs(o, t, g, self.spe, self.base_ms))
+            .map(|(o, t)| to_obs(o, t, g, self.spe, self.base_ms, shared))
             .collect();
         metrics
             .incomplete_obs
@@ -635,7 +646,7 @@ mod tests {
         env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
         let o = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap()[0].clone();
         let t = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
-        let ok = to_obs(&o, &t, 1, 10, 0);
+        let ok = to_obs(&o, &t, 1, 10, 0, false);
         assert!(ok.complete && ok.missing.is_empty() && ok.reward.is_some());
         type Set = fn(&mut aware_loadgen::cluster::SimMetrics, f64);
         let cases: [(&str, Set); 4] = [
@@ -648,7 +659,7 @@ mod tests {
             for v in [f64::NAN, f64::INFINITY, -1.0] {
                 let mut bad = o.clone();
                 set(&mut bad.metrics, v);
-                let obs = to_obs(&bad, &t, 1, 10, 0);
+                let obs = to_obs(&bad, &t, 1, 10, 0, false);
                 assert!(!obs.complete, "{name} = {v}");
                 assert_eq!(obs.missing, vec![name.to_string()], "{name} = {v}");
                 assert!(obs.state.is_empty() && obs.reward.is_none());
@@ -656,10 +667,13 @@ mod tests {
         }
         let mut bad = o.clone();
         bad.metrics.memory_limit_bytes = 0.0;
-        assert_eq!(to_obs(&bad, &t, 1, 10, 0).missing, ["memory_limit_bytes"]);
+        assert_eq!(
+            to_obs(&bad, &t, 1, 10, 0, false).missing,
+            ["memory_limit_bytes"]
+        );
         let mut bad = o;
         bad.reward = f64::NAN;
-        let obs = to_obs(&bad, &t, 1, 10, 0);
+        let obs = to_obs(&bad, &t, 1, 10, 0, false);
         assert!(!obs.complete && obs.missing == ["reward"]);
     }
 
@@ -689,6 +703,58 @@ mod tests {
         assert!(!p.fill(1, TargetAction::Hold), "the next step starts empty");
         assert_eq!(p.take()[0], TargetAction::Hold, "missing: held");
         assert!(Pending::new(0).is_complete());
+    }
+
+    /// With `collector.simulator.cluster`, the apps share its nodes: on a cluster with room for
+    /// one replica, the others are Pending and the step's `obs` say how many, per target;
+    /// without one, `obs` carry no Pending count (not read) and encode as before.
+    #[test]
+    fn a_shared_cluster_reaches_the_obs_as_pending_replicas() {
+        let mut cfg = source(vec![]);
+        let apps = build_apps(&cfg).unwrap();
+        let wanted: u32 = apps.iter().map(|a| a.initial.replicas).sum();
+        let cpu = apps.iter().map(|a| a.initial.cpu_millicores).max().unwrap();
+        let memory = apps.iter().map(|a| a.initial.memory_bytes).max().unwrap();
+        cfg.cluster = Some(crate::config::SimClusterConfig {
+            nodes: 1,
+            node_cpu_millicores: u64::from(cpu),
+            node_memory_bytes: memory,
+        });
+        let sim = sim_config(&cfg, &apps).unwrap();
+        assert!(sim.cluster.is_some());
+        let targets: Vec<Target> = apps
+            .iter()
+            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
+            .collect();
+        let mut env = SimEnv::new(apps.clone(), sim).unwrap();
+        env.reset(cfg.seed).unwrap();
+        let last = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
+        let shared = env.cluster_occupancy().is_some();
+        let pending: Vec<u32> = last
+            .iter()
+            .zip(&targets)
+            .map(|(o, t)| {
+                to_obs(o, t, 0, 10, 0, shared)
+                    .metrics
+                    .pending_replicas
+                    .unwrap()
+            })
+            .collect();
+        assert!(shared);
+        let occupancy = env.cluster_occupancy().unwrap();
+        assert_eq!(pending, occupancy.pending_by_target);
+        let total: u32 = pending.iter().sum();
+        assert!(
+            total > 0 && total < wanted,
+            "a node with room for the largest replica: {pending:?} of {wanted}"
+        );
+        cfg.cluster = None;
+        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
+        env.reset(cfg.seed).unwrap();
+        let last = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
+        assert!(env.cluster_occupancy().is_none());
+        let o = to_obs(&last[0], &targets[0], 0, 10, 0, false);
+        assert_eq!(o.metrics.pending_replicas, None);
     }
 
     /// `accept` through a real simulated cluster: duplicates, a rejected duplicate, a stale
