@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use crate::adapt::AdaptBenchOptions;
 use crate::bootstrap::BootstrapBenchOptions;
 use crate::bus::BusBenchOptions;
+use crate::cluster::ClusterBenchOptions;
 use crate::control_loop::LoopBenchOptions;
 use crate::cost::CostBenchOptions;
 use crate::embed::EmbedBenchOptions;
@@ -41,6 +42,11 @@ pub enum BenchCommand {
     /// alone and the cheapest-allocation oracle, on the same apps and traces; writes cost.json
     /// and a Pareto plot per app class (cost-pareto-<class>.svg).
     Cost(CostBenchOptions),
+    /// Many apps on one shared cluster at --occupancy of its requests: today's agents on it
+    /// (independent), the same agents each alone on an empty cluster (isolated) and HPA/VPA
+    /// tuned per app; SLO attainment, core- and GiB-hours, Pending replica-seconds and the
+    /// degradation against isolated; writes cluster.json and cluster-pareto.svg.
+    Cluster(ClusterBenchOptions),
     /// Serving under instability (paper §5.3, Fig. 9): a converged agent meets the §2.3
     /// scenarios with and without the retraining trigger, vs HPA/VPA, the converged policy on the
     /// undisturbed workload and the oracle; writes serve.json and serve-curve.svg.
@@ -236,6 +242,10 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
             text_logs()?;
             cost(&opts)
         }
+        BenchCommand::Cluster(opts) => {
+            text_logs()?;
+            cluster(&opts)
+        }
         BenchCommand::Serve(opts) => {
             text_logs()?;
             serve(&opts)
@@ -411,6 +421,19 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), BenchError> {
         })?;
         println!("wrote {}", p.display());
     }
+    Ok(())
+}
+
+fn cluster(opts: &ClusterBenchOptions) -> Result<(), BenchError> {
+    let r = crate::cluster::run(opts)?;
+    for line in crate::cluster::summary(&r) {
+        println!("{line}");
+    }
+    println!(
+        "wrote {} and {}",
+        opts.out.join("cluster.json").display(),
+        opts.out.join("cluster-pareto.svg").display()
+    );
     Ok(())
 }
 

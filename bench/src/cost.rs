@@ -39,7 +39,7 @@ use aware_loadgen::load::LoadPattern;
 use aware_loadgen::oracle::{
     candidates_by_cost, cheapest_step, step_meets_slo, OracleGrid, Prices,
 };
-use aware_metrics_collector::config::{CollectorConfig, SourceKind};
+use aware_metrics_collector::config::{CollectorConfig, SimClusterConfig, SourceKind};
 use aware_recommender::fallback::{Fallback, FallbackConfig, HpaConfig};
 use aware_shared::bus::Bus;
 use aware_shared::config::AppConfig;
@@ -173,6 +173,10 @@ pub struct CostBenchOptions {
     /// The aware policy's wall-clock limit.
     #[arg(skip = CostBenchOptions::default().timeout)]
     pub timeout: Duration,
+    /// A cluster the apps share (`collector.simulator.cluster`), for every policy; none: each
+    /// app alone on an unlimited cluster. Set by `aware bench cluster`.
+    #[arg(skip)]
+    pub cluster: Option<SimClusterConfig>,
 }
 
 impl Default for CostBenchOptions {
@@ -197,6 +201,7 @@ impl Default for CostBenchOptions {
             settings: Vec::new(),
             out: PathBuf::from("bench-out"),
             timeout: Duration::from_secs(3600),
+            cluster: None,
         }
     }
 }
@@ -282,11 +287,13 @@ impl CostBenchOptions {
 /// One step of one app as a policy left it: the allocation in force, whether it met the SLO
 /// ([`step_meets_slo`]), whether it violated it, and the OOM kills.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct StepRow {
+pub(crate) struct StepRow {
     allocation: Allocation,
     violation: bool,
     met: bool,
     oom_kills: u32,
+    /// Replicas Pending through the step (0 when the source does not read it).
+    pending_replicas: u32,
 }
 
 impl StepRow {
@@ -298,19 +305,22 @@ impl StepRow {
             violation,
             met: step_meets_slo(slo, violation, m.throughput_rps, m.request_rate_rps),
             oom_kills: m.oom_kills,
+            pending_replicas: m.pending_replicas.unwrap_or(0),
         })
     }
 }
 
-/// A step's metrics as the collector's simulator source publishes them in `obs`.
-fn obs_metrics(o: &Observation) -> RawMetrics {
+/// A step's metrics as the collector's simulator source publishes them in `obs` (with a shared
+/// cluster, the Pending replicas too).
+fn obs_metrics(o: &Observation, shared_cluster: bool) -> RawMetrics {
     RawMetrics {
         spec_replicas: Some(o.allocation.replicas),
+        pending_replicas: shared_cluster.then_some(o.metrics.pending_replicas),
         ..o.metrics.raw()
     }
 }
 
-fn has_slo(slo: &Slo) -> bool {
+pub(crate) fn has_slo(slo: &Slo) -> bool {
     slo.latency_p99_ms.is_some() || slo.throughput_rps.is_some()
 }
 
@@ -352,11 +362,18 @@ pub struct Figures {
     pub pod_restarts: u64,
     /// Containers OOM-killed (each restarts).
     pub oom_kills: u64,
+    /// Replica-seconds spent Pending (no node with room; only with a shared cluster).
+    pub pending_replica_seconds: f64,
 }
 
 impl Figures {
     /// The figures of one app's steps, in order.
-    fn of_app(app: &AppSpec, rows: &[StepRow], step_seconds: f64, prices: &Prices) -> Figures {
+    pub(crate) fn of_app(
+        app: &AppSpec,
+        rows: &[StepRow],
+        step_seconds: f64,
+        prices: &Prices,
+    ) -> Figures {
         let mut f = Figures::default();
         let slo = has_slo(&app.slo);
         let step_hours = step_seconds / 3600.0;
@@ -373,6 +390,7 @@ impl Figures {
             f.core_hours += Prices::cores(&r.allocation) * step_hours;
             f.gib_hours += Prices::gib(&r.allocation) * step_hours;
             f.oom_kills += u64::from(r.oom_kills);
+            f.pending_replica_seconds += f64::from(r.pending_replicas) * step_seconds;
             if let Some(p) = prev {
                 let (a, b) = (p.allocation, r.allocation);
                 f.replica_changes += u64::from(a.replicas != b.replicas);
@@ -423,7 +441,7 @@ impl Figures {
     }
 
     /// The sum over apps.
-    fn sum<'a>(all: impl IntoIterator<Item = &'a Figures>, prices: &Prices) -> Figures {
+    pub(crate) fn sum<'a>(all: impl IntoIterator<Item = &'a Figures>, prices: &Prices) -> Figures {
         let mut s = Figures::default();
         for f in all {
             s.steps += f.steps;
@@ -440,6 +458,7 @@ impl Figures {
             s.vertical_changes += f.vertical_changes;
             s.pod_restarts += f.pod_restarts;
             s.oom_kills += f.oom_kills;
+            s.pending_replica_seconds += f.pending_replica_seconds;
         }
         s.finish(prices)
     }
@@ -504,7 +523,7 @@ pub fn choose_target(points: &[SweepPoint], objective: f64) -> Option<SweepPoint
 }
 
 /// What drives the targets of a baseline run.
-enum Baseline {
+pub(crate) enum Baseline {
     /// One HPA + VPA fallback per app (the recommender's own); `hold_replicas`: the VPA alone.
     Fallbacks {
         fallbacks: Vec<Fallback>,
@@ -520,7 +539,7 @@ enum Baseline {
 }
 
 impl Baseline {
-    fn fallbacks(targets: &[u32], hold_replicas: bool) -> Result<Baseline, BenchError> {
+    pub(crate) fn fallbacks(targets: &[u32], hold_replicas: bool) -> Result<Baseline, BenchError> {
         let fallbacks = targets
             .iter()
             .map(|&t| {
@@ -567,7 +586,7 @@ impl Baseline {
                 .enumerate()
                 .map(|(i, (o, f))| {
                     // What the recommender does with the step's `obs`.
-                    let raw = obs_metrics(o);
+                    let raw = obs_metrics(o, env.cluster_occupancy().is_some());
                     let current =
                         aware_shared::spec::allocation_in_force(&raw).unwrap_or(o.allocation);
                     let bounds = env.target(i).map_err(fail)?.app().bounds;
@@ -611,10 +630,11 @@ fn simulate(
     env.reset(sim.seed).map_err(fail)?;
     let n = env.len();
     let mut last = env.step(&vec![TargetAction::Hold; n]).map_err(fail)?;
+    let shared = env.cluster_occupancy().is_some();
     let mut rows: Vec<Vec<StepRow>> = vec![Vec::with_capacity(steps as usize); n];
     for g in 0..steps {
         for ((r, o), app) in rows.iter_mut().zip(&last).zip(apps) {
-            let row = StepRow::of(&app.slo, &obs_metrics(o), o.metrics.slo_violation)
+            let row = StepRow::of(&app.slo, &obs_metrics(o, shared), o.metrics.slo_violation)
                 .ok_or_else(|| fail(format!("{}: no allocation in force", app.name)))?;
             r.push(row);
         }
@@ -628,7 +648,7 @@ fn simulate(
 }
 
 /// Per app figures of a baseline run.
-fn run_baseline(
+pub(crate) fn run_baseline(
     apps: &[AppSpec],
     sim: &SimConfig,
     steps: u64,
@@ -644,7 +664,7 @@ fn run_baseline(
 }
 
 /// The sweep of HPA targets over a window: per app, one point per target.
-fn sweep(
+pub(crate) fn sweep(
     apps: &[AppSpec],
     sim: &SimConfig,
     steps: u64,
@@ -770,11 +790,14 @@ fn collector_config(opts: &CostBenchOptions) -> CollectorConfig {
     sim.max_steps = opts.steps() + 1;
     // Paced: a decision may wait for the trainer's round on the same cores.
     sim.step_timeout_ms = 60_000;
+    sim.cluster = opts.cluster;
     c
 }
 
 /// The apps and the evaluation window's simulation settings, as the collector builds them.
-fn apps_and_sim(opts: &CostBenchOptions) -> Result<(Vec<AppSpec>, SimConfig), BenchError> {
+pub(crate) fn apps_and_sim(
+    opts: &CostBenchOptions,
+) -> Result<(Vec<AppSpec>, SimConfig), BenchError> {
     let c = collector_config(opts);
     let apps = aware_metrics_collector::simulator::build_apps(&c.simulator)?;
     let sim = aware_metrics_collector::simulator::sim_config(&c.simulator, &apps)?;
@@ -821,7 +844,7 @@ fn aware_config(
 
 /// The aware policy: the six services on the embedded bus, paced; every `obs` of the window
 /// becomes a row.
-async fn run_aware(
+pub(crate) async fn run_aware(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
     fallback_targets: Option<&[u32]>,
@@ -1557,10 +1580,14 @@ mod tests {
             violation,
             met: !violation,
             oom_kills,
+            pending_replicas: 0,
         };
         let rows = [
             row(a(2, 1000, 1024), false, 0),
-            row(a(4, 1000, 1024), true, 0), // scale out
+            StepRow {
+                pending_replicas: 2,              // two of the four wait for room
+                ..row(a(4, 1000, 1024), true, 0)  // scale out
+            },
             row(a(3, 500, 1024), false, 1), // scale in + vertical: 3 pods restarted
             row(a(3, 500, 1024), false, 0),
         ];
@@ -1593,6 +1620,7 @@ mod tests {
             (2, 1, 3, 1)
         );
         assert_eq!(f.disruptions, 6);
+        assert_eq!(f.pending_replica_seconds, 2.0 * 1800.0);
         // in place: the resize restarts nothing
         app.vertical = VerticalMode::InPlace;
         let inplace = Figures::of_app(&app, &rows, 1800.0, &prices);
@@ -1612,6 +1640,7 @@ mod tests {
         assert_eq!(s.met_steps(), 9);
         assert_eq!((s.slo_met_steps, s.best_effort_served_steps), (6, 3));
         assert_eq!(s.disruptions, 6 + 3 + 6);
+        assert_eq!(s.pending_replica_seconds, 3.0 * 3600.0);
     }
 
     #[test]

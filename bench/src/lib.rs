@@ -6,6 +6,7 @@ pub mod adapt;
 pub mod bootstrap;
 pub mod bus;
 pub mod cli;
+pub mod cluster;
 pub mod control_loop;
 pub mod cost;
 pub mod embed;

@@ -1,0 +1,648 @@
+//! `aware bench cluster`: many apps on one shared cluster (ADR 0018) at a chosen request
+//! occupancy, each policy on the same apps, traces and seeds:
+//!
+//! - `independent`: today's agents, one per app, each seeing only its own app: the six
+//!   services on the embedded bus, in lock-step with a simulator whose apps share the cluster,
+//!   as `aware bench cost` runs `aware`;
+//! - `isolated`: the same agents with every app alone on an unlimited cluster (SIMPPO's
+//!   reference for degradation);
+//! - `hpa_vpa_tuned`: the recommender's HPA/VPA with each app's HPA target tuned on a separate
+//!   window of the shared cluster, as `aware bench cost` tunes it.
+//!
+//! Every agent's fallback runs with its app's tuned target. The cluster has identical nodes,
+//! as many as put the apps' initial requests at `--occupancy` of its allocatable CPU (or of
+//! its memory, whichever needs more nodes).
+//!
+//! Per policy and per app: SLO attainment, requested core-hours and GiB-hours, replica-seconds
+//! Pending, and the degradation of attainment against `isolated`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use aware_loadgen::app::{AppSpec, Slo};
+use aware_loadgen::env::SimConfig;
+use aware_loadgen::oracle::Prices;
+use aware_metrics_collector::config::SimClusterConfig;
+use serde::Serialize;
+
+use crate::cost::{
+    self, choose_target, class_of, default_hpa_targets, AwareFallback, AwareLearning, Baseline,
+    CostBenchOptions, Figures, ParetoPoint, SweepPoint,
+};
+use crate::BenchError;
+
+/// The policies, as `--policies` and the report name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterPolicy {
+    Independent,
+    Isolated,
+    HpaVpaTuned,
+}
+
+impl ClusterPolicy {
+    pub const ALL: [ClusterPolicy; 3] = [
+        ClusterPolicy::Independent,
+        ClusterPolicy::Isolated,
+        ClusterPolicy::HpaVpaTuned,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterPolicy::Independent => "independent",
+            ClusterPolicy::Isolated => "isolated",
+            ClusterPolicy::HpaVpaTuned => "hpa_vpa_tuned",
+        }
+    }
+}
+
+/// `--policies` values.
+pub fn parse_policy(s: &str) -> Result<ClusterPolicy, String> {
+    ClusterPolicy::ALL
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| {
+            let names: Vec<&str> = ClusterPolicy::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown policy {s:?} (one of {})", names.join(", "))
+        })
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterBenchOptions {
+    /// Generated apps.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().apps)]
+    pub apps: usize,
+    /// Generator seed of the apps and simulator seed of the evaluation window (the tuning
+    /// window: seed + 1).
+    #[arg(long, default_value_t = ClusterBenchOptions::default().seed)]
+    pub seed: u64,
+    /// The apps' initial requests over the cluster's allocatable (CPU, or memory if that needs
+    /// more nodes), in (0, 1]: sets the number of nodes.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().occupancy)]
+    pub occupancy: f64,
+    /// Allocatable CPU per node, millicores.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().node_cpu_millicores)]
+    pub node_cpu_millicores: u64,
+    /// Allocatable memory per node, GiB.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().node_memory_gib)]
+    pub node_memory_gib: u64,
+    /// The evaluation window: episodes per app.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().episodes)]
+    pub episodes: u32,
+    #[arg(long, default_value_t = ClusterBenchOptions::default().steps_per_episode)]
+    pub steps_per_episode: u32,
+    /// The SLO objective: the share of control intervals that must meet the SLO.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().objective)]
+    pub objective: f64,
+    /// HPA targets (% CPU) of the tuning sweep.
+    #[arg(long, value_delimiter = ',', default_values_t = default_hpa_targets())]
+    pub hpa_targets: Vec<u32>,
+    /// The policies to run, comma-separated (default: all): independent, isolated,
+    /// hpa_vpa_tuned.
+    #[arg(long, value_delimiter = ',', value_parser = parse_policy)]
+    pub policies: Vec<ClusterPolicy>,
+    /// An `aware train-meta` output the agents bootstrap from (trainer.meta_dir), as `aware
+    /// demo --meta` does; without it, the plain base-learner.
+    #[arg(long)]
+    pub meta: Option<PathBuf>,
+    /// Wall-clock pause after every simulated step of an agents' policy, ms.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().pace_ms)]
+    pub pace_ms: u64,
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "A setting of the agents' services other than its default, SECTION.KEY=VALUE with a JSON value (repeatable)")]
+    pub settings: Vec<(String, serde_json::Value)>,
+    /// Output directory: cluster.json, cluster-pareto.svg, the agents' stores under
+    /// cost-work/.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Each agents' policy's wall-clock limit.
+    #[arg(skip = ClusterBenchOptions::default().timeout)]
+    pub timeout: Duration,
+}
+
+impl Default for ClusterBenchOptions {
+    fn default() -> Self {
+        ClusterBenchOptions {
+            apps: 20,
+            seed: 4242,
+            occupancy: 0.85,
+            node_cpu_millicores: 8000,
+            node_memory_gib: 32,
+            episodes: 12,
+            steps_per_episode: 50,
+            objective: 0.99,
+            hpa_targets: default_hpa_targets(),
+            policies: Vec::new(),
+            meta: None,
+            pace_ms: 20,
+            settings: Vec::new(),
+            out: PathBuf::from("bench-out"),
+            timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl ClusterBenchOptions {
+    /// The policies to run, in the report's order.
+    pub fn selected(&self) -> Vec<ClusterPolicy> {
+        if self.policies.is_empty() {
+            return ClusterPolicy::ALL.to_vec();
+        }
+        let mut v = self.policies.clone();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// `aware bench cost`'s options for the same apps, window and agents, on `cluster`.
+    fn cost_options(&self, cluster: Option<SimClusterConfig>) -> CostBenchOptions {
+        CostBenchOptions {
+            apps: Some(self.apps),
+            seed: self.seed,
+            episodes: self.episodes,
+            steps_per_episode: self.steps_per_episode,
+            objective: self.objective,
+            hpa_targets: self.hpa_targets.clone(),
+            meta: self.meta.clone(),
+            pace_ms: self.pace_ms,
+            aware_fallback: AwareFallback::Tuned,
+            settings: self.settings.clone(),
+            out: self.out.clone(),
+            timeout: self.timeout,
+            cluster,
+            ..CostBenchOptions::default()
+        }
+    }
+
+    fn check(&self) -> Result<(), BenchError> {
+        let bad = |m: String| Err(BenchError::Failed(m));
+        if self.apps == 0 {
+            return bad("--apps must be at least 1".into());
+        }
+        if !(self.occupancy.is_finite() && self.occupancy > 0.0 && self.occupancy <= 1.0) {
+            return bad(format!("--occupancy {} must be in (0, 1]", self.occupancy));
+        }
+        if self.node_cpu_millicores == 0 || self.node_memory_gib == 0 {
+            return bad("--node-cpu-millicores and --node-memory-gib must be at least 1".into());
+        }
+        if self.hpa_targets.is_empty() {
+            return bad("--hpa-targets is empty".into());
+        }
+        if let Some(t) = self.hpa_targets.iter().find(|t| !(1..=100).contains(*t)) {
+            return bad(format!("--hpa-targets: {t} is not a percentage in 1..=100"));
+        }
+        if !(self.objective.is_finite() && self.objective > 0.0 && self.objective <= 1.0) {
+            return bad(format!("--objective {} must be in (0, 1]", self.objective));
+        }
+        if u64::from(self.episodes) * u64::from(self.steps_per_episode) == 0 {
+            return bad("--episodes and --steps-per-episode must be at least 1".into());
+        }
+        let agents = self
+            .selected()
+            .iter()
+            .any(|p| *p != ClusterPolicy::HpaVpaTuned);
+        if let (Some(dir), true) = (&self.meta, agents) {
+            aware_meta_learner_trainer::embedding::load_meta_dir(dir)
+                .map_err(|e| BenchError::Failed(format!("--meta: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// The cluster a run shares: identical nodes, as many as put the apps' initial requests at
+/// `occupancy` of the allocatable CPU or memory, whichever needs more.
+pub fn size_cluster(
+    apps: &[AppSpec],
+    occupancy: f64,
+    node_cpu_millicores: u64,
+    node_memory_bytes: u64,
+) -> SimClusterConfig {
+    let cpu: u64 = apps
+        .iter()
+        .map(|a| u64::from(a.initial.replicas) * u64::from(a.initial.cpu_millicores))
+        .sum();
+    let memory: u64 = apps
+        .iter()
+        .map(|a| u64::from(a.initial.replicas) * a.initial.memory_bytes)
+        .sum();
+    let need = |requested: u64, per_node: u64| {
+        (requested as f64 / occupancy / per_node as f64).ceil() as u32
+    };
+    SimClusterConfig {
+        nodes: need(cpu, node_cpu_millicores)
+            .max(need(memory, node_memory_bytes))
+            .max(1),
+        node_cpu_millicores,
+        node_memory_bytes,
+    }
+}
+
+/// A policy over all apps.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterPolicyReport {
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub apps_with_slo: usize,
+    pub apps_meeting_objective: usize,
+    /// `1 − slo_attainment ÷ isolated's slo_attainment` (none without `isolated` or an SLO).
+    pub degradation_vs_isolated: Option<f64>,
+    /// Requested cores (Pending replicas and a rolling restart's surge included) over the
+    /// cluster's allocatable CPU, mean over the window; memory likewise.
+    pub cpu_request_share: f64,
+    pub memory_request_share: f64,
+    pub wall_seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learning: Option<AwareLearning>,
+}
+
+/// One app.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterAppReport {
+    /// `namespace/name`.
+    pub name: String,
+    pub class: String,
+    pub slo: Slo,
+    /// The HPA target (% CPU) tuned on the shared cluster's tuning window: hpa_vpa_tuned's, and
+    /// every agent's fallback's.
+    pub hpa_target_tuned: Option<u32>,
+    pub policies: BTreeMap<String, Figures>,
+    /// Per policy: `1 − attainment ÷ isolated's` for this app (none without an SLO, `isolated`,
+    /// or when isolated met it on no step).
+    pub degradation_vs_isolated: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    pub seed: u64,
+    pub tuning_seed: u64,
+    pub apps_count: usize,
+    pub steps: u64,
+    pub step_seconds: f64,
+    pub objective: f64,
+    pub occupancy: f64,
+    pub cluster: SimClusterConfig,
+    /// The apps' initial requests over the cluster's allocatable.
+    pub initial_cpu_request_share: f64,
+    pub initial_memory_request_share: f64,
+    pub prices: Prices,
+    pub policies: BTreeMap<String, ClusterPolicyReport>,
+    pub apps: Vec<ClusterAppReport>,
+    pub plots: Vec<String>,
+}
+
+fn share(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
+        num / den
+    } else {
+        0.0
+    }
+}
+
+/// `1 − a ÷ reference`, when both exist and the reference is positive.
+fn degradation(a: Option<f64>, reference: Option<f64>) -> Option<f64> {
+    let (a, r) = (a?, reference?);
+    (r > 0.0).then(|| 1.0 - a / r)
+}
+
+/// Runs the selected policies, writes `cluster.json` and `cluster-pareto.svg` into `opts.out`,
+/// and returns the report.
+pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
+    opts.check()?;
+    let alone = opts.cost_options(None);
+    let (apps, _) = cost::apps_and_sim(&alone)?;
+    let cluster = size_cluster(
+        &apps,
+        opts.occupancy,
+        opts.node_cpu_millicores,
+        opts.node_memory_gib << 30,
+    );
+    let shared = opts.cost_options(Some(cluster));
+    let (_, sim) = cost::apps_and_sim(&shared)?;
+    let tuning = SimConfig {
+        seed: shared.tuning_seed(),
+        ..sim.clone()
+    };
+    let steps = shared.steps();
+    let prices = shared.prices();
+    let n = apps.len();
+    let hours = steps as f64 * sim.step_seconds / 3600.0;
+    let cores = f64::from(cluster.nodes) * cluster.node_cpu_millicores as f64 / 1000.0;
+    let gib = f64::from(cluster.nodes) * cluster.node_memory_bytes as f64 / f64::from(1u32 << 30);
+    // Each app's HPA target, tuned on the shared cluster's tuning window.
+    let tuned: Vec<Option<SweepPoint>> =
+        cost::sweep(&apps, &tuning, steps, &opts.hpa_targets, &prices)?
+            .iter()
+            .map(|pts| choose_target(pts, opts.objective))
+            .collect();
+    let targets: Vec<u32> = tuned
+        .iter()
+        .map(|c| c.map_or(70, |c| c.target_percent))
+        .collect();
+    let mut per_app: Vec<BTreeMap<String, Figures>> = vec![BTreeMap::new(); n];
+    let mut policies: BTreeMap<String, ClusterPolicyReport> = BTreeMap::new();
+    let apps_with_slo = apps.iter().filter(|a| cost::has_slo(&a.slo)).count();
+    for p in opts.selected() {
+        let started = Instant::now();
+        let (figs, learning) = match p {
+            ClusterPolicy::HpaVpaTuned => {
+                let mut b = Baseline::fallbacks(&targets, false)?;
+                (
+                    cost::run_baseline(&apps, &sim, steps, &mut b, &prices)?,
+                    None,
+                )
+            }
+            ClusterPolicy::Independent | ClusterPolicy::Isolated => {
+                let o = if p == ClusterPolicy::Independent {
+                    &shared
+                } else {
+                    &alone
+                };
+                let system = actix_rt::System::new();
+                let (rows, learning) =
+                    system.block_on(cost::run_aware(o, &apps, Some(&targets)))?;
+                let figs = apps
+                    .iter()
+                    .zip(&rows)
+                    .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, &prices))
+                    .collect();
+                (figs, Some(learning))
+            }
+        };
+        let total = Figures::sum(&figs, &prices);
+        let report = ClusterPolicyReport {
+            apps_with_slo,
+            apps_meeting_objective: figs
+                .iter()
+                .filter(|f| f.slo_attainment.is_some_and(|a| a >= opts.objective))
+                .count(),
+            degradation_vs_isolated: None,
+            cpu_request_share: share(total.core_hours, hours * cores),
+            memory_request_share: share(total.gib_hours, hours * gib),
+            wall_seconds: started.elapsed().as_secs_f64(),
+            learning,
+            figures: total,
+        };
+        tracing::info!(
+            policy = p.name(),
+            slo_attainment = ?report.figures.slo_attainment,
+            core_hours = report.figures.core_hours,
+            pending_replica_seconds = report.figures.pending_replica_seconds,
+            wall_s = report.wall_seconds,
+            "policy done"
+        );
+        for (m, f) in per_app.iter_mut().zip(figs) {
+            m.insert(p.name().to_string(), f);
+        }
+        policies.insert(p.name().to_string(), report);
+    }
+    let isolated = ClusterPolicy::Isolated.name();
+    let reference = policies
+        .get(isolated)
+        .and_then(|r| r.figures.slo_attainment);
+    for r in policies.values_mut() {
+        r.degradation_vs_isolated = degradation(r.figures.slo_attainment, reference);
+    }
+    let app_reports: Vec<ClusterAppReport> = apps
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let own = per_app[i].get(isolated).and_then(|f| f.slo_attainment);
+            ClusterAppReport {
+                name: format!("{}/{}", a.namespace, a.name),
+                class: class_of(a).to_string(),
+                slo: a.slo,
+                hpa_target_tuned: tuned[i].map(|c| c.target_percent),
+                degradation_vs_isolated: per_app[i]
+                    .iter()
+                    .filter_map(|(p, f)| Some((p.clone(), degradation(f.slo_attainment, own)?)))
+                    .collect(),
+                policies: per_app[i].clone(),
+            }
+        })
+        .collect();
+    let (initial_cpu, initial_memory) = apps.iter().fold((0.0, 0.0), |(c, m), a| {
+        let r = f64::from(a.initial.replicas);
+        (
+            c + r * f64::from(a.initial.cpu_millicores) / 1000.0,
+            m + r * a.initial.memory_bytes as f64 / f64::from(1u32 << 30),
+        )
+    });
+    let mut report = ClusterReport {
+        seed: opts.seed,
+        tuning_seed: shared.tuning_seed(),
+        apps_count: n,
+        steps,
+        step_seconds: sim.step_seconds,
+        objective: opts.objective,
+        occupancy: opts.occupancy,
+        cluster,
+        initial_cpu_request_share: share(initial_cpu, cores),
+        initial_memory_request_share: share(initial_memory, gib),
+        prices,
+        policies,
+        apps: app_reports,
+        plots: Vec::new(),
+    };
+    let name = "cluster-pareto.svg".to_string();
+    let path = opts.out.join(&name);
+    std::fs::create_dir_all(&opts.out)
+        .and_then(|()| std::fs::write(&path, plot(&report)))
+        .map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    report.plots.push(name);
+    crate::write_json(&opts.out, "cluster.json", &serde_json::to_value(&report)?)?;
+    Ok(report)
+}
+
+/// Each policy's cost per app-hour against its SLO attainment, over the apps with an SLO.
+pub fn plot(r: &ClusterReport) -> String {
+    let with_slo = r.apps.iter().filter(|a| cost::has_slo(&a.slo)).count();
+    let app_hours = r.steps as f64 * r.step_seconds / 3600.0 * with_slo.max(1) as f64;
+    let points: Vec<ParetoPoint> = r
+        .policies
+        .keys()
+        .filter_map(|p| {
+            let f = Figures::sum(
+                r.apps
+                    .iter()
+                    .filter(|a| cost::has_slo(&a.slo))
+                    .filter_map(|a| a.policies.get(p)),
+                &r.prices,
+            );
+            Some(ParetoPoint {
+                label: p.clone(),
+                cost_per_app_hour: f.cost / app_hours,
+                attainment: f.slo_attainment?,
+            })
+        })
+        .collect();
+    let title = format!(
+        "{} apps on {} nodes ({:.0}% of CPU requested at the start), {} steps",
+        r.apps_count,
+        r.cluster.nodes,
+        100.0 * r.initial_cpu_request_share,
+        r.steps
+    );
+    cost::pareto_svg(&title, &points, &[], r.objective)
+}
+
+/// The report's lines for the terminal.
+pub fn summary(r: &ClusterReport) -> Vec<String> {
+    let mut out = vec![format!(
+        "{} apps, seed {}, {} steps on {} nodes of {} cores / {} GiB: {:.0}% of CPU and {:.0}% of memory requested at the start",
+        r.apps_count,
+        r.seed,
+        r.steps,
+        r.cluster.nodes,
+        r.cluster.node_cpu_millicores as f64 / 1000.0,
+        r.cluster.node_memory_bytes >> 30,
+        100.0 * r.initial_cpu_request_share,
+        100.0 * r.initial_memory_request_share,
+    )];
+    for (name, p) in &r.policies {
+        let f = &p.figures;
+        out.push(format!(
+            "{name:<14} SLO {} ({}/{} apps at objective), degradation vs isolated {}, {:.1} core-h, {:.1} GiB-h, {:.0} pending replica-s, CPU requested {:.0}%",
+            f.slo_attainment
+                .map_or("-".to_string(), |a| format!("{:.2}%", 100.0 * a)),
+            p.apps_meeting_objective,
+            p.apps_with_slo,
+            p.degradation_vs_isolated
+                .map_or("-".to_string(), |d| format!("{:.1}%", 100.0 * d)),
+            f.core_hours,
+            f.gib_hours,
+            f.pending_replica_seconds,
+            100.0 * p.cpu_request_share,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_is_sized_by_the_resource_that_needs_more_nodes() {
+        let mut apps = aware_loadgen::app::generate_apps(2, 3, &Default::default());
+        for a in &mut apps {
+            a.initial.replicas = 2;
+            a.initial.cpu_millicores = 1000;
+            a.initial.memory_bytes = 1 << 30;
+        }
+        // 4 cores and 4 GiB requested; at 50%, 8 cores: two 4-core nodes (memory needs one)
+        let c = size_cluster(&apps, 0.5, 4000, 32 << 30);
+        assert_eq!(c.nodes, 2);
+        // memory-bound: 8 GiB at 50% on 2-GiB nodes
+        let c = size_cluster(&apps, 0.5, 64_000, 2 << 30);
+        assert_eq!(c.nodes, 4);
+        assert_eq!(size_cluster(&apps, 1.0, 1_000_000, 1 << 40).nodes, 1);
+    }
+
+    #[test]
+    fn policies_parse_by_name_and_default_to_all() {
+        assert_eq!(parse_policy("isolated"), Ok(ClusterPolicy::Isolated));
+        assert!(parse_policy("mean_field").is_err());
+        assert_eq!(
+            ClusterBenchOptions::default().selected(),
+            ClusterPolicy::ALL.to_vec()
+        );
+        let o = ClusterBenchOptions {
+            policies: vec![ClusterPolicy::HpaVpaTuned, ClusterPolicy::Independent],
+            ..ClusterBenchOptions::default()
+        };
+        assert_eq!(
+            o.selected(),
+            [ClusterPolicy::Independent, ClusterPolicy::HpaVpaTuned]
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused_naming_the_flag() {
+        for (o, flag) in [
+            (
+                ClusterBenchOptions {
+                    occupancy: 1.5,
+                    ..ClusterBenchOptions::default()
+                },
+                "--occupancy",
+            ),
+            (
+                ClusterBenchOptions {
+                    apps: 0,
+                    ..ClusterBenchOptions::default()
+                },
+                "--apps",
+            ),
+            (
+                ClusterBenchOptions {
+                    hpa_targets: vec![120],
+                    ..ClusterBenchOptions::default()
+                },
+                "--hpa-targets",
+            ),
+        ] {
+            let err = run(&o).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+
+    /// A small run of every policy: the shared cluster is crowded enough that replicas wait
+    /// Pending under the agents and the HPA, while the isolated agents never wait; the
+    /// degradations follow from the attainments, and the report and plot are written.
+    #[test]
+    fn a_crowded_cluster_makes_replicas_wait_and_is_measured_against_isolated() {
+        let dir = std::env::temp_dir().join(format!("aware-bench-cluster-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = ClusterBenchOptions {
+            apps: 3,
+            seed: 12,
+            occupancy: 1.0,
+            episodes: 2,
+            steps_per_episode: 10,
+            hpa_targets: vec![20, 50, 90],
+            pace_ms: 0,
+            timeout: Duration::from_secs(120),
+            out: dir.clone(),
+            ..ClusterBenchOptions::default()
+        };
+        let r = run(&opts).unwrap();
+        assert_eq!(r.policies.len(), 3);
+        assert!(r.initial_cpu_request_share > 0.5, "{r:?}");
+        let iso = &r.policies["isolated"];
+        assert_eq!(iso.figures.pending_replica_seconds, 0.0);
+        assert_eq!(iso.degradation_vs_isolated, Some(0.0));
+        for name in ["independent", "hpa_vpa_tuned"] {
+            let p = &r.policies[name];
+            assert_eq!(p.figures.steps, 3 * 20, "{name}");
+            let want = degradation(p.figures.slo_attainment, iso.figures.slo_attainment);
+            assert_eq!(p.degradation_vs_isolated, want, "{name}");
+        }
+        // A cluster that starts nearly full: replicas wait, under the HPA and under the agents
+        // (whose collector runs the shared cluster and reports Pending in each `obs`).
+        for name in ["independent", "hpa_vpa_tuned"] {
+            let p = &r.policies[name];
+            assert!(p.figures.pending_replica_seconds > 0.0, "{name}: {p:?}");
+        }
+        assert!(summary(&r).len() == 4);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
+        for p in ["independent", "isolated", "hpa_vpa_tuned"] {
+            for k in [
+                "slo_attainment",
+                "core_hours",
+                "gib_hours",
+                "pending_replica_seconds",
+                "degradation_vs_isolated",
+            ] {
+                assert!(json["policies"][p].get(k).is_some(), "{p}.{k}");
+            }
+        }
+        assert_eq!(json["apps"].as_array().unwrap().len(), 3);
+        let svg = std::fs::read_to_string(dir.join("cluster-pareto.svg")).unwrap();
+        assert!(svg.contains("independent") && svg.contains("isolated"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
