@@ -435,29 +435,20 @@ mod tests {
         }
     }
 
-    fn read_set(sets: &[(&str, &str)]) -> Result<CollectorConfig, ConfigError> {
-        let cfg = load(&ConfigSources {
-            env: Some(HashMap::new()),
-            overrides: sets
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Default::default()
-        })?;
-        CollectorConfig::read(&cfg)
-    }
-
     #[test]
     fn a_shared_cluster_reads_and_its_bad_values_name_the_key() {
         let full = [
-            ("collector.simulator.cluster.nodes", "3"),
-            ("collector.simulator.cluster.node_cpu_millicores", "8000"),
+            ("AWARE_COLLECTOR__SIMULATOR__CLUSTER__NODES", "3"),
             (
-                "collector.simulator.cluster.node_memory_bytes",
+                "AWARE_COLLECTOR__SIMULATOR__CLUSTER__NODE_CPU_MILLICORES",
+                "8000",
+            ),
+            (
+                "AWARE_COLLECTOR__SIMULATOR__CLUSTER__NODE_MEMORY_BYTES",
                 "34359738368",
             ),
         ];
-        let c = read_set(&full).unwrap();
+        let c = read_env(&full).unwrap();
         assert_eq!(
             c.simulator.cluster,
             Some(SimClusterConfig {
@@ -472,20 +463,20 @@ mod tests {
         {
             let mut sets = full.to_vec();
             sets[i].1 = "0";
-            let err = read_set(&sets).unwrap_err().to_string();
+            let err = read_env(&sets).unwrap_err().to_string();
             assert!(
                 err.contains(&format!("collector.simulator.cluster.{key}")),
                 "{err}"
             );
         }
         let mut sets = full.to_vec();
-        sets.push(("collector.simulator.cluster.node_gpus", "1"));
-        let err = read_set(&sets).unwrap_err().to_string();
+        sets.push(("AWARE_COLLECTOR__SIMULATOR__CLUSTER__NODE_GPUS", "1"));
+        let err = read_env(&sets).unwrap_err().to_string();
         assert!(
             err.contains("node_gpus"),
             "an unknown key is refused: {err}"
         );
-        let err = read_set(&full[..2]).unwrap_err().to_string();
+        let err = read_env(&full[..2]).unwrap_err().to_string();
         assert!(
             err.contains("node_memory_bytes"),
             "a missing key is named: {err}"
