@@ -9,9 +9,11 @@
 //! - `hpa_vpa_tuned`: the recommender's HPA/VPA with each app's HPA target tuned on a separate
 //!   window of the shared cluster, as `aware bench cost` tunes it.
 //!
-//! Every agent's fallback runs with its app's tuned target. The cluster has identical nodes,
-//! as many as put the apps' initial requests at `--occupancy` of its allocatable CPU (or of
-//! its memory, whichever needs more nodes).
+//! Each app's HPA target is tuned on a separate window (the same apps under another simulator
+//! seed) with the app alone, as a team runs it before consolidating; every agent's fallback
+//! runs with it too. The cluster has identical nodes, as many as put the tuned HPA/VPA's mean
+//! requests over that window at `--occupancy` of the allocatable CPU (or memory, whichever
+//! needs more nodes): the request occupancy of the cluster the team would size for it.
 //!
 //! Per policy and per app: SLO attainment, requested core-hours and GiB-hours, replica-seconds
 //! Pending, and the degradation of attainment against `isolated`.
@@ -20,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aware_loadgen::app::{AppSpec, Slo};
+use aware_loadgen::app::Slo;
 use aware_loadgen::env::SimConfig;
 use aware_loadgen::oracle::Prices;
 use aware_metrics_collector::config::SimClusterConfig;
@@ -77,8 +79,9 @@ pub struct ClusterBenchOptions {
     /// window: seed + 1).
     #[arg(long, default_value_t = ClusterBenchOptions::default().seed)]
     pub seed: u64,
-    /// The apps' initial requests over the cluster's allocatable (CPU, or memory if that needs
-    /// more nodes), in (0, 1]: sets the number of nodes.
+    /// The tuned HPA/VPA's mean requests (on the tuning window, each app alone) over the
+    /// cluster's allocatable CPU, or memory if that needs more nodes, in (0, 1]: sets the
+    /// number of nodes.
     #[arg(long, default_value_t = ClusterBenchOptions::default().occupancy)]
     pub occupancy: f64,
     /// Allocatable CPU per node, millicores.
@@ -106,9 +109,10 @@ pub struct ClusterBenchOptions {
     /// demo --meta` does; without it, the plain base-learner.
     #[arg(long)]
     pub meta: Option<PathBuf>,
-    /// Wall-clock pause after every simulated step of an agents' policy, ms.
-    #[arg(long, default_value_t = ClusterBenchOptions::default().pace_ms)]
-    pub pace_ms: u64,
+    /// Wall-clock pause after every simulated step of an agents' policy, ms (default: 1 per
+    /// app, at least 20: the trainer gets the same wall time per app-step at every size).
+    #[arg(long)]
+    pub pace_ms: Option<u64>,
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = aware_harness::parse_setting, help = "A setting of the agents' services other than its default, SECTION.KEY=VALUE with a JSON value (repeatable)")]
     pub settings: Vec<(String, serde_json::Value)>,
     /// Output directory: cluster.json, cluster-pareto.svg, the agents' stores under
@@ -134,7 +138,7 @@ impl Default for ClusterBenchOptions {
             hpa_targets: default_hpa_targets(),
             policies: Vec::new(),
             meta: None,
-            pace_ms: 20,
+            pace_ms: None,
             settings: Vec::new(),
             out: PathBuf::from("bench-out"),
             timeout: Duration::from_secs(3600),
@@ -154,6 +158,11 @@ impl ClusterBenchOptions {
         v
     }
 
+    /// `--pace-ms`, else 1 ms per app and at least 20.
+    pub fn pace(&self) -> u64 {
+        self.pace_ms.unwrap_or((self.apps as u64).max(20))
+    }
+
     /// `aware bench cost`'s options for the same apps, window and agents, on `cluster`.
     fn cost_options(&self, cluster: Option<SimClusterConfig>) -> CostBenchOptions {
         CostBenchOptions {
@@ -164,7 +173,7 @@ impl ClusterBenchOptions {
             objective: self.objective,
             hpa_targets: self.hpa_targets.clone(),
             meta: self.meta.clone(),
-            pace_ms: self.pace_ms,
+            pace_ms: self.pace(),
             aware_fallback: AwareFallback::Tuned,
             settings: self.settings.clone(),
             out: self.out.clone(),
@@ -209,28 +218,19 @@ impl ClusterBenchOptions {
     }
 }
 
-/// The cluster a run shares: identical nodes, as many as put the apps' initial requests at
+/// The cluster a run shares: identical nodes, as many as put `cores` and `gib` of requests at
 /// `occupancy` of the allocatable CPU or memory, whichever needs more.
 pub fn size_cluster(
-    apps: &[AppSpec],
+    cores: f64,
+    gib: f64,
     occupancy: f64,
     node_cpu_millicores: u64,
     node_memory_bytes: u64,
 ) -> SimClusterConfig {
-    let cpu: u64 = apps
-        .iter()
-        .map(|a| u64::from(a.initial.replicas) * u64::from(a.initial.cpu_millicores))
-        .sum();
-    let memory: u64 = apps
-        .iter()
-        .map(|a| u64::from(a.initial.replicas) * a.initial.memory_bytes)
-        .sum();
-    let need = |requested: u64, per_node: u64| {
-        (requested as f64 / occupancy / per_node as f64).ceil() as u32
-    };
+    let need = |requested: f64, per_node: f64| (requested / occupancy / per_node).ceil() as u32;
     SimClusterConfig {
-        nodes: need(cpu, node_cpu_millicores)
-            .max(need(memory, node_memory_bytes))
+        nodes: need(cores, node_cpu_millicores as f64 / 1000.0)
+            .max(need(gib, node_memory_bytes as f64 / f64::from(1u32 << 30)))
             .max(1),
         node_cpu_millicores,
         node_memory_bytes,
@@ -281,9 +281,10 @@ pub struct ClusterReport {
     pub objective: f64,
     pub occupancy: f64,
     pub cluster: SimClusterConfig,
-    /// The apps' initial requests over the cluster's allocatable.
-    pub initial_cpu_request_share: f64,
-    pub initial_memory_request_share: f64,
+    /// The tuned HPA/VPA's mean requests on the tuning window (each app alone) over the
+    /// cluster's allocatable: what sized it.
+    pub sized_cpu_request_share: f64,
+    pub sized_memory_request_share: f64,
     pub prices: Prices,
     pub policies: BTreeMap<String, ClusterPolicyReport>,
     pub apps: Vec<ClusterAppReport>,
@@ -309,26 +310,16 @@ fn degradation(a: Option<f64>, reference: Option<f64>) -> Option<f64> {
 pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
     opts.check()?;
     let alone = opts.cost_options(None);
-    let (apps, _) = cost::apps_and_sim(&alone)?;
-    let cluster = size_cluster(
-        &apps,
-        opts.occupancy,
-        opts.node_cpu_millicores,
-        opts.node_memory_gib << 30,
-    );
-    let shared = opts.cost_options(Some(cluster));
-    let (_, sim) = cost::apps_and_sim(&shared)?;
-    let tuning = SimConfig {
-        seed: shared.tuning_seed(),
-        ..sim.clone()
-    };
-    let steps = shared.steps();
-    let prices = shared.prices();
+    let (apps, alone_sim) = cost::apps_and_sim(&alone)?;
+    let steps = alone.steps();
+    let prices = alone.prices();
     let n = apps.len();
-    let hours = steps as f64 * sim.step_seconds / 3600.0;
-    let cores = f64::from(cluster.nodes) * cluster.node_cpu_millicores as f64 / 1000.0;
-    let gib = f64::from(cluster.nodes) * cluster.node_memory_bytes as f64 / f64::from(1u32 << 30);
-    // Each app's HPA target, tuned on the shared cluster's tuning window.
+    let hours = steps as f64 * alone_sim.step_seconds / 3600.0;
+    // Each app's HPA target, tuned on the tuning window with the app alone.
+    let tuning = SimConfig {
+        seed: alone.tuning_seed(),
+        ..alone_sim
+    };
     let tuned: Vec<Option<SweepPoint>> =
         cost::sweep(&apps, &tuning, steps, &opts.hpa_targets, &prices)?
             .iter()
@@ -338,6 +329,21 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         .iter()
         .map(|c| c.map_or(70, |c| c.target_percent))
         .collect();
+    // The tuned HPA/VPA's mean requests there size the cluster.
+    let (tuned_cores, tuned_gib) = tuned.iter().flatten().fold((0.0, 0.0), |(c, g), p| {
+        (c + p.core_hours / hours, g + p.gib_hours / hours)
+    });
+    let cluster = size_cluster(
+        tuned_cores,
+        tuned_gib,
+        opts.occupancy,
+        opts.node_cpu_millicores,
+        opts.node_memory_gib << 30,
+    );
+    let shared = opts.cost_options(Some(cluster));
+    let (_, sim) = cost::apps_and_sim(&shared)?;
+    let cores = f64::from(cluster.nodes) * cluster.node_cpu_millicores as f64 / 1000.0;
+    let gib = f64::from(cluster.nodes) * cluster.node_memory_bytes as f64 / f64::from(1u32 << 30);
     let mut per_app: Vec<BTreeMap<String, Figures>> = vec![BTreeMap::new(); n];
     let mut policies: BTreeMap<String, ClusterPolicyReport> = BTreeMap::new();
     let apps_with_slo = apps.iter().filter(|a| cost::has_slo(&a.slo)).count();
@@ -420,13 +426,6 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
             }
         })
         .collect();
-    let (initial_cpu, initial_memory) = apps.iter().fold((0.0, 0.0), |(c, m), a| {
-        let r = f64::from(a.initial.replicas);
-        (
-            c + r * f64::from(a.initial.cpu_millicores) / 1000.0,
-            m + r * a.initial.memory_bytes as f64 / f64::from(1u32 << 30),
-        )
-    });
     let mut report = ClusterReport {
         seed: opts.seed,
         tuning_seed: shared.tuning_seed(),
@@ -436,8 +435,8 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         objective: opts.objective,
         occupancy: opts.occupancy,
         cluster,
-        initial_cpu_request_share: share(initial_cpu, cores),
-        initial_memory_request_share: share(initial_memory, gib),
+        sized_cpu_request_share: share(tuned_cores, cores),
+        sized_memory_request_share: share(tuned_gib, gib),
         prices,
         policies,
         apps: app_reports,
@@ -479,10 +478,10 @@ pub fn plot(r: &ClusterReport) -> String {
         })
         .collect();
     let title = format!(
-        "{} apps on {} nodes ({:.0}% of CPU requested at the start), {} steps",
+        "{} apps on {} nodes (sized at {:.0}% of CPU), {} steps",
         r.apps_count,
         r.cluster.nodes,
-        100.0 * r.initial_cpu_request_share,
+        100.0 * r.sized_cpu_request_share,
         r.steps
     );
     cost::pareto_svg(&title, &points, &[], r.objective)
@@ -491,15 +490,15 @@ pub fn plot(r: &ClusterReport) -> String {
 /// The report's lines for the terminal.
 pub fn summary(r: &ClusterReport) -> Vec<String> {
     let mut out = vec![format!(
-        "{} apps, seed {}, {} steps on {} nodes of {} cores / {} GiB: {:.0}% of CPU and {:.0}% of memory requested at the start",
+        "{} apps, seed {}, {} steps on {} nodes of {} cores / {} GiB, sized for the tuned HPA/VPA alone at {:.0}% of CPU and {:.0}% of memory",
         r.apps_count,
         r.seed,
         r.steps,
         r.cluster.nodes,
         r.cluster.node_cpu_millicores as f64 / 1000.0,
         r.cluster.node_memory_bytes >> 30,
-        100.0 * r.initial_cpu_request_share,
-        100.0 * r.initial_memory_request_share,
+        100.0 * r.sized_cpu_request_share,
+        100.0 * r.sized_memory_request_share,
     )];
     for (name, p) in &r.policies {
         let f = &p.figures;
@@ -526,19 +525,14 @@ mod tests {
 
     #[test]
     fn the_cluster_is_sized_by_the_resource_that_needs_more_nodes() {
-        let mut apps = aware_loadgen::app::generate_apps(2, 3, &Default::default());
-        for a in &mut apps {
-            a.initial.replicas = 2;
-            a.initial.cpu_millicores = 1000;
-            a.initial.memory_bytes = 1 << 30;
-        }
         // 4 cores and 4 GiB requested; at 50%, 8 cores: two 4-core nodes (memory needs one)
-        let c = size_cluster(&apps, 0.5, 4000, 32 << 30);
+        let c = size_cluster(4.0, 4.0, 0.5, 4000, 32 << 30);
         assert_eq!(c.nodes, 2);
         // memory-bound: 8 GiB at 50% on 2-GiB nodes
-        let c = size_cluster(&apps, 0.5, 64_000, 2 << 30);
+        let c = size_cluster(4.0, 4.0, 0.5, 64_000, 2 << 30);
         assert_eq!(c.nodes, 4);
-        assert_eq!(size_cluster(&apps, 1.0, 1_000_000, 1 << 40).nodes, 1);
+        assert_eq!(size_cluster(4.0, 4.0, 1.0, 1_000_000, 1 << 40).nodes, 1);
+        assert_eq!(size_cluster(4.1, 0.0, 1.0, 4000, 1 << 30).nodes, 2);
     }
 
     #[test]
@@ -557,6 +551,19 @@ mod tests {
             o.selected(),
             [ClusterPolicy::Independent, ClusterPolicy::HpaVpaTuned]
         );
+    }
+
+    #[test]
+    fn the_pace_grows_with_the_apps() {
+        let o = |apps, pace_ms| ClusterBenchOptions {
+            apps,
+            pace_ms,
+            ..ClusterBenchOptions::default()
+        };
+        assert_eq!(o(20, None).pace(), 20);
+        assert_eq!(o(5, None).pace(), 20);
+        assert_eq!(o(100, None).pace(), 100);
+        assert_eq!(o(100, Some(3)).pace(), 3);
     }
 
     #[test]
@@ -603,14 +610,18 @@ mod tests {
             episodes: 2,
             steps_per_episode: 10,
             hpa_targets: vec![20, 50, 90],
-            pace_ms: 0,
+            pace_ms: Some(0),
             timeout: Duration::from_secs(120),
             out: dir.clone(),
             ..ClusterBenchOptions::default()
         };
         let r = run(&opts).unwrap();
         assert_eq!(r.policies.len(), 3);
-        assert!(r.initial_cpu_request_share > 0.5, "{r:?}");
+        assert!(
+            r.sized_cpu_request_share <= 1.0 && r.sized_memory_request_share <= 1.0,
+            "{r:?}"
+        );
+        assert!(r.sized_cpu_request_share.max(r.sized_memory_request_share) > 0.5);
         let iso = &r.policies["isolated"];
         assert_eq!(iso.figures.pending_replica_seconds, 0.0);
         assert_eq!(iso.degradation_vs_isolated, Some(0.0));
@@ -620,7 +631,7 @@ mod tests {
             let want = degradation(p.figures.slo_attainment, iso.figures.slo_attainment);
             assert_eq!(p.degradation_vs_isolated, want, "{name}");
         }
-        // A cluster that starts nearly full: replicas wait, under the HPA and under the agents
+        // A cluster sized for the tuned HPA's mean: replicas wait, under the HPA and under the agents
         // (whose collector runs the shared cluster and reports Pending in each `obs`).
         for name in ["independent", "hpa_vpa_tuned"] {
             let p = &r.policies[name];
