@@ -90,6 +90,11 @@ pub struct ClusterBenchOptions {
     /// Allocatable memory per node, GiB.
     #[arg(long, default_value_t = ClusterBenchOptions::default().node_memory_gib)]
     pub node_memory_gib: u64,
+    /// What a replica without a CPU limit (an app with a latency SLO, by default) may use above
+    /// its request, as a share of it: on the shared cluster it comes from its node's unrequested
+    /// CPU, alone it is always there. 0: nothing beyond the request.
+    #[arg(long, default_value_t = ClusterBenchOptions::default().burst_headroom)]
+    pub burst_headroom: f64,
     /// The evaluation window: episodes per app.
     #[arg(long, default_value_t = ClusterBenchOptions::default().episodes)]
     pub episodes: u32,
@@ -132,6 +137,7 @@ impl Default for ClusterBenchOptions {
             occupancy: 0.85,
             node_cpu_millicores: 8000,
             node_memory_gib: 32,
+            burst_headroom: 0.0,
             episodes: 12,
             steps_per_episode: 50,
             objective: 0.99,
@@ -179,6 +185,7 @@ impl ClusterBenchOptions {
             out: self.out.clone(),
             timeout: self.timeout,
             cluster,
+            burst_headroom: self.burst_headroom,
             ..CostBenchOptions::default()
         }
     }
@@ -190,6 +197,12 @@ impl ClusterBenchOptions {
         }
         if !(self.occupancy.is_finite() && self.occupancy > 0.0 && self.occupancy <= 1.0) {
             return bad(format!("--occupancy {} must be in (0, 1]", self.occupancy));
+        }
+        if !(self.burst_headroom.is_finite() && self.burst_headroom >= 0.0) {
+            return bad(format!(
+                "--burst-headroom {} must be a finite share of at least 0",
+                self.burst_headroom
+            ));
         }
         if self.node_cpu_millicores == 0 || self.node_memory_gib == 0 {
             return bad("--node-cpu-millicores and --node-memory-gib must be at least 1".into());
@@ -281,6 +294,7 @@ pub struct ClusterReport {
     pub objective: f64,
     pub occupancy: f64,
     pub cluster: SimClusterConfig,
+    pub burst_headroom: f64,
     /// The tuned HPA/VPA's mean requests on the tuning window (each app alone) over the
     /// cluster's allocatable: what sized it.
     pub sized_cpu_request_share: f64,
@@ -435,6 +449,7 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         objective: opts.objective,
         occupancy: opts.occupancy,
         cluster,
+        burst_headroom: opts.burst_headroom,
         sized_cpu_request_share: share(tuned_cores, cores),
         sized_memory_request_share: share(tuned_gib, gib),
         prices,
@@ -500,6 +515,12 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
         100.0 * r.sized_cpu_request_share,
         100.0 * r.sized_memory_request_share,
     )];
+    if r.burst_headroom > 0.0 {
+        out.push(format!(
+            "replicas without a CPU limit may burst {:.0}% above their requests",
+            100.0 * r.burst_headroom
+        ));
+    }
     for (name, p) in &r.policies {
         let f = &p.figures;
         out.push(format!(
@@ -578,6 +599,13 @@ mod tests {
             ),
             (
                 ClusterBenchOptions {
+                    burst_headroom: -1.0,
+                    ..ClusterBenchOptions::default()
+                },
+                "--burst-headroom",
+            ),
+            (
+                ClusterBenchOptions {
                     apps: 0,
                     ..ClusterBenchOptions::default()
                 },
@@ -637,7 +665,7 @@ mod tests {
             let p = &r.policies[name];
             assert!(p.figures.pending_replica_seconds > 0.0, "{name}: {p:?}");
         }
-        assert!(summary(&r).len() == 4);
+        assert_eq!(summary(&r).len(), 4);
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
         for p in ["independent", "isolated", "hpa_vpa_tuned"] {

@@ -177,6 +177,9 @@ pub struct CostBenchOptions {
     /// app alone on an unlimited cluster. Set by `aware bench cluster`.
     #[arg(skip)]
     pub cluster: Option<SimClusterConfig>,
+    /// `collector.simulator.burst_headroom` for every policy. Set by `aware bench cluster`.
+    #[arg(skip)]
+    pub burst_headroom: f64,
 }
 
 impl Default for CostBenchOptions {
@@ -202,6 +205,7 @@ impl Default for CostBenchOptions {
             out: PathBuf::from("bench-out"),
             timeout: Duration::from_secs(3600),
             cluster: None,
+            burst_headroom: 0.0,
         }
     }
 }
@@ -791,6 +795,7 @@ fn collector_config(opts: &CostBenchOptions) -> CollectorConfig {
     // Paced: a decision may wait for the trainer's round on the same cores.
     sim.step_timeout_ms = 60_000;
     sim.cluster = opts.cluster;
+    sim.burst_headroom = opts.burst_headroom;
     c
 }
 

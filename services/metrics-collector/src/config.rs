@@ -200,6 +200,11 @@ pub struct SimulatorSourceConfig {
     /// their requests, Pending when no node has room, contention for unrequested CPU. Unset
     /// (the default): every app has an unlimited cluster to itself.
     pub cluster: Option<SimClusterConfig>,
+    /// What a replica without a CPU (memory) limit may use above its request, as a share of the
+    /// request (`loadgen`'s `NodeShare::burst_headroom`, ADR 0013): on a shared cluster it comes
+    /// from its node's unrequested CPU, split among the replicas that need it. 0 (the default):
+    /// nothing beyond the request. Finite, at least 0.
+    pub burst_headroom: f64,
 }
 
 /// The shared cluster of the simulator source: identical nodes.
@@ -242,6 +247,7 @@ impl Default for SimulatorSourceConfig {
             start_step: 0,
             injections: Vec::new(),
             cluster: None,
+            burst_headroom: 0.0,
         }
     }
 }
@@ -285,6 +291,13 @@ impl CollectorConfig {
             return Err(invalid(
                 "collector.simulator.step_timeout_ms",
                 "must be at least 1",
+            ));
+        }
+        let h = c.simulator.burst_headroom;
+        if !(h.is_finite() && h >= 0.0) {
+            return Err(invalid(
+                "collector.simulator.burst_headroom",
+                "must be a finite number of at least 0",
             ));
         }
         if let Some(cl) = &c.simulator.cluster {
@@ -418,6 +431,11 @@ mod tests {
                 "AWARE_COLLECTOR__SIMULATOR__APPS",
                 "-1",
                 "collector.simulator.apps",
+            ),
+            (
+                "AWARE_COLLECTOR__SIMULATOR__BURST_HEADROOM",
+                "-0.5",
+                "collector.simulator.burst_headroom",
             ),
             ("AWARE_COLLECTOR__PROMETHEUS__INTERVAL", "5", "interval"),
             ("AWARE_COLLECTOR__SIMULATOR__STEP", "5", "step"),

@@ -95,6 +95,10 @@ pub fn sim_config(
                 c.node_memory_bytes,
             )
         }),
+        node_share: aware_loadgen::cluster::NodeShare {
+            burst_headroom: cfg.burst_headroom,
+            ..aware_loadgen::cluster::NodeShare::default()
+        },
         ..SimConfig::default()
     })
 }
@@ -720,8 +724,10 @@ mod tests {
             node_cpu_millicores: u64::from(cpu),
             node_memory_bytes: memory,
         });
+        cfg.burst_headroom = 0.5;
         let sim = sim_config(&cfg, &apps).unwrap();
         assert!(sim.cluster.is_some());
+        assert_eq!(sim.node_share.burst_headroom, 0.5);
         let targets: Vec<Target> = apps
             .iter()
             .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
