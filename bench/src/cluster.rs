@@ -275,8 +275,8 @@ pub struct ClusterAppReport {
     pub name: String,
     pub class: String,
     pub slo: Slo,
-    /// The HPA target (% CPU) tuned on the shared cluster's tuning window: hpa_vpa_tuned's, and
-    /// every agent's fallback's.
+    /// The HPA target (% CPU) tuned on the tuning window with the app alone: hpa_vpa_tuned's,
+    /// and every agent's fallback's.
     pub hpa_target_tuned: Option<u32>,
     pub policies: BTreeMap<String, Figures>,
     /// Per policy: `1 − attainment ÷ isolated's` for this app (none without an SLO, `isolated`,
