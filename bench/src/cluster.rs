@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::cost::{
     self, choose_target, class_of, default_hpa_targets, AwareFallback, AwareLearning, Baseline,
-    CostBenchOptions, Figures, ParetoPoint, SweepPoint,
+    CostBenchOptions, CostPolicy, Figures, ParetoPoint, SweepPoint,
 };
 use crate::BenchError;
 
@@ -190,11 +190,10 @@ impl ClusterBenchOptions {
         }
     }
 
+    /// This benchmark's own flags, then the rest as `aware bench cost` checks them (apps,
+    /// window, objective, HPA targets, and `--meta` when agents run).
     fn check(&self) -> Result<(), BenchError> {
         let bad = |m: String| Err(BenchError::Failed(m));
-        if self.apps == 0 {
-            return bad("--apps must be at least 1".into());
-        }
         if !(self.occupancy.is_finite() && self.occupancy > 0.0 && self.occupancy <= 1.0) {
             return bad(format!("--occupancy {} must be in (0, 1]", self.occupancy));
         }
@@ -207,27 +206,17 @@ impl ClusterBenchOptions {
         if self.node_cpu_millicores == 0 || self.node_memory_gib == 0 {
             return bad("--node-cpu-millicores and --node-memory-gib must be at least 1".into());
         }
-        if self.hpa_targets.is_empty() {
-            return bad("--hpa-targets is empty".into());
-        }
-        if let Some(t) = self.hpa_targets.iter().find(|t| !(1..=100).contains(*t)) {
-            return bad(format!("--hpa-targets: {t} is not a percentage in 1..=100"));
-        }
-        if !(self.objective.is_finite() && self.objective > 0.0 && self.objective <= 1.0) {
-            return bad(format!("--objective {} must be in (0, 1]", self.objective));
-        }
-        if u64::from(self.episodes) * u64::from(self.steps_per_episode) == 0 {
-            return bad("--episodes and --steps-per-episode must be at least 1".into());
-        }
         let agents = self
             .selected()
             .iter()
             .any(|p| *p != ClusterPolicy::HpaVpaTuned);
-        if let (Some(dir), true) = (&self.meta, agents) {
-            aware_meta_learner_trainer::embedding::load_meta_dir(dir)
-                .map_err(|e| BenchError::Failed(format!("--meta: {e}")))?;
-        }
-        Ok(())
+        let mut cost = self.cost_options(None);
+        cost.policies = if agents {
+            vec![CostPolicy::HpaVpaTuned, CostPolicy::Aware]
+        } else {
+            vec![CostPolicy::HpaVpaTuned]
+        };
+        cost.check()
     }
 }
 
@@ -377,24 +366,15 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
                 } else {
                     &alone
                 };
-                let system = actix_rt::System::new();
-                let (rows, learning) =
-                    system.block_on(cost::run_aware(o, &apps, Some(&targets)))?;
-                let figs = apps
-                    .iter()
-                    .zip(&rows)
-                    .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, &prices))
-                    .collect();
+                let (figs, learning) =
+                    cost::aware_figures(o, &apps, Some(&targets), sim.step_seconds, &prices)?;
                 (figs, Some(learning))
             }
         };
         let total = Figures::sum(&figs, &prices);
         let report = ClusterPolicyReport {
             apps_with_slo,
-            apps_meeting_objective: figs
-                .iter()
-                .filter(|f| f.slo_attainment.is_some_and(|a| a >= opts.objective))
-                .count(),
+            apps_meeting_objective: cost::apps_meeting(&figs, opts.objective),
             degradation_vs_isolated: None,
             cpu_request_share: share(total.core_hours, hours * cores),
             memory_request_share: share(total.gib_hours, hours * gib),

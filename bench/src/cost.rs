@@ -250,7 +250,7 @@ impl CostBenchOptions {
         }
     }
 
-    fn check(&self) -> Result<(), BenchError> {
+    pub(crate) fn check(&self) -> Result<(), BenchError> {
         let bad = |m: String| Err(BenchError::Failed(m));
         if self.steps() == 0 {
             return bad("--episodes and --steps-per-episode must be at least 1".into());
@@ -291,7 +291,7 @@ impl CostBenchOptions {
 /// One step of one app as a policy left it: the allocation in force, whether it met the SLO
 /// ([`step_meets_slo`]), whether it violated it, and the OOM kills.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct StepRow {
+struct StepRow {
     allocation: Allocation,
     violation: bool,
     met: bool,
@@ -372,12 +372,7 @@ pub struct Figures {
 
 impl Figures {
     /// The figures of one app's steps, in order.
-    pub(crate) fn of_app(
-        app: &AppSpec,
-        rows: &[StepRow],
-        step_seconds: f64,
-        prices: &Prices,
-    ) -> Figures {
+    fn of_app(app: &AppSpec, rows: &[StepRow], step_seconds: f64, prices: &Prices) -> Figures {
         let mut f = Figures::default();
         let slo = has_slo(&app.slo);
         let step_hours = step_seconds / 3600.0;
@@ -849,7 +844,7 @@ fn aware_config(
 
 /// The aware policy: the six services on the embedded bus, paced; every `obs` of the window
 /// becomes a row.
-pub(crate) async fn run_aware(
+async fn run_aware(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
     fallback_targets: Option<&[u32]>,
@@ -959,6 +954,32 @@ pub(crate) async fn run_aware(
     ))
 }
 
+/// The aware policy's figures per app, and its learning: [`run_aware`] on an actix system of
+/// its own.
+pub(crate) fn aware_figures(
+    opts: &CostBenchOptions,
+    apps: &[AppSpec],
+    fallback_targets: Option<&[u32]>,
+    step_seconds: f64,
+    prices: &Prices,
+) -> Result<(Vec<Figures>, AwareLearning), BenchError> {
+    let system = actix_rt::System::new();
+    let (rows, learning) = system.block_on(run_aware(opts, apps, fallback_targets))?;
+    let figs = apps
+        .iter()
+        .zip(&rows)
+        .map(|(a, r)| Figures::of_app(a, r, step_seconds, prices))
+        .collect();
+    Ok((figs, learning))
+}
+
+/// The apps with an SLO whose attainment reached `objective`.
+pub(crate) fn apps_meeting(figs: &[Figures], objective: f64) -> usize {
+    figs.iter()
+        .filter(|f| f.slo_attainment.is_some_and(|a| a >= objective))
+        .count()
+}
+
 /// The kind of an app's load pattern: its class in the plots.
 pub fn class_of(app: &AppSpec) -> &'static str {
     match app.load.pattern {
@@ -1004,10 +1025,7 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
                       learning: Option<AwareLearning>,
                       per_app: &mut Vec<BTreeMap<String, Figures>>| {
         let apps_with_slo = apps.iter().filter(|a| has_slo(&a.slo)).count();
-        let apps_meeting_objective = figs
-            .iter()
-            .filter(|f| f.slo_attainment.is_some_and(|a| a >= opts.objective))
-            .count();
+        let apps_meeting_objective = apps_meeting(&figs, opts.objective);
         let report = PolicyReport {
             figures: Figures::sum(&figs, &prices),
             apps_with_slo,
@@ -1076,15 +1094,10 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
                 record(p, figs, started, Some(total), None, &mut per_app);
             }
             CostPolicy::Aware => {
-                let system = actix_rt::System::new();
                 let targets = (opts.aware_fallback == AwareFallback::Tuned)
                     .then_some(tuned_targets.as_slice());
-                let (rows, learning) = system.block_on(run_aware(opts, &apps, targets))?;
-                let figs = apps
-                    .iter()
-                    .zip(&rows)
-                    .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, &prices))
-                    .collect();
+                let (figs, learning) =
+                    aware_figures(opts, &apps, targets, sim.step_seconds, &prices)?;
                 record(p, figs, started, None, Some(learning), &mut per_app);
             }
         }
