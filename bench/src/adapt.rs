@@ -1138,6 +1138,7 @@ fn hpa_vpa_episode(app: &AppSpec, steps: usize, seed: u64) -> Result<EpisodeOut,
             u32::try_from(steps).unwrap_or(u32::MAX),
             0,
             false,
+            None,
         );
         let current = aware_recommender::current_allocation(&o);
         let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, &bounds);

@@ -1,6 +1,10 @@
 //! `aware bench cluster`: many apps on one shared cluster (ADR 0018) at a chosen request
 //! occupancy, each policy on the same apps, traces and seeds:
 //!
+//! - `mean_field`: the same agents with `learning.mean_field` (SIMPPO's virtual agent, ADR
+//!   0027): each state ends with the others' mean allocation change, the cluster's requested
+//!   CPU and memory shares and Pending share, and the others' mean SLO preservation and CPU
+//!   utilization;
 //! - `independent`: today's agents, one per app, each seeing only its own app: the six
 //!   services on the embedded bus, in lock-step with a simulator whose apps share the cluster,
 //!   as `aware bench cost` runs `aware`;
@@ -38,13 +42,15 @@ use crate::BenchError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClusterPolicy {
+    MeanField,
     Independent,
     Isolated,
     HpaVpaTuned,
 }
 
 impl ClusterPolicy {
-    pub const ALL: [ClusterPolicy; 3] = [
+    pub const ALL: [ClusterPolicy; 4] = [
+        ClusterPolicy::MeanField,
         ClusterPolicy::Independent,
         ClusterPolicy::Isolated,
         ClusterPolicy::HpaVpaTuned,
@@ -52,6 +58,7 @@ impl ClusterPolicy {
 
     pub fn name(self) -> &'static str {
         match self {
+            ClusterPolicy::MeanField => "mean_field",
             ClusterPolicy::Independent => "independent",
             ClusterPolicy::Isolated => "isolated",
             ClusterPolicy::HpaVpaTuned => "hpa_vpa_tuned",
@@ -106,8 +113,8 @@ pub struct ClusterBenchOptions {
     /// HPA targets (% CPU) of the tuning sweep.
     #[arg(long, value_delimiter = ',', default_values_t = default_hpa_targets())]
     pub hpa_targets: Vec<u32>,
-    /// The policies to run, comma-separated (default: all): independent, isolated,
-    /// hpa_vpa_tuned.
+    /// The policies to run, comma-separated (default: all): mean_field, independent,
+    /// isolated, hpa_vpa_tuned.
     #[arg(long, value_delimiter = ',', value_parser = parse_policy)]
     pub policies: Vec<ClusterPolicy>,
     /// An `aware train-meta` output the agents bootstrap from (trainer.meta_dir), as `aware
@@ -205,6 +212,13 @@ impl ClusterBenchOptions {
         }
         if self.node_cpu_millicores == 0 || self.node_memory_gib == 0 {
             return bad("--node-cpu-millicores and --node-memory-gib must be at least 1".into());
+        }
+        if self.meta.is_some() && self.selected().contains(&ClusterPolicy::MeanField) {
+            return bad(
+                "--meta with mean_field: the meta-learner's networks take the target's own \
+                 features only (select the other policies, or drop --meta)"
+                    .into(),
+            );
         }
         let agents = self
             .selected()
@@ -344,6 +358,11 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         opts.node_memory_gib << 30,
     );
     let shared = opts.cost_options(Some(cluster));
+    let mut mean_field = shared.clone();
+    mean_field.settings.push((
+        "learning.mean_field".to_string(),
+        serde_json::Value::Bool(true),
+    ));
     let (_, sim) = cost::apps_and_sim(&shared)?;
     let cores = f64::from(cluster.nodes) * cluster.node_cpu_millicores as f64 / 1000.0;
     let gib = f64::from(cluster.nodes) * cluster.node_memory_bytes as f64 / f64::from(1u32 << 30);
@@ -360,11 +379,11 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
                     None,
                 )
             }
-            ClusterPolicy::Independent | ClusterPolicy::Isolated => {
-                let o = if p == ClusterPolicy::Independent {
-                    &shared
-                } else {
-                    &alone
+            ClusterPolicy::MeanField | ClusterPolicy::Independent | ClusterPolicy::Isolated => {
+                let o = match p {
+                    ClusterPolicy::MeanField => &mean_field,
+                    ClusterPolicy::Independent => &shared,
+                    _ => &alone,
                 };
                 let (figs, learning) =
                     cost::aware_figures(o, &apps, Some(&targets), sim.step_seconds, &prices)?;
@@ -539,7 +558,8 @@ mod tests {
     #[test]
     fn policies_parse_by_name_and_default_to_all() {
         assert_eq!(parse_policy("isolated"), Ok(ClusterPolicy::Isolated));
-        assert!(parse_policy("mean_field").is_err());
+        assert_eq!(parse_policy("mean_field"), Ok(ClusterPolicy::MeanField));
+        assert!(parse_policy("simppo").is_err());
         assert_eq!(
             ClusterBenchOptions::default().selected(),
             ClusterPolicy::ALL.to_vec()
@@ -598,6 +618,13 @@ mod tests {
                 },
                 "--hpa-targets",
             ),
+            (
+                ClusterBenchOptions {
+                    meta: Some(PathBuf::from("models/meta-default")),
+                    ..ClusterBenchOptions::default()
+                },
+                "mean_field",
+            ),
         ] {
             let err = run(&o).unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");
@@ -624,7 +651,7 @@ mod tests {
             ..ClusterBenchOptions::default()
         };
         let r = run(&opts).unwrap();
-        assert_eq!(r.policies.len(), 3);
+        assert_eq!(r.policies.len(), 4);
         assert!(
             r.sized_cpu_request_share <= 1.0 && r.sized_memory_request_share <= 1.0,
             "{r:?}"
@@ -633,7 +660,7 @@ mod tests {
         let iso = &r.policies["isolated"];
         assert_eq!(iso.figures.pending_replica_seconds, 0.0);
         assert_eq!(iso.degradation_vs_isolated, Some(0.0));
-        for name in ["independent", "hpa_vpa_tuned"] {
+        for name in ["mean_field", "independent", "hpa_vpa_tuned"] {
             let p = &r.policies[name];
             assert_eq!(p.figures.steps, 3 * 20, "{name}");
             let want = degradation(p.figures.slo_attainment, iso.figures.slo_attainment);
@@ -641,14 +668,18 @@ mod tests {
         }
         // A cluster sized for the tuned HPA's mean: replicas wait, under the HPA and under the agents
         // (whose collector runs the shared cluster and reports Pending in each `obs`).
-        for name in ["independent", "hpa_vpa_tuned"] {
+        for name in ["mean_field", "independent", "hpa_vpa_tuned"] {
             let p = &r.policies[name];
             assert!(p.figures.pending_replica_seconds > 0.0, "{name}: {p:?}");
         }
-        assert_eq!(summary(&r).len(), 4);
+        // Only the mean_field agents' states carry the others.
+        let width = |name: &str| r.policies[name].learning.as_ref().unwrap().state_width;
+        assert_eq!(width("mean_field"), aware_mdp::state_width(true));
+        assert_eq!(width("independent"), aware_mdp::STATE_DIM);
+        assert_eq!(summary(&r).len(), 5);
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
-        for p in ["independent", "isolated", "hpa_vpa_tuned"] {
+        for p in ["mean_field", "independent", "isolated", "hpa_vpa_tuned"] {
             for k in [
                 "slo_attainment",
                 "core_hours",

@@ -691,6 +691,8 @@ pub struct AwareLearning {
     pub apps_ever_online: usize,
     pub stages_at_end: BTreeMap<String, usize>,
     pub models_published: u64,
+    /// The widest state the agents observed: 9 features, 15 with `learning.mean_field`.
+    pub state_width: usize,
     /// `trainer.meta_dir` (none: the plain base-learner).
     pub meta: Option<String>,
 }
@@ -879,6 +881,7 @@ async fn run_aware(
     let mut stage: Vec<Option<Stage>> = vec![None; n];
     let mut ever_online = BTreeSet::new();
     let mut models = 0u64;
+    let mut state_width = 0usize;
     let slot = |t: &Target, episode: u64, step: u32| -> Option<(usize, usize)> {
         let g = episode.checked_mul(spe)?.checked_add(u64::from(step))?;
         let i = *index.get(t)?;
@@ -890,6 +893,7 @@ async fn run_aware(
         };
         match ev {
             Event::Obs(o) => {
+                state_width = state_width.max(o.state.len());
                 if let Some((i, g)) = slot(&o.target, o.episode, o.step) {
                     if rows[i][g].is_none() {
                         let row = StepRow::of(&apps[i].slo, &o.metrics, o.slo_violation)
@@ -949,6 +953,7 @@ async fn run_aware(
             apps_ever_online: ever_online.len(),
             stages_at_end,
             models_published: models,
+            state_width,
             meta: opts.meta.as_ref().map(|m| m.display().to_string()),
         },
     ))

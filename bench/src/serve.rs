@@ -691,6 +691,7 @@ fn fallback_step(
         ctx.opts.steps_per_episode,
         0,
         false,
+        None,
     );
     let current = aware_recommender::current_allocation(&o);
     let r = fb.recommend(obs.metrics.time_s, &o.metrics, current, bounds);

@@ -230,7 +230,10 @@ pub struct Obs {
     pub episode: u64,
     pub step: u32,
     pub ts_ms: i64,
-    /// Normalized state vector (order given by `state_names`' documentation in the collector).
+    /// Normalized state vector: the target's 9 features (`aware_mdp::STATE_NAMES`), then, with
+    /// `learning.mean_field`, 6 about the others on its cluster (`aware_mdp::MEAN_FIELD_NAMES`:
+    /// others_allocation_change, cluster_cpu_requested, cluster_memory_requested,
+    /// cluster_pending, others_slo_preservation, others_cpu_util). Empty in an incomplete obs.
     pub state: Vec<f32>,
     /// The measurements the state was computed from.
     pub metrics: RawMetrics,

@@ -1,9 +1,10 @@
 //! The learning problem AWARE solves, defined once for the simulator, the services and the
 //! benchmarks: what the agent observes ([`State`], built from [`RawMetrics`]), what it may do
 //! ([`map_action`] of a raw action within [`Bounds`] to an [`Allocation`]), and what it is paid
-//! ([`reward`] from [`slo_preservation`] and [`utilization`]). An [`Allocation`] is the
-//! requested allocation (what the scheduler packs and the user pays for); the limits follow from
-//! it by the target's [`LimitsPolicy`].
+//! ([`reward`] from [`slo_preservation`] and [`utilization`]). With `learning.mean_field` the
+//! state gains the others on the cluster ([`mean_fields`], SIMPPO's virtual agent). An
+//! [`Allocation`] is the requested allocation (what the scheduler packs and the user pays for);
+//! the limits follow from it by the target's [`LimitsPolicy`].
 //!
 //! This crate is pure (no I/O, no async runtime, no tensor library): the collector, recommender
 //! and trainer use it in production; the simulator (`aware-loadgen`) builds its environment on
@@ -13,6 +14,7 @@
 mod action;
 mod allocation;
 mod limits;
+mod mean_field;
 mod metrics;
 mod objective;
 mod reward;
@@ -21,6 +23,9 @@ mod state;
 pub use action::{action_for, map_action, ActionMap, ActionMode, ClampReport, ACTION_DIM};
 pub use allocation::{Allocation, Bounds, Resources, MIB};
 pub use limits::{ContainerResources, ControlledValues, CpuLimit, Limits, LimitsPolicy, Resolved};
+pub use mean_field::{
+    mean_fields, state_width, ClusterShare, Member, MEAN_FIELD_DIM, MEAN_FIELD_NAMES,
+};
 pub use metrics::{burn_rate, slo_preservation, utilization, RawMetrics, Slo, DEFAULT_OBJECTIVE};
 pub use objective::{
     constrained_reward, Multiplier, MultiplierConfig, Objective, ObjectiveMode, Prices, GIB,

@@ -53,6 +53,10 @@ pub struct LearningConfig {
     /// What the learner maximizes: the paper's weighted reward, or the fewest requested
     /// resources within the SLO's error budget (docs/adr/0016-constrained-objective.md).
     pub objective: aware_mdp::Objective,
+    /// SIMPPO's virtual agent (docs/adr/0027-mean-field-state.md): each target's state ends
+    /// with the mean field of the others on its cluster ([`aware_mdp::MEAN_FIELD_NAMES`]); the
+    /// collector computes it, the trainer's networks take the wider state. Off by default.
+    pub mean_field: bool,
 }
 
 impl Default for LearningConfig {
@@ -60,6 +64,7 @@ impl Default for LearningConfig {
         LearningConfig {
             steps_per_episode: 100,
             objective: aware_mdp::Objective::default(),
+            mean_field: false,
         }
     }
 }

@@ -157,7 +157,7 @@ pub fn episode_steps(rows: &[tstore::Transition], bounds: &Bounds) -> Vec<f32> {
     let mut out = Vec::new();
     for t in rows
         .iter()
-        .filter_map(|r| to_training(r, bounds, LearnAction::Intent))
+        .filter_map(|r| to_training(r, bounds, LearnAction::Intent, aware_mdp::STATE_DIM))
     {
         out.extend_from_slice(&EpisodeBundle::step_vector(&t.state, &t.action, t.reward));
     }

@@ -241,6 +241,28 @@ impl TrainerConfig {
         }
     }
 
+    /// Checks the trainer against the learning problem every service agrees on: the
+    /// meta-learner's networks take the target's own features only, so `learning.mean_field`
+    /// (wider states) needs the plain base-learner (no `meta_dir`).
+    pub fn check_learning(
+        &self,
+        learning: &aware_shared::config::LearningConfig,
+    ) -> Result<(), TrainerError> {
+        if learning.mean_field && !self.meta_dir.is_empty() {
+            return Err(TrainerError::Config {
+                key: "meta_dir",
+                reason: format!(
+                    "learning.mean_field widens the state to {} features and the meta-learner's \
+                     networks take {}: unset trainer.meta_dir (the plain base-learner) or \
+                     learning.mean_field",
+                    aware_mdp::state_width(true),
+                    aware_mdp::STATE_DIM
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks ranges; errors name the key.
     pub fn validate(&self) -> Result<(), TrainerError> {
         let bad = |key, reason: &str| {
@@ -447,6 +469,9 @@ pub struct Learner {
     online_rounds: u32,
     /// Meta-learning: the starting point and the embedding appended to every state.
     conditioning: Option<crate::embedding::Conditioning>,
+    /// The recorded states' width ([`aware_mdp::state_width`]): rows of another width (recorded
+    /// before `learning.mean_field` changed) are not trained on.
+    width: usize,
     /// Cancelled at shutdown: a running round stops between two gradient steps, so the process
     /// exits promptly instead of waiting for the blocking pool.
     cancel: Option<tokio_util::sync::CancellationToken>,
@@ -497,6 +522,7 @@ impl Learner {
             last_mode: None,
             online_rounds: 0,
             conditioning: None,
+            width: aware_mdp::STATE_DIM,
             cancel: None,
             retraining: false,
             observed: None,
@@ -519,6 +545,12 @@ impl Learner {
     pub fn set_objective(&mut self, objective: aware_mdp::Objective, slo: aware_mdp::Slo) {
         self.objective = objective;
         self.slo = slo;
+    }
+
+    /// Sets the recorded states' width (default [`aware_mdp::STATE_DIM`]; wider with
+    /// `learning.mean_field`).
+    pub fn set_state_width(&mut self, width: usize) {
+        self.width = width;
     }
 
     /// Whether rounds train on the constrained objective's reward: its mode is set and the
@@ -567,7 +599,7 @@ impl Learner {
     /// with a multiplier (constrained mode), its reward is [`aware_mdp::constrained_reward`] of
     /// the row's requested cost and violation instead of the recorded one.
     fn training_row(&self, r: &tstore::Transition, lambda: Option<f64>) -> Option<Transition> {
-        let mut t = to_training(r, &self.bounds, self.cfg.learn_action)?;
+        let mut t = to_training(r, &self.bounds, self.cfg.learn_action, self.width)?;
         if let (Some(l), true) = (lambda, self.constrained()) {
             let cost = self
                 .objective
@@ -681,7 +713,7 @@ impl Learner {
 
     /// The network's input width: the state, plus the embedding when conditioned.
     pub fn state_dim(&self) -> usize {
-        aware_mdp::STATE_DIM + self.conditioning.as_ref().map_or(0, |c| c.embedding.len())
+        self.width + self.conditioning.as_ref().map_or(0, |c| c.embedding.len())
     }
 
     fn conditioned(&self, t: Transition) -> Transition {
@@ -1081,7 +1113,7 @@ impl Learner {
             if self.history_seen {
                 continue;
             }
-            if let Some(t) = to_training(r, &self.bounds, self.cfg.learn_action) {
+            if let Some(t) = to_training(r, &self.bounds, self.cfg.learn_action, self.width) {
                 out.push(self.conditioned(t).state);
             }
         }
@@ -1230,6 +1262,7 @@ impl Learner {
         let bc_weight = self.bc_weight(mode);
         let bc = self.cfg.bc(bc_weight);
         let pinned = self.conditioning.is_some();
+        let width = self.width;
         let cancel = self.cancel.clone();
         self.ddpg(models)?;
         let unseen = self.unobserved_states(store)?;
@@ -1244,7 +1277,7 @@ impl Learner {
         }
         if pinned {
             // The embedding features keep the meta-learner's scale (mean 0, std 1).
-            ddpg.normalizer_mut().pin_identity(aware_mdp::STATE_DIM);
+            ddpg.normalizer_mut().pin_identity(width);
         }
         let mut critic_loss = f32::NAN;
         let mut done = 0;
@@ -1322,13 +1355,13 @@ pub fn is_finite_row(r: &tstore::Transition) -> bool {
             .all(|v| v.iter().all(|x| x.is_finite()))
 }
 
-/// `None` for rows that do not fit (state width, non-finite values).
+/// `None` for rows that do not fit (a state of another width than `dim`, non-finite values).
 pub fn to_training(
     r: &tstore::Transition,
     bounds: &Bounds,
     learn: LearnAction,
+    dim: usize,
 ) -> Option<Transition> {
-    let dim = aware_mdp::STATE_DIM;
     if r.state.len() != dim || r.next_state.len() != dim || !r.reward.is_finite() {
         return None;
     }
@@ -1351,14 +1384,15 @@ pub fn to_training(
 
 /// The raw action in [−1, 1]³ that asks for `applied` from the allocation the state encodes
 /// ([`aware_mdp::State::allocation`]): [`aware_mdp::action_for`] under the default action map
-/// (absolute: the allocation's point of the bound range). `None` for a state of another width or
-/// with a non-finite allocation feature.
+/// (absolute: the allocation's point of the bound range), from the state's first
+/// [`aware_mdp::STATE_DIM`] features (a mean field after them is not the target's). `None` for a
+/// narrower state or a non-finite allocation feature.
 pub fn behaviour_action(
     state: &[f32],
     applied: aware_bus_schemas::Resources,
     bounds: &Bounds,
 ) -> Option<[f32; ACTION_DIM]> {
-    let current = aware_mdp::State::from_slice(state)
+    let current = aware_mdp::State::from_slice(state.get(..aware_mdp::STATE_DIM)?)
         .ok()?
         .allocation(bounds)?;
     Some(aware_mdp::action_for(
@@ -1617,6 +1651,72 @@ mod tests {
         assert_eq!((p5.version, p5.steps, p5.trained_steps), (5, 5, 40));
         // Not retraining: the second online round of this learner, BC 1 − 1/20.
         assert!((p5.bc_weight - 0.95).abs() < 1e-6, "{}", p5.bc_weight);
+    }
+
+    /// With `learning.mean_field` the learner trains on the wider recorded states and publishes
+    /// networks that take them; the rows recorded before (the target's own features only) are
+    /// left out rather than padded. The meta-learner's networks cannot take them: refused.
+    #[test]
+    fn a_mean_field_learner_trains_on_the_wider_states_only() {
+        let (_dir, store, models) = stores();
+        let t = Target::new("shop", "cart");
+        let width = aware_mdp::state_width(true);
+        let wide = |episode, step| {
+            let mut r = row(&t, episode, step);
+            for s in [&mut r.state, &mut r.next_state] {
+                s.extend((0..aware_mdp::MEAN_FIELD_DIM).map(|j| 0.1 * j as f32));
+            }
+            r
+        };
+        let mut l = Learner::new(t.clone(), Bounds::default(), cfg());
+        l.set_state_width(width);
+        assert_eq!(l.state_dim(), width);
+        // 60 narrow rows (before the switch): not enough wide ones to train on.
+        store
+            .append(&(0..60).map(|s| row(&t, 0, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p = l.maybe_train(&store, &models).unwrap();
+        assert!(p.as_ref().is_none_or(|p| p.trained_steps == 0), "{p:?}");
+        store
+            .append(&(0..60).map(|s| wide(1, s)).collect::<Vec<_>>())
+            .unwrap();
+        let p = l.maybe_train(&store, &models).unwrap().expect("a round");
+        assert!(p.trained_steps > 0 && p.critic_loss.is_finite());
+        let bytes = get_verified(
+            &models,
+            &p.object.uri,
+            &p.object.sha256,
+            p.object.size_bytes,
+        )
+        .unwrap();
+        assert_eq!(Ddpg::from_bytes(&bytes).unwrap().config().state_dim, width);
+        // The behaviour action reads the target's own features, whatever follows them.
+        let r = wide(1, 3);
+        assert_eq!(
+            to_training(&r, &Bounds::default(), LearnAction::Applied, width)
+                .unwrap()
+                .action,
+            to_training(&row(&t, 1, 3), &Bounds::default(), LearnAction::Applied, 9)
+                .unwrap()
+                .action
+        );
+        assert!(to_training(&r, &Bounds::default(), LearnAction::Applied, 9).is_none());
+
+        let on = aware_shared::config::LearningConfig {
+            mean_field: true,
+            ..Default::default()
+        };
+        cfg().check_learning(&on).unwrap();
+        let meta = TrainerConfig {
+            meta_dir: "/models/meta".into(),
+            ..cfg()
+        };
+        let err = meta.check_learning(&on).unwrap_err();
+        assert!(
+            matches!(&err, TrainerError::Config { key: "meta_dir", reason } if reason.contains("learning.mean_field")),
+            "{err}"
+        );
+        meta.check_learning(&Default::default()).unwrap();
     }
 
     /// `state` with one feature changed by `f`.
@@ -2309,16 +2409,18 @@ mod tests {
         let t = Target::new("a", "b");
         let mut r = row(&t, 0, 1);
         r.state.truncate(4);
-        assert!(to_training(&r, &b, LearnAction::Intent).is_none());
-        assert!(to_training(&r, &b, LearnAction::Applied).is_none());
+        assert!(to_training(&r, &b, LearnAction::Intent, aware_mdp::STATE_DIM).is_none());
+        assert!(to_training(&r, &b, LearnAction::Applied, aware_mdp::STATE_DIM).is_none());
         let mut r = row(&t, 0, 2);
         r.reward = f64::NAN;
-        assert!(to_training(&r, &b, LearnAction::Intent).is_none());
+        assert!(to_training(&r, &b, LearnAction::Intent, aware_mdp::STATE_DIM).is_none());
         // RL rows keep the recommender's raw action …
         let mut r = row(&t, 0, 2);
         r.state.clone_from(&state);
         assert_eq!(
-            to_training(&r, &b, LearnAction::Intent).unwrap().action,
+            to_training(&r, &b, LearnAction::Intent, aware_mdp::STATE_DIM)
+                .unwrap()
+                .action,
             [0.2, -0.1, 0.0]
         );
         // … unless they learn from what was applied: a guardrail held the allocation in force
@@ -2326,7 +2428,9 @@ mod tests {
         r.applied = cur;
         let held = behaviour_action(&state, cur, &b).unwrap();
         assert_eq!(
-            to_training(&r, &b, LearnAction::Applied).unwrap().action,
+            to_training(&r, &b, LearnAction::Applied, aware_mdp::STATE_DIM)
+                .unwrap()
+                .action,
             held
         );
         assert_ne!(held, [0.2, -0.1, 0.0]);
@@ -2334,9 +2438,16 @@ mod tests {
         r.source = DecisionSource::Fallback;
         r.action_raw = vec![];
         r.desired = applied;
-        assert_eq!(to_training(&r, &b, LearnAction::Intent).unwrap().action, a);
         assert_eq!(
-            to_training(&r, &b, LearnAction::Applied).unwrap().action,
+            to_training(&r, &b, LearnAction::Intent, aware_mdp::STATE_DIM)
+                .unwrap()
+                .action,
+            a
+        );
+        assert_eq!(
+            to_training(&r, &b, LearnAction::Applied, aware_mdp::STATE_DIM)
+                .unwrap()
+                .action,
             held
         );
     }

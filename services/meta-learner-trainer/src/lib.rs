@@ -690,13 +690,16 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     // The store the recorder writes.
     let cfg: StoreConfig = ctx.config.section("trajectory_store")?;
     let trainer: TrainerConfig = ctx.config.section("trainer")?;
-    trainer.validate().map_err(|e| match e {
-        TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
-            key: format!("trainer.{key}"),
-            reason,
-        }),
-        other => ServiceError::resource("trainer", other),
-    })?;
+    trainer
+        .validate()
+        .and_then(|()| trainer.check_learning(&ctx.config.learning))
+        .map_err(|e| match e {
+            TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
+                key: format!("trainer.{key}"),
+                reason,
+            }),
+            other => ServiceError::resource("trainer", other),
+        })?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
@@ -738,6 +741,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             learner: Some({
                 let mut l = Learner::new(t.clone(), bounds, trainer.clone());
                 l.set_objective(config.learning.objective, spec.slo);
+                l.set_state_width(aware_mdp::state_width(config.learning.mean_field));
                 l.set_cancel(cancel.clone());
                 l.set_corrupt_counter(metrics.corrupt_checkpoints.clone());
                 l.set_budget(budget.clone());

@@ -269,6 +269,13 @@ impl CollectorConfig {
         }
         let c: CollectorConfig = cfg.section("collector")?;
         c.validate()?;
+        if cfg.learning.mean_field && c.source == SourceKind::Prometheus {
+            return Err(invalid(
+                "learning.mean_field",
+                "the prometheus source does not compute the mean field (it reads no node \
+                 capacity); only collector.source: simulator does",
+            ));
+        }
         Ok(c)
     }
 
@@ -499,6 +506,26 @@ mod tests {
             err.contains("node_memory_bytes"),
             "a missing key is named: {err}"
         );
+    }
+
+    #[test]
+    fn the_mean_field_needs_the_simulator_source() {
+        let on = ("AWARE_LEARNING__MEAN_FIELD", "true");
+        let c = read_env(&[on, ("AWARE_COLLECTOR__SOURCE", "simulator")]).unwrap();
+        assert_eq!(c.source, SourceKind::Simulator);
+        let err = read_env(&[
+            on,
+            ("AWARE_COLLECTOR__SOURCE", "prometheus"),
+            ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://127.0.0.1:9090"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("learning.mean_field"), "{err}");
+        read_env(&[
+            ("AWARE_COLLECTOR__SOURCE", "prometheus"),
+            ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://127.0.0.1:9090"),
+        ])
+        .unwrap();
     }
 
     #[test]

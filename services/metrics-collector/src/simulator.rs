@@ -121,7 +121,8 @@ pub fn target_specs(apps: &[AppSpec]) -> Vec<aware_shared::spec::TargetSpec> {
 }
 
 /// The `obs` of global step `g` for one target; with `shared_cluster` (a configured
-/// `collector.simulator.cluster`) it carries the target's Pending replicas.
+/// `collector.simulator.cluster`) it carries the target's Pending replicas, and with a
+/// `mean_field` (`learning.mean_field`) its state ends with it.
 pub fn to_obs(
     o: &Observation,
     target: &Target,
@@ -129,6 +130,7 @@ pub fn to_obs(
     steps_per_episode: u32,
     base_ms: i64,
     shared_cluster: bool,
+    mean_field: Option<&[f32; aware_mdp::MEAN_FIELD_DIM]>,
 ) -> Obs {
     let m = &o.metrics;
     let spe = u64::from(steps_per_episode.max(1));
@@ -138,7 +140,12 @@ pub fn to_obs(
         episode: g / spe,
         step: u32::try_from(g % spe).unwrap_or(0),
         ts_ms: base_ms.saturating_add((m.time_s * 1000.0) as i64),
-        state: o.state.to_vec(),
+        state: o
+            .state
+            .iter()
+            .chain(mean_field.into_iter().flatten())
+            .copied()
+            .collect(),
         // The replica count in force is the allocation's (the Deployment's spec), as the
         // Prometheus source reads it from kube-state-metrics.
         metrics: aware_bus_schemas::RawMetrics {
@@ -152,7 +159,7 @@ pub fn to_obs(
         missing: Vec::new(),
     };
     let unusable = crate::unusable_metrics(&obs.metrics);
-    let bad_state = o.state.iter().any(|x| !x.is_finite());
+    let bad_state = obs.state.iter().any(|x| !x.is_finite());
     let bad_reward = obs.reward.is_some_and(|r| !r.is_finite());
     if !unusable.is_empty() || bad_state || bad_reward {
         tracing::warn!(%target, step = g, unusable = ?unusable, bad_state, bad_reward, "unusable measurements: incomplete obs");
@@ -223,8 +230,17 @@ struct Sim {
     index: HashMap<Target, usize>,
     pending: Pending,
     last: Vec<Observation>,
+    /// Each target's requested cores before the last step (`learning.mean_field`'s allocation
+    /// change); empty before the first step.
+    previous_cores: Vec<f64>,
+    mean_field: bool,
     spe: u32,
     base_ms: i64,
+}
+
+/// Requested cores of an allocation: CPU per replica × replicas.
+fn requested_cores(a: &Allocation) -> f64 {
+    f64::from(a.cpu_millicores) / 1000.0 * f64::from(a.replicas)
 }
 
 impl Sim {
@@ -249,6 +265,8 @@ impl Sim {
             targets,
             pending: Pending::new(n),
             last,
+            previous_cores: Vec::new(),
+            mean_field: false,
             spe,
             base_ms,
         }
@@ -260,15 +278,47 @@ impl Sim {
         self.env.step_index().saturating_sub(1)
     }
 
+    /// Each target's mean field of the last step ([`aware_mdp::mean_fields`]): the others of
+    /// this collector's cluster, from the simulator's own accounting.
+    fn mean_fields(&self) -> Vec<[f32; aware_mdp::MEAN_FIELD_DIM]> {
+        let members: Vec<aware_mdp::Member> = self
+            .last
+            .iter()
+            .enumerate()
+            .map(|(i, o)| aware_mdp::Member {
+                requested_cores: requested_cores(&o.allocation),
+                previous_requested_cores: self.previous_cores.get(i).copied(),
+                replicas: o.allocation.replicas,
+                slo_preservation: o.metrics.slo_preservation,
+                cpu_util: o.metrics.cpu_util,
+            })
+            .collect();
+        let share = self
+            .env
+            .cluster_occupancy()
+            .map(|c| aware_mdp::ClusterShare {
+                cpu_requested: c.cpu_requested_share,
+                memory_requested: c.memory_requested_share,
+                pending_replicas: c.pending_replicas,
+            });
+        aware_mdp::mean_fields(&members, share.as_ref())
+    }
+
     /// The step's `obs`, counting the incomplete ones.
     fn step_obs(&self, metrics: &CollectorMetrics) -> Vec<Obs> {
         let g = self.global_step();
         let shared = self.env.cluster_occupancy().is_some();
+        let fields = if self.mean_field {
+            self.mean_fields()
+        } else {
+            Vec::new()
+        };
         let all: Vec<Obs> = self
             .last
             .iter()
             .zip(&self.targets)
-            .map(|(o, t)| to_obs(o, t, g, self.spe, self.base_ms, shared))
+            .enumerate()
+            .map(|(i, (o, t))| to_obs(o, t, g, self.spe, self.base_ms, shared, fields.get(i)))
             .collect();
         metrics
             .incomplete_obs
@@ -346,6 +396,11 @@ impl Sim {
         actions: &[TargetAction],
         metrics: &CollectorMetrics,
     ) -> Result<(), ServiceError> {
+        self.previous_cores = self
+            .last
+            .iter()
+            .map(|o| requested_cores(&o.allocation))
+            .collect();
         self.last = self
             .env
             .step(actions)
@@ -433,6 +488,7 @@ pub async fn run(
         ctx.config.learning.steps_per_episode,
         aware_bus_schemas::now_ms(),
     );
+    sim.mean_field = ctx.config.learning.mean_field;
     metrics.targets.set(i64::try_from(n).unwrap_or(i64::MAX));
     sim.note_injections(&metrics); // the warm-up step is global step 0
     let captured = crate::captured_obs(&ctx).await;
@@ -650,7 +706,7 @@ mod tests {
         env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
         let o = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap()[0].clone();
         let t = Target::new(apps[0].namespace.clone(), apps[0].name.clone());
-        let ok = to_obs(&o, &t, 1, 10, 0, false);
+        let ok = to_obs(&o, &t, 1, 10, 0, false, None);
         assert!(ok.complete && ok.missing.is_empty() && ok.reward.is_some());
         type Set = fn(&mut aware_loadgen::cluster::SimMetrics, f64);
         let cases: [(&str, Set); 4] = [
@@ -663,7 +719,7 @@ mod tests {
             for v in [f64::NAN, f64::INFINITY, -1.0] {
                 let mut bad = o.clone();
                 set(&mut bad.metrics, v);
-                let obs = to_obs(&bad, &t, 1, 10, 0, false);
+                let obs = to_obs(&bad, &t, 1, 10, 0, false, None);
                 assert!(!obs.complete, "{name} = {v}");
                 assert_eq!(obs.missing, vec![name.to_string()], "{name} = {v}");
                 assert!(obs.state.is_empty() && obs.reward.is_none());
@@ -672,12 +728,12 @@ mod tests {
         let mut bad = o.clone();
         bad.metrics.memory_limit_bytes = 0.0;
         assert_eq!(
-            to_obs(&bad, &t, 1, 10, 0, false).missing,
+            to_obs(&bad, &t, 1, 10, 0, false, None).missing,
             ["memory_limit_bytes"]
         );
         let mut bad = o;
         bad.reward = f64::NAN;
-        let obs = to_obs(&bad, &t, 1, 10, 0, false);
+        let obs = to_obs(&bad, &t, 1, 10, 0, false, None);
         assert!(!obs.complete && obs.missing == ["reward"]);
     }
 
@@ -740,7 +796,7 @@ mod tests {
             .iter()
             .zip(&targets)
             .map(|(o, t)| {
-                to_obs(o, t, 0, 10, 0, shared)
+                to_obs(o, t, 0, 10, 0, shared, None)
                     .metrics
                     .pending_replicas
                     .unwrap()
@@ -759,8 +815,88 @@ mod tests {
         env.reset(cfg.seed).unwrap();
         let last = env.step(&vec![TargetAction::Hold; apps.len()]).unwrap();
         assert!(env.cluster_occupancy().is_none());
-        let o = to_obs(&last[0], &targets[0], 0, 10, 0, false);
+        let o = to_obs(&last[0], &targets[0], 0, 10, 0, false, None);
         assert_eq!(o.metrics.pending_replicas, None);
+    }
+
+    /// With `learning.mean_field`, every `obs` state ends with the target's mean field: on a
+    /// crowded shared cluster, a scale-up of one target shows in the others' allocation change
+    /// (not its own), and the cluster's Pending share is the simulator's own count.
+    #[test]
+    fn the_mean_field_ends_each_state_and_sees_the_others() {
+        let mut cfg = source(vec![]);
+        let apps = build_apps(&cfg).unwrap();
+        let cpu: u64 = apps
+            .iter()
+            .map(|a| u64::from(a.initial.cpu_millicores) * u64::from(a.initial.replicas))
+            .sum();
+        let memory: u64 = apps
+            .iter()
+            .map(|a| a.initial.memory_bytes * u64::from(a.initial.replicas))
+            .sum();
+        cfg.cluster = Some(crate::config::SimClusterConfig {
+            nodes: 1,
+            node_cpu_millicores: cpu,
+            node_memory_bytes: memory,
+        });
+        let targets: Vec<Target> = apps
+            .iter()
+            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
+            .collect();
+        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
+        env.reset(cfg.seed).unwrap();
+        let n = targets.len();
+        let last = env.step(&vec![TargetAction::Hold; n]).unwrap();
+        let mut sim = Sim::new(env, targets, last, 10, 0);
+        sim.mean_field = true;
+        let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
+        let metrics = CollectorMetrics::new(&sm).unwrap();
+        let width = aware_mdp::state_width(true);
+        let first = sim.step_obs(&metrics);
+        assert!(first.iter().all(|o| o.complete && o.state.len() == width));
+        let change = aware_mdp::STATE_DIM; // others_allocation_change
+        assert!(first.iter().all(|o| o.state[change] == 0.0), "no step yet");
+        // Target 0 doubles its replicas: the cluster had room for the initial ones only.
+        let mut actions = vec![TargetAction::Hold; n];
+        let a0 = apps[0].initial;
+        actions[0] = TargetAction::Desired(Allocation {
+            replicas: a0.replicas * 2,
+            ..a0
+        });
+        sim.advance(&actions, &metrics).unwrap();
+        let obs = sim.step_obs(&metrics);
+        assert!(obs.iter().all(|o| o.state.len() == width));
+        assert_eq!(obs[0].state[change], 0.0, "target 0 sees the others hold");
+        let (before, after) = (
+            requested_cores(&a0),
+            requested_cores(&sim.last[0].allocation),
+        );
+        assert!(after > before, "target 0 scaled up");
+        let others = ((after - before) / after / (n - 1) as f64) as f32;
+        for o in &obs[1..] {
+            assert!((o.state[change] - others).abs() < 1e-6, "{:?}", o.state);
+        }
+        let occupancy = sim.env.cluster_occupancy().unwrap();
+        assert!(occupancy.pending_replicas > 0, "the extra replicas wait");
+        let wanted: u32 = sim.last.iter().map(|o| o.allocation.replicas).sum();
+        let pending = occupancy.pending_replicas as f32 / wanted as f32;
+        for o in &obs {
+            assert!((o.state[change + 3] - pending).abs() < 1e-6);
+            assert!((o.state[change + 1] - occupancy.cpu_requested_share as f32).abs() < 1e-6);
+            assert_eq!(
+                &o.state[..aware_mdp::STATE_DIM],
+                &obs_state(&sim, &o.target)
+            );
+        }
+        sim.mean_field = false;
+        assert!(sim
+            .step_obs(&metrics)
+            .iter()
+            .all(|o| o.state.len() == aware_mdp::STATE_DIM));
+    }
+
+    fn obs_state(sim: &Sim, t: &Target) -> Vec<f32> {
+        sim.last[sim.index[t]].state.to_vec()
     }
 
     /// `accept` through a real simulated cluster: duplicates, a rejected duplicate, a stale
