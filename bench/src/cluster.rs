@@ -102,6 +102,10 @@ pub struct ClusterBenchOptions {
     /// CPU, alone it is always there. 0: nothing beyond the request.
     #[arg(long, default_value_t = ClusterBenchOptions::default().burst_headroom)]
     pub burst_headroom: f64,
+    /// Lend requested but idle CPU to the bursting replicas too, as CFS does (default: only
+    /// the node's unrequested CPU).
+    #[arg(long)]
+    pub lend_idle: bool,
     /// The evaluation window: episodes per app.
     #[arg(long, default_value_t = ClusterBenchOptions::default().episodes)]
     pub episodes: u32,
@@ -145,6 +149,7 @@ impl Default for ClusterBenchOptions {
             node_cpu_millicores: 8000,
             node_memory_gib: 32,
             burst_headroom: 0.0,
+            lend_idle: false,
             episodes: 12,
             steps_per_episode: 50,
             objective: 0.99,
@@ -242,6 +247,7 @@ pub fn size_cluster(
     occupancy: f64,
     node_cpu_millicores: u64,
     node_memory_bytes: u64,
+    lend_idle: bool,
 ) -> SimClusterConfig {
     let need = |requested: f64, per_node: f64| (requested / occupancy / per_node).ceil() as u32;
     SimClusterConfig {
@@ -250,6 +256,7 @@ pub fn size_cluster(
             .max(1),
         node_cpu_millicores,
         node_memory_bytes,
+        lend_idle,
     }
 }
 
@@ -266,6 +273,10 @@ pub struct ClusterPolicyReport {
     /// cluster's allocatable CPU, mean over the window; memory likewise.
     pub cpu_request_share: f64,
     pub memory_request_share: f64,
+    /// CPU used (a burst above the requests included) over the cluster's allocatable CPU,
+    /// mean over the window: above 1 for `isolated`, the apps alone used more CPU than the
+    /// shared cluster has, and no policy on it can give every app what it had alone.
+    pub cpu_used_share: f64,
     pub wall_seconds: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub learning: Option<AwareLearning>,
@@ -356,6 +367,7 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         opts.occupancy,
         opts.node_cpu_millicores,
         opts.node_memory_gib << 30,
+        opts.lend_idle,
     );
     let shared = opts.cost_options(Some(cluster));
     let mut mean_field = shared.clone();
@@ -396,6 +408,7 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
             apps_meeting_objective: cost::apps_meeting(&figs, opts.objective),
             degradation_vs_isolated: None,
             cpu_request_share: share(total.core_hours, hours * cores),
+            cpu_used_share: share(total.used_core_hours, hours * cores),
             memory_request_share: share(total.gib_hours, hours * gib),
             wall_seconds: started.elapsed().as_secs_f64(),
             learning,
@@ -520,10 +533,13 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
             100.0 * r.burst_headroom
         ));
     }
+    if r.cluster.lend_idle {
+        out.push("requested but idle CPU is lent to them (as CFS does)".to_string());
+    }
     for (name, p) in &r.policies {
         let f = &p.figures;
         out.push(format!(
-            "{name:<14} SLO {} ({}/{} apps at objective), degradation vs isolated {}, {:.1} core-h, {:.1} GiB-h, {:.0} pending replica-s, CPU requested {:.0}%",
+            "{name:<14} SLO {} ({}/{} apps at objective), degradation vs isolated {}, {:.1} core-h, {:.1} GiB-h, {:.0} pending replica-s, CPU requested {:.0}%, used {:.0}%",
             f.slo_attainment
                 .map_or("-".to_string(), |a| format!("{:.2}%", 100.0 * a)),
             p.apps_meeting_objective,
@@ -534,6 +550,7 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
             f.gib_hours,
             f.pending_replica_seconds,
             100.0 * p.cpu_request_share,
+            100.0 * p.cpu_used_share,
         ));
     }
     out
@@ -546,13 +563,16 @@ mod tests {
     #[test]
     fn the_cluster_is_sized_by_the_resource_that_needs_more_nodes() {
         // 4 cores and 4 GiB requested; at 50%, 8 cores: two 4-core nodes (memory needs one)
-        let c = size_cluster(4.0, 4.0, 0.5, 4000, 32 << 30);
+        let c = size_cluster(4.0, 4.0, 0.5, 4000, 32 << 30, false);
         assert_eq!(c.nodes, 2);
         // memory-bound: 8 GiB at 50% on 2-GiB nodes
-        let c = size_cluster(4.0, 4.0, 0.5, 64_000, 2 << 30);
+        let c = size_cluster(4.0, 4.0, 0.5, 64_000, 2 << 30, false);
         assert_eq!(c.nodes, 4);
-        assert_eq!(size_cluster(4.0, 4.0, 1.0, 1_000_000, 1 << 40).nodes, 1);
-        assert_eq!(size_cluster(4.1, 0.0, 1.0, 4000, 1 << 30).nodes, 2);
+        assert_eq!(
+            size_cluster(4.0, 4.0, 1.0, 1_000_000, 1 << 40, false).nodes,
+            1
+        );
+        assert_eq!(size_cluster(4.1, 0.0, 1.0, 4000, 1 << 30, false).nodes, 2);
     }
 
     #[test]
@@ -676,6 +696,12 @@ mod tests {
         let width = |name: &str| r.policies[name].learning.as_ref().unwrap().state_width;
         assert_eq!(width("mean_field"), aware_mdp::state_width(true));
         assert_eq!(width("independent"), aware_mdp::STATE_DIM);
+        for (name, p) in &r.policies {
+            assert!(
+                p.cpu_used_share > 0.0 && p.figures.used_core_hours > 0.0,
+                "{name}"
+            );
+        }
         assert_eq!(summary(&r).len(), 5);
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();

@@ -298,6 +298,8 @@ struct StepRow {
     oom_kills: u32,
     /// Replicas Pending through the step (0 when the source does not read it).
     pending_replicas: u32,
+    /// CPU used, summed over replicas, cores.
+    cpu_used_cores: f64,
 }
 
 impl StepRow {
@@ -310,6 +312,11 @@ impl StepRow {
             met: step_meets_slo(slo, violation, m.throughput_rps, m.request_rate_rps),
             oom_kills: m.oom_kills,
             pending_replicas: m.pending_replicas.unwrap_or(0),
+            cpu_used_cores: if m.cpu_usage_cores.is_finite() {
+                m.cpu_usage_cores.max(0.0)
+            } else {
+                0.0
+            },
         })
     }
 }
@@ -368,6 +375,9 @@ pub struct Figures {
     pub oom_kills: u64,
     /// Replica-seconds spent Pending (no node with room; only with a shared cluster).
     pub pending_replica_seconds: f64,
+    /// Core-hours of CPU actually used (what the apps consumed, a burst above the requests
+    /// included).
+    pub used_core_hours: f64,
 }
 
 impl Figures {
@@ -390,6 +400,7 @@ impl Figures {
             f.gib_hours += Prices::gib(&r.allocation) * step_hours;
             f.oom_kills += u64::from(r.oom_kills);
             f.pending_replica_seconds += f64::from(r.pending_replicas) * step_seconds;
+            f.used_core_hours += r.cpu_used_cores * step_hours;
             if let Some(p) = prev {
                 let (a, b) = (p.allocation, r.allocation);
                 f.replica_changes += u64::from(a.replicas != b.replicas);
@@ -458,6 +469,7 @@ impl Figures {
             s.pod_restarts += f.pod_restarts;
             s.oom_kills += f.oom_kills;
             s.pending_replica_seconds += f.pending_replica_seconds;
+            s.used_core_hours += f.used_core_hours;
         }
         s.finish(prices)
     }
@@ -1604,6 +1616,7 @@ mod tests {
             met: !violation,
             oom_kills,
             pending_replicas: 0,
+            cpu_used_cores: 1.5,
         };
         let rows = [
             row(a(2, 1000, 1024), false, 0),
@@ -1644,6 +1657,7 @@ mod tests {
         );
         assert_eq!(f.disruptions, 6);
         assert_eq!(f.pending_replica_seconds, 2.0 * 1800.0);
+        assert_eq!(f.used_core_hours, 4.0 * 1.5 * 0.5);
         // in place: the resize restarts nothing
         app.vertical = VerticalMode::InPlace;
         let inplace = Figures::of_app(&app, &rows, 1800.0, &prices);

@@ -29,9 +29,12 @@
 //!    proportional to it): first among the bursting replicas (whose app needs more CPU per
 //!    serving replica in this step than the replica requests, from the step's arrivals and
 //!    backlog), each capped at its possible burst, then what is left among the others. The
-//!    split is deterministic (ties by app index and pod order). Requested but idle CPU is not
-//!    lent (it would need the step's outcome before the step); memory above the request is not
-//!    contended (no node-pressure eviction).
+//!    split is deterministic (ties by app index and pod order). By default requested but idle
+//!    CPU is not lent (the conservative side for the SLO). With [`ClusterConfig::lend_idle`] it
+//!    is, as CFS gives any idle cycle to a runnable task: every bound replica whose app needs
+//!    less CPU per serving replica in the step than the replica requests adds the difference
+//!    to its node's pool. Memory above the request is not contended (no node-pressure
+//!    eviction).
 //!
 //! The occupancy of every step ([`ClusterOccupancy`]: requested shares of the schedulable nodes'
 //! allocatable CPU and memory, Pending replicas, pending replica-seconds, per-node allocation) is
@@ -59,6 +62,10 @@ pub struct ClusterConfig {
     /// Node events at the start of a step.
     #[serde(default)]
     pub events: Vec<NodeEvent>,
+    /// Lend requested but idle CPU to the replicas that burst (module docs, 4); default off:
+    /// only unrequested CPU is lent.
+    #[serde(default)]
+    pub lend_idle: bool,
 }
 
 impl ClusterConfig {
@@ -69,6 +76,7 @@ impl ClusterConfig {
             node_cpu_millicores: cpu_millicores,
             node_memory_bytes: memory_bytes,
             events: Vec::new(),
+            lend_idle: false,
         }
     }
 
@@ -212,6 +220,7 @@ pub struct Cluster {
     used: Vec<[u64; 2]>,
     pending_s: Vec<f64>,
     occupancy: ClusterOccupancy,
+    lend_idle: bool,
 }
 
 impl Cluster {
@@ -231,6 +240,7 @@ impl Cluster {
             nodes,
             pending_s: vec![0.0; targets],
             occupancy: ClusterOccupancy::default(),
+            lend_idle: cfg.lend_idle,
         })
     }
 
@@ -525,11 +535,18 @@ impl Cluster {
             .map(|t| t.cpu_need_per_replica())
             .collect();
         let mut per_node: Vec<Vec<BurstClaim>> = vec![Vec::new(); self.nodes.len()];
+        // Requested CPU the replicas on each node leave idle in the step, cores (lend_idle).
+        let mut idle = vec![0.0; self.nodes.len()];
         for (i, t) in targets.iter_mut().enumerate() {
             let need_i = need.get(i).copied().unwrap_or(0.0);
             for (j, r) in t.replicas_mut().iter_mut().enumerate() {
                 r.burst_cap = f64::INFINITY;
                 let Some(n) = r.node else { continue };
+                if self.lend_idle && need_i.is_finite() {
+                    if let Some(x) = idle.get_mut(n) {
+                        *x += (r.cpu_request - need_i).max(0.0);
+                    }
+                }
                 let want = r.burst_want();
                 if want > 0.0 {
                     if let Some(v) = per_node.get_mut(n) {
@@ -542,7 +559,8 @@ impl Cluster {
             let (Some(node), Some(u)) = (self.nodes.get(n), self.used.get(n)) else {
                 continue;
             };
-            let pool = node.allocatable[0].saturating_sub(u[0]) as f64 / 1000.0;
+            let pool = node.allocatable[0].saturating_sub(u[0]) as f64 / 1000.0
+                + idle.get(n).copied().unwrap_or(0.0);
             let total: f64 = claims.iter().map(|c| c.3).sum();
             if total <= pool {
                 continue;
@@ -1068,6 +1086,48 @@ mod env_tests {
             .collect();
         // the busy one's whole burst (1 core) is met: no cap; the idle one gets nothing
         assert_eq!(caps, vec![f64::INFINITY, 0.0]);
+    }
+
+    /// On a node whose CPU is all requested, nothing is unrequested to lend: the busy app gets
+    /// no burst. With `lend_idle`, the idle neighbour's unused request is lent (CFS), and the
+    /// busy one bursts into it and serves more.
+    #[test]
+    fn lending_idle_cpu_lets_the_busy_one_burst_on_a_fully_requested_node() {
+        let run = |lend_idle: bool| {
+            let cfg = SimConfig {
+                seed: 9,
+                cluster: Some(ClusterConfig {
+                    lend_idle,
+                    ..ClusterConfig::uniform(1, 2000, 8 * GIB)
+                }),
+                node_share: crate::cluster::NodeShare {
+                    burst_headroom: 1.0,
+                    ..crate::cluster::NodeShare::default()
+                },
+                limits: LimitsPolicy {
+                    controlled_values: ControlledValues::RequestsAndLimits,
+                    cpu_limit: CpuLimit::Unset,
+                },
+                ..SimConfig::default()
+            };
+            let apps = vec![
+                app("busy", alloc(1, 1000, 1024), 25.0),
+                app("idle", alloc(1, 1000, 1024), 1.0),
+            ];
+            let mut e = SimEnv::new(apps, cfg).unwrap();
+            let mut last = Vec::new();
+            for _ in 0..5 {
+                last = e.step(&[TargetAction::Hold; 2]).unwrap();
+            }
+            let cap = e.targets()[0].replicas()[0].burst_cap;
+            (cap, last[0].metrics.cpu_usage_cores)
+        };
+        let (cap, used) = run(false);
+        assert_eq!(cap, 0.0, "a fully requested node has nothing unrequested");
+        assert!(used <= 1.0 + 1e-9, "{used}");
+        let (cap, lent) = run(true);
+        assert!(cap > 0.5, "the idle request is lent: {cap}");
+        assert!(lent > used + 0.4, "{lent} vs {used}");
     }
 
     /// Per-node and cluster figures are the sums of the replicas' requests.

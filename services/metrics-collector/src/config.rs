@@ -217,6 +217,10 @@ pub struct SimClusterConfig {
     pub node_cpu_millicores: u64,
     /// Allocatable memory per node, bytes (> 0).
     pub node_memory_bytes: u64,
+    /// Lend requested but idle CPU to bursting replicas, as CFS does (default: only the
+    /// unrequested CPU; docs/adr/0018-shared-cluster-in-the-simulator.md).
+    #[serde(default)]
+    pub lend_idle: bool,
 }
 
 /// One scheduled instability scenario of the simulated cluster.
@@ -480,6 +484,7 @@ mod tests {
                 nodes: 3,
                 node_cpu_millicores: 8000,
                 node_memory_bytes: 32 << 30,
+                lend_idle: false,
             })
         );
         for (i, key) in ["nodes", "node_cpu_millicores", "node_memory_bytes"]

@@ -88,8 +88,9 @@ pub fn sim_config(
         step_seconds: cfg.step_seconds,
         seed: cfg.seed,
         injections,
-        cluster: cfg.cluster.map(|c| {
-            aware_loadgen::nodes::ClusterConfig::uniform(
+        cluster: cfg.cluster.map(|c| aware_loadgen::nodes::ClusterConfig {
+            lend_idle: c.lend_idle,
+            ..aware_loadgen::nodes::ClusterConfig::uniform(
                 c.nodes,
                 c.node_cpu_millicores,
                 c.node_memory_bytes,
@@ -779,6 +780,7 @@ mod tests {
             nodes: 1,
             node_cpu_millicores: u64::from(cpu),
             node_memory_bytes: memory,
+            lend_idle: false,
         });
         cfg.burst_headroom = 0.5;
         let sim = sim_config(&cfg, &apps).unwrap();
@@ -838,6 +840,7 @@ mod tests {
             nodes: 1,
             node_cpu_millicores: cpu,
             node_memory_bytes: memory,
+            lend_idle: false,
         });
         let targets: Vec<Target> = apps
             .iter()

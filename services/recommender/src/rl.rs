@@ -132,6 +132,11 @@ pub fn policy_input(
         // meta-learning).
         return Ok(state.to_vec());
     }
+    if input_dim == aware_mdp::state_width(true) {
+        // A mean-field policy given the target's own features only (learning.mean_field
+        // turned off since it was trained): the state's width, not an embedding, is missing.
+        return Err(FallbackReason::StateDim);
+    }
     match embedding {
         Some(e) if state.len() + e.len() == input_dim && e.iter().all(|x| x.is_finite()) => {
             let mut x = Vec::with_capacity(input_dim);
@@ -262,5 +267,31 @@ mod tests {
         let mut plain = policy(9);
         rl_decide(&mut plain, &s, Some(&e), cur, &b, Some(1.0), &mut rng).unwrap();
         assert_eq!(plain.policy.normalizer().count(), 1);
+    }
+
+    /// With `learning.mean_field` the state is wider: a model trained on it acts on it, and a
+    /// model of the other width (trained before the switch) leaves the step to the fallback.
+    #[test]
+    fn a_mean_field_state_needs_a_model_of_its_width() {
+        let wide = vec![0.3f32; aware_mdp::state_width(true)];
+        let b = Bounds::default();
+        let cur = Resources {
+            replicas: 2,
+            cpu_millicores: 500,
+            memory_bytes: 512 << 20,
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let mut mf = policy(wide.len());
+        let d = rl_decide(&mut mf, &wide, None, cur, &b, None, &mut rng).unwrap();
+        assert_eq!(d.raw, mf.policy.act(&wide).unwrap());
+        let mut narrow = policy(STATE_DIM);
+        assert_eq!(
+            rl_decide(&mut narrow, &wide, None, cur, &b, None, &mut rng),
+            Err(FallbackReason::StateDim)
+        );
+        assert_eq!(
+            rl_decide(&mut mf, &wide[..STATE_DIM], None, cur, &b, None, &mut rng),
+            Err(FallbackReason::StateDim)
+        );
     }
 }
