@@ -1000,13 +1000,10 @@ mod env_tests {
         assert!(plain.cluster_occupancy().is_none());
     }
 
-    /// Two apps without a CPU limit (headroom 1: each may use 2 cores on a 1-core request) on
-    /// one 3-core node share its 1 unrequested core: each gets 1.5 cores and serves less, at a
-    /// higher p99, than alone on the same node, where it gets both cores (and exactly what it
-    /// gets without a shared cluster).
-    #[test]
-    fn co_located_bursting_apps_get_less_cpu_than_each_alone() {
-        let cfg = |cluster| SimConfig {
+    /// Apps without a CPU limit, each replica allowed twice its request (headroom 1), on
+    /// `cluster`.
+    fn bursting(cluster: Option<ClusterConfig>) -> SimConfig {
+        SimConfig {
             seed: 9,
             cluster,
             node_share: crate::cluster::NodeShare {
@@ -1018,7 +1015,16 @@ mod env_tests {
                 cpu_limit: CpuLimit::Unset,
             },
             ..SimConfig::default()
-        };
+        }
+    }
+
+    /// Two apps without a CPU limit (headroom 1: each may use 2 cores on a 1-core request) on
+    /// one 3-core node share its 1 unrequested core: each gets 1.5 cores and serves less, at a
+    /// higher p99, than alone on the same node, where it gets both cores (and exactly what it
+    /// gets without a shared cluster).
+    #[test]
+    fn co_located_bursting_apps_get_less_cpu_than_each_alone() {
+        let cfg = bursting;
         let node = || Some(ClusterConfig::uniform(1, 3000, 8 * GIB));
         let a = app("a", alloc(1, 1000, 1024), 25.0);
         let b = app("b", alloc(1, 1000, 1024), 25.0);
@@ -1060,19 +1066,7 @@ mod env_tests {
     /// replica count as bursting; the pool goes to it first.
     #[test]
     fn an_idle_neighbour_leaves_the_burst_to_the_busy_one() {
-        let cfg = SimConfig {
-            seed: 9,
-            cluster: Some(ClusterConfig::uniform(1, 3000, 8 * GIB)),
-            node_share: crate::cluster::NodeShare {
-                burst_headroom: 1.0,
-                ..crate::cluster::NodeShare::default()
-            },
-            limits: LimitsPolicy {
-                controlled_values: ControlledValues::RequestsAndLimits,
-                cpu_limit: CpuLimit::Unset,
-            },
-            ..SimConfig::default()
-        };
+        let cfg = bursting(Some(ClusterConfig::uniform(1, 3000, 8 * GIB)));
         let apps = vec![
             app("busy", alloc(1, 1000, 1024), 25.0),
             app("idle", alloc(1, 1000, 1024), 1.0),
@@ -1094,22 +1088,10 @@ mod env_tests {
     #[test]
     fn lending_idle_cpu_lets_the_busy_one_burst_on_a_fully_requested_node() {
         let run = |lend_idle: bool| {
-            let cfg = SimConfig {
-                seed: 9,
-                cluster: Some(ClusterConfig {
-                    lend_idle,
-                    ..ClusterConfig::uniform(1, 2000, 8 * GIB)
-                }),
-                node_share: crate::cluster::NodeShare {
-                    burst_headroom: 1.0,
-                    ..crate::cluster::NodeShare::default()
-                },
-                limits: LimitsPolicy {
-                    controlled_values: ControlledValues::RequestsAndLimits,
-                    cpu_limit: CpuLimit::Unset,
-                },
-                ..SimConfig::default()
-            };
+            let cfg = bursting(Some(ClusterConfig {
+                lend_idle,
+                ..ClusterConfig::uniform(1, 2000, 8 * GIB)
+            }));
             let apps = vec![
                 app("busy", alloc(1, 1000, 1024), 25.0),
                 app("idle", alloc(1, 1000, 1024), 1.0),

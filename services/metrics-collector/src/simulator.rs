@@ -842,15 +842,8 @@ mod tests {
             node_memory_bytes: memory,
             lend_idle: false,
         });
-        let targets: Vec<Target> = apps
-            .iter()
-            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
-            .collect();
-        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
-        env.reset(cfg.seed).unwrap();
-        let n = targets.len();
-        let last = env.step(&vec![TargetAction::Hold; n]).unwrap();
-        let mut sim = Sim::new(env, targets, last, 10, 0);
+        let mut sim = started(&cfg, &apps);
+        let n = sim.targets.len();
         sim.mean_field = true;
         let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
         let metrics = CollectorMetrics::new(&sm).unwrap();
@@ -898,6 +891,18 @@ mod tests {
             .all(|o| o.state.len() == aware_mdp::STATE_DIM));
     }
 
+    /// The simulated cluster of `cfg`'s `apps` after its warm-up step, 10 steps per episode.
+    fn started(cfg: &SimulatorSourceConfig, apps: &[AppSpec]) -> Sim {
+        let targets: Vec<Target> = apps
+            .iter()
+            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
+            .collect();
+        let mut env = SimEnv::new(apps.to_vec(), sim_config(cfg, apps).unwrap()).unwrap();
+        env.reset(cfg.seed).unwrap();
+        let last = env.step(&vec![TargetAction::Hold; targets.len()]).unwrap();
+        Sim::new(env, targets, last, 10, 0)
+    }
+
     fn obs_state(sim: &Sim, t: &Target) -> Vec<f32> {
         sim.last[sim.index[t]].state.to_vec()
     }
@@ -909,15 +914,9 @@ mod tests {
     fn accept_completes_a_step_once_per_target_whatever_the_repeats() {
         let cfg = source(vec![]);
         let apps = build_apps(&cfg).unwrap();
-        let targets: Vec<Target> = apps
-            .iter()
-            .map(|a| Target::new(a.namespace.clone(), a.name.clone()))
-            .collect();
-        let mut env = SimEnv::new(apps.clone(), sim_config(&cfg, &apps).unwrap()).unwrap();
-        env.reset(cfg.seed).unwrap();
+        let mut sim = started(&cfg, &apps);
+        let targets = sim.targets.clone();
         let n = targets.len();
-        let last = env.step(&vec![TargetAction::Hold; n]).unwrap();
-        let mut sim = Sim::new(env, targets.clone(), last, 10, 0);
         let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
         let metrics = CollectorMetrics::new(&sm).unwrap();
         let Some(Event::Applied(proto)) = aware_bus_schemas::generated::samples()
