@@ -1597,14 +1597,7 @@ mod tests {
         assert_eq!(p1.skipped, 0);
         assert!(p1.critic_loss.is_finite());
         assert!(p1.latest.1 < 60);
-        let bytes = get_verified(
-            &models,
-            &p1.object.uri,
-            &p1.object.sha256,
-            p1.object.size_bytes,
-        )
-        .unwrap();
-        let d = Ddpg::from_bytes(&bytes).unwrap();
+        let d = published(&models, &p1);
         assert_eq!(d.train_steps(), 5);
         assert_eq!(d.config().actor_hidden, vec![64, 64]);
         assert!(d.normalizer().count() > 0, "the normalizer saw the data");
@@ -1682,14 +1675,7 @@ mod tests {
             .unwrap();
         let p = l.maybe_train(&store, &models).unwrap().expect("a round");
         assert!(p.trained_steps > 0 && p.critic_loss.is_finite());
-        let bytes = get_verified(
-            &models,
-            &p.object.uri,
-            &p.object.sha256,
-            p.object.size_bytes,
-        )
-        .unwrap();
-        assert_eq!(Ddpg::from_bytes(&bytes).unwrap().config().state_dim, width);
+        assert_eq!(published(&models, &p).config().state_dim, width);
         // The behaviour action reads the target's own features, whatever follows them.
         let r = wide(1, 3);
         assert_eq!(
@@ -1717,6 +1703,13 @@ mod tests {
             "{err}"
         );
         meta.check_learning(&Default::default()).unwrap();
+    }
+
+    /// The network a round published, read back verified.
+    fn published(models: &LocalDirStore, p: &Published) -> Ddpg {
+        let bytes =
+            get_verified(models, &p.object.uri, &p.object.sha256, p.object.size_bytes).unwrap();
+        Ddpg::from_bytes(&bytes).unwrap()
     }
 
     /// `state` with one feature changed by `f`.
@@ -1866,14 +1859,7 @@ mod tests {
         assert_eq!(p.latest, (9, 450));
         assert_eq!(stored(4), stored(1), "version 4 is version 1's checkpoint");
         assert_ne!(stored(4), stored(3));
-        let bytes = get_verified(
-            &models,
-            &p.object.uri,
-            &p.object.sha256,
-            p.object.size_bytes,
-        )
-        .unwrap();
-        assert_eq!(Ddpg::from_bytes(&bytes).unwrap().train_steps(), 5);
+        assert_eq!(published(&models, &p).train_steps(), 5);
         // The next round trains on from version 1's network: 5 + 5 steps, version 5.
         store
             .append(&(0..60).map(|s| row(&t, 3, s)).collect::<Vec<_>>())

@@ -239,11 +239,6 @@ struct Sim {
     base_ms: i64,
 }
 
-/// Requested cores of an allocation: CPU per replica × replicas.
-fn requested_cores(a: &Allocation) -> f64 {
-    f64::from(a.cpu_millicores) / 1000.0 * f64::from(a.replicas)
-}
-
 impl Sim {
     /// A simulated cluster over `env` after its warm-up step (`last`), one target per app in
     /// `targets`' order.
@@ -287,7 +282,7 @@ impl Sim {
             .iter()
             .enumerate()
             .map(|(i, o)| aware_mdp::Member {
-                requested_cores: requested_cores(&o.allocation),
+                requested_cores: aware_mdp::Prices::cores(&o.allocation),
                 previous_requested_cores: self.previous_cores.get(i).copied(),
                 replicas: o.allocation.replicas,
                 slo_preservation: o.metrics.slo_preservation,
@@ -397,11 +392,13 @@ impl Sim {
         actions: &[TargetAction],
         metrics: &CollectorMetrics,
     ) -> Result<(), ServiceError> {
-        self.previous_cores = self
-            .last
-            .iter()
-            .map(|o| requested_cores(&o.allocation))
-            .collect();
+        if self.mean_field {
+            self.previous_cores = self
+                .last
+                .iter()
+                .map(|o| aware_mdp::Prices::cores(&o.allocation))
+                .collect();
+        }
         self.last = self
             .env
             .step(actions)
@@ -864,8 +861,8 @@ mod tests {
         assert!(obs.iter().all(|o| o.state.len() == width));
         assert_eq!(obs[0].state[change], 0.0, "target 0 sees the others hold");
         let (before, after) = (
-            requested_cores(&a0),
-            requested_cores(&sim.last[0].allocation),
+            aware_mdp::Prices::cores(&a0),
+            aware_mdp::Prices::cores(&sim.last[0].allocation),
         );
         assert!(after > before, "target 0 scaled up");
         let others = ((after - before) / after / (n - 1) as f64) as f32;
