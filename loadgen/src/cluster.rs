@@ -532,7 +532,7 @@ impl TargetSim {
             time_s: self.now,
             cpu_limit_cores: self.alloc.cpu_millicores as f64 / 1000.0,
             memory_limit_bytes: self.alloc.memory_bytes as f64,
-            replicas: self.alloc.replicas,
+            replicas: self.replicas.len() as u32,
             ready_replicas: self
                 .replicas
                 .iter()
@@ -546,6 +546,53 @@ impl TargetSim {
                 .count() as u32,
             ..SimMetrics::default()
         }
+    }
+
+    /// The Deployment is deleted (an app leaving the cluster, or not yet created): no replica
+    /// is left, the queue is dropped, and nothing is placed or served until [`Self::arrive`].
+    pub fn vacate(&mut self) {
+        self.replicas.clear();
+        self.backlog = 0.0;
+        self.prev_offered = None;
+        self.last = SimMetrics {
+            step: self.last.step,
+            time_s: self.now,
+            ..self.idle_metrics()
+        };
+    }
+
+    /// Whether the Deployment has no replica ([`Self::vacate`]d).
+    pub fn is_vacant(&self) -> bool {
+        self.replicas.is_empty()
+    }
+
+    /// A step without the Deployment: its clock and noise streams move on (they are keyed by
+    /// the step), nothing is simulated.
+    pub fn tick_vacant(&mut self) {
+        self.now += self.dt;
+        self.last.step = self.step;
+        self.last.time_s = self.now;
+        self.step += 1;
+    }
+
+    /// The Deployment is created now with the app's initial allocation: every replica is new,
+    /// ready after the cold start (on a shared cluster: once it is bound), the queue empty.
+    pub fn arrive(&mut self) {
+        let (alloc, _) = self.app.bounds.clamp(self.app.initial);
+        let (alloc, sizing) = self.sized(alloc);
+        self.alloc = alloc;
+        self.backlog = 0.0;
+        self.prev_offered = None;
+        let ready = self.now + self.model.cold_start_seconds;
+        self.replicas.clear();
+        for _ in 0..alloc.replicas {
+            let r = self.new_replica(ready, sizing);
+            self.replicas.push(r);
+        }
+        self.last = SimMetrics {
+            step: self.last.step,
+            ..self.idle_metrics()
+        };
     }
 
     /// Before the first step: recompute the idle metrics (after a shared cluster's initial

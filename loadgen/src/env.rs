@@ -74,6 +74,29 @@ pub struct Observation {
     pub clamp: ClampReport,
 }
 
+/// When an app's Deployment exists ([`SimConfig::presence`]): during the steps `join_step ≤ s <
+/// leave_step`. Before it joins and once it has left, the app has no replica (nothing placed,
+/// served or Pending); it joins with its initial allocation, every replica new.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Presence {
+    /// The app's name (its Deployment name, without the namespace).
+    pub target: String,
+    /// The first step it is there (0: from the start).
+    #[serde(default)]
+    pub join_step: u64,
+    /// The first step it is gone (none: until the end); after `join_step`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leave_step: Option<u64>,
+}
+
+impl Presence {
+    /// Whether the app is there during step `step`.
+    pub fn covers(&self, step: u64) -> bool {
+        step >= self.join_step && self.leave_step.is_none_or(|l| step < l)
+    }
+}
+
 /// Simulation configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimConfig {
@@ -99,6 +122,10 @@ pub struct SimConfig {
     /// itself. Absent from the JSON when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterConfig>,
+    /// Apps that join or leave during the run (at most one entry per app); the others are there
+    /// throughout. Absent from the JSON when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub presence: Vec<Presence>,
 }
 
 impl Default for SimConfig {
@@ -111,6 +138,7 @@ impl Default for SimConfig {
             injections: Vec::new(),
             limits: LimitsPolicy::default(),
             cluster: None,
+            presence: Vec::new(),
         }
     }
 }
@@ -125,6 +153,8 @@ pub struct SimEnv {
     cfg: SimConfig,
     step: u64,
     cluster: Option<Cluster>,
+    /// Each target's [`Presence`] (index order), `None` for one there throughout.
+    presence: Vec<Option<Presence>>,
 }
 
 impl SimEnv {
@@ -163,12 +193,35 @@ impl SimEnv {
                 return Err(SimError::UnknownTarget(inj.target.clone()));
             }
         }
+        for (k, p) in cfg.presence.iter().enumerate() {
+            if !apps.iter().any(|a| a.name == p.target) {
+                return Err(SimError::UnknownTarget(p.target.clone()));
+            }
+            if cfg.presence[..k].iter().any(|q| q.target == p.target) {
+                return Err(SimError::Config(format!(
+                    "presence: `{}` is listed twice",
+                    p.target
+                )));
+            }
+            if p.leave_step.is_some_and(|l| l <= p.join_step) {
+                return Err(SimError::Config(format!(
+                    "presence: `{}` leaves at step {} but joins at step {}: leave_step must be after join_step",
+                    p.target,
+                    p.leave_step.unwrap_or(0),
+                    p.join_step
+                )));
+            }
+        }
         let refs = apps
             .iter()
             .map(|a| TargetRef {
                 namespace: a.namespace.clone(),
                 name: a.name.clone(),
             })
+            .collect();
+        let presence = apps
+            .iter()
+            .map(|a| cfg.presence.iter().find(|p| p.target == a.name).cloned())
             .collect();
         let mut env = SimEnv {
             apps,
@@ -178,6 +231,7 @@ impl SimEnv {
             step: 0,
             cfg,
             cluster: None,
+            presence,
         };
         env.reset(env.cfg.seed)?;
         Ok(env)
@@ -206,6 +260,11 @@ impl SimEnv {
                 Ok(t)
             })
             .collect::<Result<_, SimError>>()?;
+        for (t, p) in self.targets.iter_mut().zip(&self.presence) {
+            if p.as_ref().is_some_and(|p| !p.covers(0)) {
+                t.vacate();
+            }
+        }
         self.cluster = match &self.cfg.cluster {
             Some(c) => {
                 let mut cluster = Cluster::new(c, self.targets.len())?;
@@ -293,6 +352,30 @@ impl SimEnv {
         cluster.add(&mut self.targets, cpu_millicores, memory_bytes, t, step)
     }
 
+    /// Whether target `i` is there during step `step` ([`SimConfig::presence`]); false for an
+    /// unknown target.
+    pub fn is_present(&self, i: usize, step: u64) -> bool {
+        self.presence
+            .get(i)
+            .is_some_and(|p| p.as_ref().is_none_or(|p| p.covers(step)))
+    }
+
+    /// The joins and leaves of the coming step: an app joining is created with its initial
+    /// allocation, one leaving loses its replicas.
+    fn update_presence(&mut self) {
+        let s = self.step;
+        for (t, p) in self.targets.iter_mut().zip(&self.presence) {
+            let Some(p) = p else { continue };
+            if p.covers(s) {
+                if t.is_vacant() {
+                    t.arrive();
+                }
+            } else if !t.is_vacant() {
+                t.vacate();
+            }
+        }
+    }
+
     /// Simulated time (that of the targets, which advance together).
     fn now(&self) -> f64 {
         self.targets.first().map_or(0.0, TargetSim::now)
@@ -309,6 +392,10 @@ impl SimEnv {
         let map = self.cfg.action_map;
         let mut clamps = Vec::with_capacity(self.targets.len());
         for (t, a) in self.targets.iter_mut().zip(actions) {
+            if t.is_vacant() {
+                clamps.push(ClampReport::default());
+                continue;
+            }
             let (alloc, clamp) = resolve(t, a, &map);
             if alloc != t.allocation() {
                 t.apply(alloc);
@@ -320,7 +407,11 @@ impl SimEnv {
             c.begin_step(&mut self.targets, self.step, t0, self.cfg.step_seconds)?;
         }
         for (i, (t, clamp)) in self.targets.iter_mut().zip(clamps).enumerate() {
-            t.advance();
+            if t.is_vacant() {
+                t.tick_vacant();
+            } else {
+                t.advance();
+            }
             each(i, t, clamp);
         }
         Ok(())
@@ -356,6 +447,7 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
+        self.update_presence();
         let mut out = Vec::with_capacity(self.targets.len());
         if self.cluster.is_some() {
             let refs = std::mem::take(&mut self.refs);
@@ -390,10 +482,15 @@ impl SimEnv {
             });
         }
         self.inject_due()?;
+        self.update_presence();
         rewards.clear();
         if self.cluster.is_some() {
             self.step_shared(actions, |_, t, _| {
                 let m = t.last_metrics();
+                if t.is_vacant() {
+                    rewards.push(0.0);
+                    return;
+                }
                 rewards.push(reward(
                     t.app().alpha,
                     m.slo_preservation,
@@ -406,6 +503,11 @@ impl SimEnv {
         }
         let map = self.cfg.action_map;
         for (t, a) in self.targets.iter_mut().zip(actions) {
+            if t.is_vacant() {
+                t.tick_vacant();
+                rewards.push(0.0);
+                continue;
+            }
             let (alloc, _) = resolve(t, a, &map);
             if alloc != t.allocation() {
                 t.apply(alloc);
@@ -486,6 +588,10 @@ pub fn step_target(
     action: &TargetAction,
     map: &ActionMap,
 ) -> Observation {
+    if t.is_vacant() {
+        t.tick_vacant();
+        return observation(r, t, ClampReport::default());
+    }
     let (alloc, clamp) = resolve(t, action, map);
     if alloc != t.allocation() {
         t.apply(alloc);
@@ -940,5 +1046,156 @@ mod tests {
             SimEnv::new(generate_apps(1, 3, &GeneratorOptions::default()), bad),
             Err(SimError::UnknownTarget(_))
         ));
+    }
+
+    fn joining(apps: &[AppSpec], i: usize, join_step: u64, leave_step: Option<u64>) -> Presence {
+        Presence {
+            target: apps[i].name.clone(),
+            join_step,
+            leave_step,
+        }
+    }
+
+    fn cpu_requested(a: &AppSpec) -> u64 {
+        u64::from(a.initial.replicas) * u64::from(a.initial.cpu_millicores)
+    }
+
+    /// An app joining is created with its initial allocation at its step and loses every
+    /// replica when it leaves; meanwhile its clock keeps pace with the others, and on a cluster
+    /// with room it changes nothing for them.
+    #[test]
+    fn an_app_joins_with_its_initial_replicas_and_leaves_with_none() {
+        let apps = generate_apps(3, 5, &GeneratorOptions::default());
+        let cfg = |presence: Vec<Presence>| SimConfig {
+            seed: 5,
+            cluster: Some(ClusterConfig::uniform(8, 64_000, 512 << 30)),
+            presence,
+            ..SimConfig::default()
+        };
+        let mut e = SimEnv::new(apps.clone(), cfg(vec![joining(&apps, 2, 4, Some(9))])).unwrap();
+        let mut always = SimEnv::new(apps.clone(), cfg(Vec::new())).unwrap();
+        assert!(e.target(2).unwrap().is_vacant());
+        assert!(!e.is_present(2, 0) && !e.is_present(2, 3));
+        assert!(e.is_present(2, 4) && e.is_present(2, 8) && !e.is_present(2, 9));
+        assert!(e.is_present(0, 100) && !e.is_present(7, 0));
+        let hold = vec![TargetAction::Hold; 3];
+        let mut cpu_share = Vec::new();
+        for s in 0..12u64 {
+            let obs = e.step(&hold).unwrap();
+            let reference = always.step(&hold).unwrap();
+            cpu_share.push(e.cluster_occupancy().unwrap().cpu_requested_share);
+            let replicas = obs[2].metrics.replicas;
+            if (4..9).contains(&s) {
+                assert_eq!(replicas, apps[2].initial.replicas, "step {s}");
+            } else {
+                assert_eq!(replicas, 0, "step {s}");
+                assert_eq!(obs[2].metrics.throughput_rps, 0.0, "step {s}");
+            }
+            assert_eq!(obs[2].step, s);
+            assert_eq!(
+                e.target(2).unwrap().now(),
+                e.target(0).unwrap().now(),
+                "step {s}"
+            );
+            // the others run exactly as without the joining app (the cluster has room)
+            assert_eq!(obs[..2], reference[..2], "step {s}");
+        }
+        let all: f64 = apps.iter().map(|a| cpu_requested(a) as f64).sum();
+        let cluster_cpu = 8.0 * 64_000.0;
+        let others = (all - cpu_requested(&apps[2]) as f64) / cluster_cpu;
+        assert!((cpu_share[3] - others).abs() < 1e-9, "{cpu_share:?}");
+        assert!(
+            (cpu_share[5] - all / cluster_cpu).abs() < 1e-9,
+            "{cpu_share:?}"
+        );
+        assert!((cpu_share[10] - others).abs() < 1e-9, "{cpu_share:?}");
+        // the replicas it joins with are new: ready only after the app's cold start
+        let mut again = SimEnv::new(apps.clone(), cfg(vec![joining(&apps, 2, 4, None)])).unwrap();
+        for _ in 0..4 {
+            again.step(&hold).unwrap();
+        }
+        let t = again.target(2).unwrap().clone();
+        let joined = again.step(&hold).unwrap();
+        let cold = t.model().cold_start_seconds;
+        assert!(joined[2].metrics.replicas.eq(&apps[2].initial.replicas));
+        assert!(
+            again
+                .target(2)
+                .unwrap()
+                .replicas()
+                .iter()
+                .all(|r| r.ready_at >= t.now() + cold - 1e-9),
+            "{:?}",
+            again.target(2).unwrap().replicas()
+        );
+    }
+
+    /// On a full cluster a joining app's replicas wait Pending, and they are placed once
+    /// another app leaves and frees its node.
+    #[test]
+    fn an_app_joining_a_full_cluster_waits_until_another_leaves() {
+        let apps = generate_apps(2, 8, &GeneratorOptions::default());
+        let node_cpu = cpu_requested(&apps[0]) + u64::from(apps[1].initial.cpu_millicores) / 2;
+        let mut e = SimEnv::new(
+            apps.clone(),
+            SimConfig {
+                seed: 8,
+                cluster: Some(ClusterConfig::uniform(1, node_cpu, 512 << 30)),
+                presence: vec![joining(&apps, 1, 3, None), joining(&apps, 0, 0, Some(6))],
+                ..SimConfig::default()
+            },
+        )
+        .unwrap();
+        let hold = vec![TargetAction::Hold; 2];
+        let mut pending = Vec::new();
+        for _ in 0..8 {
+            let obs = e.step(&hold).unwrap();
+            pending.push((
+                obs[0].metrics.pending_replicas,
+                obs[1].metrics.pending_replicas,
+            ));
+        }
+        assert_eq!(pending[2], (0, 0), "{pending:?}");
+        assert_eq!(pending[3], (0, apps[1].initial.replicas), "{pending:?}");
+        assert_eq!(pending[5], (0, apps[1].initial.replicas), "{pending:?}");
+        assert_eq!(pending[6], (0, 0), "{pending:?}");
+        let occ = e.cluster_occupancy().unwrap();
+        assert_eq!(occ.pending_replicas, 0);
+        assert!(occ.pending_replica_seconds_by_target[1] >= 3.0 * e.config().step_seconds);
+        assert_eq!(occ.pending_replica_seconds_by_target[0], 0.0);
+    }
+
+    #[test]
+    fn presence_names_apps_once_and_leaves_after_joining() {
+        let apps = generate_apps(2, 3, &GeneratorOptions::default());
+        let with = |presence: Vec<Presence>| {
+            SimEnv::new(
+                apps.clone(),
+                SimConfig {
+                    presence,
+                    ..SimConfig::default()
+                },
+            )
+        };
+        let unknown = Presence {
+            target: "nope".into(),
+            join_step: 1,
+            leave_step: None,
+        };
+        assert!(matches!(
+            with(vec![unknown]),
+            Err(SimError::UnknownTarget(_))
+        ));
+        let twice = vec![joining(&apps, 0, 1, None), joining(&apps, 0, 2, None)];
+        assert!(with(twice).unwrap_err().to_string().contains("twice"));
+        let err = with(vec![joining(&apps, 1, 5, Some(5))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("leave_step"), "{err}");
+        let json = serde_json::to_string(&SimConfig::default()).unwrap();
+        assert!(!json.contains("presence"), "{json}");
+        let p: Presence = serde_json::from_str(r#"{"target": "a", "join_step": 3}"#).unwrap();
+        assert!(p.covers(3) && !p.covers(2) && p.covers(1000));
+        assert!(serde_json::from_str::<Presence>(r#"{"target": "a", "joins": 3}"#).is_err());
     }
 }

@@ -52,7 +52,9 @@ pub mod wallclock;
 
 pub use app::{Allocation, AppSet, AppSpec, Bounds, Slo, VerticalMode};
 pub use bench::{bench_sim, SimBenchOptions, SimBenchReport};
-pub use env::{Observation, SimConfig, SimEnv, TargetAction, ACTION_DIM, STATE_DIM, STATE_NAMES};
+pub use env::{
+    Observation, Presence, SimConfig, SimEnv, TargetAction, ACTION_DIM, STATE_DIM, STATE_NAMES,
+};
 pub use error::SimError;
 pub use nodes::{ClusterConfig, ClusterOccupancy, NodeEvent};
 pub use run::{run_sim, AppSource, ClusterSummary, PolicySpec, RunSimOptions, RunSimReport};
