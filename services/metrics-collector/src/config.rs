@@ -205,6 +205,11 @@ pub struct SimulatorSourceConfig {
     /// from its node's unrequested CPU, split among the replicas that need it. 0 (the default):
     /// nothing beyond the request. Finite, at least 0.
     pub burst_headroom: f64,
+    /// Apps that join or leave the simulated cluster during the run (`loadgen`'s presence, at
+    /// most one entry per app): before `join_step` and from `leave_step` on, the app has no
+    /// Deployment, no replica and no `obs`; it joins with its initial allocation. The others are
+    /// there throughout.
+    pub presence: Vec<aware_loadgen::Presence>,
 }
 
 /// The shared cluster of the simulator source: identical nodes.
@@ -252,6 +257,7 @@ impl Default for SimulatorSourceConfig {
             injections: Vec::new(),
             cluster: None,
             burst_headroom: 0.0,
+            presence: Vec::new(),
         }
     }
 }

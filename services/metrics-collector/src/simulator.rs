@@ -84,10 +84,31 @@ pub fn sim_config(
             scenario,
         });
     }
+    for (i, p) in cfg.presence.iter().enumerate() {
+        let bad = |why: String| {
+            ServiceError::Config(aware_shared::config::ConfigError::Invalid {
+                key: format!("collector.simulator.presence[{i}]"),
+                reason: why,
+            })
+        };
+        if !apps.iter().any(|a| a.name == p.target) {
+            return Err(bad(format!("no simulated app named {:?}", p.target)));
+        }
+        if cfg.presence[..i].iter().any(|q| q.target == p.target) {
+            return Err(bad(format!("{:?} is listed twice", p.target)));
+        }
+        if let Some(l) = p.leave_step.filter(|l| *l <= p.join_step) {
+            return Err(bad(format!(
+                "leave_step {l} must be after join_step {}",
+                p.join_step
+            )));
+        }
+    }
     Ok(SimConfig {
         step_seconds: cfg.step_seconds,
         seed: cfg.seed,
         injections,
+        presence: cfg.presence.clone(),
         cluster: cfg.cluster.map(|c| aware_loadgen::nodes::ClusterConfig {
             lend_idle: c.lend_idle,
             ..aware_loadgen::nodes::ClusterConfig::uniform(
@@ -210,6 +231,13 @@ impl Pending {
         self.filled == self.slots.len()
     }
 
+    /// Target `i` gets no `obs` for this step (its app is not on the cluster): none is awaited.
+    fn skip(&mut self, i: usize) {
+        if !self.is_filled(i) {
+            self.fill(i, TargetAction::Hold);
+        }
+    }
+
     /// The targets without a decision.
     fn missing(&self) -> usize {
         self.slots.len() - self.filled
@@ -281,6 +309,7 @@ impl Sim {
             .last
             .iter()
             .enumerate()
+            .filter(|(i, _)| self.is_present(*i))
             .map(|(i, o)| aware_mdp::Member {
                 requested_cores: aware_mdp::Prices::cores(&o.allocation),
                 previous_requested_cores: self.previous_cores.get(i).copied(),
@@ -300,21 +329,43 @@ impl Sim {
         aware_mdp::mean_fields(&members, share.as_ref())
     }
 
-    /// The step's `obs`, counting the incomplete ones.
+    /// Whether target `i`'s app is on the cluster during the step just taken
+    /// (`collector.simulator.presence`).
+    fn is_present(&self, i: usize) -> bool {
+        self.env.is_present(i, self.global_step())
+    }
+
+    /// Marks the targets whose app is not on the cluster in the step just taken: they get no
+    /// `obs`, so no `applied` is awaited from them.
+    fn skip_absent(&mut self) {
+        for i in 0..self.targets.len() {
+            if !self.is_present(i) {
+                self.pending.skip(i);
+            }
+        }
+    }
+
+    /// The step's `obs` (one per target whose app is on the cluster), counting the incomplete
+    /// ones.
     fn step_obs(&self, metrics: &CollectorMetrics) -> Vec<Obs> {
         let g = self.global_step();
         let shared = self.env.cluster_occupancy().is_some();
-        let fields = if self.mean_field {
+        let mut fields = if self.mean_field {
             self.mean_fields()
         } else {
             Vec::new()
-        };
+        }
+        .into_iter();
         let all: Vec<Obs> = self
             .last
             .iter()
             .zip(&self.targets)
             .enumerate()
-            .map(|(i, (o, t))| to_obs(o, t, g, self.spe, self.base_ms, shared, fields.get(i)))
+            .filter(|(i, _)| self.is_present(*i))
+            .map(|(_, (o, t))| {
+                let field = fields.next();
+                to_obs(o, t, g, self.spe, self.base_ms, shared, field.as_ref())
+            })
             .collect();
         metrics
             .incomplete_obs
@@ -383,7 +434,9 @@ impl Sim {
             metrics.late_targets.inc_by(late as u64);
         }
         let actions = self.pending.take();
-        self.advance(&actions, metrics)
+        self.advance(&actions, metrics)?;
+        self.skip_absent();
+        Ok(())
     }
 
     /// One simulator step with `actions`, counted, its scenarios logged.
@@ -516,6 +569,7 @@ pub async fn run(
             .collect();
         sim.advance(&restore, &metrics)?;
     }
+    sim.skip_absent();
     let mut rx = ctx.subscribe_events(&[EventKind::Applied]).await?;
     ctx.ready.set(true);
     tracing::info!(targets = n, clock = ?cfg.clock, "simulated cluster started");
@@ -554,7 +608,7 @@ pub async fn run(
                 None => break,
             },
             _ = tokio::time::sleep_until(deadline) => {
-                if cfg.clock == ClockMode::Lockstep {
+                if cfg.clock == ClockMode::Lockstep && sim.pending.missing() > 0 {
                     tracing::warn!(step = sim.global_step(), missing = sim.pending.missing(), "step timeout: stepping with late targets unchanged");
                 }
                 true
@@ -569,6 +623,10 @@ pub async fn run(
                 .await;
             if lockstep {
                 deadline = tokio::time::Instant::now() + period;
+                if sim.pending.is_complete() {
+                    // no app on the cluster: nothing to wait for
+                    deadline = tokio::time::Instant::now();
+                }
             }
         }
     }
@@ -886,6 +944,87 @@ mod tests {
             .step_obs(&metrics)
             .iter()
             .all(|o| o.state.len() == aware_mdp::STATE_DIM));
+    }
+
+    /// An app that joins at step 2 and leaves at step 4: only then does it get an `obs` and is
+    /// its `applied` awaited; the others' mean field counts it only then.
+    #[test]
+    fn an_app_gets_obs_and_is_awaited_only_while_on_the_cluster() {
+        let late = |apps: &[AppSpec]| aware_loadgen::Presence {
+            target: apps[3].name.clone(),
+            join_step: 2,
+            leave_step: Some(4),
+        };
+        let mut cfg = source(vec![]);
+        let apps = build_apps(&cfg).unwrap();
+        cfg.presence = vec![late(&apps)];
+        cfg.cluster = Some(crate::config::SimClusterConfig {
+            nodes: 8,
+            node_cpu_millicores: 64_000,
+            node_memory_bytes: 512 << 30,
+            lend_idle: false,
+        });
+        let mut sim = started(&cfg, &apps);
+        sim.mean_field = true;
+        sim.skip_absent();
+        let sm = aware_shared::telemetry::ServiceMetrics::new("collector").unwrap();
+        let metrics = CollectorMetrics::new(&sm).unwrap();
+        let util = aware_mdp::STATE_DIM + 5; // others_cpu_util
+        for g in 0..6u64 {
+            assert_eq!(sim.global_step(), g);
+            let obs = sim.step_obs(&metrics);
+            let there = (2..4).contains(&g);
+            let names: Vec<&str> = obs.iter().map(|o| o.target.name.as_str()).collect();
+            assert_eq!(
+                names.contains(&apps[3].name.as_str()),
+                there,
+                "{g}: {names:?}"
+            );
+            assert_eq!(obs.len(), if there { 4 } else { 3 }, "step {g}");
+            assert_eq!(sim.pending.missing(), obs.len(), "step {g}");
+            // target 0's others: the apps on the cluster but itself
+            let others: Vec<f64> = (1..obs.len())
+                .map(|i| sim.last[i].metrics.cpu_util.clamp(0.0, 1.0))
+                .collect();
+            let want = (others.iter().sum::<f64>() / others.len() as f64) as f32;
+            assert!((obs[0].state[util] - want).abs() < 1e-5, "step {g}");
+            sim.step(&metrics).unwrap();
+        }
+        assert_eq!(
+            metrics.late_targets.get(),
+            (4 * 3 + 2 * 4) as u64,
+            "every awaited target was late (no applied), the absent never"
+        );
+        // the entries are checked, naming the key
+        for (bad, why) in [
+            (
+                aware_loadgen::Presence {
+                    target: "nope".into(),
+                    ..late(&apps)
+                },
+                "no simulated app",
+            ),
+            (
+                aware_loadgen::Presence {
+                    leave_step: Some(2),
+                    ..late(&apps)
+                },
+                "leave_step",
+            ),
+        ] {
+            cfg.presence = vec![bad];
+            let err = sim_config(&cfg, &apps).unwrap_err().to_string();
+            assert!(
+                err.contains("collector.simulator.presence[0]") && err.contains(why),
+                "{err}"
+            );
+        }
+        cfg.presence = vec![late(&apps), late(&apps)];
+        let err = sim_config(&cfg, &apps).unwrap_err().to_string();
+        assert!(
+            err.contains("presence[1]") && err.contains("twice"),
+            "{err}"
+        );
     }
 
     /// The simulated cluster of `cfg`'s `apps` after its warm-up step, 10 steps per episode.
