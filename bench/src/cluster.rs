@@ -26,8 +26,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aware_loadgen::app::Slo;
-use aware_loadgen::env::SimConfig;
+use aware_loadgen::app::{AppSpec, Slo};
+use aware_loadgen::env::{Presence, SimConfig};
 use aware_loadgen::oracle::Prices;
 use aware_metrics_collector::config::SimClusterConfig;
 use serde::Serialize;
@@ -109,6 +109,19 @@ pub struct ClusterBenchOptions {
     /// The evaluation window: episodes per app.
     #[arg(long, default_value_t = ClusterBenchOptions::default().episodes)]
     pub episodes: u32,
+    /// The last N apps join the cluster at `--join-episode` (created with their initial
+    /// allocation, new to every policy); the cluster is sized with them.
+    #[arg(long, default_value_t = 0)]
+    pub join: usize,
+    /// The episode of the window at which the `--join` apps join.
+    #[arg(long, default_value_t = 0)]
+    pub join_episode: u32,
+    /// The first N apps leave the cluster at `--leave-episode` (every replica deleted).
+    #[arg(long, default_value_t = 0)]
+    pub leave: usize,
+    /// The episode of the window at which the `--leave` apps leave.
+    #[arg(long, default_value_t = 0)]
+    pub leave_episode: u32,
     #[arg(long, default_value_t = ClusterBenchOptions::default().steps_per_episode)]
     pub steps_per_episode: u32,
     /// The SLO objective: the share of control intervals that must meet the SLO.
@@ -151,6 +164,10 @@ impl Default for ClusterBenchOptions {
             burst_headroom: 0.0,
             lend_idle: false,
             episodes: 12,
+            join: 0,
+            join_episode: 0,
+            leave: 0,
+            leave_episode: 0,
             steps_per_episode: 50,
             objective: 0.99,
             hpa_targets: default_hpa_targets(),
@@ -179,6 +196,28 @@ impl ClusterBenchOptions {
     /// `--pace-ms`, else 1 ms per app and at least 20.
     pub fn pace(&self) -> u64 {
         self.pace_ms.unwrap_or((self.apps as u64).max(20))
+    }
+
+    /// The apps that join or leave (`--join`, `--leave`) among `apps`, in their order.
+    pub fn presence(&self, apps: &[AppSpec]) -> Vec<Presence> {
+        let spe = u64::from(self.steps_per_episode);
+        let n = apps.len();
+        apps.iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                let joins = self.join > 0 && i >= n.saturating_sub(self.join);
+                let leaves = i < self.leave;
+                (joins || leaves).then(|| Presence {
+                    target: a.name.clone(),
+                    join_step: if joins {
+                        u64::from(self.join_episode) * spe
+                    } else {
+                        0
+                    },
+                    leave_step: leaves.then(|| u64::from(self.leave_episode) * spe),
+                })
+            })
+            .collect()
     }
 
     /// `aware bench cost`'s options for the same apps, window and agents, on `cluster`.
@@ -217,6 +256,26 @@ impl ClusterBenchOptions {
         }
         if self.node_cpu_millicores == 0 || self.node_memory_gib == 0 {
             return bad("--node-cpu-millicores and --node-memory-gib must be at least 1".into());
+        }
+        if self.join + self.leave > self.apps {
+            return bad(format!(
+                "--join {} and --leave {} name more than the {} --apps",
+                self.join, self.leave, self.apps
+            ));
+        }
+        if self.join > 0 && !(1..self.episodes).contains(&self.join_episode) {
+            return bad(format!(
+                "--join-episode {} must be within the window, from 1 to {}",
+                self.join_episode,
+                self.episodes.saturating_sub(1)
+            ));
+        }
+        if self.leave > 0 && !(1..self.episodes).contains(&self.leave_episode) {
+            return bad(format!(
+                "--leave-episode {} must be within the window, from 1 to {}",
+                self.leave_episode,
+                self.episodes.saturating_sub(1)
+            ));
         }
         if self.meta.is_some() && self.selected().contains(&ClusterPolicy::MeanField) {
             return bad(
@@ -316,7 +375,214 @@ pub struct ClusterReport {
     pub prices: Prices,
     pub policies: BTreeMap<String, ClusterPolicyReport>,
     pub apps: Vec<ClusterAppReport>,
+    /// `--join`: how the apps that joined settled, per policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join: Option<JoinReport>,
+    /// `--leave`: the apps that left, and the episode.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leave_episode: Option<u32>,
     pub plots: Vec<String>,
+}
+
+/// One app's episode of the window: its mean reward, and its steps meeting the SLO (steps off
+/// the cluster not counted).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EpisodeStats {
+    pub reward: Option<f64>,
+    pub steps: u32,
+    pub met: u32,
+}
+
+/// Per episode of `spe` steps, from an app's rows by window step.
+pub(crate) fn episode_stats(rows: &[Option<cost::StepRow>], spe: u64) -> Vec<EpisodeStats> {
+    rows.chunks(spe.max(1) as usize)
+        .map(|ep| {
+            let (mut sum, mut k) = (0.0, 0u32);
+            let mut e = EpisodeStats::default();
+            for r in ep.iter().flatten() {
+                e.steps += 1;
+                e.met += u32::from(r.met);
+                if let Some(x) = r.reward {
+                    sum += x;
+                    k += 1;
+                }
+            }
+            e.reward = (k > 0).then(|| sum / f64::from(k));
+            e
+        })
+        .collect()
+}
+
+/// Episodes of the settling test's trailing mean and of the plateau, and its tolerance.
+pub const SETTLE_MEAN_EPISODES: usize = 3;
+pub const PLATEAU_EPISODES: usize = 5;
+pub const SETTLE_TOLERANCE: f64 = 0.05;
+
+/// The mean reward of the last [`PLATEAU_EPISODES`] episodes.
+pub fn plateau(rewards: &[f64]) -> Option<f64> {
+    let tail = rewards.get(rewards.len().checked_sub(PLATEAU_EPISODES)?..)?;
+    Some(tail.iter().sum::<f64>() / tail.len() as f64)
+}
+
+/// Episodes an app took to settle after it joined, given its mean reward per episode from the
+/// join on: the first episode k (1-based) from which the mean of the last
+/// [`SETTLE_MEAN_EPISODES`] episodes up to k stays within [`SETTLE_TOLERANCE`] of the
+/// plateau (the mean of the last [`PLATEAU_EPISODES`]) until the end. `None` when the window
+/// after the join is shorter than twice the plateau: too short to tell.
+pub fn episodes_to_settle(rewards: &[f64]) -> Option<u32> {
+    if rewards.len() < 2 * PLATEAU_EPISODES {
+        return None;
+    }
+    let p = plateau(rewards)?;
+    let tol = SETTLE_TOLERANCE * p.abs().max(1e-9);
+    let trailing = |k: usize| {
+        let from = (k + 1).saturating_sub(SETTLE_MEAN_EPISODES);
+        let w = &rewards[from..=k];
+        w.iter().sum::<f64>() / w.len() as f64
+    };
+    let mut settled = rewards.len();
+    for k in (0..rewards.len()).rev() {
+        if (trailing(k) - p).abs() > tol {
+            break;
+        }
+        settled = k;
+    }
+    u32::try_from(settled + 1).ok()
+}
+
+/// How the apps that joined settled, and how the apps there throughout fared, under a policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct JoinPolicyReport {
+    /// Per app that joined (`JoinReport::apps` order): episodes after the join until its
+    /// episode reward settled ([`episodes_to_settle`]; none: the window is too short).
+    pub episodes_to_settle: Vec<Option<u32>>,
+    pub median_episodes_to_settle: Option<f64>,
+    pub max_episodes_to_settle: Option<u32>,
+    /// Per app that joined: its plateau reward ([`plateau`]).
+    pub plateau_reward: Vec<Option<f64>>,
+    /// Mean over the apps that joined of `plateau ÷ isolated's plateau − 1` (SIMPPO's reward
+    /// drop is its negative).
+    pub plateau_vs_isolated: Option<f64>,
+    /// The apps that joined: SLO attainment over their last [`PLATEAU_EPISODES`] episodes.
+    pub joined_attainment_at_plateau: Option<f64>,
+    /// The apps there throughout: SLO attainment in the episodes before the join and from it on.
+    pub incumbents_attainment_before: Option<f64>,
+    pub incumbents_attainment_after: Option<f64>,
+}
+
+/// `--join`: the apps that joined mid-window, per policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct JoinReport {
+    pub apps: Vec<String>,
+    pub join_episode: u32,
+    pub episodes_after_join: u32,
+    pub policies: BTreeMap<String, JoinPolicyReport>,
+}
+
+fn attainment(stats: &[&EpisodeStats]) -> Option<f64> {
+    let steps: u32 = stats.iter().map(|e| e.steps).sum();
+    let met: u32 = stats.iter().map(|e| e.met).sum();
+    (steps > 0).then(|| f64::from(met) / f64::from(steps))
+}
+
+/// The join report from each policy's episodes per app; `joined` and `incumbents` are app
+/// indices (the incumbents with an SLO only count for attainment).
+fn join_report(
+    episodes: &BTreeMap<String, Vec<Vec<EpisodeStats>>>,
+    names: Vec<String>,
+    joined: &[usize],
+    incumbents: &[usize],
+    join_episode: u32,
+) -> JoinReport {
+    let j = join_episode as usize;
+    let after = |e: &[EpisodeStats]| -> Vec<f64> {
+        e[j.min(e.len())..]
+            .iter()
+            .filter_map(|x| x.reward)
+            .collect()
+    };
+    let iso: Vec<Option<f64>> = joined
+        .iter()
+        .map(|&i| {
+            episodes
+                .get(ClusterPolicy::Isolated.name())
+                .and_then(|e| plateau(&after(&e[i])))
+        })
+        .collect();
+    let policies = episodes
+        .iter()
+        .map(|(name, e)| {
+            let settle: Vec<Option<u32>> = joined
+                .iter()
+                .map(|&i| episodes_to_settle(&after(&e[i])))
+                .collect();
+            let plateaus: Vec<Option<f64>> =
+                joined.iter().map(|&i| plateau(&after(&e[i]))).collect();
+            let drops: Vec<f64> = plateaus
+                .iter()
+                .zip(&iso)
+                .filter_map(|(p, r)| Some(p.as_ref()? / r.filter(|r| r.abs() > 0.0)? - 1.0))
+                .collect();
+            let mut known: Vec<u32> = settle.iter().flatten().copied().collect();
+            known.sort_unstable();
+            let median = (!known.is_empty()).then(|| {
+                let m = known.len() / 2;
+                if known.len() % 2 == 1 {
+                    f64::from(known[m])
+                } else {
+                    f64::from(known[m - 1] + known[m]) / 2.0
+                }
+            });
+            let tail: Vec<&EpisodeStats> = joined
+                .iter()
+                .flat_map(|&i| {
+                    let n = e[i].len();
+                    e[i][n.saturating_sub(PLATEAU_EPISODES)..].iter()
+                })
+                .collect();
+            let inc = |before: bool| -> Option<f64> {
+                let v: Vec<&EpisodeStats> = incumbents
+                    .iter()
+                    .flat_map(|&i| {
+                        let (a, b) = e[i].split_at(j.min(e[i].len()));
+                        if before {
+                            a.iter()
+                        } else {
+                            b.iter()
+                        }
+                    })
+                    .collect();
+                attainment(&v)
+            };
+            let report = JoinPolicyReport {
+                median_episodes_to_settle: median,
+                max_episodes_to_settle: (known.len() == settle.len())
+                    .then(|| known.last().copied())
+                    .flatten(),
+                episodes_to_settle: settle,
+                plateau_reward: plateaus,
+                plateau_vs_isolated: (!drops.is_empty())
+                    .then(|| drops.iter().sum::<f64>() / drops.len() as f64),
+                joined_attainment_at_plateau: attainment(&tail),
+                incumbents_attainment_before: inc(true),
+                incumbents_attainment_after: inc(false),
+            };
+            (name.clone(), report)
+        })
+        .collect();
+    let episodes_after_join = episodes
+        .values()
+        .next()
+        .and_then(|e| e.first())
+        .map_or(0, |e| e.len().saturating_sub(j)) as u32;
+    JoinReport {
+        apps: names,
+        join_episode,
+        episodes_after_join,
+        policies,
+    }
 }
 
 fn share(num: f64, den: f64) -> f64 {
@@ -337,8 +603,9 @@ fn degradation(a: Option<f64>, reference: Option<f64>) -> Option<f64> {
 /// and returns the report.
 pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
     opts.check()?;
-    let alone = opts.cost_options(None);
+    let mut alone = opts.cost_options(None);
     let (apps, alone_sim) = cost::apps_and_sim(&alone)?;
+    let presence = opts.presence(&apps);
     let steps = alone.steps();
     let prices = alone.prices();
     let n = apps.len();
@@ -369,7 +636,9 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         opts.node_memory_gib << 30,
         opts.lend_idle,
     );
-    let shared = opts.cost_options(Some(cluster));
+    alone.presence = presence.clone();
+    let mut shared = opts.cost_options(Some(cluster));
+    shared.presence = presence.clone();
     let mut mean_field = shared.clone();
     mean_field.settings.push((
         "learning.mean_field".to_string(),
@@ -380,16 +649,15 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
     let gib = f64::from(cluster.nodes) * cluster.node_memory_bytes as f64 / f64::from(1u32 << 30);
     let mut per_app: Vec<BTreeMap<String, Figures>> = vec![BTreeMap::new(); n];
     let mut policies: BTreeMap<String, ClusterPolicyReport> = BTreeMap::new();
+    let mut episodes: BTreeMap<String, Vec<Vec<EpisodeStats>>> = BTreeMap::new();
+    let spe = u64::from(opts.steps_per_episode.max(1));
     let apps_with_slo = apps.iter().filter(|a| cost::has_slo(&a.slo)).count();
     for p in opts.selected() {
         let started = Instant::now();
-        let (figs, learning) = match p {
+        let (rows, learning) = match p {
             ClusterPolicy::HpaVpaTuned => {
                 let mut b = Baseline::fallbacks(&targets, false)?;
-                (
-                    cost::run_baseline(&apps, &sim, steps, &mut b, &prices)?,
-                    None,
-                )
+                (cost::simulate(&apps, &sim, steps, &mut b)?, None)
             }
             ClusterPolicy::MeanField | ClusterPolicy::Independent | ClusterPolicy::Isolated => {
                 let o = match p {
@@ -397,11 +665,19 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
                     ClusterPolicy::Independent => &shared,
                     _ => &alone,
                 };
-                let (figs, learning) =
-                    cost::aware_figures(o, &apps, Some(&targets), sim.step_seconds, &prices)?;
-                (figs, Some(learning))
+                let (rows, learning) = cost::aware_rows(o, &apps, Some(&targets))?;
+                (rows, Some(learning))
             }
         };
+        episodes.insert(
+            p.name().to_string(),
+            rows.iter().map(|r| episode_stats(r, spe)).collect(),
+        );
+        let figs: Vec<Figures> = apps
+            .iter()
+            .zip(rows)
+            .map(|(a, r)| Figures::of_app(a, &cost::present_rows(r), sim.step_seconds, &prices))
+            .collect();
         let total = Figures::sum(&figs, &prices);
         let report = ClusterPolicyReport {
             apps_with_slo,
@@ -452,6 +728,20 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
             }
         })
         .collect();
+    let name_of = |i: usize| format!("{}/{}", apps[i].namespace, apps[i].name);
+    let joined: Vec<usize> = (n.saturating_sub(opts.join)..n).collect();
+    let join = (opts.join > 0).then(|| {
+        let incumbents: Vec<usize> = (opts.leave..n.saturating_sub(opts.join))
+            .filter(|&i| cost::has_slo(&apps[i].slo))
+            .collect();
+        join_report(
+            &episodes,
+            joined.iter().map(|&i| name_of(i)).collect(),
+            &joined,
+            &incumbents,
+            opts.join_episode,
+        )
+    });
     let mut report = ClusterReport {
         seed: opts.seed,
         tuning_seed: shared.tuning_seed(),
@@ -467,6 +757,9 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
         prices,
         policies,
         apps: app_reports,
+        join,
+        left: (0..opts.leave.min(n)).map(name_of).collect(),
+        leave_episode: (opts.leave > 0).then_some(opts.leave_episode),
         plots: Vec::new(),
     };
     let name = "cluster-pareto.svg".to_string();
@@ -552,6 +845,36 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
             100.0 * p.cpu_request_share,
             100.0 * p.cpu_used_share,
         ));
+    }
+    if !r.left.is_empty() {
+        out.push(format!(
+            "{} apps left at episode {}",
+            r.left.len(),
+            r.leave_episode.unwrap_or(0)
+        ));
+    }
+    if let Some(j) = &r.join {
+        out.push(format!(
+            "{} apps joined at episode {} ({} episodes after): episodes to settle (median, max), plateau reward vs isolated, their attainment at plateau; the others' attainment before → after",
+            j.apps.len(),
+            j.join_episode,
+            j.episodes_after_join
+        ));
+        let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+        for (name, p) in &j.policies {
+            out.push(format!(
+                "{name:<14} settle {} / {}, plateau {}, attainment {}; others {} → {}",
+                p.median_episodes_to_settle
+                    .map_or("-".to_string(), |m| format!("{m:.1}")),
+                p.max_episodes_to_settle
+                    .map_or("-".to_string(), |m| m.to_string()),
+                p.plateau_vs_isolated
+                    .map_or("-".to_string(), |d| format!("{:+.1}%", 100.0 * d)),
+                pct(p.joined_attainment_at_plateau),
+                pct(p.incumbents_attainment_before),
+                pct(p.incumbents_attainment_after),
+            ));
+        }
     }
     out
 }
@@ -719,6 +1042,149 @@ mod tests {
         assert_eq!(json["apps"].as_array().unwrap().len(), 3);
         let svg = std::fs::read_to_string(dir.join("cluster-pareto.svg")).unwrap();
         assert!(svg.contains("independent") && svg.contains("isolated"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_app_settles_when_its_trailing_reward_stays_near_its_plateau() {
+        // too short to tell
+        assert_eq!(episodes_to_settle(&[0.5; 9]), None);
+        // flat from the start
+        assert_eq!(episodes_to_settle(&[0.5; 10]), Some(1));
+        // a ramp over 10 episodes, then flat at 1.0: the trailing mean of 3 is within 5% of 1.0
+        // from the episode whose last three average ≥ 0.95
+        let mut r: Vec<f64> = (0..10).map(|k| f64::from(k) / 10.0).collect();
+        r.extend([1.0; 20]);
+        // episodes 11, 12, 13 (1-based) are 1.0, 1.0, 1.0; episode 12's window is 0.9, 1, 1
+        assert_eq!(episodes_to_settle(&r), Some(12));
+        // a late dip (episode 21) outside the tolerance: the trailing means of episodes 21–23
+        // include it
+        let mut dip = vec![1.0; 30];
+        dip[20] = 0.5;
+        assert_eq!(episodes_to_settle(&dip), Some(24));
+        assert_eq!(plateau(&[0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]), Some(1.0));
+        assert_eq!(plateau(&[1.0; 4]), None);
+    }
+
+    #[test]
+    fn the_last_apps_join_and_the_first_leave() {
+        let apps = aware_loadgen::app::generate_apps(
+            5,
+            3,
+            &aware_loadgen::app::GeneratorOptions::default(),
+        );
+        let o = ClusterBenchOptions {
+            apps: 5,
+            join: 2,
+            join_episode: 3,
+            leave: 1,
+            leave_episode: 7,
+            steps_per_episode: 10,
+            ..ClusterBenchOptions::default()
+        };
+        let p = o.presence(&apps);
+        assert_eq!(p.len(), 3);
+        assert_eq!(
+            (p[0].target.as_str(), p[0].join_step, p[0].leave_step),
+            (apps[0].name.as_str(), 0, Some(70))
+        );
+        for (q, a) in p[1..].iter().zip(&apps[3..]) {
+            assert_eq!(
+                (q.target.as_str(), q.join_step, q.leave_step),
+                (a.name.as_str(), 30, None)
+            );
+        }
+        assert!(ClusterBenchOptions::default().presence(&apps).is_empty());
+    }
+
+    #[test]
+    fn joins_and_leaves_outside_the_window_are_refused_naming_the_flag() {
+        for (o, flag) in [
+            (
+                ClusterBenchOptions {
+                    join: 15,
+                    leave: 6,
+                    join_episode: 2,
+                    leave_episode: 2,
+                    ..ClusterBenchOptions::default()
+                },
+                "--join 15 and --leave 6",
+            ),
+            (
+                ClusterBenchOptions {
+                    join: 2,
+                    join_episode: 12,
+                    ..ClusterBenchOptions::default()
+                },
+                "--join-episode",
+            ),
+            (
+                ClusterBenchOptions {
+                    join: 2,
+                    ..ClusterBenchOptions::default()
+                },
+                "--join-episode",
+            ),
+            (
+                ClusterBenchOptions {
+                    leave: 1,
+                    leave_episode: 0,
+                    ..ClusterBenchOptions::default()
+                },
+                "--leave-episode",
+            ),
+        ] {
+            let err = run(&o).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+
+    /// An app joining mid-window and one leaving, through the six services: each app's figures
+    /// count only the steps it was on the cluster, the agents wait for no `obs` of an app off
+    /// it, and the join is reported per policy.
+    #[test]
+    fn apps_joining_and_leaving_count_only_their_steps_on_the_cluster() {
+        let dir = std::env::temp_dir().join(format!("aware-bench-join-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = ClusterBenchOptions {
+            apps: 3,
+            seed: 12,
+            occupancy: 1.0,
+            episodes: 2,
+            steps_per_episode: 10,
+            join: 1,
+            join_episode: 1,
+            leave: 1,
+            leave_episode: 1,
+            hpa_targets: vec![20, 50, 90],
+            policies: vec![ClusterPolicy::Independent, ClusterPolicy::HpaVpaTuned],
+            pace_ms: Some(0),
+            timeout: Duration::from_secs(120),
+            out: dir.clone(),
+            ..ClusterBenchOptions::default()
+        };
+        let r = run(&opts).unwrap();
+        for p in ["independent", "hpa_vpa_tuned"] {
+            let steps: Vec<u64> = r.apps.iter().map(|a| a.policies[p].steps).collect();
+            assert_eq!(steps, [10, 20, 10], "{p}");
+            assert_eq!(r.policies[p].figures.steps, 40, "{p}");
+        }
+        assert_eq!(r.left, [r.apps[0].name.clone()]);
+        assert_eq!(r.leave_episode, Some(1));
+        let j = r.join.as_ref().unwrap();
+        assert_eq!(j.apps, [r.apps[2].name.clone()]);
+        assert_eq!((j.join_episode, j.episodes_after_join), (1, 1));
+        assert_eq!(j.policies.len(), 2);
+        for p in j.policies.values() {
+            // one episode after the join is too short to tell when it settled
+            assert_eq!(p.episodes_to_settle, [None]);
+            assert!(p.joined_attainment_at_plateau.is_some());
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
+        assert!(json["join"]["policies"]["independent"]
+            .get("median_episodes_to_settle")
+            .is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use aware_bus_schemas::{DecisionSource, Event, RawMetrics, Stage, Target};
 use aware_loadgen::app::{Allocation, AppSpec, Slo, VerticalMode, MIB};
 use aware_loadgen::cluster::AppModel;
-use aware_loadgen::env::{Observation, SimConfig, SimEnv, TargetAction};
+use aware_loadgen::env::{Observation, Presence, SimConfig, SimEnv, TargetAction};
 use aware_loadgen::load::LoadPattern;
 use aware_loadgen::oracle::{
     candidates_by_cost, cheapest_step, step_meets_slo, OracleGrid, Prices,
@@ -180,6 +180,11 @@ pub struct CostBenchOptions {
     /// `collector.simulator.burst_headroom` for every policy. Set by `aware bench cluster`.
     #[arg(skip)]
     pub burst_headroom: f64,
+    /// `collector.simulator.presence` for every policy: apps that join or leave during the
+    /// window; each app's figures count only the steps it is there. Set by `aware bench
+    /// cluster`.
+    #[arg(skip)]
+    pub presence: Vec<Presence>,
 }
 
 impl Default for CostBenchOptions {
@@ -206,6 +211,7 @@ impl Default for CostBenchOptions {
             timeout: Duration::from_secs(3600),
             cluster: None,
             burst_headroom: 0.0,
+            presence: Vec::new(),
         }
     }
 }
@@ -291,10 +297,12 @@ impl CostBenchOptions {
 /// One step of one app as a policy left it: the allocation in force, whether it met the SLO
 /// ([`step_meets_slo`]), whether it violated it, and the OOM kills.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct StepRow {
+pub(crate) struct StepRow {
     allocation: Allocation,
     violation: bool,
-    met: bool,
+    pub(crate) met: bool,
+    /// The reward of the action that led to the step (none on an episode's first `obs`).
+    pub(crate) reward: Option<f64>,
     oom_kills: u32,
     /// Replicas Pending through the step (0 when the source does not read it).
     pending_replicas: u32,
@@ -305,10 +313,11 @@ struct StepRow {
 impl StepRow {
     /// From a step's measurements as `obs` carries them (the allocation in force from the
     /// limits and the Deployment's replica count).
-    fn of(slo: &Slo, m: &RawMetrics, violation: bool) -> Option<StepRow> {
+    fn of(slo: &Slo, m: &RawMetrics, violation: bool, reward: Option<f64>) -> Option<StepRow> {
         Some(StepRow {
             allocation: aware_shared::spec::allocation_in_force(m)?,
             violation,
+            reward: reward.filter(|r| r.is_finite()),
             met: step_meets_slo(slo, violation, m.throughput_rps, m.request_rate_rps),
             oom_kills: m.oom_kills,
             pending_replicas: m.pending_replicas.unwrap_or(0),
@@ -382,7 +391,12 @@ pub struct Figures {
 
 impl Figures {
     /// The figures of one app's steps, in order.
-    fn of_app(app: &AppSpec, rows: &[StepRow], step_seconds: f64, prices: &Prices) -> Figures {
+    pub(crate) fn of_app(
+        app: &AppSpec,
+        rows: &[StepRow],
+        step_seconds: f64,
+        prices: &Prices,
+    ) -> Figures {
         let mut f = Figures::default();
         let slo = has_slo(&app.slo);
         let step_hours = step_seconds / 3600.0;
@@ -596,6 +610,10 @@ impl Baseline {
                 .zip(fallbacks.iter_mut())
                 .enumerate()
                 .map(|(i, (o, f))| {
+                    // An app off the cluster has no `obs`: the recommender sees nothing.
+                    if !env.is_present(i, env.step_index().saturating_sub(1)) {
+                        return Ok(TargetAction::Hold);
+                    }
                     // What the recommender does with the step's `obs`.
                     let raw = obs_metrics(o, env.cluster_occupancy().is_some());
                     let current =
@@ -616,6 +634,9 @@ impl Baseline {
                 unreachable,
             } => (0..env.len())
                 .map(|i| {
+                    if !env.is_present(i, env.step_index()) {
+                        return Ok(TargetAction::Hold);
+                    }
                     let t = env.target_at_next_step(i).map_err(fail)?;
                     let grid = sorted.get(i).map_or(&[][..], Vec::as_slice);
                     let c = cheapest_step(&t, grid, prices, &[]);
@@ -630,24 +651,35 @@ impl Baseline {
 }
 
 /// Runs `apps` under a baseline for `steps` steps as the collector's simulator source does (a
-/// warm-up step at the initial allocation is the window's first step); the rows per app.
-fn simulate(
+/// warm-up step at the initial allocation is the window's first step); the rows per app and
+/// window step (none while the app is not on the cluster, `SimConfig::presence`).
+pub(crate) fn simulate(
     apps: &[AppSpec],
     sim: &SimConfig,
     steps: u64,
     policy: &mut Baseline,
-) -> Result<Vec<Vec<StepRow>>, BenchError> {
+) -> Result<WindowRows, BenchError> {
     let mut env = SimEnv::new(apps.to_vec(), sim.clone()).map_err(fail)?;
     env.reset(sim.seed).map_err(fail)?;
     let n = env.len();
     let mut last = env.step(&vec![TargetAction::Hold; n]).map_err(fail)?;
     let shared = env.cluster_occupancy().is_some();
-    let mut rows: Vec<Vec<StepRow>> = vec![Vec::with_capacity(steps as usize); n];
+    let mut rows: Vec<Vec<Option<StepRow>>> = vec![Vec::with_capacity(steps as usize); n];
     for g in 0..steps {
-        for ((r, o), app) in rows.iter_mut().zip(&last).zip(apps) {
-            let row = StepRow::of(&app.slo, &obs_metrics(o, shared), o.metrics.slo_violation)
-                .ok_or_else(|| fail(format!("{}: no allocation in force", app.name)))?;
-            r.push(row);
+        for (i, ((r, o), app)) in rows.iter_mut().zip(&last).zip(apps).enumerate() {
+            if !env.is_present(i, g) {
+                r.push(None);
+                continue;
+            }
+            let reward = (g > 0).then_some(o.reward);
+            let row = StepRow::of(
+                &app.slo,
+                &obs_metrics(o, shared),
+                o.metrics.slo_violation,
+                reward,
+            )
+            .ok_or_else(|| fail(format!("{}: no allocation in force", app.name)))?;
+            r.push(Some(row));
         }
         if g + 1 == steps {
             break;
@@ -669,9 +701,17 @@ pub(crate) fn run_baseline(
     let rows = simulate(apps, sim, steps, policy)?;
     Ok(apps
         .iter()
-        .zip(&rows)
-        .map(|(a, r)| Figures::of_app(a, r, sim.step_seconds, prices))
+        .zip(rows)
+        .map(|(a, r)| Figures::of_app(a, &present_rows(r), sim.step_seconds, prices))
         .collect())
+}
+
+/// Each app's rows by window step (none while the app is off the cluster).
+pub(crate) type WindowRows = Vec<Vec<Option<StepRow>>>;
+
+/// The rows of the steps an app was on the cluster.
+pub(crate) fn present_rows(rows: Vec<Option<StepRow>>) -> Vec<StepRow> {
+    rows.into_iter().flatten().collect()
 }
 
 /// The sweep of HPA targets over a window: per app, one point per target.
@@ -805,7 +845,16 @@ fn collector_config(opts: &CostBenchOptions) -> CollectorConfig {
     sim.step_timeout_ms = 60_000;
     sim.cluster = opts.cluster;
     sim.burst_headroom = opts.burst_headroom;
+    sim.presence = opts.presence.clone();
     c
+}
+
+/// Whether `app` is on the cluster at window step `g` (`presence`).
+pub(crate) fn is_present(presence: &[Presence], app: &AppSpec, g: u64) -> bool {
+    presence
+        .iter()
+        .find(|p| p.target == app.name)
+        .is_none_or(|p| p.covers(g))
 }
 
 /// The apps and the evaluation window's simulation settings, as the collector builds them.
@@ -862,7 +911,7 @@ async fn run_aware(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
     fallback_targets: Option<&[u32]>,
-) -> Result<(Vec<Vec<StepRow>>, AwareLearning), BenchError> {
+) -> Result<(WindowRows, AwareLearning), BenchError> {
     let dir = opts.out.join("cost-work").join("aware");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
@@ -888,6 +937,15 @@ async fn run_aware(
     )
     .await?;
     let mut rows: Vec<Vec<Option<StepRow>>> = vec![vec![None; steps as usize]; n];
+    // Every app-step of the window on the cluster gets one `obs`.
+    let expected: usize = apps
+        .iter()
+        .map(|a| {
+            (0..steps)
+                .filter(|g| is_present(&opts.presence, a, *g))
+                .count()
+        })
+        .sum();
     let mut decisions: Vec<Vec<Option<DecisionSource>>> = vec![vec![None; steps as usize]; n];
     let mut filled = 0usize;
     let mut stage: Vec<Option<Stage>> = vec![None; n];
@@ -899,7 +957,7 @@ async fn run_aware(
         let i = *index.get(t)?;
         (g < steps).then_some((i, usize::try_from(g).ok()?))
     };
-    while filled < n * steps as usize {
+    while filled < expected {
         let Some(ev) = services.next_event().await else {
             break;
         };
@@ -908,7 +966,7 @@ async fn run_aware(
                 state_width = state_width.max(o.state.len());
                 if let Some((i, g)) = slot(&o.target, o.episode, o.step) {
                     if rows[i][g].is_none() {
-                        let row = StepRow::of(&apps[i].slo, &o.metrics, o.slo_violation)
+                        let row = StepRow::of(&apps[i].slo, &o.metrics, o.slo_violation, o.reward)
                             .ok_or_else(|| fail(format!("{}: obs without limits", o.target)))?;
                         rows[i][g] = Some(row);
                         filled += 1;
@@ -933,17 +991,12 @@ async fn run_aware(
         }
     }
     services.stop().await?;
-    if filled < n * steps as usize {
+    if filled < expected {
         return Err(BenchError::Failed(format!(
-            "aware: {filled} of {} app-steps within {:?}",
-            n * steps as usize,
+            "aware: {filled} of {expected} app-steps within {:?}",
             opts.timeout
         )));
     }
-    let rows: Vec<Vec<StepRow>> = rows
-        .into_iter()
-        .map(|r| r.into_iter().flatten().collect())
-        .collect();
     let count = |s: DecisionSource| {
         decisions
             .iter()
@@ -971,8 +1024,18 @@ async fn run_aware(
     ))
 }
 
-/// The aware policy's figures per app, and its learning: [`run_aware`] on an actix system of
-/// its own.
+/// The aware policy's rows per app and window step (none while the app is off the cluster),
+/// and its learning: [`run_aware`] on an actix system of its own.
+pub(crate) fn aware_rows(
+    opts: &CostBenchOptions,
+    apps: &[AppSpec],
+    fallback_targets: Option<&[u32]>,
+) -> Result<(WindowRows, AwareLearning), BenchError> {
+    let system = actix_rt::System::new();
+    system.block_on(run_aware(opts, apps, fallback_targets))
+}
+
+/// The aware policy's figures per app, and its learning.
 pub(crate) fn aware_figures(
     opts: &CostBenchOptions,
     apps: &[AppSpec],
@@ -980,12 +1043,11 @@ pub(crate) fn aware_figures(
     step_seconds: f64,
     prices: &Prices,
 ) -> Result<(Vec<Figures>, AwareLearning), BenchError> {
-    let system = actix_rt::System::new();
-    let (rows, learning) = system.block_on(run_aware(opts, apps, fallback_targets))?;
+    let (rows, learning) = aware_rows(opts, apps, fallback_targets)?;
     let figs = apps
         .iter()
-        .zip(&rows)
-        .map(|(a, r)| Figures::of_app(a, r, step_seconds, prices))
+        .zip(rows)
+        .map(|(a, r)| Figures::of_app(a, &present_rows(r), step_seconds, prices))
         .collect();
     Ok((figs, learning))
 }
@@ -1615,6 +1677,7 @@ mod tests {
             violation,
             met: !violation,
             oom_kills,
+            reward: None,
             pending_replicas: 0,
             cpu_used_cores: 1.5,
         };
