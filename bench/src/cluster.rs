@@ -393,6 +393,8 @@ pub struct EpisodeStats {
     pub reward: Option<f64>,
     pub steps: u32,
     pub met: u32,
+    /// Steps decided by the RL policy.
+    pub rl: u32,
 }
 
 /// Per episode of `spe` steps, from an app's rows by window step.
@@ -404,6 +406,7 @@ pub(crate) fn episode_stats(rows: &[Option<cost::StepRow>], spe: u64) -> Vec<Epi
             for r in ep.iter().flatten() {
                 e.steps += 1;
                 e.met += u32::from(r.met);
+                e.rl += u32::from(r.rl);
                 if let Some(x) = r.reward {
                     sum += x;
                     k += 1;
@@ -467,6 +470,11 @@ pub struct JoinPolicyReport {
     pub plateau_vs_isolated: Option<f64>,
     /// The apps that joined: SLO attainment over their last [`PLATEAU_EPISODES`] episodes.
     pub joined_attainment_at_plateau: Option<f64>,
+    /// The apps that joined: the share of their last [`PLATEAU_EPISODES`] episodes' steps the
+    /// RL policy decided (0 for the HPA/VPA), and per app the first episode after the join with
+    /// an RL decision (none: the fallback decided throughout).
+    pub joined_rl_share_at_plateau: Option<f64>,
+    pub episodes_to_first_rl: Vec<Option<u32>>,
     /// The apps there throughout: SLO attainment in the episodes before the join and from it on.
     pub incumbents_attainment_before: Option<f64>,
     pub incumbents_attainment_after: Option<f64>,
@@ -566,6 +574,18 @@ fn join_report(
                 plateau_vs_isolated: (!drops.is_empty())
                     .then(|| drops.iter().sum::<f64>() / drops.len() as f64),
                 joined_attainment_at_plateau: attainment(&tail),
+                joined_rl_share_at_plateau: {
+                    let steps: u32 = tail.iter().map(|e| e.steps).sum();
+                    let rl: u32 = tail.iter().map(|e| e.rl).sum();
+                    (steps > 0).then(|| f64::from(rl) / f64::from(steps))
+                },
+                episodes_to_first_rl: joined
+                    .iter()
+                    .map(|&i| {
+                        let k = e[i].get(j..)?.iter().position(|x| x.rl > 0)?;
+                        u32::try_from(k + 1).ok()
+                    })
+                    .collect(),
                 incumbents_attainment_before: inc(true),
                 incumbents_attainment_after: inc(false),
             };
@@ -855,7 +875,7 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
     }
     if let Some(j) = &r.join {
         out.push(format!(
-            "{} apps joined at episode {} ({} episodes after): episodes to settle (median, max), plateau reward vs isolated, their attainment at plateau; the others' attainment before → after",
+            "{} apps joined at episode {} ({} episodes after): episodes to settle (median, max), plateau reward vs isolated, their attainment and RL-decided share at plateau; the others' attainment before → after",
             j.apps.len(),
             j.join_episode,
             j.episodes_after_join
@@ -863,7 +883,7 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         for (name, p) in &j.policies {
             out.push(format!(
-                "{name:<14} settle {} / {}, plateau {}, attainment {}; others {} → {}",
+                "{name:<14} settle {} / {}, plateau {}, attainment {}, RL-decided {}; others {} → {}",
                 p.median_episodes_to_settle
                     .map_or("-".to_string(), |m| format!("{m:.1}")),
                 p.max_episodes_to_settle
@@ -871,6 +891,7 @@ pub fn summary(r: &ClusterReport) -> Vec<String> {
                 p.plateau_vs_isolated
                     .map_or("-".to_string(), |d| format!("{:+.1}%", 100.0 * d)),
                 pct(p.joined_attainment_at_plateau),
+                pct(p.joined_rl_share_at_plateau),
                 pct(p.incumbents_attainment_before),
                 pct(p.incumbents_attainment_after),
             ));
@@ -1180,6 +1201,9 @@ mod tests {
             assert_eq!(p.episodes_to_settle, [None]);
             assert!(p.joined_attainment_at_plateau.is_some());
         }
+        let hpa = &j.policies["hpa_vpa_tuned"];
+        assert_eq!(hpa.joined_rl_share_at_plateau, Some(0.0));
+        assert_eq!(hpa.episodes_to_first_rl, [None]);
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
         assert!(json["join"]["policies"]["independent"]

@@ -303,6 +303,8 @@ pub(crate) struct StepRow {
     pub(crate) met: bool,
     /// The reward of the action that led to the step (none on an episode's first `obs`).
     pub(crate) reward: Option<f64>,
+    /// The step's decision came from the RL policy (an agents' run only).
+    pub(crate) rl: bool,
     oom_kills: u32,
     /// Replicas Pending through the step (0 when the source does not read it).
     pending_replicas: u32,
@@ -318,6 +320,7 @@ impl StepRow {
             allocation: aware_shared::spec::allocation_in_force(m)?,
             violation,
             reward: reward.filter(|r| r.is_finite()),
+            rl: false,
             met: step_meets_slo(slo, violation, m.throughput_rps, m.request_rate_rps),
             oom_kills: m.oom_kills,
             pending_replicas: m.pending_replicas.unwrap_or(0),
@@ -996,6 +999,13 @@ async fn run_aware(
             "aware: {filled} of {expected} app-steps within {:?}",
             opts.timeout
         )));
+    }
+    for (r, d) in rows.iter_mut().zip(&decisions) {
+        for (row, d) in r.iter_mut().zip(d) {
+            if let Some(row) = row {
+                row.rl = *d == Some(DecisionSource::Rl);
+            }
+        }
     }
     let count = |s: DecisionSource| {
         decisions
@@ -1678,6 +1688,7 @@ mod tests {
             met: !violation,
             oom_kills,
             reward: None,
+            rl: false,
             pending_replicas: 0,
             cpu_used_cores: 1.5,
         };
