@@ -459,12 +459,16 @@ pub fn episodes_to_settle(rewards: &[f64]) -> Option<u32> {
 #[derive(Debug, Clone, Serialize)]
 pub struct JoinPolicyReport {
     /// Per app that joined (`JoinReport::apps` order): episodes after the join until its
-    /// episode reward settled ([`episodes_to_settle`]; none: the window is too short).
+    /// episode reward (`JoinReport::settled_on`) settled ([`episodes_to_settle`]; none: the
+    /// window is too short, or this is the control).
     pub episodes_to_settle: Vec<Option<u32>>,
     pub median_episodes_to_settle: Option<f64>,
     pub max_episodes_to_settle: Option<u32>,
     /// Per app that joined: its plateau reward ([`plateau`]).
     pub plateau_reward: Vec<Option<f64>>,
+    /// Per app that joined: the series settling is judged on, one value per episode from the
+    /// join on (its learning curve).
+    pub curves: Vec<Vec<f64>>,
     /// Mean over the apps that joined of `plateau ÷ isolated's plateau − 1` (SIMPPO's reward
     /// drop is its negative).
     pub plateau_vs_isolated: Option<f64>,
@@ -486,6 +490,10 @@ pub struct JoinReport {
     pub apps: Vec<String>,
     pub join_episode: u32,
     pub episodes_after_join: u32,
+    /// What settling is judged on: each episode's mean reward over `hpa_vpa_tuned`'s for the
+    /// same app and episode (the control: a policy that does not learn, on the same load), or
+    /// the reward itself when `hpa_vpa_tuned` did not run.
+    pub settled_on: String,
     pub policies: BTreeMap<String, JoinPolicyReport>,
 }
 
@@ -511,6 +519,7 @@ fn join_report(
             .filter_map(|x| x.reward)
             .collect()
     };
+    let control = episodes.get(ClusterPolicy::HpaVpaTuned.name());
     let iso: Vec<Option<f64>> = joined
         .iter()
         .map(|&i| {
@@ -522,9 +531,27 @@ fn join_report(
     let policies = episodes
         .iter()
         .map(|(name, e)| {
-            let settle: Vec<Option<u32>> = joined
+            // Settled on the reward over the control's in the same episode, so that the load's
+            // drift over the window (the same for both) is not taken for learning.
+            let curves: Vec<Vec<f64>> = joined
                 .iter()
-                .map(|&i| episodes_to_settle(&after(&e[i])))
+                .map(|&i| match control {
+                    Some(c) => e[i]
+                        .iter()
+                        .zip(&c[i])
+                        .skip(j)
+                        .filter_map(|(a, b)| Some(a.reward? / b.reward.filter(|r| *r > 0.0)?))
+                        .collect(),
+                    None => after(&e[i]),
+                })
+                .collect();
+            let settle: Vec<Option<u32>> = curves
+                .iter()
+                .map(|c| {
+                    (name != ClusterPolicy::HpaVpaTuned.name())
+                        .then(|| episodes_to_settle(c))
+                        .flatten()
+                })
                 .collect();
             let plateaus: Vec<Option<f64>> =
                 joined.iter().map(|&i| plateau(&after(&e[i]))).collect();
@@ -571,6 +598,7 @@ fn join_report(
                     .flatten(),
                 episodes_to_settle: settle,
                 plateau_reward: plateaus,
+                curves,
                 plateau_vs_isolated: (!drops.is_empty())
                     .then(|| drops.iter().sum::<f64>() / drops.len() as f64),
                 joined_attainment_at_plateau: attainment(&tail),
@@ -601,6 +629,11 @@ fn join_report(
         apps: names,
         join_episode,
         episodes_after_join,
+        settled_on: if control.is_some() {
+            "reward ÷ hpa_vpa_tuned's reward".to_string()
+        } else {
+            "reward".to_string()
+        },
         policies,
     }
 }
@@ -1204,6 +1237,8 @@ mod tests {
         let hpa = &j.policies["hpa_vpa_tuned"];
         assert_eq!(hpa.joined_rl_share_at_plateau, Some(0.0));
         assert_eq!(hpa.episodes_to_first_rl, [None]);
+        assert!(j.settled_on.contains("hpa_vpa_tuned"), "{}", j.settled_on);
+        assert!(hpa.curves[0].iter().all(|x| (x - 1.0).abs() < 1e-12));
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
         assert!(json["join"]["policies"]["independent"]
