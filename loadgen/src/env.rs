@@ -1165,6 +1165,41 @@ mod tests {
         assert_eq!(occ.pending_replica_seconds_by_target[0], 0.0);
     }
 
+    /// Without a shared cluster too: an app off the cluster has no replica and serves
+    /// nothing, and the step-reward path skips it with 0.
+    #[test]
+    fn an_app_joins_and_leaves_an_unlimited_cluster() {
+        let apps = generate_apps(2, 9, &GeneratorOptions::default());
+        let mut e = SimEnv::new(
+            apps.clone(),
+            SimConfig {
+                seed: 9,
+                presence: vec![joining(&apps, 1, 2, Some(4))],
+                ..SimConfig::default()
+            },
+        )
+        .unwrap();
+        let hold = vec![TargetAction::Hold; 2];
+        let mut replicas = Vec::new();
+        let mut rewards = Vec::new();
+        for s in 0..6 {
+            if s % 2 == 0 {
+                replicas.push(e.step(&hold).unwrap()[1].metrics.replicas);
+            } else {
+                let mut r = Vec::new();
+                e.step_rewards(&hold, &mut r).unwrap();
+                replicas.push(e.target(1).unwrap().replicas().len() as u32);
+                rewards.push(r[1]);
+            }
+        }
+        let n = apps[1].initial.replicas;
+        assert_eq!(replicas, [0, 0, n, n, 0, 0]);
+        assert_eq!(rewards[0], 0.0);
+        assert!(rewards[1] != 0.0);
+        assert_eq!(rewards[2], 0.0);
+        assert_eq!(e.target(1).unwrap().now(), e.target(0).unwrap().now());
+    }
+
     #[test]
     fn presence_names_apps_once_and_leaves_after_joining() {
         let apps = generate_apps(2, 3, &GeneratorOptions::default());
