@@ -848,7 +848,15 @@ fn collector_config(opts: &CostBenchOptions) -> CollectorConfig {
     sim.step_timeout_ms = 60_000;
     sim.cluster = opts.cluster;
     sim.burst_headroom = opts.burst_headroom;
-    sim.presence = opts.presence.clone();
+    sim.presence = opts
+        .presence
+        .iter()
+        .map(|p| aware_metrics_collector::config::SimPresence {
+            target: p.target.clone(),
+            join_step: p.join_step,
+            leave_step: p.leave_step,
+        })
+        .collect();
     c
 }
 

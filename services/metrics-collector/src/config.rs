@@ -209,7 +209,22 @@ pub struct SimulatorSourceConfig {
     /// most one entry per app): before `join_step` and from `leave_step` on, the app has no
     /// Deployment, no replica and no `obs`; it joins with its initial allocation. The others are
     /// there throughout.
-    pub presence: Vec<aware_loadgen::Presence>,
+    pub presence: Vec<SimPresence>,
+}
+
+/// An app joining or leaving the simulated cluster (`loadgen`'s `Presence`, ADR 0028): there
+/// during the steps `join_step ≤ s < leave_step`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimPresence {
+    /// The app's name (its Deployment name, without the namespace).
+    pub target: String,
+    /// The first global step it is there (0: from the start).
+    #[serde(default)]
+    pub join_step: u64,
+    /// The first global step it is gone (none: until the end); after `join_step`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leave_step: Option<u64>,
 }
 
 /// The shared cluster of the simulator source: identical nodes.

@@ -108,7 +108,15 @@ pub fn sim_config(
         step_seconds: cfg.step_seconds,
         seed: cfg.seed,
         injections,
-        presence: cfg.presence.clone(),
+        presence: cfg
+            .presence
+            .iter()
+            .map(|p| aware_loadgen::Presence {
+                target: p.target.clone(),
+                join_step: p.join_step,
+                leave_step: p.leave_step,
+            })
+            .collect(),
         cluster: cfg.cluster.map(|c| aware_loadgen::nodes::ClusterConfig {
             lend_idle: c.lend_idle,
             ..aware_loadgen::nodes::ClusterConfig::uniform(
@@ -950,7 +958,7 @@ mod tests {
     /// its `applied` awaited; the others' mean field counts it only then.
     #[test]
     fn an_app_gets_obs_and_is_awaited_only_while_on_the_cluster() {
-        let late = |apps: &[AppSpec]| aware_loadgen::Presence {
+        let late = |apps: &[AppSpec]| crate::config::SimPresence {
             target: apps[3].name.clone(),
             join_step: 2,
             leave_step: Some(4),
@@ -998,14 +1006,14 @@ mod tests {
         // the entries are checked, naming the key
         for (bad, why) in [
             (
-                aware_loadgen::Presence {
+                crate::config::SimPresence {
                     target: "nope".into(),
                     ..late(&apps)
                 },
                 "no simulated app",
             ),
             (
-                aware_loadgen::Presence {
+                crate::config::SimPresence {
                     leave_step: Some(2),
                     ..late(&apps)
                 },
