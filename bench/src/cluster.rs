@@ -21,6 +21,10 @@
 //!
 //! Per policy and per app: SLO attainment, requested core-hours and GiB-hours, replica-seconds
 //! Pending, and the degradation of attainment against `isolated`.
+//!
+//! With `--join N` the last N apps join at `--join-episode` and with `--leave M` the first M
+//! leave at `--leave-episode` (ADR 0028), the same for every policy; each app's figures count
+//! its steps on the cluster, and the join report says how soon each newcomer settled.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
