@@ -567,14 +567,8 @@ fn join_report(
                 .collect();
             let mut known: Vec<u32> = settle.iter().flatten().copied().collect();
             known.sort_unstable();
-            let median = (!known.is_empty()).then(|| {
-                let m = known.len() / 2;
-                if known.len() % 2 == 1 {
-                    f64::from(known[m])
-                } else {
-                    f64::from(known[m - 1] + known[m]) / 2.0
-                }
-            });
+            let median = (!known.is_empty())
+                .then(|| crate::median(&known.iter().map(|&k| f64::from(k)).collect::<Vec<_>>()));
             let tail: Vec<&EpisodeStats> = joined
                 .iter()
                 .flat_map(|&i| {
