@@ -108,6 +108,11 @@ impl SimHandle {
         (0..env.len()).map(|i| env.observe(i)).collect()
     }
 
+    /// The shared cluster's occupancy after the latest step (`None` without a shared cluster).
+    pub fn cluster_occupancy(&self) -> Result<Option<crate::nodes::ClusterOccupancy>, SimError> {
+        Ok(self.lock()?.lock.env().cluster_occupancy().cloned())
+    }
+
     /// Receive the step counter whenever the simulation advances.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.steps.subscribe()
@@ -360,6 +365,62 @@ pub fn render_metrics(env: &SimEnv) -> String {
             }
         }
     }
+    // kube-state-metrics' pod phase (Pending: no node has room; Running otherwise), one series
+    // per phase with 1 for the pod's.
+    let phase = "kube_pod_status_phase";
+    header(&mut s, phase, "gauge", "The pods current phase.");
+    for (t, r) in env.targets().iter().zip(env.target_refs()) {
+        let (ns, dep) = (esc(&r.namespace), esc(&r.name));
+        for p in t.replicas() {
+            let pending = p.pending_since.is_some();
+            for (name, on) in [("Pending", pending), ("Running", !pending)] {
+                let _ = writeln!(
+                    s,
+                    "{phase}{{namespace=\"{ns}\",pod=\"{dep}-{:05}\",phase=\"{name}\"}} {}",
+                    p.id,
+                    u8::from(on),
+                );
+            }
+        }
+    }
+    // The shared cluster's nodes (none without one), as kube-state-metrics has them.
+    if !env.nodes().is_empty() {
+        let alloc = "kube_node_status_allocatable";
+        header(
+            &mut s,
+            alloc,
+            "gauge",
+            "The allocatable for different resources of a node that are available for scheduling.",
+        );
+        for n in env.nodes() {
+            let node = esc(&n.name);
+            let [cpu_m, mem] = n.allocatable;
+            let _ = writeln!(
+                s,
+                "{alloc}{{node=\"{node}\",resource=\"cpu\",unit=\"core\"}} {}",
+                cpu_m as f64 / 1000.0
+            );
+            let _ = writeln!(
+                s,
+                "{alloc}{{node=\"{node}\",resource=\"memory\",unit=\"byte\"}} {mem}"
+            );
+        }
+        let cordon = "kube_node_spec_unschedulable";
+        header(
+            &mut s,
+            cordon,
+            "gauge",
+            "Whether a node can schedule new pods.",
+        );
+        for n in env.nodes() {
+            let _ = writeln!(
+                s,
+                "{cordon}{{node=\"{}\"}} {}",
+                esc(&n.name),
+                u8::from(!n.schedulable)
+            );
+        }
+    }
     let now = |t: &crate::cluster::TargetSim| t.now();
     type DepFn = fn(&crate::cluster::TargetSim, f64) -> f64;
     let dep_metrics: [(&str, &str, &str, DepFn); 3] = [
@@ -490,6 +551,62 @@ mod tests {
         assert_eq!(*rx.borrow_and_update(), 1);
         assert_eq!(h.observe(&names[1]).unwrap().step, 0);
         assert!(matches!(h.observe("nope"), Err(SimError::UnknownTarget(_))));
+    }
+
+    /// On a shared cluster too small for every replica: each pod's phase (1 for its own, 0 for
+    /// the other), the Pending ones those the cluster counts, and each node's allocatable.
+    #[test]
+    fn exposition_has_pod_phases_and_nodes() {
+        let apps = generate_apps(4, 5, &GeneratorOptions::default());
+        let cfg = SimConfig {
+            cluster: Some(crate::nodes::ClusterConfig::uniform(1, 1_500, 8 << 30)),
+            ..SimConfig::default()
+        };
+        let h = SimHandle::new(
+            SimEnv::new(apps, cfg).unwrap(),
+            Clock::WallClock {
+                interval: Duration::from_secs(1),
+            },
+        )
+        .unwrap();
+        h.tick().unwrap();
+        let text = h.metrics_text().unwrap();
+        let sum = |prefix: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum()
+        };
+        let occupancy = h.cluster_occupancy().unwrap().unwrap();
+        assert!(occupancy.pending_replicas > 0, "{occupancy:?}");
+        let pending = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("kube_pod_status_phase{") && l.contains("phase=\"Pending\"} 1")
+            })
+            .count();
+        assert_eq!(pending as u32, occupancy.pending_replicas);
+        let pods = text
+            .lines()
+            .filter(|l| l.starts_with("container_memory_working_set_bytes{"))
+            .count();
+        assert_eq!(
+            sum("kube_pod_status_phase{"),
+            pods as f64,
+            "one phase per pod"
+        );
+        assert_eq!(
+            sum("kube_node_status_allocatable{node=\"node-0\",resource=\"cpu\""),
+            1.5
+        );
+        assert_eq!(
+            sum("kube_node_status_allocatable{node=\"node-0\",resource=\"memory\""),
+            (8u64 << 30) as f64
+        );
+        assert_eq!(sum("kube_node_spec_unschedulable{node=\"node-0\"}"), 0.0);
+        // Without a shared cluster there is no node.
+        let h = SimHandle::new(env(1), Clock::LockStep).unwrap();
+        assert!(!h.metrics_text().unwrap().contains("kube_node_"));
     }
 
     #[test]

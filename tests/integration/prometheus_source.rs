@@ -21,13 +21,16 @@
 //!   interpolates inside a bucket: the p50/p99 read must lie in the bucket (±1 %) holding the
 //!   simulator's value, and SP / the reward must lie within what that bucket allows;
 //! * `io_util`, `network_util`: not exposed by the simulator, so 0 (no query configured).
+//!
+//! A second test does the same for the mean field (`learning.mean_field`) on a shared cluster
+//! with Pending replicas, then runs the collector binary on it.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aware_loadgen::app::{generate_apps, GeneratorOptions, Slo};
 use aware_loadgen::cluster::{slo_preservation, LATENCY_BUCKETS};
-use aware_loadgen::env::{Observation, SimConfig, SimEnv};
+use aware_loadgen::env::{SimConfig, SimEnv};
 use aware_loadgen::wallclock::{serve_wall_clock, Clock, SimHandle};
 use aware_metrics_collector::config::PrometheusSourceConfig;
 use aware_metrics_collector::prometheus::{evaluate, Evaluation, PromClient, TargetQueries};
@@ -70,6 +73,87 @@ impl MaxErr {
     }
 }
 
+/// The simulator serving its `/metrics` on the wall clock (a step every `STEP` s), scraped
+/// every second by a real `prometheus`.
+struct Scraped {
+    prom: PrometheusServer,
+    stop: tokio::sync::watch::Sender<bool>,
+    sim: tokio::task::JoinHandle<Result<(), aware_loadgen::SimError>>,
+}
+
+impl Scraped {
+    /// Starts Prometheus (first, so that every recorded step is scraped), then the simulator,
+    /// and records `ticks` ticks: the step, the time, and what `record` reads right after it.
+    async fn start<T: Send + 'static>(
+        env: SimEnv,
+        ticks: usize,
+        record: fn(&SimHandle) -> T,
+    ) -> (Scraped, Vec<(u64, f64, T)>) {
+        let interval = Duration::from_secs_f64(STEP);
+        let handle = SimHandle::new(env, Clock::WallClock { interval }).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim_addr = listener.local_addr().unwrap().to_string();
+        let prom = tokio::task::spawn_blocking(move || {
+            PrometheusServer::start(&[sim_addr], Duration::from_secs(1))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let mut rx = handle.subscribe();
+        let h = handle.clone();
+        let recorder = tokio::spawn(async move {
+            let mut out = Vec::new();
+            while out.len() < ticks && rx.changed().await.is_ok() {
+                let step = *rx.borrow_and_update();
+                out.push((step, unix_s(), record(&h)));
+            }
+            out
+        });
+        let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
+        let sim = tokio::spawn(serve_wall_clock(
+            handle.clone(),
+            listener,
+            interval,
+            async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            },
+        ));
+        let recorded = tokio::time::timeout(Duration::from_secs(45), recorder)
+            .await
+            .expect("the simulator did not tick")
+            .unwrap();
+        // the last step's evaluation time must be in the past
+        tokio::time::sleep(Duration::from_secs_f64(PHASE + 0.3)).await;
+        (Scraped { prom, stop, sim }, recorded)
+    }
+
+    /// The Prometheus source's configuration on this server (one step per `STEP`), its client
+    /// and each target's queries.
+    fn source(
+        &self,
+        specs: &[TargetSpec],
+    ) -> (PrometheusSourceConfig, PromClient, Vec<TargetQueries>) {
+        let cfg = PrometheusSourceConfig {
+            url: self.prom.url(),
+            interval_s: STEP,
+            staleness_s: 5.0,
+            ..PrometheusSourceConfig::default()
+        };
+        let client = PromClient::new(&cfg.url, Duration::from_secs(5)).unwrap();
+        let queries = specs
+            .iter()
+            .map(|s| TargetQueries::new(&cfg, &s.namespace, &s.name))
+            .collect();
+        (cfg, client, queries)
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        self.sim.await.unwrap().unwrap();
+        drop(self.prom);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_source_matches_simulator_states() {
     let apps = generate_apps(3, 7, &GeneratorOptions::default());
@@ -83,57 +167,10 @@ async fn prometheus_source_matches_simulator_states() {
         },
     )
     .unwrap();
-    let interval = Duration::from_secs_f64(STEP);
-    let handle = SimHandle::new(env, Clock::WallClock { interval }).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sim_addr = listener.local_addr().unwrap().to_string();
-
-    // Prometheus first, so that every recorded step is scraped.
-    let prom = tokio::task::spawn_blocking(move || {
-        PrometheusServer::start(&[sim_addr], Duration::from_secs(1))
-    })
-    .await
-    .unwrap()
-    .unwrap();
-
-    let mut rx = handle.subscribe();
-    let h = handle.clone();
-    let recorder = tokio::spawn(async move {
-        let mut ticks: Vec<(u64, f64, Vec<Observation>)> = Vec::new();
-        while ticks.len() < TICKS && rx.changed().await.is_ok() {
-            let step = *rx.borrow_and_update();
-            let t = unix_s();
-            ticks.push((step, t, h.observe_all().unwrap()));
-        }
-        ticks
-    });
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let sim = tokio::spawn(serve_wall_clock(
-        handle.clone(),
-        listener,
-        interval,
-        async move {
-            let _ = stop_rx.wait_for(|s| *s).await;
-        },
-    ));
-    let ticks = tokio::time::timeout(Duration::from_secs(45), recorder)
-        .await
-        .expect("the simulator did not tick")
-        .unwrap();
-    // the last step's evaluation time must be in the past
-    tokio::time::sleep(Duration::from_secs_f64(PHASE + 0.3)).await;
-
-    let cfg = PrometheusSourceConfig {
-        url: prom.url(),
-        interval_s: STEP,
-        staleness_s: 5.0,
-        ..PrometheusSourceConfig::default()
-    };
-    let client = PromClient::new(&cfg.url, Duration::from_secs(5)).unwrap();
-    let queries: Vec<TargetQueries> = specs
-        .iter()
-        .map(|s| TargetQueries::new(&cfg, &s.namespace, &s.name))
-        .collect();
+    let (scraped, ticks) =
+        Scraped::start(env, TICKS, |h: &SimHandle| h.observe_all().unwrap()).await;
+    let prom = &scraped.prom;
+    let (cfg, client, queries) = scraped.source(&specs);
 
     let mut err = MaxErr::default();
     let mut compared = 0usize;
@@ -340,7 +377,214 @@ async fn prometheus_source_matches_simulator_states() {
     assert_eq!(e.errors as usize, queries[0].queries.len());
     assert_eq!(e.state, None);
 
-    stop_tx.send(true).unwrap();
-    sim.await.unwrap().unwrap();
-    drop(prom);
+    scraped.stop().await;
+}
+
+/// The mean field (`learning.mean_field`) read from a real `prometheus` scraping the simulator
+/// on a shared cluster too small for every replica: for every step, the cluster's requested CPU
+/// and memory shares and its Pending replicas over the replicas wanted equal the simulator's own
+/// accounting, each target's Pending replicas are the simulator's, and the others' means are
+/// those of the other targets' PromQL states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mean_field_read_from_prometheus_is_the_simulators_cluster() {
+    use aware_loadgen::nodes::ClusterConfig;
+    use aware_metrics_collector::prometheus::{add_mean_fields, evaluate_cluster, ClusterQueries};
+
+    let apps = generate_apps(3, 7, &GeneratorOptions::default());
+    let specs: Vec<TargetSpec> = target_specs(&apps);
+    // One node with 60% of the CPU the apps request at the start: some replicas stay Pending.
+    let alone = SimEnv::new(apps.clone(), SimConfig::default()).unwrap();
+    let requested_m: f64 = (0..alone.len())
+        .map(|i| {
+            let a = alone.observe(i).unwrap().allocation;
+            f64::from(a.replicas) * f64::from(a.cpu_millicores)
+        })
+        .sum();
+    let env = SimEnv::new(
+        apps,
+        SimConfig {
+            step_seconds: STEP,
+            seed: 7,
+            cluster: Some(ClusterConfig::uniform(
+                1,
+                (requested_m * 0.6) as u64,
+                64 << 30,
+            )),
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let (scraped, ticks) = Scraped::start(env, 8, |h: &SimHandle| {
+        (
+            h.observe_all().unwrap(),
+            h.cluster_occupancy().unwrap().unwrap(),
+        )
+    })
+    .await;
+    let prom = &scraped.prom;
+    let (cfg, client, queries) = scraped.source(&specs);
+    let cluster_queries = ClusterQueries::new(&cfg);
+    let mut compared = 0;
+    let mut pending_seen = false;
+    let mut previous: Vec<Option<f64>> = vec![None; specs.len()];
+    // The first ticks may precede Prometheus' first scrape of the simulator.
+    for (step, t, (obs, occupancy)) in ticks.iter().skip(3) {
+        let time = t + PHASE;
+        let mut evals: Vec<Evaluation> = futures::future::join_all(
+            specs
+                .iter()
+                .zip(&queries)
+                .map(|(spec, q)| evaluate(&client, q, spec, time, None, cfg.staleness_s)),
+        )
+        .await;
+        let reading = evaluate_cluster(&client, &cluster_queries, time, cfg.staleness_s).await;
+        let [cpu, memory] = reading
+            .shares
+            .clone()
+            .unwrap_or_else(|m| panic!("step {step}: cluster missing {m:?}\n{}", prom.log()));
+        assert!(
+            (cpu - occupancy.cpu_requested_share).abs() < 1e-6,
+            "step {step}: CPU share prom {cpu} sim {}",
+            occupancy.cpu_requested_share
+        );
+        assert!(
+            (memory - occupancy.memory_requested_share).abs() < 1e-6,
+            "step {step}: memory share prom {memory} sim {}",
+            occupancy.memory_requested_share
+        );
+        for (j, e) in evals.iter().enumerate() {
+            assert!(e.missing.is_empty(), "step {step}: {:?}", e.missing);
+            assert_eq!(
+                e.metrics.pending_replicas,
+                Some(occupancy.pending_by_target[j]),
+                "step {step}: {} Pending",
+                specs[j].name
+            );
+        }
+        pending_seen |= occupancy.pending_replicas > 0;
+        add_mean_fields(&mut evals, &previous, &reading);
+        let wanted: u32 = obs.iter().map(|o| o.allocation.replicas).sum();
+        for (j, e) in evals.iter().enumerate() {
+            let f = e.mean_field.expect("a complete step has its mean field");
+            let others: Vec<&Evaluation> = evals
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| *k != j)
+                .map(|(_, e)| e)
+                .collect();
+            let mean = |g: fn(&Evaluation) -> f64| {
+                others.iter().map(|e| g(e)).sum::<f64>() / others.len() as f64
+            };
+            let want = [
+                (1, cpu, "cluster_cpu_requested"),
+                (2, memory, "cluster_memory_requested"),
+                (
+                    3,
+                    f64::from(occupancy.pending_replicas) / f64::from(wanted),
+                    "cluster_pending",
+                ),
+                (
+                    4,
+                    mean(|e| f64::from(e.state.unwrap().slo_preservation)),
+                    "others_slo_preservation",
+                ),
+                (5, mean(|e| e.metrics.cpu_util), "others_cpu_util"),
+            ];
+            for (k, v, name) in want {
+                assert!(
+                    (f64::from(f[k]) - v).abs() < 1e-5,
+                    "step {step} {}: {name} {} want {v}",
+                    specs[j].name,
+                    f[k]
+                );
+            }
+            // Nothing acts on the cluster: the others' allocations do not change.
+            assert_eq!(f[0], 0.0);
+            compared += 1;
+        }
+        previous = evals
+            .iter()
+            .map(|e| Some(aware_metrics_collector::prometheus::requested_cores(e)))
+            .collect();
+    }
+    assert!(compared >= 3 * specs.len(), "only {compared} compared");
+    assert!(
+        pending_seen,
+        "no replica was Pending: the cluster is too large"
+    );
+
+    // The collector binary with `learning.mean_field` on the same Prometheus: every target's
+    // complete `obs` carries the wider state, its mean field the cluster's.
+    let nats = tokio::task::spawn_blocking(|| aware_tests::NatsServer::start().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aware.toml");
+    let targets: String = specs
+        .iter()
+        .map(|s| {
+            format!(
+                "[[targets]]\nnamespace = \"{}\"\nname = \"{}\"\n",
+                s.namespace, s.name
+            )
+        })
+        .collect();
+    std::fs::write(
+        &config,
+        format!(
+            "[bus]\nurl = \"{}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+             [learning]\nmean_field = true\n\
+             [collector]\nsource = \"prometheus\"\n\
+             [collector.prometheus]\nurl = \"{}\"\ninterval_s = {STEP}\nstaleness_s = 5.0\n{targets}",
+            nats.url(),
+            prom.url(),
+        ),
+    )
+    .unwrap();
+    let cfg_path = config.to_str().unwrap().to_string();
+    let collector = tokio::task::spawn_blocking(move || {
+        let p = aware_tests::Proc::spawn("aware-metrics-collector", &["--config", &cfg_path], &[]);
+        aware_tests::wait_ready(p.http_addr());
+        p
+    })
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = aware_tests::capture(&nats.url()).await;
+        let complete: Vec<aware_bus_schemas::Obs> = events
+            .into_iter()
+            .filter_map(|(_, e)| match e {
+                aware_bus_schemas::Event::Obs(o) if o.complete => Some(o),
+                _ => None,
+            })
+            .collect();
+        let every = specs
+            .iter()
+            .all(|s| complete.iter().filter(|o| o.target == s.target()).count() >= 2);
+        if every {
+            for o in &complete {
+                assert_eq!(o.state.len(), 15, "{}: {:?}", o.target, o.state);
+                let f = &o.state[9..];
+                assert!(f.iter().all(|x| x.is_finite()), "{:?}", f);
+                assert!(
+                    f[1] > 0.5 && f[3] > 0.0,
+                    "{}: a full cluster with Pending replicas: {f:?}",
+                    o.target
+                );
+                assert!(o.metrics.pending_replicas.is_some());
+            }
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every target's complete obs: {} complete\n{}",
+            complete.len(),
+            collector.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(collector);
+
+    scraped.stop().await;
 }

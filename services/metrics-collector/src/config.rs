@@ -64,7 +64,7 @@ impl Default for CollectorConfig {
 
 /// Names of the collector's Prometheus queries, the keys of `collector.prometheus.queries`
 /// (the default PromQL of each is documented in the collector's `prometheus` module).
-pub const PROMETHEUS_QUERY_NAMES: [&str; 18] = [
+pub const PROMETHEUS_QUERY_NAMES: [&str; 19] = [
     "cpu_usage_cores",
     "memory_working_set_bytes",
     "cpu_request_cores",
@@ -74,6 +74,7 @@ pub const PROMETHEUS_QUERY_NAMES: [&str; 18] = [
     "replicas",
     "ready_replicas",
     "spec_replicas",
+    "pending_replicas",
     "request_rate_rps",
     "throughput_rps",
     "latency_p50_ms",
@@ -83,6 +84,17 @@ pub const PROMETHEUS_QUERY_NAMES: [&str; 18] = [
     "pod_sample_time",
     "deployment_sample_time",
     "request_sample_time",
+];
+
+/// Names of the cluster-wide queries of the Prometheus source, evaluated once per interval with
+/// `learning.mean_field` (the mean field's cluster shares, docs/adr/0027-mean-field-state.md);
+/// also keys of `collector.prometheus.queries`.
+pub const PROMETHEUS_CLUSTER_QUERY_NAMES: [&str; 5] = [
+    "cluster_cpu_requested_cores",
+    "cluster_memory_requested_bytes",
+    "cluster_cpu_allocatable_cores",
+    "cluster_memory_allocatable_bytes",
+    "cluster_sample_time",
 ];
 
 /// The Prometheus HTTP API as metrics source (source `prometheus`).
@@ -158,12 +170,15 @@ impl PrometheusSourceConfig {
             ));
         }
         for name in self.queries.keys() {
-            if !PROMETHEUS_QUERY_NAMES.contains(&name.as_str()) {
+            let known = PROMETHEUS_QUERY_NAMES
+                .iter()
+                .chain(&PROMETHEUS_CLUSTER_QUERY_NAMES);
+            if !known.clone().any(|k| k == name) {
                 return Err(invalid(
                     &format!("collector.prometheus.queries.{name}"),
                     format!(
                         "unknown query; known: {}",
-                        PROMETHEUS_QUERY_NAMES.join(", ")
+                        known.copied().collect::<Vec<_>>().join(", ")
                     ),
                 ));
             }
@@ -294,13 +309,6 @@ impl CollectorConfig {
         }
         let c: CollectorConfig = cfg.section("collector")?;
         c.validate()?;
-        if cfg.learning.mean_field && c.source == SourceKind::Prometheus {
-            return Err(invalid(
-                "learning.mean_field",
-                "the prometheus source does not compute the mean field (it reads no node \
-                 capacity); only collector.source: simulator does",
-            ));
-        }
         Ok(c)
     }
 
@@ -534,24 +542,35 @@ mod tests {
         );
     }
 
+    /// Both sources compute the mean field: the Prometheus source from the cluster's own
+    /// metrics (node allocatable, pod phases and requests).
     #[test]
-    fn the_mean_field_needs_the_simulator_source() {
+    fn the_mean_field_is_read_by_either_source() {
         let on = ("AWARE_LEARNING__MEAN_FIELD", "true");
         let c = read_env(&[on, ("AWARE_COLLECTOR__SOURCE", "simulator")]).unwrap();
         assert_eq!(c.source, SourceKind::Simulator);
-        let err = read_env(&[
+        let c = read_env(&[
             on,
             ("AWARE_COLLECTOR__SOURCE", "prometheus"),
             ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://127.0.0.1:9090"),
+            (
+                "AWARE_COLLECTOR__PROMETHEUS__QUERIES__CLUSTER_CPU_ALLOCATABLE_CORES",
+                "sum(kube_node_status_allocatable{resource=\"cpu\",pool=\"apps\"})",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.source, SourceKind::Prometheus);
+        let err = read_env(&[
+            ("AWARE_COLLECTOR__SOURCE", "prometheus"),
+            ("AWARE_COLLECTOR__PROMETHEUS__QUERIES__CLUSTER_CPU", "x"),
         ])
         .unwrap_err()
         .to_string();
-        assert!(err.contains("learning.mean_field"), "{err}");
-        read_env(&[
-            ("AWARE_COLLECTOR__SOURCE", "prometheus"),
-            ("AWARE_COLLECTOR__PROMETHEUS__URL", "http://127.0.0.1:9090"),
-        ])
-        .unwrap();
+        assert!(
+            err.contains("collector.prometheus.queries.cluster_cpu")
+                && err.contains("cluster_sample_time"),
+            "{err}"
+        );
     }
 
     #[test]

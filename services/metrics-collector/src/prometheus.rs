@@ -22,6 +22,7 @@
 //! | `replicas` | `sum(kube_deployment_status_replicas{$deployment})` |
 //! | `ready_replicas` | `sum(kube_deployment_status_replicas_available{$deployment})` |
 //! | `spec_replicas` | `sum(kube_deployment_spec_replicas{$deployment})` (the count in force: `replicas` lags it after a scale; `""` disables it, and `replicas` stands in) |
+//! | `pending_replicas` | `sum(kube_pod_status_phase{…,phase="Pending"})` over the Deployment's pods by name (no container label); optional unless the mean field is on |
 //! | `request_rate_rps` | increase of `http_requests_total{$deployment}` / `$window_s` |
 //! | `throughput_rps` | increase of `http_request_duration_seconds_count{$deployment}` / `$window_s` |
 //! | `latency_p50_ms`, `latency_p99_ms` | `1000 * histogram_quantile(q, <increase by le of http_request_duration_seconds_bucket{$deployment}>)` |
@@ -29,6 +30,22 @@
 //! | `pod_sample_time` | `max(timestamp(container_memory_working_set_bytes{$pod}))` |
 //! | `deployment_sample_time` | `max(timestamp(kube_deployment_status_replicas{$deployment}))` |
 //! | `request_sample_time` | `max(timestamp(http_request_duration_seconds_count{$deployment}))` |
+//!
+//! Templates may also use `$namespace`, `$name` and `$name_re` directly.
+//!
+//! # Mean field (`learning.mean_field`)
+//!
+//! Once per interval, at the same `T`, five cluster-wide queries ([`ClusterQueries`], overridable
+//! under the same keys, never disabled): `cluster_cpu_requested_cores` /
+//! `cluster_memory_requested_bytes` (kube-state-metrics' requests of the pods not Pending,
+//! Succeeded or Failed: what the scheduler has bound), `cluster_cpu_allocatable_cores` /
+//! `cluster_memory_allocatable_bytes` (the allocatable of nodes not cordoned) and
+//! `cluster_sample_time` (`max(timestamp(kube_node_status_allocatable))`, checked against
+//! `staleness_s`). [`add_mean_fields`] ends each complete state with
+//! [`aware_mdp::mean_fields`] over the other complete targets of this collector (a shard's
+//! own), the cluster's shares and the targets' Pending pods. A cluster query that fails, is
+//! stale or reads a non-positive allocatable, or a target without its `pending_replicas`, makes
+//! the step incomplete and is named in `missing`.
 //!
 //! The pod and Deployment metrics are cAdvisor's and kube-state-metrics'. The request metrics are
 //! the application's own, under the Prometheus client libraries' conventional names:
@@ -85,7 +102,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::config::{PrometheusSourceConfig, PROMETHEUS_QUERY_NAMES};
+use crate::config::{
+    PrometheusSourceConfig, PROMETHEUS_CLUSTER_QUERY_NAMES, PROMETHEUS_QUERY_NAMES,
+};
 use aware_bus_schemas::{Obs, RawMetrics, Schema, Target};
 use aware_mdp::{reward, slo_preservation, utilization, State};
 use aware_shared::registry::{log_change, Change, Registry};
@@ -267,6 +286,14 @@ fn default_query(name: &str) -> &'static str {
     const CPU_REQUEST_SUM: &str = "sum(kube_pod_container_resource_requests{$pod,resource=\"cpu\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
     const MEMORY_REQUEST_AVG: &str = "avg(kube_pod_container_resource_requests{$pod,resource=\"memory\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
     const MEMORY_REQUEST_SUM: &str = "sum(kube_pod_container_resource_requests{$pod,resource=\"memory\"} and on(namespace,pod,container) container_memory_working_set_bytes{$pod})";
+    // kube-state-metrics' pod phases carry no container label: the Deployment's pods by name.
+    const PENDING: &str = "sum(kube_pod_status_phase{namespace=\"$namespace\",pod=~\"$name_re-([a-z0-9]{5,10}-)?[a-z0-9]{5}\",phase=\"Pending\"})";
+    // What the scheduler counts: the requests of the pods bound to a node (not Pending, not
+    // finished), over the allocatable of the nodes that take pods (not cordoned).
+    const CLUSTER_CPU_REQUESTED: &str = "sum(kube_pod_container_resource_requests{resource=\"cpu\"} unless on(namespace,pod) (kube_pod_status_phase{phase=~\"Pending|Succeeded|Failed\"} == 1))";
+    const CLUSTER_MEMORY_REQUESTED: &str = "sum(kube_pod_container_resource_requests{resource=\"memory\"} unless on(namespace,pod) (kube_pod_status_phase{phase=~\"Pending|Succeeded|Failed\"} == 1))";
+    const CLUSTER_CPU_ALLOCATABLE: &str = "sum(kube_node_status_allocatable{resource=\"cpu\"} unless on(node) (kube_node_spec_unschedulable == 1))";
+    const CLUSTER_MEMORY_ALLOCATABLE: &str = "sum(kube_node_status_allocatable{resource=\"memory\"} unless on(node) (kube_node_spec_unschedulable == 1))";
     match name {
         "cpu_usage_cores" => CPU,
         "memory_working_set_bytes" => "sum(container_memory_working_set_bytes{$pod})",
@@ -277,6 +304,12 @@ fn default_query(name: &str) -> &'static str {
         "replicas" => "sum(kube_deployment_status_replicas{$deployment})",
         "ready_replicas" => "sum(kube_deployment_status_replicas_available{$deployment})",
         "spec_replicas" => "sum(kube_deployment_spec_replicas{$deployment})",
+        "pending_replicas" => PENDING,
+        "cluster_cpu_requested_cores" => CLUSTER_CPU_REQUESTED,
+        "cluster_memory_requested_bytes" => CLUSTER_MEMORY_REQUESTED,
+        "cluster_cpu_allocatable_cores" => CLUSTER_CPU_ALLOCATABLE,
+        "cluster_memory_allocatable_bytes" => CLUSTER_MEMORY_ALLOCATABLE,
+        "cluster_sample_time" => "max(timestamp(kube_node_status_allocatable))",
         "request_rate_rps" => REQUESTS,
         "throughput_rps" => THROUGHPUT,
         "latency_p50_ms" => P50,
@@ -304,7 +337,12 @@ const GROUPS: [(&str, &[&str]); 3] = [
     ),
     (
         "deployment_sample_time",
-        &["replicas", "ready_replicas", "spec_replicas"],
+        &[
+            "replicas",
+            "ready_replicas",
+            "spec_replicas",
+            "pending_replicas",
+        ],
     ),
     (
         "request_sample_time",
@@ -378,7 +416,7 @@ impl TargetQueries {
                 (!template.trim().is_empty()).then(|| {
                     (
                         n,
-                        template
+                        sel(template)
                             .replace("$pod", &pod)
                             .replace("$deployment", &deployment)
                             .replace("$window_s", &window_s)
@@ -397,6 +435,163 @@ impl TargetQueries {
             .find(|(n, _)| *n == name)
             .map(|(_, q)| q.as_str())
     }
+}
+
+/// The cluster-wide queries ([`PROMETHEUS_CLUSTER_QUERY_NAMES`]), evaluated once per interval
+/// with `learning.mean_field`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterQueries {
+    pub queries: Vec<(&'static str, String)>,
+}
+
+impl ClusterQueries {
+    /// The configured (or default) cluster queries; none may be disabled.
+    pub fn new(cfg: &PrometheusSourceConfig) -> Self {
+        let queries = PROMETHEUS_CLUSTER_QUERY_NAMES
+            .iter()
+            .map(|&n| {
+                let q = cfg
+                    .queries
+                    .get(n)
+                    .map(String::as_str)
+                    .filter(|q| !q.trim().is_empty())
+                    .unwrap_or_else(|| default_query(n));
+                (n, q.to_string())
+            })
+            .collect();
+        ClusterQueries { queries }
+    }
+}
+
+/// The cluster's shares of one evaluation, or the names of the cluster queries that failed,
+/// returned nothing, a value that is not a positive finite (allocatable) or non-negative finite
+/// (requested) number, or are stale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterReading {
+    /// Σ CPU and memory requests of bound pods over the schedulable nodes' allocatable.
+    pub shares: Result<[f64; 2], Vec<String>>,
+    /// Query failures (HTTP or API errors).
+    pub errors: u32,
+}
+
+/// Builds the cluster reading from its query outcomes (pure: no I/O).
+pub fn build_cluster_reading(
+    outcomes: &HashMap<&'static str, QueryOutcome>,
+    time_s: f64,
+    staleness_s: f64,
+) -> ClusterReading {
+    let errors = outcomes
+        .values()
+        .filter(|o| matches!(o, QueryOutcome::Failed))
+        .count() as u32;
+    let value = |name: &str| match outcomes.get(name) {
+        Some(QueryOutcome::Value(v)) if v.is_finite() => Some(*v),
+        _ => None,
+    };
+    let fresh = value("cluster_sample_time").is_some_and(|ts| time_s - ts <= staleness_s);
+    let mut missing: Vec<String> = Vec::new();
+    let mut read = |name: &'static str, positive: bool| {
+        let v = value(name).filter(|v| if positive { *v > 0.0 } else { *v >= 0.0 });
+        if v.is_none() || !fresh {
+            missing.push(name.to_string());
+        }
+        v.unwrap_or(0.0)
+    };
+    let cpu = read("cluster_cpu_requested_cores", false);
+    let memory = read("cluster_memory_requested_bytes", false);
+    let cpu_alloc = read("cluster_cpu_allocatable_cores", true);
+    let memory_alloc = read("cluster_memory_allocatable_bytes", true);
+    if !fresh {
+        missing.push("cluster_sample_time".to_string());
+    }
+    missing.sort();
+    ClusterReading {
+        shares: if missing.is_empty() {
+            Ok([cpu / cpu_alloc, memory / memory_alloc])
+        } else {
+            Err(missing)
+        },
+        errors,
+    }
+}
+
+/// Runs the cluster queries at `time_s`.
+pub async fn evaluate_cluster(
+    client: &PromClient,
+    queries: &ClusterQueries,
+    time_s: f64,
+    staleness_s: f64,
+) -> ClusterReading {
+    let outcomes = run_queries(client, &queries.queries, time_s).await;
+    build_cluster_reading(&outcomes, time_s, staleness_s)
+}
+
+/// Ends each complete evaluation's state with its mean field ([`aware_mdp::mean_fields`]) over
+/// the other complete evaluations of the same interval (this collector's targets: a shard sees
+/// its own) and the cluster's shares; `previous_cores[i]` is target `i`'s requested cores at the
+/// previous interval. A step without what the mean field needs (a cluster query, or the
+/// target's `pending_replicas`) is made incomplete naming it: a guessed share never reaches a
+/// state.
+pub fn add_mean_fields(
+    evaluations: &mut [Evaluation],
+    previous_cores: &[Option<f64>],
+    cluster: &ClusterReading,
+) {
+    let make_incomplete = |e: &mut Evaluation, names: &[String]| {
+        e.state = None;
+        e.reward = None;
+        e.slo_violation = false;
+        e.mean_field = None;
+        e.missing.extend(names.iter().cloned());
+        e.missing.sort();
+        e.missing.dedup();
+    };
+    for e in evaluations.iter_mut().filter(|e| e.state.is_some()) {
+        if let Err(names) = &cluster.shares {
+            make_incomplete(e, names);
+        } else if e.metrics.pending_replicas.is_none() {
+            make_incomplete(e, &["pending_replicas".to_string()]);
+        }
+    }
+    let Ok([cpu_requested, memory_requested]) = cluster.shares else {
+        return;
+    };
+    let complete: Vec<usize> = (0..evaluations.len())
+        .filter(|&i| evaluations[i].state.is_some())
+        .collect();
+    let members: Vec<aware_mdp::Member> = complete
+        .iter()
+        .map(|&i| {
+            let e = &evaluations[i];
+            aware_mdp::Member {
+                requested_cores: requested_cores(e),
+                previous_requested_cores: previous_cores.get(i).copied().flatten(),
+                replicas: e.metrics.replicas_in_force(),
+                slo_preservation: e.state.map_or(0.0, |s| f64::from(s.slo_preservation)),
+                cpu_util: e.metrics.cpu_util,
+            }
+        })
+        .collect();
+    let share = aware_mdp::ClusterShare {
+        cpu_requested,
+        memory_requested,
+        pending_replicas: complete
+            .iter()
+            .map(|&i| evaluations[i].metrics.pending_replicas.unwrap_or(0))
+            .sum(),
+    };
+    for (&i, field) in complete
+        .iter()
+        .zip(aware_mdp::mean_fields(&members, Some(&share)))
+    {
+        evaluations[i].mean_field = Some(field);
+    }
+}
+
+/// Requested cores of a complete evaluation: per-replica CPU request × replicas in force (the
+/// simulator's `Prices::cores` of the allocation).
+pub fn requested_cores(e: &Evaluation) -> f64 {
+    e.metrics.cpu_limit_cores * f64::from(e.metrics.replicas_in_force())
 }
 
 /// What one query gave.
@@ -425,6 +620,8 @@ pub struct Evaluation {
     pub missing: Vec<String>,
     /// Query failures (HTTP or API errors) in this evaluation.
     pub errors: u32,
+    /// The mean field that ends the state, with `learning.mean_field` ([`add_mean_fields`]).
+    pub mean_field: Option<[f32; aware_mdp::MEAN_FIELD_DIM]>,
 }
 
 /// Builds the evaluation of a target from its query outcomes (pure: no I/O).
@@ -496,6 +693,11 @@ pub fn build_evaluation(
     let throughput = get("throughput_rps", false);
     let p50 = get("latency_p50_ms", true);
     let p99 = get("latency_p99_ms", true);
+    // Read when it answers; not missing otherwise (only the mean field needs it).
+    let pending = match outcomes.get("pending_replicas") {
+        Some(QueryOutcome::Value(v)) if v.is_finite() && *v >= 0.0 => Some(*v),
+        _ => None,
+    };
     let io = get("io_util", false);
     let net = get("network_util", false);
     missing.sort();
@@ -531,8 +733,8 @@ pub fn build_evaluation(
         latency_p99_ms: finite(p99),
         oom_kills: 0,
         spec_replicas: spec_replicas.map(|v| count(Some(v))),
-        // Not read from Prometheus (kube-state-metrics' pod phases are not queried).
-        pending_replicas: None,
+        // Optional (the mean field needs it: `add_mean_fields`).
+        pending_replicas: pending.map(|v| count(Some(v))),
     };
     let complete = missing.is_empty();
     let (state, reward_value) = if complete {
@@ -551,7 +753,34 @@ pub fn build_evaluation(
         metrics,
         missing,
         errors,
+        mean_field: None,
     }
+}
+
+/// Runs `queries` at `time_s`, up to [`CONCURRENCY`] at once.
+async fn run_queries(
+    client: &PromClient,
+    queries: &[(&'static str, String)],
+    time_s: f64,
+) -> HashMap<&'static str, QueryOutcome> {
+    futures::stream::iter(queries.iter().map(|(name, q)| async move {
+        let outcome = match client.query(q, time_s).await {
+            Ok(samples) if samples.is_empty() => QueryOutcome::Empty,
+            Ok(samples) if samples.len() == 1 => QueryOutcome::Value(samples[0].value),
+            Ok(samples) => {
+                tracing::warn!(query = *name, series = samples.len(), promql = %q, "query returned several series: summing them");
+                QueryOutcome::Value(samples.iter().map(|s| s.value).sum())
+            }
+            Err(e) => {
+                tracing::warn!(query = *name, error = %e, "Prometheus query failed");
+                QueryOutcome::Failed
+            }
+        };
+        (*name, outcome)
+    }))
+    .buffer_unordered(CONCURRENCY)
+    .collect()
+    .await
 }
 
 /// Runs every query of one target at `time_s` and builds its evaluation.
@@ -563,25 +792,7 @@ pub async fn evaluate(
     prev_offered: Option<f64>,
     staleness_s: f64,
 ) -> Evaluation {
-    let outcomes: HashMap<&'static str, QueryOutcome> =
-        futures::stream::iter(queries.queries.iter().map(|(name, q)| async move {
-            let outcome = match client.query(q, time_s).await {
-                Ok(samples) if samples.is_empty() => QueryOutcome::Empty,
-                Ok(samples) if samples.len() == 1 => QueryOutcome::Value(samples[0].value),
-                Ok(samples) => {
-                    tracing::warn!(query = *name, series = samples.len(), promql = %q, "query returned several series: summing them");
-                    QueryOutcome::Value(samples.iter().map(|s| s.value).sum())
-                }
-                Err(e) => {
-                    tracing::warn!(query = *name, error = %e, "Prometheus query failed");
-                    QueryOutcome::Failed
-                }
-            };
-            (*name, outcome)
-        }))
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
+    let outcomes = run_queries(client, &queries.queries, time_s).await;
     build_evaluation(&outcomes, time_s, spec, prev_offered, staleness_s)
 }
 
@@ -594,7 +805,14 @@ pub fn to_obs(e: &Evaluation, target: &Target, g: u64, steps_per_episode: u32) -
         episode: g / spe,
         step: u32::try_from(g % spe).unwrap_or(0),
         ts_ms: (e.time_s * 1000.0).round() as i64,
-        state: e.state.map(|s| s.to_vec()).unwrap_or_default(),
+        state: e
+            .state
+            .map(|s| {
+                let mut v = s.to_vec();
+                v.extend(e.mean_field.iter().flatten());
+                v
+            })
+            .unwrap_or_default(),
         metrics: e.metrics.clone(),
         reward: if g > 0 { e.reward } else { None },
         slo_violation: e.slo_violation,
@@ -609,6 +827,8 @@ struct TargetLoop {
     queries: TargetQueries,
     step: u64,
     prev_offered: Option<f64>,
+    /// Requested cores at the previous interval (the mean field's allocation change).
+    prev_cores: Option<f64>,
 }
 
 fn now_s() -> f64 {
@@ -655,6 +875,7 @@ impl Targets {
                 spec,
                 target,
                 prev_offered: None,
+                prev_cores: None,
             }),
         }
     }
@@ -713,6 +934,12 @@ pub async fn run(
     let captured = crate::captured_obs(&ctx).await;
     let resume = crate::resume_points(&captured, spe);
     let mut targets = Targets::new(&ctx, &cfg, resume)?;
+    // The mean field (`learning.mean_field`): the cluster's shares, read once per interval.
+    let cluster_queries = ctx
+        .config
+        .learning
+        .mean_field
+        .then(|| ClusterQueries::new(&cfg));
     let mut registrations = ctx
         .subscribe_events(&[aware_bus_schemas::EventKind::Target])
         .await?;
@@ -747,20 +974,33 @@ pub async fn run(
         }
         let targets = &mut targets.loops;
         let t = now_s();
-        let evaluations: Vec<Evaluation> = futures::future::join_all(targets.iter().map(|tl| {
-            evaluate(
-                &client,
-                &tl.queries,
-                &tl.spec,
-                t,
-                tl.prev_offered,
-                cfg.staleness_s,
-            )
-        }))
-        .await;
+        let mut evaluations: Vec<Evaluation> =
+            futures::future::join_all(targets.iter().map(|tl| {
+                evaluate(
+                    &client,
+                    &tl.queries,
+                    &tl.spec,
+                    t,
+                    tl.prev_offered,
+                    cfg.staleness_s,
+                )
+            }))
+            .await;
         let mut errors = 0u32;
+        let own_complete: Vec<bool> = evaluations.iter().map(|e| e.state.is_some()).collect();
+        if let Some(cq) = &cluster_queries {
+            let reading = evaluate_cluster(&client, cq, t, cfg.staleness_s).await;
+            metrics.prom_queries.inc_by(cq.queries.len() as u64);
+            metrics.prom_query_errors.inc_by(u64::from(reading.errors));
+            errors += reading.errors;
+            if let Err(missing) = &reading.shares {
+                tracing::warn!(missing = ?missing, "the cluster's shares are missing or stale: every step is incomplete");
+            }
+            let previous: Vec<Option<f64>> = targets.iter().map(|tl| tl.prev_cores).collect();
+            add_mean_fields(&mut evaluations, &previous, &reading);
+        }
         let mut all = Vec::with_capacity(targets.len());
-        for (tl, e) in targets.iter_mut().zip(&evaluations) {
+        for ((tl, e), own) in targets.iter_mut().zip(&evaluations).zip(own_complete) {
             let queried = tl.queries.queries.len() as u64;
             metrics.prom_queries.inc_by(queried);
             metrics.prom_query_errors.inc_by(u64::from(e.errors));
@@ -772,6 +1012,7 @@ pub async fn run(
             all.push(to_obs(e, &tl.target, tl.step, spe));
             tl.prev_offered = (!e.missing.iter().any(|m| m == "request_rate_rps"))
                 .then_some(e.metrics.request_rate_rps);
+            tl.prev_cores = own.then(|| requested_cores(e));
             tl.step += 1;
         }
         // With acknowledged publishes (ADR 0022) each waits for the stream: up to PUBLISHING at
@@ -926,6 +1167,118 @@ mod tests {
     /// `spec_replicas` disabled (an empty override, so no outcome): the step is complete, the
     /// field absent and the running pods stand in for the count in force, also when the
     /// Deployment series are stale (only what was read is named missing).
+    fn cluster_outcomes(t: f64) -> HashMap<&'static str, QueryOutcome> {
+        use QueryOutcome::Value;
+        HashMap::from([
+            ("cluster_cpu_requested_cores", Value(6.0)),
+            ("cluster_memory_requested_bytes", Value(8.0 * GIB)),
+            ("cluster_cpu_allocatable_cores", Value(8.0)),
+            ("cluster_memory_allocatable_bytes", Value(16.0 * GIB)),
+            ("cluster_sample_time", Value(t - 1.0)),
+        ])
+    }
+
+    const GIB: f64 = 1024.0 * 1048576.0;
+
+    /// The mean field over the complete evaluations of an interval: the others' figures, the
+    /// cluster's shares, the Pending replicas of this collector's targets. A step without its
+    /// Pending count, or with a cluster query missing or stale, is incomplete and names it.
+    #[test]
+    fn the_mean_field_ends_each_complete_state() {
+        use QueryOutcome::Value;
+        let t = 1000.0;
+        let eval = |o: &HashMap<&'static str, QueryOutcome>| {
+            build_evaluation(o, t, &spec(), Some(50.0), 5.0)
+        };
+        let mut a = complete_outcomes(t);
+        a.insert("pending_replicas", Value(1.0));
+        let mut b = a.clone();
+        b.insert("cpu_usage_cores", Value(0.5));
+        b.insert("pending_replicas", Value(0.0));
+        let cluster = build_cluster_reading(&cluster_outcomes(t), t, 5.0);
+        assert_eq!(cluster.shares, Ok([0.75, 0.5]));
+        let mut evals = vec![
+            eval(&a),
+            eval(&b),
+            eval(&complete_outcomes(t)),
+            eval(&HashMap::new()),
+        ];
+        assert_eq!(evals[0].metrics.pending_replicas, Some(1));
+        assert_eq!(evals[2].metrics.pending_replicas, None, "not missing alone");
+        assert!(evals[2].state.is_some());
+        // a has 3 cores requested (1 core × 3 replicas in force), 1.5 before: a change of 0.5.
+        add_mean_fields(&mut evals, &[Some(1.5), None, Some(2.0), None], &cluster);
+        let (fa, fb) = (evals[0].mean_field.unwrap(), evals[1].mean_field.unwrap());
+        assert_eq!(fa, [0.0, 0.75, 0.5, 1.0 / 6.0, 0.5, 0.25]);
+        assert_eq!(fb, [0.5, 0.75, 0.5, 1.0 / 6.0, 0.5, 0.5]);
+        assert_eq!(evals[2].state, None);
+        assert_eq!(evals[2].missing, ["pending_replicas"]);
+        assert_eq!(evals[3].mean_field, None);
+        let o = to_obs(&evals[0], &spec().target(), 1, 100);
+        assert_eq!(o.state.len(), aware_mdp::state_width(true));
+        assert_eq!(o.state[aware_mdp::STATE_DIM..], fa);
+        assert!(!to_obs(&evals[2], &spec().target(), 1, 100).complete);
+
+        // A stale cluster reading, a zero allocatable: every step incomplete, naming them.
+        let mut stale = cluster_outcomes(t);
+        stale.insert("cluster_sample_time", Value(t - 10.0));
+        stale.insert("cluster_memory_allocatable_bytes", Value(0.0));
+        let reading = build_cluster_reading(&stale, t, 5.0);
+        let names = [
+            "cluster_cpu_allocatable_cores",
+            "cluster_cpu_requested_cores",
+            "cluster_memory_allocatable_bytes",
+            "cluster_memory_requested_bytes",
+            "cluster_sample_time",
+        ];
+        assert_eq!(reading.shares, Err(names.map(String::from).to_vec()));
+        let mut zero = cluster_outcomes(t);
+        zero.insert("cluster_cpu_allocatable_cores", Value(0.0));
+        zero.insert("cluster_cpu_requested_cores", QueryOutcome::Failed);
+        let reading = build_cluster_reading(&zero, t, 5.0);
+        assert_eq!(reading.errors, 1);
+        assert_eq!(
+            reading.shares,
+            Err(vec![
+                "cluster_cpu_allocatable_cores".to_string(),
+                "cluster_cpu_requested_cores".to_string()
+            ])
+        );
+        let mut evals = vec![eval(&a), eval(&b)];
+        add_mean_fields(&mut evals, &[None, None], &reading);
+        for e in &evals {
+            assert!(e.state.is_none() && e.reward.is_none() && e.mean_field.is_none());
+            assert!(e
+                .missing
+                .contains(&"cluster_cpu_requested_cores".to_string()));
+        }
+    }
+
+    /// The cluster queries: every default, an override taking `$`-free PromQL, a blank
+    /// override falling back to the default (none of them may be disabled).
+    #[test]
+    fn cluster_queries_have_defaults_and_overrides() {
+        let mut cfg = PrometheusSourceConfig::default();
+        cfg.queries.insert(
+            "cluster_cpu_allocatable_cores".into(),
+            "sum(kube_node_status_allocatable{resource=\"cpu\",pool=\"apps\"})".into(),
+        );
+        cfg.queries
+            .insert("cluster_memory_allocatable_bytes".into(), " ".into());
+        let q = ClusterQueries::new(&cfg);
+        assert_eq!(q.queries.len(), PROMETHEUS_CLUSTER_QUERY_NAMES.len());
+        let get = |n: &str| q.queries.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+        assert!(get("cluster_cpu_allocatable_cores").contains("pool=\"apps\""));
+        assert!(get("cluster_memory_allocatable_bytes").contains("resource=\"memory\""));
+        assert!(get("cluster_cpu_requested_cores").contains("unless on(namespace,pod)"));
+        let t = TargetQueries::new(&cfg, "shop", "cart.v2");
+        let pending = t.get("pending_replicas").unwrap();
+        assert!(
+            pending.contains(r#"namespace="shop",pod=~"cart\\.v2-"#) && !pending.contains('$'),
+            "{pending}"
+        );
+    }
+
     #[test]
     fn a_disabled_spec_replicas_query_leaves_the_field_absent() {
         let t = 1000.0;
