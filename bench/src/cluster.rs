@@ -281,13 +281,6 @@ impl ClusterBenchOptions {
                 self.episodes.saturating_sub(1)
             ));
         }
-        if self.meta.is_some() && self.selected().contains(&ClusterPolicy::MeanField) {
-            return bad(
-                "--meta with mean_field: the meta-learner's networks take the target's own \
-                 features only (select the other policies, or drop --meta)"
-                    .into(),
-            );
-        }
         let agents = self
             .selected()
             .iter()
@@ -1014,13 +1007,6 @@ mod tests {
                     ..ClusterBenchOptions::default()
                 },
                 "--hpa-targets",
-            ),
-            (
-                ClusterBenchOptions {
-                    meta: Some(PathBuf::from("models/meta-default")),
-                    ..ClusterBenchOptions::default()
-                },
-                "mean_field",
             ),
             (
                 ClusterBenchOptions {

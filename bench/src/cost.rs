@@ -286,7 +286,7 @@ impl CostBenchOptions {
         // plain base-learner under its name.
         if let Some(dir) = &self.meta {
             if self.selected().contains(&CostPolicy::Aware) {
-                aware_meta_learner_trainer::embedding::load_meta_dir(dir)
+                aware_meta_learner_trainer::embedding::load_meta_dir(dir, aware_mdp::STATE_DIM)
                     .map_err(|e| BenchError::Failed(format!("--meta: {e}")))?;
             }
         }

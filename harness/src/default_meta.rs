@@ -613,7 +613,8 @@ mod tests {
 
         let shipped = dir.join("shipped");
         write_shipped(&shipped).unwrap();
-        aware_meta_learner_trainer::embedding::load_meta_dir(&shipped).unwrap();
+        aware_meta_learner_trainer::embedding::load_meta_dir(&shipped, aware_mdp::STATE_DIM)
+            .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -93,8 +93,12 @@ impl MetaAssets {
 }
 
 /// Loads `meta.ckpt` and `base.ckpt` from `dir` and checks that they fit together and the
-/// collector's state (`meta.state_dim` = 9, `base.state_dim` = 9 + E).
-pub fn load_meta_dir(dir: &Path) -> Result<MetaAssets, EmbeddingError> {
+/// collector's state (`meta.state_dim` = 9, `base.state_dim` = 9 + E). With a wider recorded
+/// state (`state_width`, [`aware_mdp::state_width`]: `learning.mean_field`) the base-learner's
+/// inputs for the features after the nine are inserted with zero weights
+/// ([`Ddpg::with_inputs_inserted`]): it starts acting as meta-trained, and fine-tuning learns
+/// what the mean field adds. The meta-learner embeds the target's own nine features.
+pub fn load_meta_dir(dir: &Path, state_width: usize) -> Result<MetaAssets, EmbeddingError> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read(&path).map_err(|source| EmbeddingError::Io {
@@ -127,6 +131,18 @@ pub fn load_meta_dir(dir: &Path) -> Result<MetaAssets, EmbeddingError> {
             base.config().state_dim
         )));
     }
+    let base = match state_width.checked_sub(state) {
+        Some(0) => base,
+        Some(extra) => base
+            .with_inputs_inserted(state, extra)
+            .map_err(ckpt("base.ckpt"))?,
+        None => {
+            return Err(shape(format!(
+                "the recorded states have {state_width} features, fewer than the {state} the \
+                 meta-learner reads"
+            )))
+        }
+    };
     Ok(MetaAssets {
         version: meta.train_steps(),
         meta,
@@ -152,14 +168,21 @@ pub fn append_embedding(mut t: Transition, embedding: &[f32]) -> Transition {
 
 /// One recorded episode's rows as step vectors `[state ‖ action ‖ reward]`: the learner's
 /// training view of each row with its intended action, as `aware train-meta` saw its episodes
-/// ([`to_training`]; rows it cannot use are left out).
+/// ([`to_training`]; rows it cannot use are left out). The state is the target's own nine
+/// features: a mean field after them (`learning.mean_field`) is not the workload's behaviour.
 pub fn episode_steps(rows: &[tstore::Transition], bounds: &Bounds) -> Vec<f32> {
+    let own = aware_mdp::STATE_DIM;
     let mut out = Vec::new();
     for t in rows
         .iter()
-        .filter_map(|r| to_training(r, bounds, LearnAction::Intent, aware_mdp::STATE_DIM))
+        .filter(|r| r.state.len() >= own)
+        .filter_map(|r| to_training(r, bounds, LearnAction::Intent, r.state.len()))
     {
-        out.extend_from_slice(&EpisodeBundle::step_vector(&t.state, &t.action, t.reward));
+        out.extend_from_slice(&EpisodeBundle::step_vector(
+            &t.state[..own],
+            &t.action,
+            t.reward,
+        ));
     }
     out
 }
@@ -445,8 +468,27 @@ mod tests {
 
     /// Records episode `ep` (`steps` rows, total reward `reward`).
     fn record(store: &SqliteStore, t: &Target, ep: u64, steps: u32, reward: f64) {
+        record_wide(store, t, ep, steps, reward, 0);
+    }
+
+    /// [`record`] with `extra` features after each state's nine (a mean field).
+    fn record_wide(
+        store: &SqliteStore,
+        t: &Target,
+        ep: u64,
+        steps: u32,
+        reward: f64,
+        extra: usize,
+    ) {
+        let wide = |s: u32| {
+            let mut r = row(t, ep, s);
+            for v in [&mut r.state, &mut r.next_state] {
+                v.extend((0..extra).map(|j| 0.1 * (j as f32 + s as f32 * 0.01)));
+            }
+            r
+        };
         store
-            .append(&(0..steps).map(|s| row(t, ep, s)).collect::<Vec<_>>())
+            .append(&(0..steps).map(wide).collect::<Vec<_>>())
             .unwrap();
         let Some(Event::Episode(e)) = aware_bus_schemas::generated::samples()
             .into_iter()
@@ -479,7 +521,7 @@ mod tests {
     fn embeds_the_top_episodes_publishes_and_refreshes() {
         let dir = tempfile::tempdir().unwrap();
         let agent = meta_dir(dir.path());
-        let assets = Arc::new(load_meta_dir(dir.path()).unwrap());
+        let assets = Arc::new(load_meta_dir(dir.path(), aware_mdp::STATE_DIM).unwrap());
         assert_eq!(
             (assets.embed_dim(), assets.base.config().state_dim),
             (E, 9 + E)
@@ -540,7 +582,7 @@ mod tests {
     fn a_conditioned_learner_starts_from_the_base_and_trains_on_state_and_embedding() {
         let dir = tempfile::tempdir().unwrap();
         let agent = meta_dir(dir.path());
-        let assets = Arc::new(load_meta_dir(dir.path()).unwrap());
+        let assets = Arc::new(load_meta_dir(dir.path(), aware_mdp::STATE_DIM).unwrap());
         let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
         let models = LocalDirStore::open(dir.path().join("models")).unwrap();
         let t = Target::new("shop", "cart");
@@ -584,6 +626,76 @@ mod tests {
         assert!(d.act(&s).is_ok());
     }
 
+    /// With `learning.mean_field` the base-learner gets the mean field's inputs with zero
+    /// weights: it acts as meta-trained whatever the mean field holds. The meta-learner embeds
+    /// the target's own nine features (the same embedding as without the mean field), and the
+    /// learner trains and publishes networks over state ‖ mean field ‖ embedding.
+    #[test]
+    fn a_mean_field_learner_starts_from_the_widened_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = meta_dir(dir.path());
+        let width = aware_mdp::state_width(true);
+        let assets = Arc::new(load_meta_dir(dir.path(), width).unwrap());
+        assert_eq!(assets.base.config().state_dim, width + E);
+        let narrow = agent.base();
+        let t = Target::new("shop", "cart");
+        let e: Vec<f32> = (0..E).map(|j| 0.3 - 0.1 * j as f32).collect();
+        for step in 0..10 {
+            let s = row(&t, 0, step).state;
+            let field: Vec<f32> = (0..width - 9)
+                .map(|j| ((j + step as usize) % 3) as f32)
+                .collect();
+            let a = narrow.act(&[&s[..], &e].concat()).unwrap();
+            let b = assets.base.act(&[&s[..], &field, &e].concat()).unwrap();
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-6),
+                "{a:?} {b:?}"
+            );
+        }
+        assert!(
+            load_meta_dir(dir.path(), 5).is_err(),
+            "narrower than the nine"
+        );
+
+        let store = SqliteStore::open_path(dir.path().join("t.db")).unwrap();
+        let models = LocalDirStore::open(dir.path().join("models")).unwrap();
+        let mut meta = TargetMeta::new(t.clone(), Bounds::default(), assets, 1);
+        let mut learner = Learner::new(t.clone(), Bounds::default(), trainer_cfg());
+        learner.set_state_width(width);
+        record_wide(&store, &t, 0, 30, 3.0, width - 9);
+        let m = meta
+            .check(&store, &mut learner)
+            .published
+            .expect("an embedding");
+        // The own features' embedding: that of the same rows without the mean field.
+        let narrow_rows: Vec<tstore::Transition> = (0..30).map(|s| row(&t, 0, s)).collect();
+        let steps = episode_steps(&narrow_rows, &Bounds::default());
+        let want = agent
+            .embed(&EpisodeBundle::truncated(9, vec![steps]).unwrap())
+            .unwrap();
+        assert_eq!(m.embedding, want);
+        assert_eq!(learner.state_dim(), width + E);
+        let p = learner
+            .maybe_train_in(Stage::Online, &store, &models)
+            .unwrap()
+            .expect("a round");
+        let d = Ddpg::from_bytes(
+            &get_verified(
+                &models,
+                &p.object.uri,
+                &p.object.sha256,
+                p.object.size_bytes,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(d.config().state_dim, width + E);
+        assert!(d.normalizer().std()[width..].iter().all(|&s| s == 1.0));
+        let mut s = store.transitions(&t, 0..1).unwrap()[0].state.clone();
+        s.extend_from_slice(&m.embedding);
+        assert!(d.act(&s).is_ok());
+    }
+
     #[test]
     fn config_keys() {
         let c = TrainerConfig::default();
@@ -606,18 +718,18 @@ mod tests {
     #[test]
     fn a_bad_meta_dir_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let e = load_meta_dir(dir.path()).unwrap_err();
+        let e = load_meta_dir(dir.path(), aware_mdp::STATE_DIM).unwrap_err();
         assert!(matches!(e, EmbeddingError::Io { .. }), "{e}");
         assert!(e.to_string().contains("meta.ckpt"), "{e}");
         meta_dir(dir.path());
         std::fs::write(dir.path().join("base.ckpt"), b"garbage").unwrap();
-        let e = load_meta_dir(dir.path()).unwrap_err();
+        let e = load_meta_dir(dir.path(), aware_mdp::STATE_DIM).unwrap_err();
         assert!(matches!(e, EmbeddingError::Checkpoint { .. }), "{e}");
         assert!(e.to_string().contains("base.ckpt"), "{e}");
         // A base-learner that does not take state ‖ embedding.
         let plain = Ddpg::new(DdpgConfig::with_hidden(9, &[8])).unwrap();
         std::fs::write(dir.path().join("base.ckpt"), plain.to_bytes().unwrap()).unwrap();
-        let e = load_meta_dir(dir.path()).unwrap_err();
+        let e = load_meta_dir(dir.path(), aware_mdp::STATE_DIM).unwrap_err();
         assert!(matches!(e, EmbeddingError::Shape { .. }), "{e}");
     }
 

@@ -241,28 +241,6 @@ impl TrainerConfig {
         }
     }
 
-    /// Checks the trainer against the learning problem every service agrees on: the
-    /// meta-learner's networks take the target's own features only, so `learning.mean_field`
-    /// (wider states) needs the plain base-learner (no `meta_dir`).
-    pub fn check_learning(
-        &self,
-        learning: &aware_shared::config::LearningConfig,
-    ) -> Result<(), TrainerError> {
-        if learning.mean_field && !self.meta_dir.is_empty() {
-            return Err(TrainerError::Config {
-                key: "meta_dir",
-                reason: format!(
-                    "learning.mean_field widens the state to {} features and the meta-learner's \
-                     networks take {}: unset trainer.meta_dir (the plain base-learner) or \
-                     learning.mean_field",
-                    aware_mdp::state_width(true),
-                    aware_mdp::STATE_DIM
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// Checks ranges; errors name the key.
     pub fn validate(&self) -> Result<(), TrainerError> {
         let bad = |key, reason: &str| {
@@ -1648,7 +1626,7 @@ mod tests {
 
     /// With `learning.mean_field` the learner trains on the wider recorded states and publishes
     /// networks that take them; the rows recorded before (the target's own features only) are
-    /// left out rather than padded. The meta-learner's networks cannot take them: refused.
+    /// left out rather than padded.
     #[test]
     fn a_mean_field_learner_trains_on_the_wider_states_only() {
         let (_dir, store, models) = stores();
@@ -1687,22 +1665,6 @@ mod tests {
                 .action
         );
         assert!(to_training(&r, &Bounds::default(), LearnAction::Applied, 9).is_none());
-
-        let on = aware_shared::config::LearningConfig {
-            mean_field: true,
-            ..Default::default()
-        };
-        cfg().check_learning(&on).unwrap();
-        let meta = TrainerConfig {
-            meta_dir: "/models/meta".into(),
-            ..cfg()
-        };
-        let err = meta.check_learning(&on).unwrap_err();
-        assert!(
-            matches!(&err, TrainerError::Config { key: "meta_dir", reason } if reason.contains("learning.mean_field")),
-            "{err}"
-        );
-        meta.check_learning(&Default::default()).unwrap();
     }
 
     /// The network a round published, read back verified.

@@ -690,16 +690,13 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     // The store the recorder writes.
     let cfg: StoreConfig = ctx.config.section("trajectory_store")?;
     let trainer: TrainerConfig = ctx.config.section("trainer")?;
-    trainer
-        .validate()
-        .and_then(|()| trainer.check_learning(&ctx.config.learning))
-        .map_err(|e| match e {
-            TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
-                key: format!("trainer.{key}"),
-                reason,
-            }),
-            other => ServiceError::resource("trainer", other),
-        })?;
+    trainer.validate().map_err(|e| match e {
+        TrainerError::Config { key, reason } => ServiceError::Config(ConfigError::Invalid {
+            key: format!("trainer.{key}"),
+            reason,
+        }),
+        other => ServiceError::resource("trainer", other),
+    })?;
     let store_cfg: ModelStoreConfig = ctx.config.section("model_store")?;
     let models = open_model_store(&store_cfg, &ctx.bus, &ctx.config.bus)
         .await
@@ -711,7 +708,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let metrics = TrainerMetrics::new(&ctx.metrics)?;
     let forget_metrics = metrics.forget.clone();
     let (outbox, publisher) = spawn_publisher(ctx.clone());
-    let assets = load_assets(&trainer, &metrics);
+    let assets = load_assets(&trainer, &metrics, &ctx.config.learning);
     let config = ctx.config.clone();
     let poll = Duration::from_millis(trainer.poll_ms);
     let recheck = Duration::from_millis(trainer.recheck_ms);
@@ -791,11 +788,16 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
 
 /// The meta dir's networks, or `None` (meta-learning off: no `meta_dir`, or it cannot be loaded;
 /// the latter is logged and counted, and the service trains without meta-learning).
-pub fn load_assets(cfg: &TrainerConfig, metrics: &TrainerMetrics) -> Option<Arc<MetaAssets>> {
+pub fn load_assets(
+    cfg: &TrainerConfig,
+    metrics: &TrainerMetrics,
+    learning: &aware_shared::config::LearningConfig,
+) -> Option<Arc<MetaAssets>> {
     if cfg.meta_dir.is_empty() {
         return None;
     }
-    match embedding::load_meta_dir(std::path::Path::new(&cfg.meta_dir)) {
+    let width = aware_mdp::state_width(learning.mean_field);
+    match embedding::load_meta_dir(std::path::Path::new(&cfg.meta_dir), width) {
         Ok(a) => {
             tracing::info!(meta_dir = %cfg.meta_dir, meta_version = a.version, embed_dim = a.embed_dim(), base_inputs = a.base.config().state_dim, "meta-learning on");
             Some(Arc::new(a))

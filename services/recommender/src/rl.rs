@@ -10,7 +10,8 @@
 //! keeps what it had.
 //!
 //! Meta-learning (issue [meta-learner] item 3): a policy whose input is wider than the state
-//! (9 + 64 for a base-learner trained by a trainer with `meta_dir`) is conditioned on the target's
+//! (9 + 64 for a base-learner trained by a trainer with `meta_dir`, 15 + 64 with
+//! `learning.mean_field`) is conditioned on the target's
 //! workload embedding: the actor gets `state ‖ embedding`, the latest `embedding` received for the
 //! target. Without one, or with one of another width, the fallback acts
 //! ([`FallbackReason::NoEmbedding`]). While exploring, the normalizer folds in the state but keeps
@@ -121,29 +122,33 @@ pub struct RlDecision {
 }
 
 /// The actor's input: `state` itself for a policy of the state's width, `state ‖ embedding`
-/// for a policy conditioned on an embedding of the remaining width.
+/// for a policy conditioned on an embedding of the remaining width. The state is the target's
+/// own features, or those and the mean field (`learning.mean_field`); a policy trained on the
+/// other of the two widths (the setting changed since) falls back for `state_dim`.
 pub fn policy_input(
     input_dim: usize,
     state: &[f32],
     embedding: Option<&[f32]>,
 ) -> Result<Vec<f32>, FallbackReason> {
-    if input_dim == state.len() || state.len() != STATE_DIM {
-        // A plain policy, or a state of the wrong width (the model's error, as without
+    let widths = [STATE_DIM, aware_mdp::state_width(true)];
+    if input_dim == state.len() || !widths.contains(&state.len()) {
+        // A plain policy, or a state of neither width (the model's error, as without
         // meta-learning).
         return Ok(state.to_vec());
     }
-    if input_dim == aware_mdp::state_width(true) {
-        // A mean-field policy given the target's own features only (learning.mean_field
-        // turned off since it was trained): the state's width, not an embedding, is missing.
+    if widths.contains(&input_dim) {
+        // A plain policy of the other state width.
         return Err(FallbackReason::StateDim);
     }
-    match embedding {
-        Some(e) if state.len() + e.len() == input_dim && e.iter().all(|x| x.is_finite()) => {
+    match embedding.filter(|e| e.iter().all(|x| x.is_finite())) {
+        Some(e) if state.len() + e.len() == input_dim => {
             let mut x = Vec::with_capacity(input_dim);
             x.extend_from_slice(state);
             x.extend_from_slice(e);
             Ok(x)
         }
+        // A conditioned policy of the other state width.
+        Some(e) if widths.iter().any(|w| w + e.len() == input_dim) => Err(FallbackReason::StateDim),
         _ => Err(FallbackReason::NoEmbedding),
     }
 }
@@ -293,5 +298,29 @@ mod tests {
             rl_decide(&mut mf, &wide[..STATE_DIM], None, cur, &b, None, &mut rng),
             Err(FallbackReason::StateDim)
         );
+        // Conditioned on an embedding (meta-learning): state ‖ mean field ‖ embedding, and a
+        // conditioned policy of the other state width falls back for the state, not the
+        // embedding.
+        let e: Vec<f32> = (0..64).map(|i| (i as f32 * 0.1).sin()).collect();
+        let x = policy_input(wide.len() + 64, &wide, Some(&e)).unwrap();
+        assert_eq!(
+            (&x[..wide.len()], &x[wide.len()..]),
+            (wide.as_slice(), e.as_slice())
+        );
+        assert_eq!(
+            policy_input(STATE_DIM + 64, &wide, Some(&e)),
+            Err(FallbackReason::StateDim)
+        );
+        assert_eq!(
+            policy_input(wide.len() + 64, &wide[..STATE_DIM], Some(&e)),
+            Err(FallbackReason::StateDim)
+        );
+        assert_eq!(
+            policy_input(wide.len() + 64, &wide, None),
+            Err(FallbackReason::NoEmbedding)
+        );
+        let mut cond = policy(wide.len() + 64);
+        let d = rl_decide(&mut cond, &wide, Some(&e), cur, &b, None, &mut rng).unwrap();
+        assert_eq!(d.raw, cond.policy.act(&x).unwrap());
     }
 }

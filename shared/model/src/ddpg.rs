@@ -493,6 +493,46 @@ impl Ddpg {
         Ok(())
     }
 
+    /// This agent with `n` state inputs inserted before state input `at` (`at` ≤ the state
+    /// width): their weights in the first layer of the actor and the critic (and of their
+    /// targets) are zero and the normalizer holds them at mean 0, std 1, so the widened agent
+    /// acts and values exactly as this one whatever the new inputs hold; training then learns
+    /// their weights. The step count, exploration state, normalizer statistics and learner state
+    /// are kept; the Adam moments restart (their shapes change).
+    pub fn with_inputs_inserted(&self, at: usize, n: usize) -> Result<Ddpg, ModelError> {
+        let d = self.policy.cfg.state_dim;
+        if at > d {
+            return Err(ModelError::InvalidConfig(format!(
+                "inputs inserted at {at}, past the state's {d}"
+            )));
+        }
+        let mut out = Ddpg::new(DdpgConfig {
+            state_dim: d + n,
+            ..self.policy.cfg.clone()
+        })?;
+        let widened = |net: &Mlp, row: usize| -> Vec<Vec<f32>> {
+            let mut p = net.export();
+            // The first layer's bias has one entry per output.
+            let fan_out = net.param_sizes().get(1).copied().unwrap_or(0);
+            if let Some(w) = p.first_mut() {
+                let tail = w.split_off(row * fan_out);
+                w.extend(std::iter::repeat_n(0.0, n * fan_out));
+                w.extend(tail);
+            }
+            p
+        };
+        out.policy.actor.import(&widened(&self.policy.actor, at))?;
+        out.actor_target.import(&widened(&self.actor_target, at))?;
+        out.critic.import(&widened(&self.critic, ACTION_DIM + at))?;
+        out.critic_target
+            .import(&widened(&self.critic_target, ACTION_DIM + at))?;
+        out.policy.normalizer = self.policy.normalizer.with_inserted(at, n);
+        out.policy.noise = self.policy.noise.clone();
+        out.policy.steps = self.policy.steps;
+        out.learner_state = self.learner_state.clone();
+        Ok(out)
+    }
+
     /// Number of trainable parameters (actor, critic).
     pub fn num_params(&self) -> (usize, usize) {
         (
@@ -641,6 +681,70 @@ pub(crate) mod tests {
             seed,
             ..DdpgConfig::with_hidden(3, &[16, 16])
         }
+    }
+
+    /// Inputs inserted with zero weights: the widened agent acts and values exactly as the
+    /// trained one whatever they hold, and keeps its normalizer and step count; training then
+    /// gives them weight. An insertion past the state is refused.
+    #[test]
+    fn inserted_inputs_change_nothing_until_trained() {
+        let mut trained = Ddpg::new(small(1)).unwrap();
+        let b = batch(64, 2);
+        for _ in 0..20 {
+            for row in b.states.chunks(3) {
+                trained.observe(row).unwrap();
+            }
+            trained.train_step(&b).unwrap();
+        }
+        let mut wide = trained.with_inputs_inserted(2, 4).unwrap();
+        assert_eq!(wide.config().state_dim, 7);
+        assert_eq!(wide.train_steps(), trained.train_steps());
+        assert_eq!(wide.normalizer().count(), trained.normalizer().count());
+        assert_eq!(
+            wide.normalizer().mean()[..2],
+            trained.normalizer().mean()[..2]
+        );
+        assert_eq!(wide.normalizer().mean()[6], trained.normalizer().mean()[2]);
+        assert_eq!(wide.normalizer().std()[2..6], [1.0; 4]);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..20 {
+            let s: Vec<f32> = (0..3).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let extra: Vec<f32> = (0..4).map(|_| rng.random_range(-5.0..5.0)).collect();
+            let w: Vec<f32> = [&s[..2], &extra, &s[2..]].concat();
+            let (a, aw) = (trained.act(&s).unwrap(), wide.act(&w).unwrap());
+            assert!(
+                a.iter().zip(&aw).all(|(x, y)| (x - y).abs() < 1e-6),
+                "{a:?} {aw:?}"
+            );
+            let (q, qw) = (
+                trained.q_value(&s, &a).unwrap(),
+                wide.q_value(&w, &a).unwrap(),
+            );
+            assert!((q - qw).abs() < 1e-5, "{q} {qw}");
+        }
+        // Trained on states whose new inputs carry the reward's signal, they get weight.
+        let mut wb = Batch::with_capacity(7, 64);
+        for (i, row) in b.states.chunks(3).enumerate() {
+            let extra = [row[0], -row[0], 0.5, 1.0];
+            let state: Vec<f32> = [&row[..2], &extra[..], &row[2..]].concat();
+            let action = [b.actions[i * 3], b.actions[i * 3 + 1], b.actions[i * 3 + 2]];
+            wb.push(&crate::Transition {
+                reward: b.rewards[i],
+                next_state: state.clone(),
+                state,
+                action,
+                done: true,
+            })
+            .unwrap();
+        }
+        wide.train_step(&wb).unwrap();
+        let first = wide.policy.actor.export()[0].clone();
+        let fan_out = first.len() / 7;
+        assert!(first[2 * fan_out..6 * fan_out].iter().any(|&x| x != 0.0));
+        assert!(matches!(
+            trained.with_inputs_inserted(4, 1),
+            Err(ModelError::InvalidConfig(_))
+        ));
     }
 
     #[test]

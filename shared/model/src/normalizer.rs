@@ -32,6 +32,17 @@ impl Normalizer {
         }
     }
 
+    /// This normalizer with `n` features inserted before feature `at` (clamped to the width),
+    /// each at mean 0, std 1 as if every state folded in so far had held a spread of 1 there.
+    pub fn with_inserted(&self, at: usize, n: usize) -> Self {
+        let at = at.min(self.dim());
+        let mut out = self.clone();
+        let ones = self.count as f64;
+        out.mean.splice(at..at, std::iter::repeat_n(0.0, n));
+        out.m2.splice(at..at, std::iter::repeat_n(ones, n));
+        out
+    }
+
     /// Feature count.
     pub fn dim(&self) -> usize {
         self.mean.len()
