@@ -298,9 +298,10 @@ fn arm_config(
             "online_noise_free_only": eval_every > 0,
         }),
     );
+    // The paper's agent, without the capacity shield (ADR 0029).
     cfg.sections.insert(
         "recommender".into(),
-        serde_json::json!({ "eval_every_episodes": eval_every }),
+        serde_json::json!({ "eval_every_episodes": eval_every, "capacity_shield_steps": 0 }),
     );
     cfg.sections.insert(
         "model_store".into(),

@@ -257,6 +257,11 @@ pub fn arm_config(
         "lifecycle_monitor".into(),
         serde_json::json!({ "error_budget": false }),
     );
+    // The paper's agent has no capacity shield (ADR 0029) either.
+    cfg.sections.insert(
+        "recommender".into(),
+        serde_json::json!({ "capacity_shield_steps": 0 }),
+    );
     for (path, value) in &opts.settings {
         aware_harness::set_path(&mut cfg.sections, path, value.clone())?;
     }

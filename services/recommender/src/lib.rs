@@ -160,6 +160,14 @@ pub struct RecommenderConfig {
     /// loop, which report no CPU, so the HPA alone would scale them down and never up again.
     /// 0: off. Default 12.
     pub handback_restore_steps: u32,
+    /// The capacity shield (docs/adr/0029-capacity-shield.md): for this many steps after an
+    /// observed SLO violation, the RL policy's replicas and CPU per replica are raised to at
+    /// least the fallback's recommendation of the step (the target's tuned HPA), and its raw
+    /// action rewritten to what is sent. Within the SLO the policy trades capacity freely; once
+    /// it misses, it cannot stay below what the rule-based autoscaler would run. Unset (the
+    /// default): the error budget's window, the steps over which the target's objective allows
+    /// one violation (⌈1 / (1 − objective)⌉, 100 at 0.99). 0: off.
+    pub capacity_shield_steps: Option<u32>,
 }
 
 impl Default for RecommenderConfig {
@@ -172,6 +180,7 @@ impl Default for RecommenderConfig {
             slo_unreachable: ReachConfig::default(),
             memory_floor: true,
             handback_restore_steps: 12,
+            capacity_shield_steps: None,
         }
     }
 }
@@ -242,6 +251,8 @@ pub struct RecommenderMetrics {
     pub lifecycle_refused: prometheus::IntCounter,
     /// RL actions whose memory was raised to the VPA's lower bound (`memory_floor`).
     pub memory_floor: prometheus::IntCounter,
+    /// RL actions whose replicas or CPU were raised to the fallback's (`capacity_shield_steps`).
+    pub capacity_shield: prometheus::IntCounter,
     /// Fallback actions raised to the fallback's own last allocation after a hand-back
     /// (`handback_restore_steps`).
     pub handback_restores: prometheus::IntCounter,
@@ -284,6 +295,10 @@ impl RecommenderMetrics {
                 "recommender_lifecycle_refused_total",
                 "lifecycle messages refused as no move the lifecycle monitor makes (e.g. SERVING for a target known OFFLINE)",
             )?,
+            capacity_shield: m.counter(
+                "recommender_capacity_shield_total",
+                "RL actions whose replicas or CPU were raised to the fallback's after an SLO violation (recommender.capacity_shield_steps)",
+            )?,
             memory_floor: m.counter(
                 "recommender_memory_floor_total",
                 "RL actions whose memory request was raised to the VPA's lower bound (recommender.memory_floor)",
@@ -318,6 +333,10 @@ pub struct Decider {
     reach: SloReach,
     /// `recommender.memory_floor`.
     memory_floor: bool,
+    /// `recommender.capacity_shield_steps` (`None`: the budget's window), and the steps the
+    /// shield still holds (set on an observed violation).
+    shield_steps: Option<u32>,
+    shield_left: u32,
     /// The HPA target utilization of `recommender.fallback`, for a target whose spec sets none.
     default_hpa_target: f64,
     /// The last allocation the fallback decided while it drove (INITIALIZED or OFFLINE).
@@ -355,6 +374,8 @@ impl Decider {
             retrain_noise_scale: 1.0,
             reach: SloReach::new(ReachConfig::default()),
             memory_floor: true,
+            shield_steps: None,
+            shield_left: 0,
             default_hpa_target,
             fallback_last: None,
             restore: None,
@@ -398,6 +419,11 @@ impl Decider {
     /// `recommender.memory_floor`: the RL policy's memory never below the VPA's lower bound.
     pub fn set_memory_floor(&mut self, on: bool) {
         self.memory_floor = on;
+    }
+
+    /// `recommender.capacity_shield_steps` (`None`: the error budget's window; 0: off).
+    pub fn set_capacity_shield_steps(&mut self, steps: Option<u32>) {
+        self.shield_steps = steps;
     }
 
     /// `recommender.handback_restore_steps` (0: off).
@@ -634,6 +660,13 @@ impl Decider {
             slo_unreachable: self.reach.needed(),
             slo_judged: self.reach.decided(),
         };
+        // The shield holds for `shield_steps` steps from each observed violation.
+        self.shield_left = if o.slo_violation {
+            self.shield_steps
+                .unwrap_or_else(|| budget_window(self.spec.slo.objective()))
+        } else {
+            self.shield_left.saturating_sub(1)
+        };
         let explore = match self.state.stage {
             Stage::Initialized | Stage::Offline => {
                 tracing::trace!(target = %self.state.target, rules = %rec.rules.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "fallback decision");
@@ -671,6 +704,16 @@ impl Decider {
                             d.raw = raw;
                             d.desired = desired;
                         }
+                    }
+                }
+                if self.shield_left > 0 {
+                    if let Some((raw, desired)) =
+                        raise_capacity(d.raw, d.desired, rec.desired, current, &self.spec.bounds)
+                    {
+                        self.metrics.capacity_shield.inc();
+                        tracing::debug!(target = %o.target, asked_replicas = d.desired.replicas, asked_cpu_millicores = d.desired.cpu_millicores, replicas = desired.replicas, cpu_millicores = desired.cpu_millicores, "capacity raised to the fallback's after an SLO violation");
+                        d.raw = raw;
+                        d.desired = desired;
                     }
                 }
                 action.source = DecisionSource::Rl;
@@ -727,6 +770,45 @@ pub fn raise_memory(
     let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
     // Only the memory dimension changes: the others keep the policy's own values.
     raw[2] = asked[2];
+    Some((raw, crate::rl::map_raw(raw, current, bounds)))
+}
+
+/// The steps over which an SLO objective's error budget allows one violation:
+/// ⌈1 / (1 − objective)⌉ (100 at 0.99; 1 for an objective that is not a fraction below 1).
+pub fn budget_window(objective: f64) -> u32 {
+    // Less a rounding margin: 1 / (1 − 0.99) is 100.00000000000009 in floating point.
+    let w = (1.0 / (1.0 - objective) - 1e-6).ceil();
+    if aware_mdp::Slo::valid_objective(objective) && w.is_finite() {
+        w.min(f64::from(u32::MAX)) as u32
+    } else {
+        1
+    }
+}
+
+/// `desired` with its replicas and CPU per replica raised to at least `floor`'s (the
+/// fallback's recommendation; within the bounds) and the raw action that asks for it from
+/// `current` (replicas and CPU rewritten, memory kept), when the policy asked for less in
+/// either; `None` when it did not.
+pub fn raise_capacity(
+    raw: [f32; aware_mdp::ACTION_DIM],
+    desired: Resources,
+    floor: Resources,
+    current: Resources,
+    bounds: &aware_shared::spec::Bounds,
+) -> Option<([f32; aware_mdp::ACTION_DIM], Resources)> {
+    let (floor, _) = bounds.clamp(floor);
+    if desired.replicas >= floor.replicas && desired.cpu_millicores >= floor.cpu_millicores {
+        return None;
+    }
+    let raised = Resources {
+        replicas: desired.replicas.max(floor.replicas),
+        cpu_millicores: desired.cpu_millicores.max(floor.cpu_millicores),
+        ..desired
+    };
+    let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
+    let mut raw = raw;
+    raw[0] = asked[0];
+    raw[1] = asked[1];
     Some((raw, crate::rl::map_raw(raw, current, bounds)))
 }
 
@@ -812,6 +894,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
         decider.set_retrain_noise_scale(cfg.retrain_noise_scale);
         decider.set_reach(cfg.slo_unreachable);
         decider.set_memory_floor(cfg.memory_floor);
+        decider.set_capacity_shield_steps(cfg.capacity_shield_steps);
         decider.set_handback_restore_steps(cfg.handback_restore_steps);
         Agent {
             decider,
@@ -1521,6 +1604,102 @@ mod tests {
                 (a.source, a.fallback_reason),
                 (DecisionSource::Fallback, None)
             );
+        }
+
+        /// The capacity shield: for `capacity_shield_steps` steps from an observed violation the
+        /// policy's replicas and CPU are at least the fallback's recommendation (what the same
+        /// fallback decides for the same steps when it drives), its raw action rewritten to
+        /// what is sent; then the policy's own action again. Off, the policy's action throughout.
+        #[test]
+        fn the_capacity_shield_holds_the_policy_at_the_fallbacks_capacity_after_a_violation() {
+            let loaded = |step: u32, violation: bool| {
+                let mut o = obs(vec![0.5; 9]);
+                o.step = step;
+                o.metrics.replicas = 20;
+                o.metrics.ready_replicas = 20;
+                o.metrics.spec_replicas = Some(20);
+                o.metrics.cpu_limit_cores = 2.0;
+                // 400 % of the requests: the HPA scales up.
+                o.metrics.cpu_usage_cores = 160.0;
+                o.slo_violation = violation;
+                o
+            };
+            let steps = [true, false, false, false];
+            let run = |stage: Stage, shield: u32| {
+                let mut f = fixture();
+                f.decider.state.stage = stage;
+                f.decider.set_capacity_shield_steps(Some(shield));
+                f.decider.handle(&Event::Model(publish(&f.store, 1, 5)));
+                let actions: Vec<Action> = steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| f.decider.decide(&loaded(i as u32, v)))
+                    .collect();
+                let raised = counter(&f.registry, "recommender_capacity_shield_total", None);
+                (actions, raised)
+            };
+            let (fallback, _) = run(Stage::Offline, 0);
+            let (own, none) = run(Stage::Serving, 0);
+            let (shielded, raised) = run(Stage::Serving, 2);
+            assert_eq!(none, 0.0);
+            let b = aware_shared::spec::Bounds::default();
+            let below = |a: &Action, f: &Action| {
+                a.desired.replicas < f.desired.replicas
+                    || a.desired.cpu_millicores < f.desired.cpu_millicores
+            };
+            assert!(
+                below(&own[0], &fallback[0]),
+                "the policy asks for less than the HPA: {:?} {:?}",
+                own[0].desired,
+                fallback[0].desired
+            );
+            for i in 0..2 {
+                let (a, f) = (&shielded[i], &fallback[i]);
+                assert_eq!(a.source, DecisionSource::Rl);
+                assert!(
+                    !below(a, f),
+                    "step {i}: {:?} under {:?}",
+                    a.desired,
+                    f.desired
+                );
+                assert_eq!(a.desired.memory_bytes, own[i].desired.memory_bytes);
+                assert_eq!(
+                    a.desired,
+                    rl::map_raw([a.raw[0], a.raw[1], a.raw[2]], a.current, &b)
+                );
+            }
+            assert_eq!(raised, 2.0);
+            for i in 2..4 {
+                assert_eq!(
+                    shielded[i].desired, own[i].desired,
+                    "step {i}: the shield ended"
+                );
+            }
+        }
+
+        /// Unset, the shield lasts the error budget's window.
+        #[test]
+        fn the_capacity_shield_lasts_the_budgets_window_by_default() {
+            assert_eq!(budget_window(0.99), 100);
+            assert_eq!(budget_window(0.9), 10);
+            assert_eq!(budget_window(0.995), 200);
+            for bad in [1.0, 0.0, f64::NAN, 2.0] {
+                assert_eq!(budget_window(bad), 1);
+            }
+            let mut f = fixture();
+            f.decider.spec.slo.objective = Some(0.9);
+            f.decider.set_capacity_shield_steps(None);
+            let mut o = obs(vec![0.5; 9]);
+            o.slo_violation = true;
+            f.decider.decide(&o);
+            assert_eq!(f.decider.shield_left, 10);
+            o.slo_violation = false;
+            f.decider.decide(&o);
+            assert_eq!(f.decider.shield_left, 9);
+            f.decider.set_capacity_shield_steps(Some(0));
+            o.slo_violation = true;
+            f.decider.decide(&o);
+            assert_eq!(f.decider.shield_left, 0, "off");
         }
 
         #[test]
