@@ -517,6 +517,21 @@ mod tests {
         }
     }
 
+    /// An ONLINE round of `learner`, and the network it published, read back verified.
+    fn online_round(
+        learner: &mut Learner,
+        store: &SqliteStore,
+        models: &LocalDirStore,
+    ) -> (crate::learner::Published, Ddpg) {
+        let p = learner
+            .maybe_train_in(Stage::Online, store, models)
+            .unwrap()
+            .expect("a round");
+        let bytes =
+            get_verified(models, &p.object.uri, &p.object.sha256, p.object.size_bytes).unwrap();
+        (p, Ddpg::from_bytes(&bytes).unwrap())
+    }
+
     #[test]
     fn embeds_the_top_episodes_publishes_and_refreshes() {
         let dir = tempfile::tempdir().unwrap();
@@ -594,20 +609,7 @@ mod tests {
             .published
             .unwrap()
             .embedding;
-        let p = learner
-            .maybe_train_in(Stage::Online, &store, &models)
-            .unwrap()
-            .expect("a round");
-        let d = Ddpg::from_bytes(
-            &get_verified(
-                &models,
-                &p.object.uri,
-                &p.object.sha256,
-                p.object.size_bytes,
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let (p, d) = online_round(&mut learner, &store, &models);
         assert_eq!(d.config().state_dim, 9 + E);
         assert_eq!(
             d.config().actor_hidden,
@@ -675,20 +677,7 @@ mod tests {
             .unwrap();
         assert_eq!(m.embedding, want);
         assert_eq!(learner.state_dim(), width + E);
-        let p = learner
-            .maybe_train_in(Stage::Online, &store, &models)
-            .unwrap()
-            .expect("a round");
-        let d = Ddpg::from_bytes(
-            &get_verified(
-                &models,
-                &p.object.uri,
-                &p.object.sha256,
-                p.object.size_bytes,
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let (_, d) = online_round(&mut learner, &store, &models);
         assert_eq!(d.config().state_dim, width + E);
         assert!(d.normalizer().std()[width..].iter().all(|&s| s == 1.0));
         let mut s = store.transitions(&t, 0..1).unwrap()[0].state.clone();
