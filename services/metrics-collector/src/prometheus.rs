@@ -1164,9 +1164,6 @@ mod tests {
         assert_eq!(o.reward, e.reward);
     }
 
-    /// `spec_replicas` disabled (an empty override, so no outcome): the step is complete, the
-    /// field absent and the running pods stand in for the count in force, also when the
-    /// Deployment series are stale (only what was read is named missing).
     fn cluster_outcomes(t: f64) -> HashMap<&'static str, QueryOutcome> {
         use QueryOutcome::Value;
         HashMap::from([
@@ -1279,6 +1276,9 @@ mod tests {
         );
     }
 
+    /// `spec_replicas` disabled (an empty override, so no outcome): the step is complete, the
+    /// field absent and the running pods stand in for the count in force, also when the
+    /// Deployment series are stale (only what was read is named missing).
     #[test]
     fn a_disabled_spec_replicas_query_leaves_the_field_absent() {
         let t = 1000.0;

@@ -766,11 +766,25 @@ pub fn raise_memory(
         memory_bytes: floor,
         ..desired
     };
-    let mut raw = raw;
-    let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
     // Only the memory dimension changes: the others keep the policy's own values.
-    raw[2] = asked[2];
-    Some((raw, crate::rl::map_raw(raw, current, bounds)))
+    Some(ask_for(raw, raised, 2..3, current, bounds))
+}
+
+/// `raw` with its dimensions `dims` rewritten to ask for `raised` from `current`
+/// ([`aware_mdp::action_for`] under the default action map; the other dimensions keep the
+/// policy's values), and the allocation it maps to: what a floor sends, so the trainer learns
+/// from what ran.
+fn ask_for(
+    raw: [f32; aware_mdp::ACTION_DIM],
+    raised: Resources,
+    dims: std::ops::Range<usize>,
+    current: Resources,
+    bounds: &aware_shared::spec::Bounds,
+) -> ([f32; aware_mdp::ACTION_DIM], Resources) {
+    let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
+    let mut raw = raw;
+    raw[dims.clone()].copy_from_slice(&asked[dims]);
+    (raw, crate::rl::map_raw(raw, current, bounds))
 }
 
 /// The steps over which an SLO objective's error budget allows one violation:
@@ -805,11 +819,8 @@ pub fn raise_capacity(
         cpu_millicores: desired.cpu_millicores.max(floor.cpu_millicores),
         ..desired
     };
-    let asked = aware_mdp::action_for(raised, current, bounds, &aware_mdp::ActionMap::default());
-    let mut raw = raw;
-    raw[0] = asked[0];
-    raw[1] = asked[1];
-    Some((raw, crate::rl::map_raw(raw, current, bounds)))
+    // Replicas and CPU change; memory keeps the policy's (or the memory floor's) value.
+    Some(ask_for(raw, raised, 0..2, current, bounds))
 }
 
 /// The actor of one target.
