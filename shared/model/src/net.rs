@@ -74,10 +74,20 @@ impl Mlp {
 
     /// The output layer's input to its activation (the pre-activation).
     pub(crate) fn forward_pre<T: Tape<f32, Dev> + Merge<NoneTape>>(&self, x: Mat<T>) -> Mat<T> {
+        self.forward_pre_by(x, dense)
+    }
+
+    /// [`Mlp::forward_pre`] with each layer computed by `layer` (the tests compare [`dense`]
+    /// with dfdx's broadcast add through it).
+    fn forward_pre_by<T: Tape<f32, Dev> + Merge<NoneTape>>(
+        &self,
+        x: Mat<T>,
+        layer: impl Fn(Mat<T>, &Dense) -> Mat<T>,
+    ) -> Mat<T> {
         let mut h = x;
         let last = self.layers.len().saturating_sub(1);
         for (i, l) in self.layers.iter().enumerate() {
-            let z = dense(h, l);
+            let z = layer(h, l);
             h = if i < last { z.relu() } else { z };
         }
         h
@@ -286,7 +296,7 @@ fn dense<T: Tape<f32, Dev> + Merge<NoneTape>>(h: Mat<T>, l: &Dense) -> Mat<T> {
     let (rows, cols) = *z.shape();
     if l.b.shape().0 != cols {
         // Not a layer's shapes: dfdx's add, which checks them.
-        return z + l.b.clone().broadcast_like::<_, Axis<0>>(&(rows, cols));
+        return add_by_broadcast(z, &l.b);
     }
     let (z, mut tape) = z.split_tape();
     let mut bias = vec![0.0; cols];
@@ -316,6 +326,12 @@ fn dense<T: Tape<f32, Dev> + Merge<NoneTape>>(h: Mat<T>, l: &Dense) -> Mat<T> {
         Ok(())
     });
     out.put_tape(tape)
+}
+
+/// `z + b`, `b` broadcast over the rows by dfdx's kernel.
+fn add_by_broadcast<T: Tape<f32, Dev> + Merge<NoneTape>>(z: Mat<T>, b: &Row) -> Mat<T> {
+    let shape = *z.shape();
+    z + b.clone().broadcast_like::<_, Axis<0>>(&shape)
 }
 
 /// A `(rows, cols)` tensor from row-major host data.
@@ -417,19 +433,7 @@ mod tests {
 
     /// A layer as dfdx's broadcast add computes it: the reference for [`dense`].
     fn dense_by_broadcast<T: Tape<f32, Dev> + Merge<NoneTape>>(h: Mat<T>, l: &Dense) -> Mat<T> {
-        let z = h.matmul(l.w.clone());
-        let (rows, cols) = *z.shape();
-        z + l.b.clone().broadcast_like::<_, Axis<0>>(&(rows, cols))
-    }
-
-    fn forward_by_broadcast(net: &Mlp, x: Traced) -> Traced {
-        let last = net.layers.len() - 1;
-        let mut h = x;
-        for (i, l) in net.layers.iter().enumerate() {
-            let z = dense_by_broadcast(h, l);
-            h = if i < last { z.relu() } else { z };
-        }
-        h.tanh()
+        add_by_broadcast(h.matmul(l.w.clone()), &l.b)
     }
 
     /// The layers' outputs and every gradient (weights, biases, input) are bit for bit those
@@ -457,7 +461,9 @@ mod tests {
             all
         };
         let fast = run(net.forward(traced(x.clone())));
-        let reference = run(forward_by_broadcast(&net, traced(x.clone())));
+        let reference = run(net
+            .forward_pre_by(traced(x.clone()), dense_by_broadcast)
+            .tanh());
         assert_eq!(fast.len(), reference.len());
         for (i, (f, r)) in fast.iter().zip(&reference).enumerate() {
             assert!(f.iter().any(|v| *v != 0.0), "part {i} is all zeros");
