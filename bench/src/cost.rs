@@ -702,11 +702,7 @@ pub(crate) fn run_baseline(
     prices: &Prices,
 ) -> Result<Vec<Figures>, BenchError> {
     let rows = simulate(apps, sim, steps, policy)?;
-    Ok(apps
-        .iter()
-        .zip(rows)
-        .map(|(a, r)| Figures::of_app(a, &present_rows(r), sim.step_seconds, prices))
-        .collect())
+    Ok(figures_of(apps, &rows, sim.step_seconds, prices))
 }
 
 /// Each app's rows by window step (none while the app is off the cluster).
@@ -750,6 +746,97 @@ pub struct AwareLearning {
     pub state_width: usize,
     /// `trainer.meta_dir` (none: the plain base-learner).
     pub meta: Option<String>,
+    /// The app-steps the agent's own decisions were in force, against `hpa_vpa_tuned` on the
+    /// same app-steps (when both ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_steps: Option<AgentSteps>,
+}
+
+/// The app-steps whose allocation in force the RL policy decided (a step after the agent's
+/// decision), priced for `aware` and for `hpa_vpa_tuned` on the same app-steps: whether the
+/// agent's own decisions are cheaper than the tuned HPA's, apart from the steps behind the
+/// fallback. Requested core-hours and GiB-hours, without the restarts' surge.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AgentSteps {
+    pub app_steps: u64,
+    /// Of them, the steps of apps with an SLO, and those meeting it under each policy.
+    pub slo_steps: u64,
+    pub aware_met: u64,
+    pub tuned_met: u64,
+    pub aware_core_hours: f64,
+    pub tuned_core_hours: f64,
+    pub aware_gib_hours: f64,
+    pub tuned_gib_hours: f64,
+    /// The oracle on the same app-steps (when it ran): what the agent's steps could cost at
+    /// best, and the whole window's core-hours and GiB-hours had the agent's steps cost that
+    /// (the fallback's steps as they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oracle: Option<OracleBound>,
+}
+
+/// The oracle's requests on the agent's app-steps, and the window's bound they set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct OracleBound {
+    pub core_hours: f64,
+    pub gib_hours: f64,
+    pub met: u64,
+    /// `aware`'s window with its own steps at the oracle's requests.
+    pub window_core_hours: f64,
+    pub window_gib_hours: f64,
+}
+
+impl AgentSteps {
+    /// Over every app and window step `g > 0` whose previous step's decision came from the RL
+    /// policy, with both policies' rows present.
+    pub(crate) fn of(
+        apps: &[AppSpec],
+        aware: &WindowRows,
+        tuned: &WindowRows,
+        oracle: Option<&WindowRows>,
+        step_seconds: f64,
+    ) -> AgentSteps {
+        let h = step_seconds / 3600.0;
+        let mut s = AgentSteps::default();
+        let mut bound = OracleBound::default();
+        for (i, ((app, a), t)) in apps.iter().zip(aware).zip(tuned).enumerate() {
+            let slo = has_slo(&app.slo);
+            let o = oracle.and_then(|o| o.get(i));
+            for (g, (ar, tr)) in a.iter().zip(t).enumerate().skip(1) {
+                let decided = a[g - 1].as_ref().is_some_and(|p| p.rl);
+                let (Some(ar), Some(tr), true) = (ar, tr, decided) else {
+                    continue;
+                };
+                if let Some(Some(or)) = o.and_then(|o| o.get(g)) {
+                    bound.core_hours += Prices::cores(&or.allocation) * h;
+                    bound.gib_hours += Prices::gib(&or.allocation) * h;
+                    bound.met += u64::from(slo && or.met);
+                }
+                s.app_steps += 1;
+                s.slo_steps += u64::from(slo);
+                s.aware_met += u64::from(slo && ar.met);
+                s.tuned_met += u64::from(slo && tr.met);
+                s.aware_core_hours += Prices::cores(&ar.allocation) * h;
+                s.tuned_core_hours += Prices::cores(&tr.allocation) * h;
+                s.aware_gib_hours += Prices::gib(&ar.allocation) * h;
+                s.tuned_gib_hours += Prices::gib(&tr.allocation) * h;
+            }
+        }
+        if oracle.is_some() {
+            let requested = |f: fn(&Allocation) -> f64| -> f64 {
+                aware
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .map(|r| f(&r.allocation) * h)
+                    .sum()
+            };
+            bound.window_core_hours =
+                requested(Prices::cores) - s.aware_core_hours + bound.core_hours;
+            bound.window_gib_hours = requested(Prices::gib) - s.aware_gib_hours + bound.gib_hours;
+            s.oracle = Some(bound);
+        }
+        s
+    }
 }
 
 /// A policy over all apps.
@@ -1038,6 +1125,7 @@ async fn run_aware(
             models_published: models,
             state_width,
             meta: opts.meta.as_ref().map(|m| m.display().to_string()),
+            agent_steps: None,
         },
     ))
 }
@@ -1053,21 +1141,17 @@ pub(crate) fn aware_rows(
     system.block_on(run_aware(opts, apps, fallback_targets))
 }
 
-/// The aware policy's figures per app, and its learning.
-pub(crate) fn aware_figures(
-    opts: &CostBenchOptions,
+/// Per app figures of a window's rows.
+pub(crate) fn figures_of(
     apps: &[AppSpec],
-    fallback_targets: Option<&[u32]>,
+    rows: &WindowRows,
     step_seconds: f64,
     prices: &Prices,
-) -> Result<(Vec<Figures>, AwareLearning), BenchError> {
-    let (rows, learning) = aware_rows(opts, apps, fallback_targets)?;
-    let figs = apps
-        .iter()
+) -> Vec<Figures> {
+    apps.iter()
         .zip(rows)
-        .map(|(a, r)| Figures::of_app(a, &present_rows(r), step_seconds, prices))
-        .collect();
-    Ok((figs, learning))
+        .map(|(a, r)| Figures::of_app(a, &present_rows(r.clone()), step_seconds, prices))
+        .collect()
 }
 
 /// The apps with an SLO whose attainment reached `objective`.
@@ -1155,6 +1239,9 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
             .map(|pts| choose_target(pts, opts.objective))
             .collect();
     }
+    let mut tuned_rows: Option<WindowRows> = None;
+    let mut aware_window: Option<WindowRows> = None;
+    let mut oracle_rows: Option<WindowRows> = None;
     let tuned_targets: Vec<u32> = tuned
         .iter()
         .map(|c| c.map_or(70, |c| c.target_percent))
@@ -1169,7 +1256,9 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
             }
             CostPolicy::HpaVpaTuned => {
                 let mut b = Baseline::fallbacks(&tuned_targets, false)?;
-                let figs = run_baseline(&apps, &sim, steps, &mut b, &prices)?;
+                let rows = simulate(&apps, &sim, steps, &mut b)?;
+                let figs = figures_of(&apps, &rows, sim.step_seconds, &prices);
+                tuned_rows = Some(rows);
                 record(p, figs, started, None, None, &mut per_app);
                 evaluation_sweep = sweep(&apps, &sim, steps, &opts.hpa_targets, &prices)?;
             }
@@ -1183,7 +1272,9 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
                     prices,
                     unreachable: vec![0; n],
                 };
-                let figs = run_baseline(&apps, &sim, steps, &mut b, &prices)?;
+                let rows = simulate(&apps, &sim, steps, &mut b)?;
+                let figs = figures_of(&apps, &rows, sim.step_seconds, &prices);
+                oracle_rows = Some(rows);
                 if let Baseline::Oracle { unreachable, .. } = b {
                     oracle_unreachable = unreachable.into_iter().map(Some).collect();
                 }
@@ -1193,10 +1284,26 @@ pub fn run(opts: &CostBenchOptions) -> Result<CostReport, BenchError> {
             CostPolicy::Aware => {
                 let targets = (opts.aware_fallback == AwareFallback::Tuned)
                     .then_some(tuned_targets.as_slice());
-                let (figs, learning) =
-                    aware_figures(opts, &apps, targets, sim.step_seconds, &prices)?;
+                let (rows, learning) = aware_rows(opts, &apps, targets)?;
+                let figs = figures_of(&apps, &rows, sim.step_seconds, &prices);
+                aware_window = Some(rows);
                 record(p, figs, started, None, Some(learning), &mut per_app);
             }
+        }
+    }
+    if let (Some(a), Some(t), Some(report)) = (
+        &aware_window,
+        &tuned_rows,
+        policies.get_mut(CostPolicy::Aware.name()),
+    ) {
+        if let Some(l) = report.learning.as_mut() {
+            l.agent_steps = Some(AgentSteps::of(
+                &apps,
+                a,
+                t,
+                oracle_rows.as_ref(),
+                sim.step_seconds,
+            ));
         }
     }
     let objective = opts.objective;
@@ -1592,6 +1699,30 @@ pub fn summary(r: &CostReport) -> Vec<String> {
             r.apps.len()
         ));
     }
+    let agent = r
+        .policies
+        .get(CostPolicy::Aware.name())
+        .and_then(|p| p.learning.as_ref()?.agent_steps.as_ref());
+    if let Some(a) = agent {
+        let share = |m: u64| 100.0 * m as f64 / a.slo_steps.max(1) as f64;
+        out.push(format!(
+            "aware's own decisions in force on {} app-steps: attainment {:.2}% against hpa_vpa_tuned's {:.2}% on the same steps, core-hours {:+.1}%, GiB-hours {:+.1}%",
+            a.app_steps,
+            share(a.aware_met),
+            share(a.tuned_met),
+            pct(a.aware_core_hours, a.tuned_core_hours),
+            pct(a.aware_gib_hours, a.tuned_gib_hours),
+        ));
+        let tuned = r.policies.get(CostPolicy::HpaVpaTuned.name());
+        if let (Some(b), Some(t)) = (&a.oracle, tuned) {
+            out.push(format!(
+                "the oracle on those app-steps: core-hours {:+.1}% against hpa_vpa_tuned's; the window at best, the agent's steps at the oracle's requests: core-hours {:+.1}%, GiB-hours {:+.1}% against hpa_vpa_tuned",
+                pct(b.core_hours, a.tuned_core_hours),
+                pct(b.window_core_hours, t.figures.core_hours),
+                pct(b.window_gib_hours, t.figures.gib_hours),
+            ));
+        }
+    }
     for c in &r.comparisons {
         out.push(format!(
             "{} vs {}: core-hours {:+.1}%, GiB-hours {:+.1}%, price {:+.1}%, attainment {} pp; {} apps meet the objective under {} only",
@@ -1760,6 +1891,72 @@ mod tests {
         assert_eq!((s.slo_met_steps, s.best_effort_served_steps), (6, 3));
         assert_eq!(s.disruptions, 6 + 3 + 6);
         assert_eq!(s.pending_replica_seconds, 3.0 * 3600.0);
+    }
+
+    #[test]
+    fn agent_steps_are_the_steps_after_an_rl_decision_on_both_policies() {
+        let mut app = aware_loadgen::app::generate_apps(1, 3, &Default::default()).remove(0);
+        app.slo = Slo {
+            latency_p99_ms: Some(100.0),
+            throughput_rps: None,
+            objective: None,
+        };
+        let row = |replicas: u32, met: bool, rl: bool| {
+            Some(StepRow {
+                allocation: Allocation {
+                    replicas,
+                    cpu_millicores: 1000,
+                    memory_bytes: 512 * MIB,
+                },
+                violation: !met,
+                met,
+                oom_kills: 0,
+                reward: None,
+                rl,
+                pending_replicas: 0,
+                cpu_used_cores: 0.5,
+            })
+        };
+        // decisions at steps 1 and 3 come from the agent: steps 2 and 4 are its own; step 4
+        // has no tuned row (the app off the cluster there) and is not counted
+        let aware = vec![vec![
+            row(1, true, false),
+            row(2, true, true),
+            row(3, false, false),
+            row(4, true, true),
+            row(5, true, false),
+        ]];
+        let tuned = vec![vec![
+            row(2, true, false),
+            row(2, true, false),
+            row(6, true, false),
+            row(2, true, false),
+            None,
+        ]];
+        let oracle = vec![vec![
+            row(1, true, false),
+            row(1, true, false),
+            row(1, true, false),
+            row(1, true, false),
+            row(1, true, false),
+        ]];
+        let s = AgentSteps::of(&[app.clone()], &aware, &tuned, None, 1800.0);
+        assert_eq!(s.oracle, None);
+        let b = AgentSteps::of(&[app], &aware, &tuned, Some(&oracle), 1800.0)
+            .oracle
+            .unwrap();
+        // the agent's one step at the oracle's 1 core instead of its 3; the window's other
+        // steps (1 + 2 + 4 + 5 cores) as they were
+        assert_eq!(b.met, 1);
+        assert!((b.core_hours - 0.5).abs() < 1e-12);
+        assert!((b.window_core_hours - (12.0 + 1.0) * 0.5).abs() < 1e-12);
+        assert!((b.window_gib_hours - (12.0 + 1.0) * 0.25).abs() < 1e-12);
+        assert_eq!((s.app_steps, s.slo_steps), (1, 1));
+        assert_eq!((s.aware_met, s.tuned_met), (0, 1));
+        assert!((s.aware_core_hours - 1.5).abs() < 1e-12);
+        assert!((s.tuned_core_hours - 3.0).abs() < 1e-12);
+        assert!((s.aware_gib_hours - 0.75).abs() < 1e-12);
+        assert!((s.tuned_gib_hours - 1.5).abs() < 1e-12);
     }
 
     #[test]
@@ -2013,6 +2210,8 @@ mod tests {
         // too short to train: the fallback decided every step it was asked
         assert_eq!(l.rl_decisions, 0);
         assert!(l.fallback_decisions >= 2 * 19, "{l:?}");
+        // without hpa_vpa_tuned there is nothing to price the agent's steps against
+        assert_eq!(l.agent_steps, None);
         assert_eq!(default.figures.steps, aware.figures.steps);
         assert_eq!(aware.apps_with_slo, default.apps_with_slo);
         let c = &r.comparisons;
