@@ -578,7 +578,8 @@ struct Resume {
     path: PathBuf,
     /// The capture's partitions and how a target maps to one.
     capture: aware_shared::config::JetStreamConfig,
-    floors: std::collections::HashMap<Target, Floor>,
+    /// Each target's floor and its partition (computed once, not on every pass).
+    floors: std::collections::HashMap<Target, (u32, Floor)>,
     persisted: ResumePoints,
 }
 
@@ -593,13 +594,17 @@ struct Floor {
 type Holders<'a> = std::collections::BTreeMap<u32, (&'a Target, Floor)>;
 
 impl Resume {
+    /// `target`'s floor (replacing its previous one).
+    fn set_floor(&mut self, target: Target, floor: Floor) {
+        let k = self.capture.partition_of(&target);
+        self.floors.insert(target, (k, floor));
+    }
+
     /// Each partition's holder, in one pass over the floors.
     fn holders(&self) -> Holders<'_> {
         let mut holders = Holders::new();
-        for (t, f) in &self.floors {
-            let e = holders
-                .entry(self.capture.partition_of(t))
-                .or_insert((t, *f));
+        for (t, (k, f)) in &self.floors {
+            let e = holders.entry(*k).or_insert((t, *f));
             if f.seq < e.1.seq {
                 *e = (t, *f);
             }
@@ -748,16 +753,14 @@ async fn writer(
         Write::Episode(e) => episodes.push(*e),
         Write::Floor(t, seq) => {
             let since_ms = aware_bus_schemas::now_ms();
-            resume.floors.insert(t, Floor { seq, since_ms });
+            resume.set_floor(t, Floor { seq, since_ms });
         }
         Write::Release(t) => {
             resume.floors.remove(&t);
         }
         Write::StreamReset(partition) => {
             let capture = &resume.capture;
-            resume
-                .floors
-                .retain(|t, _| capture.partition_of(t) != partition);
+            resume.floors.retain(|_, (k, _)| *k != partition);
             let mut points = resume.persisted.clone();
             points.insert(partition, 0);
             match write_resume(&resume.path, capture.partitions, &points) {
@@ -1142,14 +1145,14 @@ mod tests {
             Resume::oldest(&r.holders()).map_or(0, |(_, f)| f.held_secs(now_ms))
         };
         assert_eq!((Resume::oldest(&r.holders()), held(&r, 5_000)), (None, 0));
-        r.floors.insert(
+        r.set_floor(
             a.clone(),
             Floor {
                 seq: 10,
                 since_ms: 1_000,
             },
         );
-        r.floors.insert(
+        r.set_floor(
             b.clone(),
             Floor {
                 seq: 7,
@@ -1163,7 +1166,7 @@ mod tests {
         );
         assert_eq!(held(&r, 63_999), 60, "held since b's floor");
         // b's episode completes: its next floor is past a's, which now holds it.
-        r.floors.insert(
+        r.set_floor(
             b,
             Floor {
                 seq: 12,
@@ -1199,9 +1202,9 @@ mod tests {
             persisted: ResumePoints::from([(0, 5), (1, 3)]),
         };
         let floor = |seq, since_ms| Floor { seq, since_ms };
-        r.floors.insert(a.clone(), floor(40, 2_000));
-        r.floors.insert(a2.clone(), floor(30, 3_000));
-        r.floors.insert(b.clone(), floor(2, 4_000));
+        r.set_floor(a.clone(), floor(40, 2_000));
+        r.set_floor(a2.clone(), floor(30, 3_000));
+        r.set_floor(b.clone(), floor(2, 4_000));
         assert_eq!(
             r.points(&r.holders()),
             ResumePoints::from([(0, 5), (1, 30), (2, 2)]),
