@@ -16,6 +16,7 @@
 //!   end of the run, divided by the targets (and the same per service,
 //!   `resident_bytes_per_target_by_service`);
 //! - `trainer_cpu_s_per_target_hour`: the trainers' CPU seconds per target and simulated hour;
+//!   per run, `cpu_us_per_target_step_by_service`: every service's CPU per target-step;
 //! - `first_model_after_s_p50`: from a target's data being ready (the `episode` whose rows reach
 //!   the trainer's `offline_min_transitions`: the targets start OFFLINE) to its first `model`,
 //!   median over the targets that got one (`null` without `--rl` or when none did);
@@ -138,6 +139,9 @@ pub struct ScaleRun {
     pub resident_bytes_per_target_by_service: BTreeMap<String, f64>,
     pub trainer_cpu_s: f64,
     pub trainer_cpu_s_per_target_hour: f64,
+    /// Each service's CPU, all its shards, from start to every transition stored, in
+    /// microseconds per target-step: where a step's CPU goes.
+    pub cpu_us_per_target_step_by_service: BTreeMap<String, f64>,
     pub first_model_after_s_p50: Option<f64>,
     pub targets_with_a_model: usize,
     pub transitions_stored: u64,
@@ -563,11 +567,19 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         ["aware_replay_messages_read_total"],
     );
     let (captured_messages, captured_bytes) = capture_size(&url, opts.partitions).await?;
-    let trainer_cpu_s: f64 = procs
-        .iter()
-        .filter(|p| p.bin == "aware-meta-learner-trainer")
-        .map(|p| cpu_seconds(p.child.0.id()))
-        .try_fold(0.0, |sum, s| s.map(|s| sum + s))?;
+    let mut cpu_s_by_service: BTreeMap<String, f64> = BTreeMap::new();
+    for p in &procs {
+        *cpu_s_by_service.entry(p.bin.to_string()).or_insert(0.0) += cpu_seconds(p.child.0.id())?;
+    }
+    let trainer_cpu_s = cpu_s_by_service
+        .get("aware-meta-learner-trainer")
+        .copied()
+        .unwrap_or(0.0);
+    let target_steps = (opts.targets as f64 * opts.steps as f64).max(1.0);
+    let cpu_us_per_target_step_by_service = cpu_s_by_service
+        .into_iter()
+        .map(|(bin, s)| (bin, s * 1e6 / target_steps))
+        .collect();
     let restarts = if opts.restart {
         if opts.rl {
             // The trainers' models: until every target has one, or none came for 30 s.
@@ -637,6 +649,7 @@ async fn one_run(opts: &ScaleBenchOptions) -> Result<ScaleRun, BenchError> {
         resident_bytes_per_target_by_service,
         trainer_cpu_s,
         trainer_cpu_s_per_target_hour: trainer_cpu_s / (opts.targets as f64 * hours.max(1e-9)),
+        cpu_us_per_target_step_by_service,
         first_model_after_s_p50: (!to_model.is_empty()).then(|| median(&to_model)),
         targets_with_a_model: to_model.len(),
         transitions_stored: transitions,

@@ -413,6 +413,10 @@ async fn bench_scale_at_a_tiny_size_reports_every_figure() {
     assert_eq!(r.resident_bytes_per_target_by_service.len(), 5);
     assert!(r.store_bytes_per_transition > 0.0, "{run:?}");
     assert_eq!(run.trainer_cpu_s, 0.0, "no trainer without --rl");
+    // every service's CPU is counted, each of them worked
+    let cpu = &run.cpu_us_per_target_step_by_service;
+    assert_eq!(cpu.len(), 5, "{cpu:?}");
+    assert!(cpu.values().all(|us| *us > 0.0), "{cpu:?}");
     // One capture stream: each of the 2 recorder shards reads all of it.
     assert!(
         run.replay_read_per_captured > 1.5 && run.replay_read_per_captured <= 2.0,
