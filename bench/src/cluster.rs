@@ -718,11 +718,7 @@ pub fn run(opts: &ClusterBenchOptions) -> Result<ClusterReport, BenchError> {
             p.name().to_string(),
             rows.iter().map(|r| episode_stats(r, spe)).collect(),
         );
-        let figs: Vec<Figures> = apps
-            .iter()
-            .zip(rows)
-            .map(|(a, r)| Figures::of_app(a, &cost::present_rows(r), sim.step_seconds, &prices))
-            .collect();
+        let figs = cost::figures_of(&apps, &rows, sim.step_seconds, &prices);
         let total = Figures::sum(&figs, &prices);
         let report = ClusterPolicyReport {
             apps_with_slo,

@@ -709,8 +709,8 @@ pub(crate) fn run_baseline(
 pub(crate) type WindowRows = Vec<Vec<Option<StepRow>>>;
 
 /// The rows of the steps an app was on the cluster.
-pub(crate) fn present_rows(rows: Vec<Option<StepRow>>) -> Vec<StepRow> {
-    rows.into_iter().flatten().collect()
+fn present_rows(rows: &[Option<StepRow>]) -> Vec<StepRow> {
+    rows.iter().flatten().copied().collect()
 }
 
 /// The sweep of HPA targets over a window: per app, one point per target.
@@ -1150,7 +1150,7 @@ pub(crate) fn figures_of(
 ) -> Vec<Figures> {
     apps.iter()
         .zip(rows)
-        .map(|(a, r)| Figures::of_app(a, &present_rows(r.clone()), step_seconds, prices))
+        .map(|(a, r)| Figures::of_app(a, &present_rows(r), step_seconds, prices))
         .collect()
 }
 
@@ -1807,29 +1807,43 @@ mod tests {
         assert_eq!(choose_target(&[], 0.99), None);
     }
 
-    #[test]
-    fn figures_count_cost_and_disruptions_per_step() {
+    /// A generated app with a p99 latency SLO of 100 ms.
+    fn app_with_a_latency_slo() -> AppSpec {
         let mut app = aware_loadgen::app::generate_apps(1, 3, &Default::default()).remove(0);
         app.slo = Slo {
             latency_p99_ms: Some(100.0),
             throughput_rps: None,
             objective: None,
         };
+        app
+    }
+
+    /// A fallback step at `allocation` that met its SLO or violated it.
+    fn step_row(allocation: Allocation, met: bool) -> StepRow {
+        StepRow {
+            allocation,
+            violation: !met,
+            met,
+            oom_kills: 0,
+            reward: None,
+            rl: false,
+            pending_replicas: 0,
+            cpu_used_cores: 1.5,
+        }
+    }
+
+    #[test]
+    fn figures_count_cost_and_disruptions_per_step() {
+        let mut app = app_with_a_latency_slo();
         app.vertical = VerticalMode::Restart;
         let a = |replicas, cpu_millicores, mib: u64| Allocation {
             replicas,
             cpu_millicores,
             memory_bytes: mib * 1024 * 1024,
         };
-        let row = |allocation, violation, oom_kills| StepRow {
-            allocation,
-            violation,
-            met: !violation,
+        let row = |allocation, violation: bool, oom_kills| StepRow {
             oom_kills,
-            reward: None,
-            rl: false,
-            pending_replicas: 0,
-            cpu_used_cores: 1.5,
+            ..step_row(allocation, !violation)
         };
         let rows = [
             row(a(2, 1000, 1024), false, 0),
@@ -1895,26 +1909,16 @@ mod tests {
 
     #[test]
     fn agent_steps_are_the_steps_after_an_rl_decision_on_both_policies() {
-        let mut app = aware_loadgen::app::generate_apps(1, 3, &Default::default()).remove(0);
-        app.slo = Slo {
-            latency_p99_ms: Some(100.0),
-            throughput_rps: None,
-            objective: None,
-        };
+        let app = app_with_a_latency_slo();
         let row = |replicas: u32, met: bool, rl: bool| {
+            let allocation = Allocation {
+                replicas,
+                cpu_millicores: 1000,
+                memory_bytes: 512 * MIB,
+            };
             Some(StepRow {
-                allocation: Allocation {
-                    replicas,
-                    cpu_millicores: 1000,
-                    memory_bytes: 512 * MIB,
-                },
-                violation: !met,
-                met,
-                oom_kills: 0,
-                reward: None,
                 rl,
-                pending_replicas: 0,
-                cpu_used_cores: 0.5,
+                ..step_row(allocation, met)
             })
         };
         // decisions at steps 1 and 3 come from the agent: steps 2 and 4 are its own; step 4
@@ -1933,14 +1937,8 @@ mod tests {
             row(2, true, false),
             None,
         ]];
-        let oracle = vec![vec![
-            row(1, true, false),
-            row(1, true, false),
-            row(1, true, false),
-            row(1, true, false),
-            row(1, true, false),
-        ]];
-        let s = AgentSteps::of(&[app.clone()], &aware, &tuned, None, 1800.0);
+        let oracle = vec![vec![row(1, true, false); 5]];
+        let s = AgentSteps::of(std::slice::from_ref(&app), &aware, &tuned, None, 1800.0);
         assert_eq!(s.oracle, None);
         let b = AgentSteps::of(&[app], &aware, &tuned, Some(&oracle), 1800.0)
             .oracle
