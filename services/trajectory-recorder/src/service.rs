@@ -580,6 +580,9 @@ struct Resume {
     capture: aware_shared::config::JetStreamConfig,
     /// Each target's floor and its partition (computed once, not on every pass).
     floors: std::collections::HashMap<Target, (u32, Floor)>,
+    /// The same floors ordered by partition, then sequence: a partition's holder is its first
+    /// entry, found without a pass over every target (a flush comes every batch).
+    order: std::collections::BTreeSet<(u32, u64, Target)>,
     persisted: ResumePoints,
 }
 
@@ -594,20 +597,61 @@ struct Floor {
 type Holders<'a> = std::collections::BTreeMap<u32, (&'a Target, Floor)>;
 
 impl Resume {
+    fn new(
+        path: PathBuf,
+        capture: aware_shared::config::JetStreamConfig,
+        persisted: ResumePoints,
+    ) -> Self {
+        Resume {
+            path,
+            capture,
+            floors: Default::default(),
+            order: Default::default(),
+            persisted,
+        }
+    }
+
     /// `target`'s floor (replacing its previous one).
     fn set_floor(&mut self, target: Target, floor: Floor) {
         let k = self.capture.partition_of(&target);
-        self.floors.insert(target, (k, floor));
+        let previous = self.floors.insert(target.clone(), (k, floor));
+        let mut key = (k, floor.seq, target);
+        if let Some((k0, f0)) = previous {
+            if (k0, f0.seq) == (k, floor.seq) {
+                return;
+            }
+            let stale = (k0, f0.seq, key.2);
+            self.order.remove(&stale);
+            key.2 = stale.2;
+        }
+        self.order.insert(key);
     }
 
-    /// Each partition's holder, in one pass over the floors.
+    /// `target` no longer holds a resume point back (deregistered, retired or silent).
+    fn release(&mut self, target: &Target) {
+        if let Some((t, (k, f))) = self.floors.remove_entry(target) {
+            self.order.remove(&(k, f.seq, t));
+        }
+    }
+
+    /// `partition`'s stream was recreated: its targets' floors refer to the old one.
+    fn reset_partition(&mut self, partition: u32) {
+        self.floors.retain(|_, (k, _)| *k != partition);
+        self.order.retain(|(k, _, _)| *k != partition);
+    }
+
+    /// Each partition's holder: the first floor of each partition in `order`, one lookup per
+    /// partition.
     fn holders(&self) -> Holders<'_> {
         let mut holders = Holders::new();
-        for (t, (k, f)) in &self.floors {
-            let e = holders.entry(*k).or_insert((t, *f));
-            if f.seq < e.1.seq {
-                *e = (t, *f);
+        let mut next = self.order.first();
+        while let Some((k, _, t)) = next {
+            if let Some((_, f)) = self.floors.get(t) {
+                holders.insert(*k, (t, *f));
             }
+            next = k
+                .checked_add(1)
+                .and_then(|k1| self.order.range((k1, 0, Target::new("", ""))..).next());
         }
         holders
     }
@@ -755,12 +799,10 @@ async fn writer(
             let since_ms = aware_bus_schemas::now_ms();
             resume.set_floor(t, Floor { seq, since_ms });
         }
-        Write::Release(t) => {
-            resume.floors.remove(&t);
-        }
+        Write::Release(t) => resume.release(&t),
         Write::StreamReset(partition) => {
+            resume.reset_partition(partition);
             let capture = &resume.capture;
-            resume.floors.retain(|_, (k, _)| *k != partition);
             let mut points = resume.persisted.clone();
             points.insert(partition, 0);
             match write_resume(&resume.path, capture.partitions, &points) {
@@ -902,12 +944,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
     let start = read_resume(&resume_path, capture.partitions)
         .map_err(|e| ServiceError::resource("recorder.resume_path", e))?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let resume = Resume {
-        path: resume_path,
-        capture,
-        floors: Default::default(),
-        persisted: start.clone(),
-    };
+    let resume = Resume::new(resume_path, capture, start.clone());
     let forget_task = match cfg.store.forget_after() {
         Some(after) => {
             let registrations = ctx.subscribe_events(&[EventKind::Target]).await?;
@@ -1135,12 +1172,11 @@ mod tests {
     #[test]
     fn the_oldest_floor_holds_the_resume_point_and_its_age_is_reported() {
         let (a, b) = (Target::new("ns", "a"), Target::new("ns", "b"));
-        let mut r = Resume {
-            path: PathBuf::from("/nonexistent/r"),
-            capture: Default::default(),
-            floors: Default::default(),
-            persisted: Default::default(),
-        };
+        let mut r = Resume::new(
+            PathBuf::from("/nonexistent/r"),
+            Default::default(),
+            Default::default(),
+        );
         let held = |r: &Resume, now_ms| {
             Resume::oldest(&r.holders()).map_or(0, |(_, f)| f.held_secs(now_ms))
         };
@@ -1174,9 +1210,57 @@ mod tests {
             },
         );
         assert_eq!(held(&r, 71_000), 70);
-        r.floors.remove(&a);
+        r.release(&a);
         assert_eq!(held(&r, 71_000), 1);
         assert_eq!(held(&r, 0), 0, "a clock gone back reports 0");
+    }
+
+    /// The ordered index gives every partition the holder a pass over all floors would, after
+    /// any mix of moved, released and reset floors.
+    #[test]
+    fn holders_are_each_partitions_lowest_floor_after_any_updates() {
+        let capture = aware_shared::config::JetStreamConfig {
+            partitions: 8,
+            ..Default::default()
+        };
+        let mut r = Resume::new(
+            PathBuf::from("/nonexistent/r"),
+            capture.clone(),
+            ResumePoints::new(),
+        );
+        let targets: Vec<Target> = (0..40)
+            .map(|n| Target::new("ns", format!("app-{n}")))
+            .collect();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut draw = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for i in 0..5_000u64 {
+            let t = &targets[draw(40) as usize];
+            match draw(20) {
+                0..=15 => r.set_floor(
+                    t.clone(),
+                    Floor {
+                        seq: draw(300),
+                        since_ms: i as i64,
+                    },
+                ),
+                16..=18 => r.release(t),
+                _ => r.reset_partition(draw(8) as u32),
+            }
+            let mut brute: Holders<'_> = Holders::new();
+            for (t, (k, f)) in &r.floors {
+                let e = brute.entry(*k).or_insert((t, *f));
+                if (f.seq, t) < (e.1.seq, e.0) {
+                    *e = (t, *f);
+                }
+            }
+            assert_eq!(r.holders(), brute, "after update {i}");
+            assert_eq!(r.order.len(), r.floors.len(), "after update {i}");
+        }
     }
 
     /// Each partition's stream numbers its own messages: its resume point is the lowest floor
@@ -1195,12 +1279,11 @@ mod tests {
                 .unwrap()
         };
         let (a, a2, b) = (in_partition(1, 0), in_partition(1, 1), in_partition(2, 0));
-        let mut r = Resume {
-            path: PathBuf::from("/nonexistent/r"),
-            capture: capture.clone(),
-            floors: Default::default(),
-            persisted: ResumePoints::from([(0, 5), (1, 3)]),
-        };
+        let mut r = Resume::new(
+            PathBuf::from("/nonexistent/r"),
+            capture.clone(),
+            ResumePoints::from([(0, 5), (1, 3)]),
+        );
         let floor = |seq, since_ms| Floor { seq, since_ms };
         r.set_floor(a.clone(), floor(40, 2_000));
         r.set_floor(a2.clone(), floor(30, 3_000));
@@ -1215,7 +1298,7 @@ mod tests {
             Some((a2.clone(), 30)),
             "partition 1's holder came before partition 2's, though its sequence is higher"
         );
-        r.floors.remove(&a2);
+        r.release(&a2);
         assert_eq!(
             r.points(&r.holders())[&1],
             40,
