@@ -1,5 +1,10 @@
 //! `aware-recommender`: the recommender service as its own process (for containers).
 
+/// mimalloc rather than glibc's malloc: a bus-bound service makes and drops small buffers for
+/// every message, which glibc's allocator serves slowly (docs/adr/0031-mimalloc-for-bus-bound-services.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 
 #[derive(Parser)]
