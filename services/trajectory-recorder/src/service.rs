@@ -1225,7 +1225,7 @@ mod tests {
         };
         let mut r = Resume::new(
             PathBuf::from("/nonexistent/r"),
-            capture.clone(),
+            capture,
             ResumePoints::new(),
         );
         let targets: Vec<Target> = (0..40)
