@@ -232,11 +232,11 @@ impl BusConfig {
             return Err(invalid("bus.jetstream.replicas", "must be between 1 and 5"));
         }
         let p = self.jetstream.partitions;
-        if !p.is_power_of_two() || p > subject::SLOTS {
+        if p == 0 || p > subject::SLOTS {
             return Err(invalid(
                 "bus.jetstream.partitions",
                 format!(
-                    "{p} (must be a power of two from 1 to {}, the slots a subject carries)",
+                    "{p} (must be from 1 to {}, the slots a subject carries)",
                     subject::SLOTS
                 ),
             ));
@@ -450,14 +450,15 @@ pub struct JetStreamConfig {
     pub state_bucket: String,
     /// Retention by age, seconds.
     pub max_age_secs: u64,
-    /// Retention by size, bytes (-1: unlimited): the whole capture's, split evenly over its
-    /// partitions.
+    /// Retention by size, bytes (-1: unlimited): the whole capture's, split over its
+    /// partitions by the slots each holds.
     pub max_bytes: i64,
-    /// How many streams the capture is split into (a power of two, at most the 256 slots):
-    /// partition `k` keeps the slots `s` with `s mod partitions = k`, in the stream
-    /// `<stream>_<k>` (one partition: the stream `<stream>`, capturing `aware.v1.>`). A shard
-    /// reads only the partitions holding its slots, all of them when `shard.count` does not
-    /// divide `partitions`. Fixed for a deployment's life: the streams' subjects follow it
+    /// How many streams the capture is split into (1 to the 256 slots): partition `k` keeps
+    /// the slots `s` with `s mod partitions = k`, in the stream `<stream>_<k>` (one partition:
+    /// the stream `<stream>`, capturing `aware.v1.>`). A shard reads only the partitions
+    /// holding its slots: `partitions / shard.count` of them when `shard.count` divides
+    /// `partitions`, one shared with other shards when `partitions` divides `shard.count`,
+    /// all of them otherwise. Fixed for a deployment's life: the streams' subjects follow it
     /// (ADR 0024).
     pub partitions: u32,
     pub storage: StorageKind,
@@ -524,13 +525,18 @@ impl JetStreamConfig {
         }
     }
 
-    /// The byte limit of each partition's stream: [`Self::max_bytes`] split evenly.
-    pub fn partition_max_bytes(&self) -> i64 {
-        if self.max_bytes < 0 {
-            self.max_bytes
-        } else {
-            (self.max_bytes / i64::from(self.partitions.max(1))).max(1)
+    /// The byte limit of partition `k`'s stream: its share of [`Self::max_bytes`] by the slots
+    /// it holds, so that every partition keeps the same span of time (slots spread targets
+    /// evenly) also when the partitions do not divide the slots.
+    pub fn partition_max_bytes(&self, k: u32) -> i64 {
+        if self.max_bytes < 0 || self.partitions <= 1 {
+            return self.max_bytes;
         }
+        let p = self.partitions;
+        let slots = i64::from(subject::SLOTS.saturating_sub(k).div_ceil(p));
+        (self.max_bytes / i64::from(subject::SLOTS) * slots
+            + self.max_bytes % i64::from(subject::SLOTS) * slots / i64::from(subject::SLOTS))
+        .max(1)
     }
 
     /// The partitions holding a slot of `shard`, in order: the only ones it reads.
@@ -1662,7 +1668,7 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
             js.capture_streams(),
             vec!["AWARE_0", "AWARE_1", "AWARE_2", "AWARE_3"]
         );
-        assert_eq!(js.partition_max_bytes(), 250);
+        assert_eq!(js.partition_max_bytes(1), 250);
         let subjects: Vec<Vec<String>> = (0..4).map(|k| js.partition_subjects(k)).collect();
         assert_eq!(subjects[1][..2], ["aware.v1.*.1.*.*", "aware.v1.*.5.*.*"]);
         let mut all: Vec<&String> = subjects.iter().flatten().collect();
@@ -1689,13 +1695,54 @@ limits = { controlled_values = "RequestsOnly", cpu_limit = "UnsetIfLatencySensit
         assert_eq!(js.partition_subjects(0), vec!["aware.v1.>"]);
         assert_eq!(js.partitions_of(&shard(2, 3)), vec![0]);
         let mut bus = BusConfig::default();
-        for bad in [0, 3, 512] {
+        for bad in [0, 257, 512] {
             bus.jetstream.partitions = bad;
             let err = bus.validate().unwrap_err().to_string();
             assert!(err.contains("bus.jetstream.partitions"), "{err}");
         }
-        bus.jetstream.partitions = 256;
-        bus.validate().unwrap();
+        for good in [3, 12, 256] {
+            bus.jetstream.partitions = good;
+            bus.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn partitions_that_do_not_divide_the_slots_split_them_and_the_bytes_by_slots() {
+        let shard = |index, count| ShardConfig { index, count };
+        let js = JetStreamConfig {
+            partitions: 3,
+            max_bytes: 1 << 30,
+            ..Default::default()
+        };
+        // 256 = 86 + 85 + 85 slots.
+        let held: Vec<usize> = (0..3).map(|k| js.partition_subjects(k).len()).collect();
+        assert_eq!(held, vec![86, 85, 85]);
+        for i in 0..3 {
+            assert_eq!(
+                js.partitions_of(&shard(i, 3)),
+                vec![i],
+                "one partition per shard"
+            );
+        }
+        assert_eq!(
+            js.partitions_of(&shard(1, 6)),
+            vec![1],
+            "shared with shard 4 of 6"
+        );
+        assert_eq!(js.partitions_of(&shard(0, 4)), vec![0, 1, 2]);
+        let bytes: Vec<i64> = (0..3).map(|k| js.partition_max_bytes(k)).collect();
+        assert_eq!(bytes[0], (1i64 << 30) / 256 * 86);
+        assert_eq!(bytes[1], (1i64 << 30) / 256 * 85);
+        assert!((1 << 30) - bytes.iter().sum::<i64>() < 3, "{bytes:?}");
+        let twelve = JetStreamConfig {
+            partitions: 12,
+            ..js.clone()
+        };
+        for n in [1, 2, 3, 4, 6, 12] {
+            for i in 0..n {
+                assert_eq!(twelve.partitions_of(&shard(i, n)).len(), 12 / n as usize);
+            }
+        }
     }
 
     #[test]

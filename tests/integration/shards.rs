@@ -2,8 +2,9 @@
 //! processes on a real nats-server, resharded from 2 to 3 mid-run: each instance receives only
 //! its own shard's messages (the server filters by slot, nothing is decoded and thrown away),
 //! every observation is decided at most once and, with both shard counts, exactly once, every
-//! target keeps its stage, and every decided step is stored. The capture is in 4 partitions
-//! (ADR 0024): each recorder shard replays only the partitions holding its slots.
+//! target keeps its stage, and every decided step is stored. The capture is in 6 partitions
+//! (ADR 0024; not a power of two): each recorder shard replays only the partitions holding its
+//! slots, three of them with 2 shards and two with 3.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -30,9 +31,9 @@ const OBS_CONSUMERS: [(&str, &str); 3] = [
     ("aware-lifecycle-monitor", "lifecycle-monitor"),
 ];
 
-/// The capture's partitions in this test (`bus.jetstream.partitions`): 2 shards read two each,
-/// 3 shards (3 does not divide 4) read all four.
-const PARTITIONS: u32 = 4;
+/// The capture's partitions in this test (`bus.jetstream.partitions`): 2 shards read three
+/// each, 3 shards two each.
+const PARTITIONS: u32 = 6;
 
 fn capture_config() -> JetStreamConfig {
     JetStreamConfig {
@@ -170,7 +171,8 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
     {
         let streams = replayed_streams(*addr);
         assert!(
-            streams == ["AWARE_0", "AWARE_2"] || streams == ["AWARE_1", "AWARE_3"],
+            streams == ["AWARE_0", "AWARE_2", "AWARE_4"]
+                || streams == ["AWARE_1", "AWARE_3", "AWARE_5"],
             "{bin} replays {streams:?}"
         );
     }
@@ -186,11 +188,16 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
     }
     drop(two);
-    // Each 2-shard recorder kept a resume point per partition it read.
+    // Each 2-shard recorder kept a resume point per partition of its own that holds a target.
     for i in 0..2 {
         let path = dir.path().join(format!("t.db.shard-{i}-of-2.resume"));
         let points = aware_trajectory_recorder::service::read_resume(&path, PARTITIONS).unwrap();
-        assert_eq!(points.len(), 2, "{}: {points:?}", path.display());
+        // A partition none of the few targets hashed into has no point.
+        assert!(
+            !points.is_empty() && points.keys().all(|&k| k as usize % 2 == i),
+            "{}: {points:?}",
+            path.display()
+        );
     }
     let three: Vec<_> = (0..3)
         .flat_map(|index| start_shard(cfg, ShardConfig { index, count: 3 }))
@@ -305,12 +312,14 @@ fn every_service_sharded_by_slot_takes_only_its_targets_and_a_reshard_loses_noth
         );
     }
 
-    // 3 does not divide 4: each recorder shard replays every partition, keeping its own slots.
-    for (bin, _, addr) in three
+    // Each recorder shard of 3 replays the two partitions holding its slots (s mod 3 = i).
+    for (i, (bin, _, addr)) in three
         .iter()
         .filter(|(b, _, _)| *b == "aware-trajectory-recorder")
+        .enumerate()
     {
-        assert_eq!(replayed_streams(*addr), streams, "{bin}");
+        let own = vec![streams[i].clone(), streams[i + 3].clone()];
+        assert_eq!(replayed_streams(*addr), own, "{bin} shard {i}");
     }
 
     // The 3 shards split the targets between them, each counting only its own.

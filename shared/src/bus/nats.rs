@@ -54,7 +54,7 @@ fn storage(kind: StorageKind) -> jetstream::stream::StorageType {
 }
 
 /// The capture's streams, one per partition (`bus.jetstream.partitions`): partition `k`
-/// keeps every event of its slots for `max_age_secs`, in `max_bytes / partitions` bytes.
+/// keeps every event of its slots for `max_age_secs`, in its share of `max_bytes` by slots.
 pub fn capture_stream_configs(cfg: &BusConfig) -> Vec<jetstream::stream::Config> {
     let js = &cfg.jetstream;
     (0..js.partitions.max(1))
@@ -62,7 +62,7 @@ pub fn capture_stream_configs(cfg: &BusConfig) -> Vec<jetstream::stream::Config>
             name: js.partition_stream(k),
             subjects: js.partition_subjects(k),
             max_age: Duration::from_secs(js.max_age_secs),
-            max_bytes: js.partition_max_bytes(),
+            max_bytes: js.partition_max_bytes(k),
             storage: storage(js.storage),
             num_replicas: js.replicas,
             description: Some(if js.partitions <= 1 {
