@@ -65,9 +65,10 @@ pub struct TrainerConfig {
     pub batch_size: usize,
     /// No training before the target has this many transitions.
     pub min_transitions: u64,
-    /// How often each target's actor looks whether it should check the store: it does when the
-    /// recorder announced a stored episode (`episode`), the stage changed or a round failed since
-    /// the last check, or the last check is `recheck_ms` old.
+    /// How soon after an event a target's actor looks whether it should check the store (events
+    /// in between are looked at together): it does when the recorder announced a stored episode
+    /// (`episode`), the stage changed or a round failed since the last check. Without events it
+    /// looks only when the last check is `recheck_ms` old.
     pub poll_ms: u64,
     /// A store check at least this often without any event (rows stored without an `episode`,
     /// a lost message, the `train_every_ms` time trigger).

@@ -89,6 +89,19 @@ impl Recheck {
         due
     }
 
+    /// How long from `now` until a timed read is due: `every` after the last read, `every`
+    /// again when that has passed without one (the actor could not read: no stage that trains,
+    /// or a round running, whose end looks again), zero when none was taken yet.
+    pub fn timed_in(&self, now: std::time::Instant) -> Duration {
+        match self.last {
+            None => Duration::ZERO,
+            Some(l) => match (l + self.every).checked_duration_since(now) {
+                Some(d) if !d.is_zero() => d,
+                _ => self.every,
+            },
+        }
+    }
+
     /// The read taken last finished at `now` (its round waited for a worker and ran): the next
     /// timed read counts from here. Counted from the take instead, it came while the round's
     /// `train_every_ms` had not quite passed, and the round waited a second interval.
@@ -314,9 +327,15 @@ pub struct TargetTrainer {
     target: Target,
     store: Arc<dyn TrajectoryStore>,
     models: Arc<dyn ModelStore>,
+    /// How soon after an event the actor looks (`trainer.poll_ms`): events in between are
+    /// looked at together.
     poll: Duration,
     /// When to read the store ([`Recheck`]).
     recheck: Recheck,
+    /// The next look, when one is scheduled, and its timer. An actor looks `poll` after an
+    /// event and otherwise only when its timed read is due: an idle target costs one timer
+    /// per `trainer.recheck_ms`, not one per `poll_ms`.
+    next_look: Option<(std::time::Instant, actix::SpawnHandle)>,
     stage: Stage,
     /// ONLINE entered from SERVING (`Lifecycle::retraining`): rounds take
     /// `trainer.retrain_gradient_steps`.
@@ -390,6 +409,30 @@ fn round(
 }
 
 impl TargetTrainer {
+    /// Looks (`tick`) `after` from now, unless a look is scheduled by then already.
+    fn look_in(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        let at = std::time::Instant::now() + after;
+        if let Some((when, handle)) = self.next_look {
+            if when <= at {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let handle = ctx.run_later(after, |act, ctx| {
+            act.next_look = None;
+            act.tick(ctx);
+            let timed = act.recheck.timed_in(std::time::Instant::now());
+            act.look_in(ctx, timed.max(act.poll));
+        });
+        self.next_look = Some((at, handle));
+    }
+
+    /// Something the next look acts on happened (an event, a round or a pass ended).
+    fn look_soon(&mut self, ctx: &mut Context<Self>) {
+        let poll = self.poll;
+        self.look_in(ctx, poll);
+    }
+
     /// The learner back from the blocking pool; the gauge of networks kept follows.
     fn put_back(&mut self, learner: Learner) {
         if let Some(n) = learner.networks_held() {
@@ -438,24 +481,27 @@ impl TargetTrainer {
             })
             .await
         };
-        ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
-            Ok((learner, meta, checked, res, took, pruned)) => {
-                act.recheck.done(std::time::Instant::now());
-                act.put_back(learner);
-                act.meta = meta;
-                if let Some(c) = checked {
-                    act.finish_embedding(c);
+        ctx.spawn(fut.into_actor(self).map(|joined, act, ctx| {
+            act.look_soon(ctx);
+            match joined {
+                Ok((learner, meta, checked, res, took, pruned)) => {
+                    act.recheck.done(std::time::Instant::now());
+                    act.put_back(learner);
+                    act.meta = meta;
+                    if let Some(c) = checked {
+                        act.finish_embedding(c);
+                    }
+                    act.finish_round(res, took);
+                    if let Some(p) = pruned {
+                        act.finish_prune(p);
+                    }
                 }
-                act.finish_round(res, took);
-                if let Some(p) = pruned {
-                    act.finish_prune(p);
+                Err(e) => {
+                    // The round panicked: the learner is lost; start again from the model store.
+                    act.recheck.notify();
+                    act.metrics.round_errors.inc();
+                    tracing::error!(target = %act.target, error = %e, "training round aborted");
                 }
-            }
-            Err(e) => {
-                // The round panicked: the learner is lost; start again from the model store.
-                act.recheck.notify();
-                act.metrics.round_errors.inc();
-                tracing::error!(target = %act.target, error = %e, "training round aborted");
             }
         }));
     }
@@ -476,7 +522,9 @@ impl TargetTrainer {
             let pruned = res.is_ok().then(|| learner.prune(models.as_ref()));
             (learner, res, pruned)
         });
-        ctx.spawn(fut.into_actor(self).map(move |joined, act, _| match joined {
+        ctx.spawn(fut.into_actor(self).map(move |joined, act, ctx| {
+            act.look_soon(ctx);
+            match joined {
             Ok((learner, res, pruned)) => {
                 act.put_back(learner);
                 if let Some(p) = pruned {
@@ -497,6 +545,7 @@ impl TargetTrainer {
             Err(e) => {
                 act.metrics.round_errors.inc();
                 tracing::error!(target = %act.target, to, error = %e, "rollback aborted");
+            }
             }
         }));
     }
@@ -519,14 +568,17 @@ impl TargetTrainer {
             }
             (learner, res)
         });
-        ctx.spawn(fut.into_actor(self).map(|joined, act, _| match joined {
-            Ok((learner, res)) => {
-                act.put_back(learner);
-                act.finish_prune(res);
-            }
-            Err(e) => {
-                act.metrics.prune_errors.inc();
-                tracing::error!(target = %act.target, error = %e, "retention pass aborted");
+        ctx.spawn(fut.into_actor(self).map(|joined, act, ctx| {
+            act.look_soon(ctx);
+            match joined {
+                Ok((learner, res)) => {
+                    act.put_back(learner);
+                    act.finish_prune(res);
+                }
+                Err(e) => {
+                    act.metrics.prune_errors.inc();
+                    tracing::error!(target = %act.target, error = %e, "retention pass aborted");
+                }
             }
         }));
     }
@@ -618,7 +670,7 @@ impl Actor for TargetTrainer {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(self.poll, |act, ctx| act.tick(ctx));
+        self.look_soon(ctx);
     }
 }
 
@@ -635,16 +687,18 @@ impl Handler<Retire> for TargetTrainer {
 impl Handler<Deliver> for TargetTrainer {
     type Result = ();
 
-    fn handle(&mut self, Deliver(ev): Deliver, _: &mut Self::Context) {
+    fn handle(&mut self, Deliver(ev): Deliver, ctx: &mut Self::Context) {
         let l = match ev {
             Event::Lifecycle(l) => l,
             Event::Episode(_) => {
                 self.recheck.notify();
+                self.look_soon(ctx);
                 return;
             }
             _ => return,
         };
         self.recheck.notify();
+        self.look_soon(ctx);
         self.stage = l.stage;
         self.retraining = l.retraining(self.retraining);
         self.prune_due |= l.stage == Stage::Serving;
@@ -730,6 +784,7 @@ pub async fn run(ctx: ServiceContext) -> Result<(), ServiceError> {
             models: models.clone(),
             poll,
             recheck: Recheck::new(recheck),
+            next_look: None,
             stage: Stage::Initialized,
             retraining: false,
             rollback: None,
@@ -885,6 +940,28 @@ mod tests {
         assert!(
             r.take(t0 + Duration::from_secs(93)),
             "30 s after the round ended"
+        );
+    }
+
+    /// An idle actor's next look is its timed read, not the next `poll_ms`.
+    #[test]
+    fn the_next_timed_read_is_due_a_recheck_interval_after_the_last() {
+        let t0 = std::time::Instant::now();
+        let every = Duration::from_secs(30);
+        let mut r = Recheck::new(every);
+        assert_eq!(r.timed_in(t0), Duration::ZERO, "nothing read yet");
+        assert!(r.take(t0));
+        assert_eq!(
+            r.timed_in(t0 + Duration::from_secs(10)),
+            Duration::from_secs(20)
+        );
+        // Passed without a read (no stage that trains): the next one interval on.
+        assert_eq!(r.timed_in(t0 + Duration::from_secs(30)), every);
+        assert_eq!(r.timed_in(t0 + Duration::from_secs(45)), every);
+        r.done(t0 + Duration::from_secs(40));
+        assert_eq!(
+            r.timed_in(t0 + Duration::from_secs(45)),
+            Duration::from_secs(25)
         );
     }
 
