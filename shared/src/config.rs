@@ -512,14 +512,18 @@ impl JetStreamConfig {
             .collect()
     }
 
+    /// The slots partition `k` keeps: every `partitions`-th from `k`.
+    fn partition_slots(&self, k: u32) -> impl Iterator<Item = u32> {
+        (k..subject::SLOTS).step_by(self.partitions.max(1) as usize)
+    }
+
     /// The subjects partition `k`'s stream captures: everything (`aware.v1.>`) when there is
     /// one partition, else every event of each of its slots.
     pub fn partition_subjects(&self, k: u32) -> Vec<String> {
         if self.partitions <= 1 {
             vec![subject::ALL.to_string()]
         } else {
-            (k..subject::SLOTS)
-                .step_by(self.partitions as usize)
+            self.partition_slots(k)
                 .map(|s| format!("{}.*.{s}.*.*", subject::PREFIX))
                 .collect()
         }
@@ -532,11 +536,10 @@ impl JetStreamConfig {
         if self.max_bytes < 0 || self.partitions <= 1 {
             return self.max_bytes;
         }
-        let p = self.partitions;
-        let slots = i64::from(subject::SLOTS.saturating_sub(k).div_ceil(p));
-        (self.max_bytes / i64::from(subject::SLOTS) * slots
-            + self.max_bytes % i64::from(subject::SLOTS) * slots / i64::from(subject::SLOTS))
-        .max(1)
+        let slots = self.partition_slots(k).count() as i128;
+        let share = i128::from(self.max_bytes) * slots / i128::from(subject::SLOTS);
+        // At most max_bytes, so it fits.
+        i64::try_from(share).unwrap_or(self.max_bytes).max(1)
     }
 
     /// The partitions holding a slot of `shard`, in order: the only ones it reads.
